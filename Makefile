@@ -1,0 +1,38 @@
+# The two commands of the quick start: `make demo` and `make test`. Both build .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU wheel of this exact version lies on the build machines' disk; a looser
+# request would download a multi-GB CUDA build. Elsewhere, pass for example
+# TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu".
+TORCH := torch==2.13.0
+TORCH_PIP_ARGS ?=
+STAMP := $(VENV)/.installed
+DEMO := out/demo
+
+.PHONY: install demo test test-all bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[capture,test]"
+	touch $(STAMP)
+
+demo: install
+	@mkdir -p $(DEMO)
+	$(BIN)/emu capture --model mlp --iters 3 --bucket-cap-mb 4 -o $(DEMO)/mlp.json.gz
+	$(BIN)/emu inspect $(DEMO)/mlp.json.gz
+
+test: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python benchmarks/capture_overhead.py
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

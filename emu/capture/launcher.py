@@ -1,0 +1,125 @@
+"""Starting the rank processes of a capture with torchrun's environment, and stopping them.
+
+Each rank is its own process session, so that the whole tree of a rank (gloo
+threads, data-loader workers) can be signalled at once. Every path out of
+``run_ranks`` (success, a failing rank, a timeout, Ctrl-C) leaves no process
+behind: the survivors get SIGTERM, then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import emu
+from emu.errors import CaptureError
+
+GRACE_S = 5.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on host a moment ago (the ranks bind it next)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def rank_env(rank: int, world_size: int, port: int, base: dict[str, str]) -> dict[str, str]:
+    """torchrun's environment for one rank on one host."""
+    env = dict(base)
+    package_root = str(Path(emu.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env.update({
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "TORCHELASTIC_RUN_ID": "emu-capture",
+    })
+    # torchrun's default too: N ranks sharing the cores must not each spawn N threads.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    rank: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+def _stop(ranks: Sequence[RankProcess]) -> None:
+    live = [r for r in ranks if r.proc.poll() is None]
+    for r in live:
+        try:
+            os.killpg(r.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + GRACE_S
+    for r in live:
+        try:
+            r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for r in ranks:
+        # The rank's own process may be gone while its children live on.
+        try:
+            os.killpg(r.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if r.proc.poll() is None:
+            r.proc.wait()
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    useful = [ln for ln in lines if not ln.startswith(("USDT:", "[W", "warnings.warn"))]
+    return (useful or lines or [""])[-1][:300]
+
+
+def run_ranks(argv: Sequence[str], world_size: int, workdir: Path, *, timeout_s: float,
+              env: dict[str, str] | None = None,
+              on_tick: Callable[[float], None] | None = None) -> None:
+    """Run argv as world_size ranks; return when all exited 0, else raise CaptureError."""
+    if world_size < 1:
+        raise CaptureError(f"--world-size must be at least 1, got {world_size}")
+    port = free_port()
+    base = dict(os.environ if env is None else env)
+    ranks: list[RankProcess] = []
+    try:
+        for rank in range(world_size):
+            log = workdir / f"rank{rank}.log"
+            with open(log, "wb") as fh:
+                proc = subprocess.Popen(list(argv), stdout=fh, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, cwd=os.getcwd(),
+                                        env=rank_env(rank, world_size, port, base),
+                                        start_new_session=True)
+            ranks.append(RankProcess(rank, proc, log))
+        start = time.monotonic()
+        while True:
+            codes = [r.proc.poll() for r in ranks]
+            failed = next((r for r, c in zip(ranks, codes) if c not in (None, 0)), None)
+            if failed is not None:
+                raise CaptureError(f"rank {failed.rank} exited with code {failed.proc.returncode}: "
+                                   f"{_last_line(failed.log)} (log: {failed.log})")
+            if all(c == 0 for c in codes):
+                return
+            elapsed = time.monotonic() - start
+            if elapsed > timeout_s:
+                raise CaptureError(f"the ranks did not finish within {timeout_s:.0f} s; raise "
+                                   f"--timeout or profile fewer steps (logs: {workdir})")
+            if on_tick is not None:
+                on_tick(elapsed)
+            time.sleep(0.05)
+    except FileNotFoundError as exc:
+        raise CaptureError(f"cannot start {argv[0]!r}: {exc.strerror}") from None
+    finally:
+        _stop(ranks)

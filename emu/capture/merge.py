@@ -1,0 +1,90 @@
+"""Merging the per-rank Kineto files of one job into one emu trace.
+
+Every file must come from the same job (world size, backend and process groups
+agree) and name a distinct rank; the iterations kept are the profiled steps all
+files share. A file may hold only some ranks of a larger job: the trace keeps
+the job's world size.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections import Counter
+from typing import Sequence
+
+from emu.capture.kineto import KinetoTrace, expand_paths, read_kineto
+from emu.capture.program import convert_rank
+from emu.errors import KinetoError
+from emu.traces.model import CollKind, RankProgram, Source, Trace, TraceMeta
+from emu.traces.validate import validate_trace
+from emu.errors import TraceError
+
+
+def _check_same_job(kts: Sequence[KinetoTrace]) -> None:
+    first = kts[0]
+    for kt in kts[1:]:
+        if kt.job_key != first.job_key:
+            raise KinetoError(
+                f"{kt.path}: rank files of different jobs: it says world size {kt.world_size}, "
+                f"backend {kt.backend}, {len(kt.groups)} process groups, but {first.path} says world "
+                f"size {first.world_size}, backend {first.backend}, {len(first.groups)} process "
+                "groups; give the files of one job")
+    ranks = Counter(kt.rank for kt in kts)
+    dup = [r for r, n in ranks.items() if n > 1]
+    if dup:
+        files = [kt.path for kt in kts if kt.rank == dup[0]]
+        raise KinetoError(f"{files[1]}: rank {dup[0]} is given twice (also {files[0]}); give one "
+                          "file per rank")
+
+
+def _captured_at(kts: Sequence[KinetoTrace]) -> str:
+    kt = kts[0]
+    when = dt.datetime.now(dt.timezone.utc)
+    if kt.base_time_ns is not None and kt.events:
+        when = dt.datetime.fromtimestamp(kt.base_time_ns / 1e9 + kt.events[0].ts_us / 1e6,
+                                         dt.timezone.utc)
+    return when.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def merge_ranks(kts: Sequence[KinetoTrace], *, source: Source, model: str | None = None,
+                framework: str = "torch (version not recorded)", batch_size: int | None = None,
+                params: int | None = None, command: str | None = None) -> Trace:
+    """One emu trace from the Kineto traces of some or all ranks of one job."""
+    if not kts:
+        raise KinetoError("no Kineto files given")
+    kts = sorted(kts, key=lambda kt: kt.rank)
+    _check_same_job(kts)
+    per_rank = {kt.rank: convert_rank(kt) for kt in kts}
+    common = set.intersection(*({it.step for it in its} for its in per_rank.values()))
+    if not common:
+        raise KinetoError(f"{kts[0].path}: the rank files share no ProfilerStep number; give "
+                          "files profiled over the same steps")
+    programs = tuple(RankProgram(rank=r, iterations=tuple(it for it in its if it.step in common))
+                     for r, its in per_rank.items())
+    colls = [op for p in programs for it in p.iterations for op in it.colls]
+    if not colls:
+        raise KinetoError(f"{kts[0].path}: the profiled steps issue no collectives: an empty "
+                          "program has nothing to replay; profile steps of the distributed job")
+    weights = Counter()
+    for op in colls:
+        if op.kind in (CollKind.ALL_REDUCE, CollKind.REDUCE_SCATTER, CollKind.ALL_GATHER):
+            weights[op.dtype.value] += op.bytes
+    dtype = weights.most_common(1)[0][0] if weights else colls[0].dtype.value
+    meta = TraceMeta(
+        source=source, world_size=kts[0].world_size, backend=kts[0].backend, device=kts[0].device,
+        framework=framework, dtype=dtype, captured_at=_captured_at(kts), model=model,
+        batch_size=batch_size, params=params, command=command,
+        kineto_files=tuple(os.path.basename(kt.path) for kt in kts))
+    trace = Trace(meta=meta, ranks=programs)
+    try:
+        validate_trace(trace, kts[0].path)
+    except TraceError as exc:
+        raise KinetoError(f"the imported trace is inconsistent: {exc}") from None
+    return trace
+
+
+def import_kineto(paths: Sequence[str | os.PathLike[str]], *, model: str | None = None) -> Trace:
+    """``emu capture --kineto``: an emu trace from existing profiler traces, one file per rank."""
+    files = expand_paths(paths)
+    return merge_ranks([read_kineto(p) for p in files], source=Source.KINETO, model=model)

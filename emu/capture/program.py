@@ -1,0 +1,364 @@
+"""Turning one rank's Kineto events into emu iterations (compute / coll / wait programs).
+
+The timeline of a step runs from its ``ProfilerStep#N`` start to its end. On it
+sit the points where collectives are issued and where the rank waits for them;
+compute is everything between those points that is not spent blocked, idle gaps
+included (docs/capture.md explains why), so per iteration
+``sum(compute) + sum(blocked) == ProfilerStep duration`` exactly.
+
+Where a wait sits and how long it blocked:
+
+- a blocking point-to-point launch (gloo send/recv run on the issuing thread):
+  right after the issue, blocked for the launch;
+- a synchronous collective (``async_op`` False): at the end of its launch, blocked
+  until it completed or the thread resumed, whichever came first;
+- DDP's reducer: the first ``copy_bucket_to_grad`` after the buckets were issued
+  waits for all of them; blocked from the end of the thread's last activity
+  before it until the last bucket completed (or the copy began);
+- NCCL's explicit ``wait`` events: each waits for the oldest pending collective
+  of its thread;
+- other asynchronous collectives on CPU traces: the idle gap of the main thread
+  that holds their completion, if there is one.
+
+On GPU traces the CPU does not block in a wait; the GPU's compute streams do. There
+a wait's blocked time is the idle time of the compute streams between the wait
+and the completion, capped by how long the CPU itself waited for the GPU in the
+rest of the step: a CPU-bound step is not lengthened by a stalled stream.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass, field
+
+from emu.capture.collectives import CollEvent, WaitEvent, find_collectives
+from emu.capture.kineto import Event, KinetoTrace
+from emu.errors import KinetoError
+from emu.traces.model import Coll, CollKind, Compute, Iteration, Op, Wait
+
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_DDP_COPY = "torch.distributed.ddp.reducer::copy_bucket_to_grad"
+_SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize"}
+_FORWARD = ("DistributedDataParallel.forward", "FullyShardedDataParallel.forward")
+_BACKWARD = "autograd::engine::evaluate_function"
+_OPTIMIZER = ("Optimizer.step#", "Optimizer.zero_grad#")
+
+
+class _Busy:
+    """The merged intervals in which one thread (or stream set) was doing something."""
+
+    def __init__(self, events: list[Event]) -> None:
+        spans: list[list[float]] = []
+        for ev in sorted(events, key=lambda e: e.ts_us):
+            if spans and ev.ts_us <= spans[-1][1]:
+                spans[-1][1] = max(spans[-1][1], ev.end_us)
+            else:
+                spans.append([ev.ts_us, ev.end_us])
+        self.starts = [s[0] for s in spans]
+        self.ends = [s[1] for s in spans]
+
+    def gap_start(self, t: float, floor: float) -> float:
+        """Start of the idle gap that ends at t (t itself if busy at t)."""
+        i = bisect.bisect_right(self.starts, t) - 1
+        if i >= 0 and self.starts[i] < t < self.ends[i]:
+            return t
+        j = bisect.bisect_right(self.ends, t) - 1
+        return max(floor, self.ends[j]) if j >= 0 else floor
+
+    def next_start(self, t: float, ceiling: float) -> float:
+        """When the thread is next busy at or after t."""
+        i = bisect.bisect_right(self.starts, t) - 1
+        if i >= 0 and self.ends[i] > t:
+            return t
+        j = bisect.bisect_left(self.starts, t)
+        return min(ceiling, self.starts[j]) if j < len(self.starts) else ceiling
+
+    def idle(self, a: float, b: float) -> float:
+        """Idle time inside [a, b]."""
+        if b <= a:
+            return 0.0
+        busy = 0.0
+        i = max(0, bisect.bisect_right(self.starts, a) - 1)
+        while i < len(self.starts) and self.starts[i] < b:
+            busy += max(0.0, min(b, self.ends[i]) - max(a, self.starts[i]))
+            i += 1
+        return (b - a) - busy
+
+    def gap_holding(self, t: float, lo: float, hi: float) -> tuple[float, float] | None:
+        """The idle gap [start, end] in [lo, hi] that contains time t, if t is idle."""
+        if not lo <= t <= hi:
+            return None
+        start = self.gap_start(t, lo)
+        if start == t and self.next_start(t, hi) == t:
+            return None
+        return start, self.next_start(t, hi)
+
+
+@dataclass
+class _WaitPlan:
+    position_us: float
+    ids: list[int]
+    blocked_us: float
+    tensors: list[tuple[int, ...]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Context:
+    """Per-file indexes the steps share."""
+
+    kt: KinetoTrace
+    main_tid: int | str
+    gpu: bool
+    busy: dict[int | str, _Busy]
+    compute_streams: _Busy | None
+    syncs: tuple[Event, ...]
+    copies: tuple[Event, ...]
+    phases: tuple[tuple[float, float, str], ...]
+
+    def busy_of(self, tid: int | str) -> _Busy:
+        return self.busy.get(tid) or self.busy[self.main_tid]
+
+
+def profiler_steps(kt: KinetoTrace) -> list[tuple[int, Event]]:
+    """The ProfilerStep#N spans of the CPU timeline, by step number."""
+    steps = {}
+    for ev in kt.events:
+        m = _STEP.match(ev.name)
+        if m and ev.cat in ("user_annotation", "cpu_op", ""):
+            steps[int(m.group(1))] = ev
+    if not steps:
+        raise KinetoError(f"{kt.path}: no ProfilerStep#N events: emu needs the step boundaries; "
+                          "profile with torch.profiler.profile(schedule=...) and call prof.step() "
+                          "once per training step")
+    return sorted(steps.items())
+
+
+def _context(kt: KinetoTrace, main_tid: int | str, colls: list[CollEvent]) -> _Context:
+    gpu_events = [e for e in kt.events if e.cat in ("kernel", "gpu_memcpy", "gpu_memset")]
+    gpu = bool(gpu_events) and any(c.done_us is not None for c in colls) and kt.device != "cpu"
+    comm_streams = {e.tid for e in gpu_events if e.name.lower().startswith("nccl")}
+    cpu = [e for e in kt.events if e.cat in ("cpu_op", "cuda_runtime") and not e.name.startswith("gloo:")]
+    by_tid: dict[int | str, list[Event]] = {}
+    for ev in cpu:
+        by_tid.setdefault(ev.tid, []).append(ev)
+    by_tid.setdefault(main_tid, [])
+    phases = []
+    backward = [e for e in kt.events if e.name.startswith(_BACKWARD)]
+    for ev in kt.events:
+        if ev.name.startswith(_FORWARD):
+            phases.append((ev.ts_us, ev.end_us, "forward"))
+        elif ev.name.startswith(_OPTIMIZER):
+            phases.append((ev.ts_us, ev.end_us, "optimizer"))
+    # Backward has no span of its own: it runs from the first to the last autograd
+    # function of a step; group them by the forward spans that separate steps.
+    forwards = sorted(p[0] for p in phases if p[2] == "forward")
+    groups: dict[int, list[Event]] = {}
+    for ev in backward:
+        groups.setdefault(bisect.bisect_right(forwards, ev.ts_us), []).append(ev)
+    for evs in groups.values():
+        phases.append((min(e.ts_us for e in evs), max(e.end_us for e in evs), "backward"))
+    return _Context(
+        kt=kt, main_tid=main_tid, gpu=gpu, busy={tid: _Busy(evs) for tid, evs in by_tid.items()},
+        compute_streams=_Busy([e for e in gpu_events if e.tid not in comm_streams]) if gpu else None,
+        syncs=tuple(e for e in kt.events if e.cat == "cuda_runtime" and e.name in _SYNC_CALLS),
+        copies=tuple(e for e in kt.events if e.name == _DDP_COPY),
+        phases=tuple(sorted(phases)))
+
+
+def _phase(ctx: _Context, a: float, b: float) -> str:
+    mid = (a + b) / 2
+    found = "compute"
+    for start, end, name in ctx.phases:
+        if start > mid:
+            break
+        if start <= mid < end:
+            found = name  # the innermost (latest-starting) span wins
+    return found
+
+
+def _plan_waits(ctx: _Context, colls: list[CollEvent], waits: list[WaitEvent],
+                start: float, end: float) -> list[_WaitPlan]:
+    plans: list[_WaitPlan] = []
+    pending = list(range(len(colls)))
+
+    def take(ids: list[int]) -> None:
+        for i in ids:
+            pending.remove(i)
+
+    for i, c in enumerate(colls):
+        if c.blocking:
+            # The issuing thread ran the transfer itself (gloo send/recv).
+            done = max(c.launch_end_us, c.done_us or c.launch_end_us)
+            plans.append(_WaitPlan(c.issue_us, [i], done - c.issue_us))
+            take([i])
+        elif c.async_op is False and not ctx.gpu and c.done_us is not None:
+            resume = ctx.busy_of(c.tid).next_start(c.launch_end_us, end)
+            plans.append(_WaitPlan(c.launch_end_us, [i], max(0.0, min(resume, c.done_us) - c.launch_end_us)))
+            take([i])
+    for w in waits:
+        mine = [i for i in pending if colls[i].issue_us <= w.ts_us and colls[i].tid == w.tid]
+        mine = mine or [i for i in pending if colls[i].issue_us <= w.ts_us]
+        if mine:
+            plans.append(_WaitPlan(w.ts_us, [mine[0]], 0.0))
+            take([mine[0]])
+    # DDP: the reducer waits for every bucket before copying the first one back.
+    copies = [e for e in ctx.copies if start <= e.ts_us < end]
+    if copies and pending:
+        first = copies[0]
+        ids = [i for i in pending if colls[i].issue_us < first.ts_us
+               and colls[i].kind == CollKind.ALL_REDUCE]
+        if ids:
+            done = [colls[i].done_us for i in ids if colls[i].done_us is not None]
+            if ctx.gpu or not done:
+                plans.append(_WaitPlan(first.ts_us, ids, 0.0, _bucket_tensors(copies)))
+            else:
+                # Blocked from the start of the idle gap that holds the last bucket's
+                # completion; the reducer's own work (views, copies) is compute.
+                floor = max(colls[i].launch_end_us for i in ids)
+                ref = max(floor, min(first.ts_us, max(done)))
+                gap = ctx.busy_of(first.tid).gap_start(ref, min(floor, ref))
+                plans.append(_WaitPlan(gap, ids, ref - gap, _bucket_tensors(copies)))
+            take(ids)
+    if not ctx.gpu:
+        main = ctx.busy[ctx.main_tid]
+        by_gap: dict[tuple[float, float], list[int]] = {}
+        for i in list(pending):
+            c = colls[i]
+            gap = main.gap_holding(c.done_us, c.launch_end_us, end) if c.done_us is not None else None
+            if gap is not None:
+                by_gap.setdefault(gap, []).append(i)
+        for (g0, _), ids in sorted(by_gap.items()):
+            plans.append(_WaitPlan(g0, ids, max(colls[i].done_us or g0 for i in ids) - g0))
+            take(ids)
+    if ctx.gpu:
+        _gpu_blocked(ctx, colls, plans, end)
+    return plans
+
+
+def _gpu_blocked(ctx: _Context, colls: list[CollEvent], plans: list[_WaitPlan], end: float) -> None:
+    """Blocked time of GPU waits: stalled compute streams, capped by CPU-side syncs."""
+    assert ctx.compute_streams is not None
+    plans.sort(key=lambda p: p.position_us)
+    if not plans:
+        return
+    budget = sum(min(e.end_us, end) - e.ts_us for e in ctx.syncs
+                 if plans[0].position_us <= e.ts_us < end)
+    for plan in plans:
+        done = [colls[i].done_us for i in plan.ids if colls[i].done_us is not None]
+        if not done or max(done) <= plan.position_us:
+            continue
+        stall = ctx.compute_streams.idle(plan.position_us, min(max(done), end))
+        plan.blocked_us = min(stall, budget)
+        budget -= plan.blocked_us
+
+
+def _bucket_tensors(copies: list[Event]) -> list[tuple[int, ...]]:
+    """Parameter shapes per bucket from the reducer's copy-back events, where recorded."""
+    shapes = []
+    for ev in copies:
+        dims = ev.args.get("Input Dims") or []
+        if not dims or not isinstance(dims[0], list):
+            return []
+        shapes.append(tuple(int(d) for d in dims[0]))
+    return shapes
+
+
+def _split_tensors(colls: list[CollEvent], ids: list[int],
+                   shapes: list[tuple[int, ...]]) -> dict[int, tuple[tuple[int, ...], ...]]:
+    """Assign copied-back shapes to the buckets in issue order; {} when they do not add up."""
+    out: dict[int, tuple[tuple[int, ...], ...]] = {}
+    k = 0
+    for i in sorted(ids, key=lambda i: colls[i].issue_us):
+        bucket, total = [], 0
+        while k < len(shapes) and total < colls[i].count:
+            n = 1
+            for d in shapes[k]:
+                n *= d
+            bucket.append(shapes[k])
+            total += n
+            k += 1
+        if total != colls[i].count:
+            return {}
+        out[i] = tuple(bucket)
+    return out
+
+
+def _iteration(ctx: _Context, step: int, span: Event, colls: list[CollEvent],
+               waits: list[WaitEvent]) -> Iteration:
+    start = span.ts_us
+    end = start + span.dur_us
+    plans = _plan_waits(ctx, colls, waits, start, end)
+    tensors: dict[int, tuple[tuple[int, ...], ...]] = {}
+    for plan in plans:
+        if plan.tensors:
+            tensors.update(_split_tensors(colls, plan.ids, plan.tensors))
+    # (time, order, item): colls before waits at one instant; boundaries split compute.
+    points: list[tuple[float, int, object]] = []
+    for i, c in enumerate(colls):
+        points.append((min(max(c.issue_us, start), end), 0, i))
+    for plan in plans:
+        pos = max([plan.position_us] + [colls[i].issue_us for i in plan.ids])
+        points.append((min(max(pos, start), end), 1, plan))
+    for a, b, _ in ctx.phases:
+        for t in (a, b):
+            if start < t < end:
+                points.append((t, 2, None))
+    points.sort(key=lambda p: (p[0], p[1], p[2].position_us if isinstance(p[2], _WaitPlan) else 0))
+    ops: list[Op | _WaitPlan] = []
+    t, debt = start, 0.0
+
+    def compute(a: float, b: float) -> None:
+        nonlocal debt
+        dur = b - a
+        take = min(dur, debt)
+        debt -= take
+        dur -= take
+        if dur <= 0:
+            return
+        name = _phase(ctx, a, b)
+        last = ops[-1] if ops else None
+        if isinstance(last, Compute) and last.name == name:
+            ops[-1] = Compute(name=name, dur_us=last.dur_us + dur)
+        else:
+            ops.append(Compute(name=name, dur_us=dur))
+
+    for when, _, item in points:
+        compute(t, when)
+        t = when
+        if isinstance(item, int):
+            c = colls[item]
+            ops.append(Coll(
+                id=item, kind=c.kind, dtype=c.dtype, count=c.count, bytes=c.count * c.dtype.itemsize,
+                group_size=c.group_size,
+                observed_us=None if c.done_us is None else max(0.0, c.done_us - c.issue_us),
+                root=c.root, peer=c.peer, group=c.group, tensors=tensors.get(item)))
+        elif isinstance(item, _WaitPlan):
+            ops.append(item)
+            debt += item.blocked_us
+    compute(t, end)
+    if debt > 0:
+        # Blocked time can only overrun the step's end through clock skew between
+        # threads; take it back from the last waits so the total stays the step.
+        for item in reversed(ops):
+            if isinstance(item, _WaitPlan) and debt > 0:
+                back = min(debt, item.blocked_us)
+                item.blocked_us -= back
+                debt -= back
+    program = tuple(Wait(ids=tuple(sorted(op.ids)), blocked_us=op.blocked_us)
+                    if isinstance(op, _WaitPlan) else op for op in ops)
+    return Iteration(step=step, measured_us=span.dur_us, ops=program)
+
+
+def convert_rank(kt: KinetoTrace) -> list[Iteration]:
+    """All profiled steps of one rank as emu iterations."""
+    steps = profiler_steps(kt)
+    main_tid = steps[0][1].tid
+    colls, waits = find_collectives(kt)
+    ctx = _context(kt, main_tid, colls)
+    iterations = []
+    for step, span in steps:
+        inside = [c for c in colls if span.ts_us <= c.issue_us < span.end_us]
+        step_waits = [w for w in waits if span.ts_us <= w.ts_us < span.end_us]
+        iterations.append(_iteration(ctx, step, span, inside, step_waits))
+    return iterations

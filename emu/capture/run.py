@@ -1,0 +1,141 @@
+"""Capturing a real run: the built-in workloads and users' unmodified scripts.
+
+Both paths start the ranks through ``launcher`` with the profiler injected by
+``inject`` (``python -m emu.capture``), then merge the ranks' Kineto files into one
+emu trace. torch is imported only inside the rank processes and the built-in
+workloads: importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from emu.capture.kineto import read_kineto
+from emu.capture.launcher import run_ranks
+from emu.capture.merge import merge_ranks
+from emu.errors import CaptureError, ConfigError
+from emu.traces.model import Source, Trace
+
+MODELS = ("mlp", "cnn", "transformer")
+_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """How a capture runs, whatever it runs."""
+
+    world_size: int = 2
+    """Rank processes to start on this machine (gloo on 127.0.0.1)."""
+    profile_steps: int = 5
+    """Optimizer steps recorded, after the warm-up."""
+    warmup: int = 3
+    """Steps skipped first: DDP's first steps differ from the steady state."""
+    timeout_s: float = 1800.0
+    """Bound on the whole run; the ranks are stopped when it passes."""
+    keep_kineto: Path | None = None
+    """Where to keep the ranks' Kineto files and logs (default: a temporary folder)."""
+
+    def check(self) -> None:
+        if self.world_size < 1:
+            raise ConfigError(f"--world-size must be at least 1, got {self.world_size}")
+        if self.profile_steps < 1:
+            raise ConfigError(f"the number of profiled steps must be at least 1, got {self.profile_steps}")
+        if self.warmup < 0:
+            raise ConfigError(f"--warmup must be 0 or more, got {self.warmup}")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"--timeout must be positive, got {self.timeout_s}")
+
+
+def _interpreter_and_target(argv: Sequence[str]) -> tuple[str, list[str]]:
+    """Split ``python train.py args`` (or ``python -m pkg args``, or ``train.py args``)."""
+    if not argv:
+        raise ConfigError("give the training command after --, e.g. "
+                          "'emu capture -o t.json.gz -- python train.py'")
+    first = argv[0]
+    if first.endswith(".py"):
+        return sys.executable, list(argv)
+    if not _PYTHON.match(Path(first).name):
+        raise ConfigError(f"emu capture runs Python training scripts; {first!r} is not python: give "
+                          "'-- python train.py [args]' (torchrun is not needed: emu starts the ranks)")
+    rest = list(argv[1:])
+    if not rest or (rest[0] == "-m" and len(rest) < 2):
+        raise ConfigError("give the script after python: '-- python train.py [args]' or "
+                          "'-- python -m package.module [args]'")
+    if rest[0] != "-m" and not Path(rest[0]).is_file():
+        raise ConfigError(f"{rest[0]}: no such script")
+    interpreter = sys.executable if first in ("python", "python3") else first
+    return interpreter, rest
+
+
+def _run(interpreter: str, target: list[str], config: CaptureConfig, *, source_model: str,
+         command: str, batch_size: int | None,
+         on_tick: Callable[[float], None] | None) -> Trace:
+    config.check()
+    workdir = config.keep_kineto or Path(tempfile.mkdtemp(prefix="emu-capture-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    argv = [interpreter, "-m", "emu.capture", "--out", str(workdir), "--warmup", str(config.warmup),
+            "--steps", str(config.profile_steps), "--", *target]
+    ok = False
+    try:
+        run_ranks(argv, config.world_size, workdir, timeout_s=config.timeout_s, on_tick=on_tick)
+        reports = [json.loads((workdir / f"rank{r}.meta.json").read_text())
+                   for r in range(config.world_size)]
+        short = next((r for r in reports if not r["trace_written"]), None)
+        if short is not None:
+            raise CaptureError(
+                f"rank {short['rank']} made {short['optimizer_steps']} optimizer steps, but emu needs "
+                f"{short['needed_steps']} (warm-up {config.warmup}, one profiler warm-up, "
+                f"{config.profile_steps} profiled, one to close the window); train longer or profile "
+                "fewer steps")
+        kts = [read_kineto(workdir / f"rank{r}.json") for r in range(config.world_size)]
+        trace = merge_ranks(kts, source=Source.CAPTURE, model=source_model,
+                            framework=f"torch {reports[0]['torch_version']}", batch_size=batch_size,
+                            params=reports[0]["params"], command=command)
+        ok = True
+        return trace
+    except FileNotFoundError as exc:
+        raise CaptureError(f"a rank left no output ({exc.filename}); see the logs in {workdir}") from None
+    finally:
+        if ok and config.keep_kineto is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def capture_model(model: str, config: CaptureConfig = CaptureConfig(), *, batch_size: int | None = None,
+                  bucket_cap_mb: float = 25.0, seed: int = 0,
+                  on_tick: Callable[[float], None] | None = None) -> Trace:
+    """Run a built-in workload (mlp, cnn, transformer) with DDP on gloo and capture it."""
+    if model not in MODELS:
+        raise ConfigError(f"--model {model!r} is not built in; choose one of: {', '.join(MODELS)}")
+    if bucket_cap_mb <= 0:
+        raise ConfigError(f"--bucket-cap-mb must be positive, got {bucket_cap_mb}")
+    if batch_size is not None and batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
+    from_models = {"mlp": 32, "cnn": 32, "transformer": 4}
+    batch = batch_size or from_models[model]
+    steps = config.warmup + 1 + config.profile_steps + 1
+    target = ["-m", "emu.capture.workload", "--model", model, "--steps", str(steps),
+              "--batch-size", str(batch), "--bucket-cap-mb", str(bucket_cap_mb), "--seed", str(seed)]
+    command = (f"emu capture --model {model} --world-size {config.world_size} --iters "
+               f"{config.profile_steps} --warmup {config.warmup} --bucket-cap-mb {bucket_cap_mb:g} "
+               f"--batch-size {batch} --seed {seed}")
+    return _run(sys.executable, target, config, source_model=model, command=command,
+                batch_size=batch, on_tick=on_tick)
+
+
+def capture_script(argv: Sequence[str], config: CaptureConfig = CaptureConfig(), *,
+                   on_tick: Callable[[float], None] | None = None) -> Trace:
+    """Capture an unmodified training script (``python train.py args``) run as N ranks."""
+    interpreter, target = _interpreter_and_target(argv)
+    name = target[1] if target[0] == "-m" else Path(target[0]).stem
+    command = (f"emu capture --world-size {config.world_size} --profile-steps {config.profile_steps} "
+               f"--warmup {config.warmup} -- {shlex.join(argv)}")
+    return _run(interpreter, target, config, source_model=name, command=command, batch_size=None,
+                on_tick=on_tick)

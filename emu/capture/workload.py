@@ -1,0 +1,53 @@
+"""The built-in training script: plain DDP on gloo, configured by torchrun's environment.
+
+``emu capture --model`` runs it through the same launcher and profiler injection
+as a user's script (``python -m emu.capture.workload --model mlp``), so both paths
+are one code path. It also serves as an example of what emu can capture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from emu.capture.models import WORKLOADS
+
+
+def train(model: str, steps: int, batch_size: int | None, bucket_cap_mb: float, seed: int) -> None:
+    torch.set_num_threads(1)
+    work = WORKLOADS[model]
+    dist.init_process_group("gloo")
+    try:
+        torch.manual_seed(seed)  # identical initial weights on every rank
+        ddp = DistributedDataParallel(work.build(), bucket_cap_mb=bucket_cap_mb)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+        gen = torch.Generator().manual_seed(seed + 1 + dist.get_rank())
+        batch = batch_size or work.default_batch_size
+        for _ in range(steps):
+            x, y = work.batch(batch, gen)
+            opt.zero_grad(set_to_none=True)
+            work.loss(ddp(x), y).backward()
+            opt.step()
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", choices=sorted(WORKLOADS), required=True)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if "RANK" not in os.environ:
+        parser.error("run me with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
+    train(args.model, args.steps, args.batch_size, args.bucket_cap_mb, args.seed)
+
+
+if __name__ == "__main__":
+    main()

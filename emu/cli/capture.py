@@ -1,0 +1,71 @@
+"""``emu capture``: a built-in model, existing Kineto traces, or an unmodified script."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from emu.cli import cli
+from emu.cli.output import err, ms
+from emu.errors import ConfigError
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.option("--model", type=click.Choice(["mlp", "cnn", "transformer"]),
+              help="Run a built-in workload with DDP on gloo.")
+@click.option("--kineto", is_flag=True,
+              help="Import existing profiler traces: the arguments are files or folders, one file per rank.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The emu trace to write (.json or .json.gz).")
+@click.option("--world-size", type=int, default=2, show_default=True, help="Rank processes to start.")
+@click.option("--iters", "--profile-steps", "iters", type=int, default=5, show_default=True,
+              help="Steps to record after the warm-up.")
+@click.option("--warmup", type=int, default=3, show_default=True,
+              help="Steps to skip first (DDP's first steps differ from the steady state).")
+@click.option("--bucket-cap-mb", type=float, default=25.0, show_default=True,
+              help="DDP bucket size of the built-in workloads.")
+@click.option("--batch-size", type=int, help="Per-rank batch size of the built-in workloads.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of weights and data.")
+@click.option("--keep-kineto", type=click.Path(file_okay=False, path_type=Path),
+              help="Keep the ranks' Kineto files and logs in this folder.")
+@click.option("--timeout", type=float, default=1800.0, show_default=True,
+              help="Seconds before the ranks are stopped.")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def capture(model: str | None, kineto: bool, output: Path, world_size: int, iters: int, warmup: int,
+            bucket_cap_mb: float, batch_size: int | None, seed: int, keep_kineto: Path | None,
+            timeout: float, args: tuple[str, ...]) -> None:
+    """Record what a data-parallel run does as an emu trace.
+
+    \b
+      emu capture --model mlp -o mlp.json.gz
+      emu capture --kineto traces/ -o job.json.gz
+      emu capture --world-size 2 -o t.json.gz -- python train.py --lr 0.1
+    """
+    from emu.capture import CaptureConfig, capture_model, capture_script, import_kineto
+    from emu.traces import save_trace, summarize
+
+    if sum((model is not None, kineto, bool(args) and not kineto)) != 1:
+        raise ConfigError("give exactly one of --model NAME, --kineto FILE..., or -- python train.py")
+    config = CaptureConfig(world_size=world_size, profile_steps=iters, warmup=warmup,
+                           timeout_s=timeout, keep_kineto=keep_kineto)
+    console = err()
+    if kineto:
+        with console.status("importing Kineto traces"):
+            trace = import_kineto(list(args))
+    else:
+        what = f"--model {model}" if model else " ".join(args)
+        with console.status(f"capturing {what} on {world_size} ranks") as status:
+            def tick(elapsed: float) -> None:
+                status.update(f"capturing {what} on {world_size} ranks ({elapsed:.0f} s)")
+
+            if model:
+                trace = capture_model(model, config, batch_size=batch_size,
+                                      bucket_cap_mb=bucket_cap_mb, seed=seed, on_tick=tick)
+            else:
+                trace = capture_script(list(args), config, on_tick=tick)
+    save_trace(trace, output)
+    s = summarize(trace)
+    console.print(f"wrote {output}: {s.model or 'trace'}, ranks {len(s.ranks_in_file)} of "
+                  f"{s.world_size}, {s.iterations} iterations, median step {ms(s.step_us_median)} ms",
+                  markup=False, highlight=False, soft_wrap=True)

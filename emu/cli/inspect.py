@@ -1,0 +1,53 @@
+"""``emu inspect``: what a trace holds, as a table or as JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import click
+
+from emu.cli import cli
+from emu.cli.output import human_bytes, ms, out
+
+
+@cli.command()
+@click.argument("trace_path", metavar="TRACE", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+def inspect(trace_path: Path, as_json: bool) -> None:
+    """Summarize a trace: ranks, iterations, step and compute time, collectives, overlap."""
+    from rich.table import Table
+
+    from emu.traces import load_trace, summarize
+
+    s = summarize(load_trace(trace_path))
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(s), indent=2))
+        return
+    console = out()
+    head = Table(title=f"{trace_path}", show_header=False, box=None)
+    head.add_column(style="bold")
+    head.add_column()
+    pct = "-" if s.overlap_pct is None else f"{s.overlap_pct:.0f}%"
+    for key, value in (
+        ("model", s.model or "-"), ("source", f"{s.source} ({s.backend}, {s.device})"),
+        ("ranks", f"{len(s.ranks_in_file)} in file of world size {s.world_size}"),
+        ("iterations", str(s.iterations)),
+        ("parameters", "-" if s.params is None else f"{s.params:,}"),
+        ("batch size", "-" if s.batch_size is None else str(s.batch_size)),
+        ("step (median)", f"{ms(s.step_us_median)} ms (min {ms(s.step_us_min)}, max {ms(s.step_us_max)})"),
+        ("compute (median)", f"{ms(s.compute_us_median)} ms"),
+        ("communication (median)", f"{ms(s.comm_us_median)} ms"),
+        ("exposed communication", f"{ms(s.exposed_comm_us_median)} ms"),
+        ("overlap with compute", pct),
+    ):
+        head.add_row(key, value)
+    console.print(head)
+    colls = Table(title="collectives per iteration (rank 0 of the file)")
+    for name in ("kind", "dtype", "count", "elements", "bytes"):
+        colls.add_column(name, justify="left" if name in ("kind", "dtype") else "right")
+    for c in s.collectives:
+        colls.add_row(c.kind, c.dtype, str(c.per_iteration), f"{c.elements_per_iteration:,}",
+                      human_bytes(c.bytes_per_iteration))
+    console.print(colls)

@@ -1,0 +1,305 @@
+"""Reading and writing emu trace files (JSON, optionally gzip-compressed).
+
+One table, ``LOADERS``, maps each supported ``schema_version`` to its loader;
+an unknown version is refused with a message listing the supported ones. The
+loader checks every field as it builds the records, so an error names the file,
+the rank, the iteration, the op and the field, and says what would fix it.
+Cross-record rules (ids, waits, matching across ranks) live in ``validate``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from emu.errors import TraceError
+from emu.traces.model import (
+    SCHEMA, Coll, CollKind, Compute, Dtype, Iteration, Op, RankProgram, Source, Trace,
+    TraceMeta, Wait,
+)
+from emu.traces.validate import validate_trace
+
+SCHEMA_VERSION = 1
+# Far above any real trace (a 1000-rank, 100-iteration program is ~50 MB) and
+# far below what would exhaust memory when a wrong file is passed.
+MAX_TRACE_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where in a trace file a value sits, for error messages."""
+
+    path: str
+    rank: int | None = None
+    iteration: int | None = None
+    step: int | None = None
+    op: int | None = None
+
+    def at(self, **kw: int | None) -> "_Where":
+        return _Where(**{**self.__dict__, **kw})
+
+    def fail(self, fld: str, problem: str) -> TraceError:
+        parts = [self.path]
+        if self.rank is not None:
+            parts.append(f"rank {self.rank}")
+        if self.iteration is not None:
+            step = f" (step {self.step})" if self.step is not None else ""
+            parts.append(f"iteration {self.iteration}{step}")
+        if self.op is not None:
+            parts.append(f"op {self.op}")
+        return TraceError(f"{': '.join(parts)}: field '{fld}' {problem}")
+
+
+def _get(obj: dict[str, Any], key: str, where: _Where, kind: type | tuple[type, ...],
+         *, optional: bool = False) -> Any:
+    if key not in obj or (optional and obj[key] is None):
+        if optional:
+            return None
+        raise where.fail(key, "is missing")
+    value = obj[key]
+    # bool is an int in Python; a count of True is never meant.
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise where.fail(key, f"must be {_kind_name(kind)}, got {value!r}")
+    if not isinstance(value, kind):
+        raise where.fail(key, f"must be {_kind_name(kind)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {int: "an integer", float: "a number", str: "a string", list: "a list",
+             dict: "an object", bool: "true or false"}
+    return " or ".join(dict.fromkeys(names.get(k, k.__name__) for k in kinds))
+
+
+def _non_negative(obj: dict[str, Any], key: str, where: _Where, *, optional: bool = False) -> float | None:
+    value = _get(obj, key, where, (int, float), optional=optional)
+    if value is None:
+        return None
+    if not value >= 0 or value == float("inf"):
+        raise where.fail(key, f"must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _int(obj: dict[str, Any], key: str, where: _Where, *, minimum: int = 0,
+         optional: bool = False) -> int | None:
+    value = _get(obj, key, where, int, optional=optional)
+    if value is not None and value < minimum:
+        raise where.fail(key, f"must be an integer >= {minimum}, got {value}")
+    return value
+
+
+def _enum(enum: type, obj: dict[str, Any], key: str, where: _Where) -> Any:
+    value = _get(obj, key, where, str)
+    try:
+        return enum(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in enum)
+        raise where.fail(key, f"is {value!r}; it must be one of: {allowed}") from None
+
+
+def _int_tuple(obj: dict[str, Any], key: str, where: _Where) -> tuple[int, ...] | None:
+    value = _get(obj, key, where, list, optional=True)
+    if value is None:
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        raise where.fail(key, "must be a list of integers >= 0")
+    return tuple(value)
+
+
+def _load_op(raw: Any, where: _Where) -> Op:
+    if not isinstance(raw, dict):
+        raise where.fail("op", f"each op must be an object, got {type(raw).__name__}")
+    kind = _get(raw, "op", where, str)
+    if kind == "compute":
+        return Compute(name=_get(raw, "name", where, str), dur_us=_non_negative(raw, "dur_us", where))
+    if kind == "wait":
+        ids = _int_tuple(raw, "ids", where)
+        if ids is None:
+            raise where.fail("ids", "is missing")
+        return Wait(ids=ids, blocked_us=_non_negative(raw, "blocked_us", where, optional=True))
+    if kind == "coll":
+        tensors = _get(raw, "tensors", where, list, optional=True)
+        if tensors is not None:
+            if not all(isinstance(t, list) and all(isinstance(d, int) and d >= 0 for d in t)
+                       for t in tensors):
+                raise where.fail("tensors", "must be a list of shapes (lists of integers >= 0)")
+            tensors = tuple(tuple(t) for t in tensors)
+        return Coll(
+            id=_int(raw, "id", where),
+            kind=_enum(CollKind, raw, "kind", where),
+            dtype=_enum(Dtype, raw, "dtype", where),
+            count=_int(raw, "count", where),
+            bytes=_int(raw, "bytes", where),
+            group_size=_int(raw, "group_size", where, minimum=1),
+            observed_us=_non_negative(raw, "observed_us", where, optional=True),
+            root=_int(raw, "root", where, optional=True),
+            peer=_int(raw, "peer", where, optional=True),
+            group=_int_tuple(raw, "group", where),
+            tensors=tensors,
+        )
+    raise where.fail("op", f"is {kind!r}; it must be one of: compute, coll, wait")
+
+
+def _load_meta(raw: Any, where: _Where) -> TraceMeta:
+    if not isinstance(raw, dict):
+        raise where.fail("meta", "must be an object")
+    files = _get(raw, "kineto_files", where, list, optional=True) or []
+    return TraceMeta(
+        source=_enum(Source, raw, "source", where),
+        world_size=_int(raw, "world_size", where, minimum=1),
+        backend=_get(raw, "backend", where, str),
+        device=_get(raw, "device", where, str),
+        framework=_get(raw, "framework", where, str),
+        dtype=_get(raw, "dtype", where, str),
+        captured_at=_get(raw, "captured_at", where, str),
+        model=_get(raw, "model", where, str, optional=True),
+        batch_size=_int(raw, "batch_size", where, minimum=1, optional=True),
+        params=_int(raw, "params", where, optional=True),
+        command=_get(raw, "command", where, str, optional=True),
+        kineto_files=tuple(str(f) for f in files),
+    )
+
+
+def _load_v1(doc: dict[str, Any], where: _Where) -> Trace:
+    meta = _load_meta(doc.get("meta"), where)
+    raw_ranks = _get(doc, "ranks", where, list)
+    ranks = []
+    for raw_rank in raw_ranks:
+        if not isinstance(raw_rank, dict):
+            raise where.fail("ranks", "must be a list of objects")
+        rank = _int(raw_rank, "rank", where)
+        rwhere = where.at(rank=rank)
+        iterations = []
+        for i, raw_it in enumerate(_get(raw_rank, "iterations", rwhere, list)):
+            iwhere = rwhere.at(iteration=i)
+            if not isinstance(raw_it, dict):
+                raise iwhere.fail("iterations", "must be a list of objects")
+            step = _int(raw_it, "step", iwhere)
+            iwhere = iwhere.at(step=step)
+            ops = tuple(_load_op(raw_op, iwhere.at(op=k))
+                        for k, raw_op in enumerate(_get(raw_it, "ops", iwhere, list)))
+            iterations.append(Iteration(step=step, measured_us=_non_negative(raw_it, "measured_us", iwhere),
+                                        ops=ops))
+        ranks.append(RankProgram(rank=rank, iterations=tuple(iterations)))
+    return Trace(meta=meta, ranks=tuple(ranks))
+
+
+# The one table from schema version to loader. A new version adds a row; the
+# rows of older versions stay so that old traces keep loading.
+LOADERS: dict[int, Callable[[dict[str, Any], _Where], Trace]] = {1: _load_v1}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file; give the path of an emu trace "
+                         "(made by 'emu capture')") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read it ({exc.strerror})") from None
+    if path.is_dir():
+        raise TraceError(f"{path}: is a directory; give the path of an emu trace file")
+    if size > MAX_TRACE_BYTES:
+        raise TraceError(f"{path}: {size} bytes is larger than the {MAX_TRACE_BYTES} bytes "
+                         "an emu trace may have")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(2)
+        opener = gzip.open if head == b"\x1f\x8b" else open
+        with opener(path, "rt", encoding="utf-8") as fh:  # type: ignore[operator]
+            return json.load(fh)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: not a JSON file ({exc}); give an emu trace "
+                         "(.json or .json.gz) made by 'emu capture'") from None
+    except (OSError, EOFError) as exc:
+        raise TraceError(f"{path}: cannot read it ({exc})") from None
+
+
+def load_trace(path: str | os.PathLike[str]) -> Trace:
+    """Load and validate an emu trace; raises TraceError naming what is wrong."""
+    path = Path(path)
+    doc = _read_json(path)
+    where = _Where(str(path))
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        hint = (" (it looks like a Kineto trace: import it with 'emu capture --kineto FILE')"
+                if isinstance(doc, dict) and "traceEvents" in doc else "")
+        raise where.fail("schema", f"must be {SCHEMA!r}: this is not an emu trace{hint}")
+    version = doc.get("schema_version")
+    loader = LOADERS.get(version) if isinstance(version, int) else None
+    if loader is None:
+        supported = ", ".join(str(v) for v in sorted(LOADERS))
+        raise where.fail("schema_version", f"is {version!r}, which this emu cannot read; "
+                         f"supported versions: {supported} (a newer emu may read it)")
+    trace = loader(doc, where)
+    validate_trace(trace, str(path))
+    return trace
+
+
+def trace_to_dict(trace: Trace) -> dict[str, Any]:
+    """The JSON document of a trace, in the current schema version."""
+    meta = trace.meta
+    meta_doc: dict[str, Any] = {
+        "source": meta.source.value, "model": meta.model, "world_size": meta.world_size,
+        "backend": meta.backend, "device": meta.device, "framework": meta.framework,
+        "batch_size": meta.batch_size, "params": meta.params, "dtype": meta.dtype,
+        "captured_at": meta.captured_at,
+    }
+    if meta.command is not None:
+        meta_doc["command"] = meta.command
+    if meta.kineto_files:
+        meta_doc["kineto_files"] = list(meta.kineto_files)
+    return {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "meta": meta_doc,
+        "ranks": [{"rank": r.rank, "iterations": [
+            {"step": it.step, "measured_us": _us(it.measured_us), "ops": [_op_to_dict(op) for op in it.ops]}
+            for it in r.iterations]} for r in trace.ranks],
+    }
+
+
+def _us(value: float) -> float:
+    # Nanosecond resolution is all a profiler gives; more digits only bloat files.
+    return round(value, 3)
+
+
+def _op_to_dict(op: Op) -> dict[str, Any]:
+    if isinstance(op, Compute):
+        return {"op": "compute", "name": op.name, "dur_us": _us(op.dur_us)}
+    if isinstance(op, Wait):
+        doc: dict[str, Any] = {"op": "wait", "ids": list(op.ids)}
+        if op.blocked_us is not None:
+            doc["blocked_us"] = _us(op.blocked_us)
+        return doc
+    doc = {"op": "coll", "id": op.id, "kind": op.kind.value, "dtype": op.dtype.value,
+           "count": op.count, "bytes": op.bytes, "group_size": op.group_size,
+           "observed_us": None if op.observed_us is None else _us(op.observed_us)}
+    for key in ("root", "peer"):
+        if getattr(op, key) is not None:
+            doc[key] = getattr(op, key)
+    if op.group is not None:
+        doc["group"] = list(op.group)
+    if op.tensors is not None:
+        doc["tensors"] = [list(t) for t in op.tensors]
+    return doc
+
+
+def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
+    """Write a trace; a name ending in .gz is gzip-compressed. Written atomically."""
+    path = Path(path)
+    validate_trace(trace, str(path))
+    data = json.dumps(trace_to_dict(trace), separators=(",", ":")).encode()
+    if path.suffix == ".gz":
+        data = gzip.compress(data, compresslevel=9, mtime=0)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise TraceError(f"{path}: cannot write the trace ({exc.strerror or exc})") from None
+    return path

@@ -1,0 +1,172 @@
+"""The emu trace data model (schema_version 1) as frozen dataclasses.
+
+A trace is, per rank, a list of iterations; each iteration is an ordered program
+of compute, collective-issue and wait operations (see docs/trace-format.md).
+Times are microseconds (``_us``), sizes bytes or elements as named. This module
+holds only the records and their closed vocabularies; reading, writing and
+checking live beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Union
+
+SCHEMA = "emu-trace"
+
+
+class CollKind(str, Enum):
+    """The collectives a trace may issue (a closed set, DESIGN.md)."""
+
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    BROADCAST = "broadcast"
+    ALL_TO_ALL = "all_to_all"
+    SEND = "send"
+    RECV = "recv"
+    BARRIER = "barrier"
+
+
+class Dtype(str, Enum):
+    """Element types of collective tensors, with their sizes."""
+
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+    FLOAT64 = "float64"
+    INT64 = "int64"
+    INT32 = "int32"
+    INT16 = "int16"
+    INT8 = "int8"
+    UINT8 = "uint8"
+    BOOL = "bool"
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self]
+
+
+_ITEMSIZE = {
+    Dtype.FLOAT32: 4, Dtype.FLOAT16: 2, Dtype.BFLOAT16: 2, Dtype.FLOAT64: 8,
+    Dtype.INT64: 8, Dtype.INT32: 4, Dtype.INT16: 2, Dtype.INT8: 1,
+    Dtype.UINT8: 1, Dtype.BOOL: 1,
+}
+
+
+class Source(str, Enum):
+    """Where a trace came from."""
+
+    CAPTURE = "capture"  # emu ran the workload itself
+    KINETO = "kineto"  # imported from profiler traces a user already had
+
+
+@dataclass(frozen=True)
+class Compute:
+    """The rank is busy for ``dur_us`` and issues nothing meanwhile."""
+
+    name: str
+    dur_us: float
+
+
+@dataclass(frozen=True)
+class Coll:
+    """A collective issued at this point onto the rank's communication stream.
+
+    ``count`` is the element count of the full tensor (all_gather: the output,
+    reduce_scatter: the input); each rank's shard is ``count / group_size``.
+    ``observed_us`` is what the capture measured from issue to completion
+    (None where the source had no completion time).
+    """
+
+    id: int
+    kind: CollKind
+    dtype: Dtype
+    count: int
+    bytes: int
+    group_size: int
+    observed_us: float | None = None
+    root: int | None = None
+    peer: int | None = None
+    group: tuple[int, ...] | None = None
+    tensors: tuple[tuple[int, ...], ...] | None = None
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Compute blocks until the listed collectives have finished.
+
+    ``blocked_us`` (optional, an addition to v1) is how long the captured rank
+    was actually blocked here; it lets summaries and calibration reconstruct
+    the measured timeline: sum(compute) + sum(blocked) == measured_us.
+    """
+
+    ids: tuple[int, ...]
+    blocked_us: float | None = None
+
+
+Op = Union[Compute, Coll, Wait]
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """One training step of one rank: its measured time and its program."""
+
+    step: int
+    measured_us: float
+    ops: tuple[Op, ...]
+
+    @property
+    def colls(self) -> tuple[Coll, ...]:
+        return tuple(op for op in self.ops if isinstance(op, Coll))
+
+    @property
+    def compute_us(self) -> float:
+        return sum(op.dur_us for op in self.ops if isinstance(op, Compute))
+
+    @property
+    def blocked_us(self) -> float:
+        return sum(op.blocked_us or 0.0 for op in self.ops if isinstance(op, Wait))
+
+
+@dataclass(frozen=True)
+class RankProgram:
+    rank: int
+    iterations: tuple[Iteration, ...]
+
+
+@dataclass(frozen=True)
+class TraceMeta:
+    """Provenance of a trace. Optional fields are None where the source is silent."""
+
+    source: Source
+    world_size: int
+    backend: str
+    device: str
+    framework: str
+    dtype: str
+    captured_at: str
+    model: str | None = None
+    batch_size: int | None = None
+    params: int | None = None
+    command: str | None = None
+    kineto_files: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A whole emu trace: provenance and the programs of some or all ranks."""
+
+    meta: TraceMeta
+    ranks: tuple[RankProgram, ...]
+
+    @property
+    def iterations(self) -> int:
+        return min((len(r.iterations) for r in self.ranks), default=0)
+
+    def rank(self, rank: int) -> RankProgram:
+        for program in self.ranks:
+            if program.rank == rank:
+                return program
+        raise KeyError(rank)

@@ -1,0 +1,20 @@
+"""Small real traces captured on the build machine, shipped for demos and tests.
+
+``samples/README.md`` records the command that made each one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from emu.errors import TraceError
+
+_DIR = Path(__file__).parent / "samples"
+SAMPLES = ("mlp", "cnn", "transformer")
+
+
+def sample_path(name: str) -> Path:
+    """The path of a shipped sample trace by model name."""
+    if name not in SAMPLES:
+        raise TraceError(f"no sample trace named {name!r}; the samples are: {', '.join(SAMPLES)}")
+    return _DIR / f"{name}.json.gz"

@@ -1,0 +1,107 @@
+"""Summaries of a trace: what ``emu inspect`` prints, as data.
+
+Per iteration the program is laid on a timeline (compute and blocked waits in
+order), so that each collective's issue time is known and communication can be
+measured against compute: the communication time is the union of the
+collectives' issue-to-completion intervals (where the capture observed them),
+the exposed part is the time spent blocked in waits, the rest overlapped.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from emu.traces.model import Coll, Compute, Iteration, Trace, Wait
+
+
+@dataclass(frozen=True)
+class CollStats:
+    """One kind of collective (with its dtype), per iteration of one rank."""
+
+    kind: str
+    dtype: str
+    per_iteration: int
+    bytes_per_iteration: int
+    elements_per_iteration: int
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    model: str | None
+    source: str
+    backend: str
+    device: str
+    world_size: int
+    ranks_in_file: tuple[int, ...]
+    iterations: int
+    params: int | None
+    batch_size: int | None
+    step_us_median: float
+    step_us_min: float
+    step_us_max: float
+    compute_us_median: float
+    comm_us_median: float | None
+    exposed_comm_us_median: float
+    overlap_pct: float | None
+    collectives: tuple[CollStats, ...]
+
+
+def iteration_comm_us(it: Iteration) -> float | None:
+    """Union of issue-to-completion intervals of an iteration's collectives.
+
+    None when a collective has no observed time (the source did not say).
+    """
+    t = 0.0
+    spans: list[tuple[float, float]] = []
+    for op in it.ops:
+        if isinstance(op, Compute):
+            t += op.dur_us
+        elif isinstance(op, Wait):
+            t += op.blocked_us or 0.0
+        else:
+            if op.observed_us is None:
+                return None
+            spans.append((t, t + op.observed_us))
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(spans):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def summarize(trace: Trace) -> TraceSummary:
+    """Medians over every iteration of every rank in the file."""
+    its = [it for r in trace.ranks for it in r.iterations]
+    steps = [it.measured_us for it in its]
+    comm = [iteration_comm_us(it) for it in its]
+    known = [c for c in comm if c is not None]
+    exposed = statistics.median(it.blocked_us for it in its)
+    comm_med = statistics.median(known) if len(known) == len(comm) else None
+    overlap = None
+    if comm_med:
+        overlap = max(0.0, 100.0 * (1.0 - exposed / comm_med))
+    stats: dict[tuple[str, str], list[int]] = {}
+    first = trace.ranks[0]
+    n = len(first.iterations)
+    for it in first.iterations:
+        for op in it.colls:
+            row = stats.setdefault((op.kind.value, op.dtype.value), [0, 0, 0])
+            row[0] += 1
+            row[1] += op.bytes
+            row[2] += op.count
+    collectives = tuple(
+        CollStats(kind=k, dtype=d, per_iteration=round(v[0] / n), bytes_per_iteration=v[1] // n,
+                  elements_per_iteration=v[2] // n)
+        for (k, d), v in sorted(stats.items(), key=lambda kv: -kv[1][1]))
+    m = trace.meta
+    return TraceSummary(
+        model=m.model, source=m.source.value, backend=m.backend, device=m.device,
+        world_size=m.world_size, ranks_in_file=tuple(r.rank for r in trace.ranks),
+        iterations=n, params=m.params, batch_size=m.batch_size,
+        step_us_median=statistics.median(steps), step_us_min=min(steps), step_us_max=max(steps),
+        compute_us_median=statistics.median(it.compute_us for it in its),
+        comm_us_median=comm_med, exposed_comm_us_median=exposed, overlap_pct=overlap,
+        collectives=collectives,
+    )

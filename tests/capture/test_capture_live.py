@@ -1,0 +1,138 @@
+"""Real captures: torch runs DDP on gloo in real rank processes that emu starts and stops."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from emu.capture import CaptureConfig, capture_model
+from emu.cli import cli
+from emu.traces import CollKind, load_trace
+from tests.conftest import processes_mentioning
+
+torch = pytest.importorskip("torch", reason="capture needs torch (pip install 'emu[capture]')")
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "ddp_train.py"
+
+
+def params_of(model: str) -> int:
+    from emu.capture.models import WORKLOADS
+    return sum(p.numel() for p in WORKLOADS[model].build().parameters())
+
+
+def profiler_steps(kineto: Path) -> list[dict]:
+    raw = json.loads(kineto.read_text())
+    return sorted((e for e in raw["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")
+                   and e.get("cat") == "user_annotation"), key=lambda e: e["ts"])
+
+
+def buckets(trace) -> list[list]:
+    return [[op for op in it.colls if op.kind == CollKind.ALL_REDUCE]
+            for p in trace.ranks for it in p.iterations]
+
+
+def test_mlp_capture_sizes_steps_and_meta(no_leftovers: Path) -> None:
+    trace = capture_model("mlp", CaptureConfig(profile_steps=2, warmup=2, keep_kineto=no_leftovers))
+    params = params_of("mlp")
+    assert trace.meta.params == params and trace.meta.model == "mlp" and trace.meta.batch_size == 32
+    assert trace.meta.framework == f"torch {torch.__version__}" and trace.meta.backend == "gloo"
+    assert [p.rank for p in trace.ranks] == [0, 1]
+    for iteration_buckets in buckets(trace):
+        assert sum(b.count for b in iteration_buckets) == params
+    for program in trace.ranks:
+        steps = profiler_steps(no_leftovers / f"rank{program.rank}.json")
+        assert [it.measured_us for it in program.iterations] == [e["dur"] for e in steps]
+        assert [it.step for it in program.iterations] == [3, 4]  # warm-up 2, profiler warm-up 1
+
+
+def test_bucket_count_follows_bucket_cap(no_leftovers: Path) -> None:
+    big = capture_model("mlp", CaptureConfig(profile_steps=1, warmup=2), bucket_cap_mb=100)
+    small = capture_model("mlp", CaptureConfig(profile_steps=1, warmup=2, keep_kineto=no_leftovers),
+                          bucket_cap_mb=0.05)
+    assert all(len(b) == 1 for b in buckets(big))
+    cap = int(0.05 * (1 << 20))
+    for iteration_buckets in buckets(small):
+        # DDP closes a bucket once it holds >= cap bytes, and never splits a tensor:
+        # [b3, W3] (82 KB), [b2, W2] (16 MB), [b1, W1] (8 MB)
+        assert len(iteration_buckets) == 3
+        for k, bucket in enumerate(iteration_buckets):
+            sizes = [4 * int(torch.Size(s).numel()) for s in bucket.tensors]
+            assert sum(sizes) == bucket.bytes
+            assert sum(sizes[:-1]) < cap  # it was still open before its last tensor
+            assert k == len(iteration_buckets) - 1 or bucket.bytes >= cap
+
+
+def test_cnn_capture_has_buffer_broadcasts(no_leftovers: Path) -> None:
+    trace = capture_model("cnn", CaptureConfig(profile_steps=1, warmup=2, keep_kineto=no_leftovers),
+                          batch_size=8)
+    for it in trace.ranks[0].iterations:
+        kinds = {op.kind for op in it.colls}
+        assert CollKind.BROADCAST in kinds  # DDP broadcasts BatchNorm buffers every forward
+        reduced = sum(op.count for op in it.colls if op.kind == CollKind.ALL_REDUCE)
+        assert reduced == params_of("cnn")
+
+
+def test_unmodified_script_capture(no_leftovers: Path) -> None:
+    out = no_leftovers / "ddp.json.gz"
+    result = CliRunner().invoke(cli, [
+        "capture", "--world-size", "2", "--iters", "2", "--warmup", "2", "-o", str(out),
+        "--keep-kineto", str(no_leftovers / "k"), "--", "python", str(EXAMPLE), "--steps", "8"])
+    assert result.exit_code == 0, result.output
+    trace = load_trace(out)
+    hidden = 1024
+    params = 512 * hidden + hidden + hidden * hidden + hidden + hidden * 10 + 10
+    assert trace.meta.params == params and trace.meta.model == "ddp_train"
+    assert trace.meta.command.endswith(f"-- python {EXAMPLE} --steps 8")
+    for iteration_buckets in buckets(trace):
+        assert sum(b.count for b in iteration_buckets) == params
+    assert (no_leftovers / "k" / "rank0.json").is_file() and (no_leftovers / "k" / "rank1.json").is_file()
+
+
+def test_script_with_too_few_steps(no_leftovers: Path) -> None:
+    result = CliRunner().invoke(cli, [
+        "capture", "-o", str(no_leftovers / "o.json"), "--keep-kineto", str(no_leftovers),
+        "--", "python", str(EXAMPLE), "--steps", "3"])
+    assert result.exit_code == 2
+    assert "made 3 optimizer steps, but emu needs 10" in result.stderr
+
+
+def test_failing_script_stops_every_rank(no_leftovers: Path) -> None:
+    script = no_leftovers / "crash.py"
+    script.write_text("import os, time\n"
+                      "if os.environ['RANK'] == '1':\n    raise SystemExit('rank 1 gives up')\n"
+                      "time.sleep(120)\n")
+    start = time.monotonic()
+    result = CliRunner().invoke(cli, ["capture", "-o", str(no_leftovers / "o.json"),
+                                      "--keep-kineto", str(no_leftovers), "--", "python", str(script)])
+    assert result.exit_code == 2
+    assert "rank 1 exited with code 1: rank 1 gives up" in result.stderr
+    assert time.monotonic() - start < 60  # rank 0 was stopped, not waited for
+
+
+def test_ctrl_c_stops_every_rank(no_leftovers: Path) -> None:
+    script = no_leftovers / "slow.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "emu", "capture", "-o", str(no_leftovers / "o.json"),
+                             "--keep-kineto", str(no_leftovers), "--", "python", str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "NO_COLOR": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        ranks = f"emu.capture --out {no_leftovers}"
+        while len(processes_mentioning(ranks)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(processes_mentioning(ranks)) == 2, "the ranks did not start"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert b"interrupted" in err

@@ -1,0 +1,123 @@
+"""Bad input on the command line: one clear line on stderr, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from emu.cli import cli
+from tests.conftest import A100, GLOO_MLP
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+def derived(tmp_path: Path, source: Path, keep) -> Path:
+    doc = json.loads(gzip.decompress(source.read_bytes()))
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if keep(e)]
+    path = tmp_path / f"derived-{source.name.removesuffix('.gz')}"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def assert_one_line_error(result, *fragments: str, code: int = 2) -> None:
+    assert result.exit_code == code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("emu: error: ")
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    assert_one_line_error(run("capture", "--kineto", str(tmp_path / "nope.json"), "-o", str(tmp_path / "o.json")),
+                          "nope.json", "no such file")
+
+
+def test_not_json(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("this is not json")
+    assert_one_line_error(run("capture", "--kineto", str(bad), "-o", str(tmp_path / "o.json")),
+                          "bad.json", "not a JSON file")
+
+
+def test_json_that_is_not_kineto(tmp_path: Path) -> None:
+    bad = tmp_path / "other.json"
+    bad.write_text(json.dumps({"hello": [1, 2]}))
+    assert_one_line_error(run("capture", "--kineto", str(bad), "-o", str(tmp_path / "o.json")),
+                          "other.json", "not a Kineto trace", "traceEvents")
+
+
+def test_trace_without_profiler_steps(tmp_path: Path) -> None:
+    path = derived(tmp_path, GLOO_MLP / "rank0.json.gz",
+                   lambda e: not str(e.get("name", "")).startswith("ProfilerStep"))
+    assert_one_line_error(run("capture", "--kineto", str(path), "-o", str(tmp_path / "o.json")),
+                          "no ProfilerStep#N events", "prof.step()")
+
+
+def test_rank_files_of_different_jobs(tmp_path: Path) -> None:
+    result = run("capture", "--kineto", str(A100), str(GLOO_MLP / "rank1.json.gz"), "-o", str(tmp_path / "o.json"))
+    assert_one_line_error(result, "rank files of different jobs", "backend")
+
+
+def test_same_rank_twice(tmp_path: Path) -> None:
+    copy = tmp_path / "copy.json.gz"
+    copy.write_bytes((GLOO_MLP / "rank0.json.gz").read_bytes())
+    result = run("capture", "--kineto", str(GLOO_MLP / "rank0.json.gz"), str(copy), "-o", str(tmp_path / "o.json"))
+    assert_one_line_error(result, "rank 0 is given twice")
+
+
+def test_empty_program(tmp_path: Path) -> None:
+    path = derived(tmp_path, GLOO_MLP / "rank0.json.gz",
+                   lambda e: not str(e.get("name", "")).startswith(("c10d::", "gloo:")))
+    assert_one_line_error(run("capture", "--kineto", str(path), "-o", str(tmp_path / "o.json")),
+                          "issue no collectives", "empty program")
+
+
+def test_shapes_not_recorded(tmp_path: Path) -> None:
+    doc = json.loads(gzip.decompress((GLOO_MLP / "rank0.json.gz").read_bytes()))
+    for e in doc["traceEvents"]:
+        e.get("args", {}).pop("Input Dims", None)
+    path = tmp_path / "noshapes.json"
+    path.write_text(json.dumps(doc))
+    assert_one_line_error(run("capture", "--kineto", str(path), "-o", str(tmp_path / "o.json")),
+                          "record_shapes=True")
+
+
+def test_no_mode_and_two_modes(tmp_path: Path) -> None:
+    assert_one_line_error(run("capture", "-o", str(tmp_path / "o.json")), "exactly one of")
+    assert_one_line_error(run("capture", "--model", "mlp", "--kineto", str(A100), "-o", str(tmp_path / "o.json")),
+                          "exactly one of")
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    assert run("capture", "--model", "resnet", "-o", "x.json").exit_code == 2
+    assert run("capture", "--model", "mlp").exit_code == 2  # -o is required
+    assert run("inspect").exit_code == 2
+
+
+def test_inspect_bad_inputs(tmp_path: Path) -> None:
+    assert_one_line_error(run("inspect", str(tmp_path / "none.json")), "none.json", "no such file")
+    (tmp_path / "empty.json").write_text(json.dumps({"schema": "emu-trace", "schema_version": 1, "meta": {
+        "source": "capture", "world_size": 2, "backend": "gloo", "device": "cpu", "framework": "torch",
+        "dtype": "float32", "captured_at": "x"}, "ranks": []}))
+    assert_one_line_error(run("inspect", str(tmp_path / "empty.json")), "field 'ranks' is empty")
+
+
+def test_not_a_python_script(tmp_path: Path) -> None:
+    assert_one_line_error(run("capture", "-o", str(tmp_path / "o.json"), "--", "torchrun", "train.py"),
+                          "not python")
+    assert_one_line_error(run("capture", "-o", str(tmp_path / "o.json"), "--", "python", str(tmp_path / "nope.py")),
+                          "no such script")
+
+
+@pytest.mark.parametrize("debug_flag", [["--debug"]])
+def test_debug_shows_traceback(tmp_path: Path, debug_flag: list[str]) -> None:
+    result = CliRunner().invoke(cli, [*debug_flag, "inspect", str(tmp_path / "none.json")])
+    assert result.exit_code != 0 and result.exception is not None

@@ -1,0 +1,41 @@
+"""``emu inspect`` on real traces: the table and the JSON carry the same facts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from emu.cli import cli
+from tests.conftest import A100
+
+
+def test_import_then_inspect_json(tmp_path: Path) -> None:
+    out = tmp_path / "a100.json.gz"
+    runner = CliRunner(env={"NO_COLOR": "1", "COLUMNS": "120"})
+    result = runner.invoke(cli, ["capture", "--kineto", str(A100), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""  # status goes to stderr
+    assert "wrote" in result.stderr and "ranks 1 of 2" in result.stderr
+    result = runner.invoke(cli, ["inspect", str(out), "--json"])
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert data["iterations"] == 3 and data["world_size"] == 2 and data["ranks_in_file"] == [0]
+    assert data["backend"] == "nccl" and data["source"] == "kineto"
+    kinds = {(c["kind"], c["dtype"]): c for c in data["collectives"]}
+    assert kinds[("all_reduce", "float32")]["per_iteration"] == 5
+    assert kinds[("all_reduce", "float32")]["elements_per_iteration"] == 25_557_032
+    assert 219_000 < data["step_us_median"] < 225_000
+    assert data["overlap_pct"] is not None
+
+
+def test_inspect_table(tmp_path: Path) -> None:
+    out = tmp_path / "a100.json"
+    runner = CliRunner(env={"NO_COLOR": "1", "COLUMNS": "120"})
+    assert runner.invoke(cli, ["capture", "--kineto", str(A100), "-o", str(out)]).exit_code == 0
+    result = runner.invoke(cli, ["inspect", str(out)])
+    assert result.exit_code == 0
+    for text in ("1 in file of world size 2", "all_reduce", "25,557,032", "102.2 MB", "overlap with compute"):
+        assert text in result.stdout
+    assert "\x1b[" not in result.stdout  # NO_COLOR honoured

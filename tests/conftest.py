@@ -1,0 +1,36 @@
+"""Shared fixtures: the checked-in real traces and process-leak checks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+A100 = DATA / "a100-ddp-nccl-world2" / "rank0.json.gz"
+GLOO_MLP = DATA / "gloo-ddp-mlp-world2"
+GLOO_COLLECTIVES = DATA / "gloo-collectives-world2"
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids of live processes whose command line contains text."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def no_leftovers(tmp_path: Path):
+    """A work folder; after the test, no process may still name it."""
+    yield tmp_path
+    assert processes_mentioning(str(tmp_path)) == [], "processes were left running"

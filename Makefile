@@ -26,6 +26,7 @@ demo: install
 	$(BIN)/emu inspect $(DEMO)/mlp.json.gz
 
 test: install
+	$(BIN)/ruff check --quiet emu tests benchmarks examples
 	$(BIN)/python -m pytest -q -m "not slow"
 
 test-all: install

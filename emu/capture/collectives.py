@@ -18,8 +18,9 @@ so a PyTorch release that renames an event changes one table row.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from emu.capture.kineto import Event, KinetoTrace
 from emu.errors import KinetoError

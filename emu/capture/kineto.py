@@ -8,14 +8,14 @@ KinetoError naming the file and what would fix it.
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from emu.errors import KinetoError
+from emu.traces.jsonfile import read_json
 
 # Kineto traces of real jobs reach hundreds of MB; more than this is a wrong file.
 MAX_KINETO_BYTES = 4 << 30
@@ -82,26 +82,6 @@ def expand_paths(items: Iterable[str | os.PathLike[str]]) -> list[Path]:
     return paths
 
 
-def _load_json(path: Path) -> Any:
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise KinetoError(f"{path}: cannot read it ({exc.strerror})") from None
-    if size > MAX_KINETO_BYTES:
-        raise KinetoError(f"{path}: {size} bytes is more than the {MAX_KINETO_BYTES} bytes "
-                          "emu reads from one Kineto file; profile fewer steps")
-    try:
-        with open(path, "rb") as fh:
-            gz = fh.read(2) == b"\x1f\x8b"
-        with (gzip.open(path, "rt", encoding="utf-8") if gz else open(path, encoding="utf-8")) as fh:
-            return json.load(fh)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise KinetoError(f"{path}: not a JSON file ({exc}); give the .json or .json.gz "
-                          "that torch.profiler's export_chrome_trace wrote") from None
-    except (OSError, EOFError) as exc:
-        raise KinetoError(f"{path}: cannot read it ({exc})") from None
-
-
 def _groups(info: Mapping[str, Any]) -> tuple[ProcessGroup, ...]:
     groups = []
     for pg in info.get("pg_config") or ():
@@ -123,7 +103,8 @@ def _device(doc: Mapping[str, Any], events: Iterable[Event]) -> str:
 def read_kineto(path: str | os.PathLike[str]) -> KinetoTrace:
     """Read one rank's Kineto trace file."""
     path = Path(path)
-    doc = _load_json(path)
+    doc = read_json(path, max_bytes=MAX_KINETO_BYTES, error=KinetoError,
+                    expected="the .json or .json.gz that torch.profiler's export_chrome_trace wrote")
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         hint = (" (it is an emu trace already: use it directly)"
                 if isinstance(doc, dict) and doc.get("schema") == "emu-trace" else "")

@@ -13,9 +13,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import emu
 from emu.errors import CaptureError
@@ -106,7 +106,7 @@ def run_ranks(argv: Sequence[str], world_size: int, workdir: Path, *, timeout_s:
         start = time.monotonic()
         while True:
             codes = [r.proc.poll() for r in ranks]
-            failed = next((r for r, c in zip(ranks, codes) if c not in (None, 0)), None)
+            failed = next((r for r, c in zip(ranks, codes, strict=False) if c not in (None, 0)), None)
             if failed is not None:
                 raise CaptureError(f"rank {failed.rank} exited with code {failed.proc.returncode}: "
                                    f"{_last_line(failed.log)} (log: {failed.log})")

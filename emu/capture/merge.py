@@ -11,14 +11,13 @@ from __future__ import annotations
 import datetime as dt
 import os
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 from emu.capture.kineto import KinetoTrace, expand_paths, read_kineto
 from emu.capture.program import convert_rank
-from emu.errors import KinetoError
+from emu.errors import KinetoError, TraceError
 from emu.traces.model import CollKind, RankProgram, Source, Trace, TraceMeta
 from emu.traces.validate import validate_trace
-from emu.errors import TraceError
 
 
 def _check_same_job(kts: Sequence[KinetoTrace]) -> None:

@@ -8,8 +8,8 @@ and a transformer of about 25M parameters (the realistic size for scale tests).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn

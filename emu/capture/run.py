@@ -14,9 +14,9 @@ import shlex
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from emu.capture.kineto import read_kineto
 from emu.capture.launcher import run_ranks

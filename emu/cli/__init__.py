@@ -43,7 +43,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj = {"debug": debug or os.environ.get("EMU_DEBUG") == "1"}
 
 
-from emu.cli import capture as _capture  # noqa: E402  (commands register themselves)
+from emu.cli import capture as _capture  # noqa: E402,F401  (commands register themselves)
 from emu.cli import inspect as _inspect  # noqa: E402,F401
 
 

@@ -5,12 +5,12 @@ rich is used here and in the command modules only; it honours NO_COLOR.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from rich.console import Console
 
 
-@lru_cache(maxsize=None)
+@cache
 def err() -> Console:
     return Console(stderr=True)
 

@@ -6,7 +6,17 @@ other part builds on it.
 
 from emu.traces.io import LOADERS, SCHEMA_VERSION, load_trace, save_trace, trace_to_dict
 from emu.traces.model import (
-    Coll, CollKind, Compute, Dtype, Iteration, Op, RankProgram, Source, Trace, TraceMeta, Wait,
+    Coll,
+    CollKind,
+    Compute,
+    Dtype,
+    Iteration,
+    Op,
+    RankProgram,
+    Source,
+    Trace,
+    TraceMeta,
+    Wait,
 )
 from emu.traces.samples import SAMPLES, sample_path
 from emu.traces.summary import CollStats, TraceSummary, iteration_comm_us, summarize

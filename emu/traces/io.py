@@ -12,14 +12,26 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from emu.errors import TraceError
+from emu.traces.jsonfile import read_json
 from emu.traces.model import (
-    SCHEMA, Coll, CollKind, Compute, Dtype, Iteration, Op, RankProgram, Source, Trace,
-    TraceMeta, Wait,
+    SCHEMA,
+    Coll,
+    CollKind,
+    Compute,
+    Dtype,
+    Iteration,
+    Op,
+    RankProgram,
+    Source,
+    Trace,
+    TraceMeta,
+    Wait,
 )
 from emu.traces.validate import validate_trace
 
@@ -39,7 +51,7 @@ class _Where:
     step: int | None = None
     op: int | None = None
 
-    def at(self, **kw: int | None) -> "_Where":
+    def at(self, **kw: int | None) -> _Where:
         return _Where(**{**self.__dict__, **kw})
 
     def fail(self, fld: str, problem: str) -> TraceError:
@@ -194,36 +206,11 @@ def _load_v1(doc: dict[str, Any], where: _Where) -> Trace:
 LOADERS: dict[int, Callable[[dict[str, Any], _Where], Trace]] = {1: _load_v1}
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such file; give the path of an emu trace "
-                         "(made by 'emu capture')") from None
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read it ({exc.strerror})") from None
-    if path.is_dir():
-        raise TraceError(f"{path}: is a directory; give the path of an emu trace file")
-    if size > MAX_TRACE_BYTES:
-        raise TraceError(f"{path}: {size} bytes is larger than the {MAX_TRACE_BYTES} bytes "
-                         "an emu trace may have")
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(2)
-        opener = gzip.open if head == b"\x1f\x8b" else open
-        with opener(path, "rt", encoding="utf-8") as fh:  # type: ignore[operator]
-            return json.load(fh)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{path}: not a JSON file ({exc}); give an emu trace "
-                         "(.json or .json.gz) made by 'emu capture'") from None
-    except (OSError, EOFError) as exc:
-        raise TraceError(f"{path}: cannot read it ({exc})") from None
-
-
 def load_trace(path: str | os.PathLike[str]) -> Trace:
     """Load and validate an emu trace; raises TraceError naming what is wrong."""
     path = Path(path)
-    doc = _read_json(path)
+    doc = read_json(path, max_bytes=MAX_TRACE_BYTES, error=TraceError,
+                    expected="the path of an emu trace (.json or .json.gz) made by 'emu capture'")
     where = _Where(str(path))
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         hint = (" (it looks like a Kineto trace: import it with 'emu capture --kineto FILE')"

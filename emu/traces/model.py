@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Union
 
 SCHEMA = "emu-trace"
 
@@ -106,7 +105,7 @@ class Wait:
     blocked_us: float | None = None
 
 
-Op = Union[Compute, Coll, Wait]
+Op = Compute | Coll | Wait
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from emu.traces.model import Coll, Compute, Iteration, Trace, Wait
+from emu.traces.model import Compute, Iteration, Trace, Wait
 
 
 @dataclass(frozen=True)

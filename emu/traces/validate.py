@@ -95,7 +95,7 @@ def validate_trace(trace: Trace, path: str) -> None:
                          f"({sorted(lengths)}); every rank needs the same iterations")
     first = trace.ranks[0]
     for program in trace.ranks[1:]:
-        for index, (a, b) in enumerate(zip(first.iterations, program.iterations)):
+        for index, (a, b) in enumerate(zip(first.iterations, program.iterations, strict=False)):
             sa, sb = _signature(a), _signature(b)
             for group in sa.keys() & sb.keys():
                 if sa[group] != sb[group]:

@@ -40,7 +40,7 @@ def test_three_steps_with_profiler_step_durations(trace, raw) -> None:
 def test_all_reduce_sizes_equal_in_msg_nelems_per_step(trace, raw) -> None:
     comms = [e for e in raw["traceEvents"] if e.get("name") == "record_param_comms"
              and e["args"].get("Collective name") == "allreduce"]
-    for span, it in zip(_steps(raw), trace.ranks[0].iterations):
+    for span, it in zip(_steps(raw), trace.ranks[0].iterations, strict=False):
         inside = sorted((e for e in comms if span["ts"] <= e["ts"] < span["ts"] + span["dur"]),
                         key=lambda e: e["ts"])
         got = [op.count for op in it.colls if op.kind == CollKind.ALL_REDUCE]
@@ -53,7 +53,7 @@ def test_all_reduce_sizes_equal_in_msg_nelems_per_step(trace, raw) -> None:
 def test_compute_is_step_time_not_kernel_time(trace, raw) -> None:
     kernels = [e for e in raw["traceEvents"] if e.get("cat") == "kernel"
                and not e["name"].startswith("nccl")]
-    for span, it in zip(_steps(raw), trace.ranks[0].iterations):
+    for span, it in zip(_steps(raw), trace.ranks[0].iterations, strict=False):
         kernel_us = sum(e["dur"] for e in kernels if span["ts"] <= e["ts"] < span["ts"] + span["dur"])
         assert kernel_us < 0.25 * it.measured_us  # the GPU is mostly idle in this job
         assert it.compute_us + it.blocked_us == pytest.approx(it.measured_us, abs=0.01)

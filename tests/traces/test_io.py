@@ -10,8 +10,20 @@ import pytest
 
 from emu.errors import TraceError
 from emu.traces import (
-    LOADERS, Coll, CollKind, Compute, Dtype, Iteration, RankProgram, Source, Trace, TraceMeta, Wait,
-    load_trace, save_trace, trace_to_dict,
+    LOADERS,
+    Coll,
+    CollKind,
+    Compute,
+    Dtype,
+    Iteration,
+    RankProgram,
+    Source,
+    Trace,
+    TraceMeta,
+    Wait,
+    load_trace,
+    save_trace,
+    trace_to_dict,
 )
 from tests.conftest import A100
 

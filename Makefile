@@ -24,6 +24,7 @@ demo: install
 	@mkdir -p $(DEMO)
 	$(BIN)/emu capture --model mlp --iters 3 --bucket-cap-mb 4 -o $(DEMO)/mlp.json.gz
 	$(BIN)/emu inspect $(DEMO)/mlp.json.gz
+	$(BIN)/emu replay $(DEMO)/mlp.json.gz --workers 8 --fabric ina,ring --report $(DEMO)/replay.json
 
 test: install
 	$(BIN)/ruff check --quiet emu tests benchmarks examples

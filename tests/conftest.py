@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -34,3 +36,30 @@ def no_leftovers(tmp_path: Path):
     """A work folder; after the test, no process may still name it."""
     yield tmp_path
     assert processes_mentioning(str(tmp_path)) == [], "processes were left running"
+
+
+def children() -> list[int]:
+    """Live (non-zombie) processes whose parent is this test process."""
+    me = str(os.getpid())
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat[1] == me and stat[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def no_children():
+    """After the test, every process the replay forked is gone."""
+    yield
+    deadline = time.monotonic() + 5
+    while children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    multiprocessing.active_children()  # reaps
+    assert children() == [], "replay left child processes behind"

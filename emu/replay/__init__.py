@@ -1,4 +1,12 @@
-"""The fake-worker runtime that replays traces through a fabric, and its reports.
+"""Replaying traces on GPU-free fake workers through an emulated fabric.
 
-Filled by the replay issue; it may import ``emu.traces`` and ``emu.emulator``.
+``replay(trace, ReplayConfig(...))`` starts the switch and the host processes,
+runs every worker's program in emulated time, stops every process, and returns
+a ``ReplayReport`` (``.to_dict()`` is the JSON of DESIGN.md's report contract).
 """
+
+from emu.replay.config import FABRICS, ReplayConfig
+from emu.replay.orchestrator import ReplayError, replay
+from emu.replay.report import ReplayReport, write_chrome_trace
+
+__all__ = ["FABRICS", "ReplayConfig", "ReplayError", "ReplayReport", "replay", "write_chrome_trace"]

@@ -1,0 +1,155 @@
+"""``emu replay``: run a trace on fake workers through an emulated fabric."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from emu.cli import cli
+from emu.cli.output import err, human_bytes, ms, out
+from emu.errors import CheckFailed, ConfigError
+
+
+def _trace_path(text: str) -> Path:
+    from emu.traces import SAMPLES, sample_path
+
+    path = Path(text)
+    if not path.exists() and text in SAMPLES:
+        return sample_path(text)
+    return path
+
+
+@cli.command()
+@click.argument("trace_arg", metavar="TRACE")
+@click.option("--workers", "-w", type=int, default=8, show_default=True, help="Fake workers.")
+@click.option("--fabric", default="ina", show_default=True,
+              help="ina, ring or ps; a comma-separated list replays each and compares them.")
+@click.option("--bandwidth", default="100Gbps", show_default=True, help="Link bandwidth, e.g. 10Gbps, 400Gbit.")
+@click.option("--latency", default="5us", show_default=True, help="One-way link latency, e.g. 5us, 1ms.")
+@click.option("--loss", type=float, default=0.0, show_default=True, help="Packet loss probability per link.")
+@click.option("--jitter", default="0us", show_default=True, help="Uniform extra delay per packet, up to this.")
+@click.option("--iters", type=int, help="Iterations to replay (default: the trace's).")
+@click.option("--tdf", type=float, default=1.0, show_default=True,
+              help="Time dilation: wall seconds per emulated second.")
+@click.option("--payload-scale", type=int, default=1, show_default=True,
+              help="Packets on the emulated wire per packet really sent.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of payload, loss and jitter.")
+@click.option("--slots", type=int, help="INA slot pool (the window); default covers 2x the bandwidth-delay product.")
+@click.option("--elements", type=click.Choice(["64", "256"]), default="64", show_default=True,
+              help="int32 elements per aggregation packet.")
+@click.option("--processes", type=int, help="Worker host processes (default: min(workers, cores)).")
+@click.option("--ps-shards", type=int, help="Parameter-server shards (default: one per worker).")
+@click.option("--timeout", type=float, default=1800.0, show_default=True, help="Seconds before giving up.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the JSON report here (one per fabric: NAME-FABRIC.json when several).")
+@click.option("--chrome-trace", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write every worker's spans in emulated time (Perfetto / chrome://tracing).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report(s) as JSON on stdout.")
+def replay(trace_arg: str, workers: int, fabric: str, bandwidth: str, latency: str, loss: float, jitter: str,
+           iters: int | None, tdf: float, payload_scale: int, seed: int, slots: int | None, elements: str,
+           processes: int | None, ps_shards: int | None, timeout: float, report_path: Path | None,
+           chrome_trace: Path | None, as_json: bool) -> None:
+    """Replay TRACE (a file, or a shipped sample: mlp, cnn, transformer) on fake workers.
+
+    \b
+      emu replay mlp --workers 8 --fabric ina,ring
+      emu replay t.json.gz --workers 64 --fabric ina --bandwidth 100Gbps --report r.json
+    """
+    import json
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us
+    from emu.replay import ReplayConfig
+    from emu.replay import replay as run_replay
+    from emu.traces import load_trace
+
+    path = _trace_path(trace_arg)
+    trace = load_trace(path)
+    fabrics = [f.strip() for f in fabric.split(",") if f.strip()]
+    if not fabrics:
+        raise ConfigError("--fabric needs at least one of: ina, ring, ps")
+    link = LinkSpec(bandwidth_bps=parse_bandwidth(bandwidth), latency_us=parse_duration_us(latency),
+                    loss=loss, jitter_us=parse_duration_us(jitter, "--jitter"))
+    reports = []
+    for name in fabrics:
+        config = ReplayConfig(workers=workers, fabric=name, link=link, iters=iters, tdf=tdf,
+                              payload_scale=payload_scale, seed=seed, slots=slots, elements=int(elements),
+                              processes=processes, ps_shards=ps_shards, timeout_s=timeout)
+        config.check()
+        chrome = None
+        if chrome_trace is not None:
+            chrome = chrome_trace if len(fabrics) == 1 else chrome_trace.with_name(
+                f"{chrome_trace.stem}-{name}{chrome_trace.suffix}")
+        with Progress(TextColumn(f"replay {name} x{workers}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                      TimeElapsedColumn(), console=err(), transient=True) as bar:
+            task = bar.add_task("replay", total=1.0)
+            report = run_replay(trace, config, trace_path=str(path), chrome_trace=chrome,
+                                on_progress=lambda f, task=task: bar.update(task, completed=f))
+        reports.append(report)
+        if report_path is not None:
+            target = report_path if len(fabrics) == 1 else report_path.with_name(
+                f"{report_path.stem}-{name}{report_path.suffix}")
+            report.save(target)
+            err().print(f"wrote {target}", markup=False, highlight=False)
+    if as_json:
+        docs = [r.to_dict() for r in reports]
+        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
+    else:
+        _table(reports, path)
+    failed = [r for r in reports if not r.verification.ok]
+    if failed:
+        raise CheckFailed(f"verification failed on {', '.join(r.config['fabric'] for r in failed)}: "
+                          f"{sum(r.verification.mismatches for r in failed)} mismatched elements")
+
+
+def _table(reports, path: Path) -> None:
+    from rich.table import Table
+
+    first = reports[0]
+    t = Table(title=f"{path.name}: {first.config['workers']} workers, "
+                    f"{_bw(first.config['bandwidth_bps'])}, {first.config['latency_us']:g} us")
+    t.add_column("")
+    for r in reports:
+        t.add_column(r.config["fabric"], justify="right")
+
+    def row(name: str, fn) -> None:
+        t.add_row(name, *[fn(r) for r in reports])
+
+    row("iteration (median)", lambda r: f"{ms(r.summary.iteration_us_median)} ms")
+    row("iteration (p99)", lambda r: f"{ms(r.summary.iteration_us_p99)} ms")
+    row("compute", lambda r: f"{ms(_median([i.compute_us for i in r.iterations]))} ms")
+    row("communication", lambda r: f"{ms(_median([i.comm_us for i in r.iterations]))} ms")
+    row("exposed communication", lambda r: f"{ms(_median([i.exposed_comm_us for i in r.iterations]))} ms")
+    row("throughput", lambda r: "-" if r.summary.throughput_samples_per_s is None
+        else f"{r.summary.throughput_samples_per_s:,.0f} samples/s")
+    row("bytes on the wire", lambda r: human_bytes(r.summary.bytes_sent))
+    row("verification", lambda r: ("ok" if r.verification.ok else "FAILED")
+        + f" ({r.verification.elements_checked:,} checked)")
+    row("retransmissions", lambda r: str(r.fabric.retransmissions))
+    row("fallbacks", lambda r: ", ".join(f"{k} x{v}" for k, v in sorted(r.fabric.fallbacks.items())) or "-")
+    row("time dilation / payload scale", lambda r: f"{r.emulator.tdf:g} / {r.emulator.payload_scale}")
+    row("emulator lag p99", lambda r: f"{ms(r.emulator.lag_us_p99)} ms")
+    row("trustworthy", lambda r: "yes" if r.emulator.trustworthy else "NO")
+    row("wall time", lambda r: f"{r.emulator.wall_s:.1f} s")
+    out().print(t)
+    for r in reports:
+        if r.emulator.advice:
+            err().print(f"{r.config['fabric']}: not trustworthy: {r.emulator.advice}", markup=False,
+                        highlight=False, soft_wrap=True)
+
+
+def _median(values: list[float]) -> float:
+    import statistics
+
+    return statistics.median(values) if values else 0.0
+
+
+def _bw(bps: float | None) -> str:
+    if bps is None:
+        return "ideal links"
+    for unit, scale in (("Tbps", 1e12), ("Gbps", 1e9), ("Mbps", 1e6)):
+        if bps >= scale:
+            return f"{bps / scale:g} {unit}"
+    return f"{bps:g} bps"

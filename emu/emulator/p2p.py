@@ -1,0 +1,330 @@
+"""Point-to-point collective algorithms as transport-free state machines.
+
+Every fabric runs these for what it does not aggregate itself: ring all_reduce
+(reduce-scatter then all-gather, 2(M-1) steps between neighbours), ring
+reduce_scatter and all_gather, chain broadcast from the root, direct all_to_all
+and send/recv, and the parameter server's push and pull. Data moves in segments
+(a message of at most ``seg_elements`` real elements, many packets on the
+emulated wire); a worker forwards a segment as soon as it has it, so steps
+pipeline as in NCCL. Each algorithm turns arrivals into new ``Seg`` sends with
+emulated send times; the host moves the bytes and runs the link model.
+
+Layout: the real tensor of a collective is cut into ``parts`` chunks
+(``j * n // parts``), each into segments; a segment's number identifies it on
+the wire. The emulated size of a chunk is its share of the collective's bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from emu.emulator.payload import block
+
+SEG_ELEMENTS = 1 << 18  # 1 MB of float32 per message: pipelining without huge messages
+
+
+@dataclass
+class Seg:
+    """One segment to send: real data and the payload bytes it stands for on the emulated wire."""
+
+    dst: int
+    seq: int
+    segment: int
+    data: np.ndarray  # float64, exact values of the collective's dtype
+    emu_bytes: float
+    send_us: float
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Chunks and segments of a collective's real tensor, the same on every worker."""
+
+    real: int
+    parts: int
+    emu_bytes: float  # payload bytes of the whole collective on the emulated wire
+    seg_elements: int = SEG_ELEMENTS
+
+    def chunk_range(self, j: int) -> tuple[int, int]:
+        return j * self.real // self.parts, (j + 1) * self.real // self.parts
+
+    def segments(self, j: int) -> list[tuple[int, int, int]]:
+        """(segment number, lo, hi) of chunk j; an empty chunk still has one (empty) segment."""
+        lo, hi = self.chunk_range(j)
+        per = max(1, -(-(hi - lo) // self.seg_elements))
+        first = self._first_segment(j)
+        bounds = [lo + i * (hi - lo) // per for i in range(per + 1)]
+        return [(first + i, bounds[i], bounds[i + 1]) for i in range(per)]
+
+    def _first_segment(self, j: int) -> int:
+        total = 0
+        for i in range(j):
+            lo, hi = self.chunk_range(i)
+            total += max(1, -(-(hi - lo) // self.seg_elements))
+        return total
+
+    def segment_map(self) -> dict[int, tuple[int, int, int]]:
+        """segment number -> (chunk, lo, hi)."""
+        out = {}
+        for j in range(self.parts):
+            for seg, lo, hi in self.segments(j):
+                out[seg] = (j, lo, hi)
+        return out
+
+    def seg_emu_bytes(self, j: int) -> float:
+        return self.emu_bytes / self.parts / len(self.segments(j))
+
+
+@dataclass
+class Check:
+    elements: int = 0
+    mismatches: int = 0
+
+    def compare(self, got: np.ndarray, want: np.ndarray) -> None:
+        self.elements += len(want)
+        self.mismatches += int(np.count_nonzero(got != want))
+
+
+class Algorithm:
+    """A collective on one worker: ``start`` then ``on_segment`` until ``finished``."""
+
+    fallback = True  # ran point to point rather than on the fabric's own mechanism
+
+    def __init__(self, rank: int, size: int, seq: int, dtype: str, layout: Layout, seed: int,
+                 check: Check) -> None:
+        self.rank, self.size, self.seq, self.dtype = rank, size, seq, dtype
+        self.layout, self.seed, self.check = layout, seed, check
+        self.finished = False
+        self.end_us = 0.0
+        self._map = layout.segment_map()
+
+    def _block(self, lo: int, hi: int, workers: int | None = None):
+        return block(self.seed, self.seq, lo, hi - lo, workers or self.size, self.dtype)
+
+    def own(self, lo: int, hi: int, worker: int | None = None) -> np.ndarray:
+        return self._block(lo, hi).values(self.rank if worker is None else worker)
+
+    def total(self, lo: int, hi: int) -> np.ndarray:
+        return self._block(lo, hi).expected_sum(self.size)
+
+    def _sends(self, dst: int, chunk: int, t: float, values) -> list[Seg]:
+        return [Seg(dst, self.seq, seg, values(lo, hi), self.layout.seg_emu_bytes(chunk), t)
+                for seg, lo, hi in self.layout.segments(chunk)]
+
+    def _done(self, t: float) -> None:
+        self.end_us = max(self.end_us, t)
+
+    def start(self, t: float) -> list[Seg]:
+        raise NotImplementedError
+
+    def on_segment(self, src: int, segment: int, data: np.ndarray, t: float) -> list[Seg]:
+        raise NotImplementedError
+
+
+class Ring(Algorithm):
+    """Ring reduce-scatter and/or all-gather among ``size`` workers (right neighbour rank + 1).
+
+    ``own`` is the chunk a worker sends first: rank for all_reduce (it ends the
+    reduce-scatter holding chunk rank + 1), rank - 1 for reduce_scatter (so that it
+    ends with chunk rank, as torch's output) and for all_gather (its first send is
+    its own shard, chunk rank).
+    """
+
+    def __init__(self, *args, reduce: bool, gather: bool, own: int, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.reduce, self.gather = reduce, gather
+        self.own_chunk = own % self.size
+        self.right = (self.rank + 1) % self.size
+        self.seen: dict[int, int] = {}
+        self.need = sum(len(self.layout.segments(j)) for j in self._expected_chunks())
+        self.got = 0
+
+    def _expected_chunks(self) -> list[int]:
+        m, o = self.size, self.own_chunk
+        chunks = []
+        if self.reduce:
+            chunks += [(o - 1 - s) % m for s in range(m - 1)]
+        if self.gather:
+            first = (o + 1) % m
+            chunks += [(first - 1 - s) % m for s in range(m - 1)]
+        return chunks
+
+    def start(self, t: float) -> list[Seg]:
+        if self.size == 1:
+            self._finish_alone(t)
+            return []
+        if self.reduce:
+            return self._sends(self.right, self.own_chunk, t, lambda lo, hi: self.own(lo, hi))
+        # all_gather: the first send is this worker's shard: chunk own + 1 holds worker rank's data
+        first = (self.own_chunk + 1) % self.size
+        return self._sends(self.right, first, t, lambda lo, hi: self.own(lo, hi))
+
+    def _finish_alone(self, t: float) -> None:
+        self.finished = True
+        self.end_us = t
+
+    def on_segment(self, src: int, segment: int, data: np.ndarray, t: float) -> list[Seg]:
+        chunk, lo, hi = self._map[segment]
+        m, o = self.size, self.own_chunk
+        count = self.seen.get(segment, 0) + 1
+        self.seen[segment] = count
+        if not self.gather:
+            reducing = True
+        elif not self.reduce:
+            reducing = False
+        elif chunk == (o + 1) % m:
+            reducing = True  # the last reduce-scatter step: this worker completes the chunk
+        elif chunk == o:
+            reducing = False  # a worker's own first chunk comes back only in the all-gather
+        else:
+            reducing = count == 1
+        seg_bytes = self.layout.seg_emu_bytes(chunk)
+        out: list[Seg] = []
+        if reducing:
+            partial = data + self.own(lo, hi)
+            if chunk == (o + 1) % m:
+                self.check.compare(partial, self.total(lo, hi))
+                if self.gather:
+                    out.append(Seg(self.right, self.seq, segment, partial, seg_bytes, t))
+            else:
+                out.append(Seg(self.right, self.seq, segment, partial, seg_bytes, t))
+        else:
+            want = self.total(lo, hi) if self.reduce else self.own(lo, hi, worker=chunk)
+            self.check.compare(data, want)
+            if chunk != (o + 2) % m:
+                out.append(Seg(self.right, self.seq, segment, data, seg_bytes, t))
+        self.got += 1
+        self._done(t)
+        self.finished = self.got == self.need
+        return out
+
+
+class Chain(Algorithm):
+    """Broadcast along the ring from the root: each worker forwards each segment on."""
+
+    def __init__(self, *args, root: int, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.root = root % self.size
+        self.right = (self.rank + 1) % self.size
+        self.last = (self.root - 1) % self.size
+        self.need = sum(len(self.layout.segments(j)) for j in range(self.layout.parts))
+        self.got = 0
+
+    def start(self, t: float) -> list[Seg]:
+        if self.rank != self.root:
+            return []
+        self.finished = True
+        self.end_us = t
+        if self.size == 1:
+            return []
+        out = []
+        for j in range(self.layout.parts):
+            out += self._sends(self.right, j, t, lambda lo, hi: self.own(lo, hi))
+        return out
+
+    def on_segment(self, src: int, segment: int, data: np.ndarray, t: float) -> list[Seg]:
+        chunk, lo, hi = self._map[segment]
+        self.check.compare(data, self.own(lo, hi, worker=self.root))
+        self.got += 1
+        self._done(t)
+        self.finished = self.got == self.need
+        if self.rank == self.last:
+            return []
+        return [Seg(self.right, self.seq, segment, data, self.layout.seg_emu_bytes(chunk), t)]
+
+
+class AllToAll(Algorithm):
+    """Direct exchange: chunk j of every worker's tensor goes to worker j."""
+
+    def start(self, t: float) -> list[Seg]:
+        self.need = sum(len(self.layout.segments(self.rank)) for j in range(self.size) if j != self.rank)
+        self.got = 0
+        if self.need == 0:
+            self.finished, self.end_us = True, t
+        out = []
+        for j in range(self.size):
+            if j != self.rank:
+                out += self._sends(j, j, t, lambda lo, hi: self.own(lo, hi))
+        return out
+
+    def on_segment(self, src: int, segment: int, data: np.ndarray, t: float) -> list[Seg]:
+        _, lo, hi = self._map[segment]
+        self.check.compare(data, self.own(lo, hi, worker=src))
+        self.got += 1
+        self._done(t)
+        self.finished = self.got == self.need
+        return []
+
+
+class SendRecv(Algorithm):
+    """One side of a send/recv pair: the whole tensor goes from sender to receiver."""
+
+    def __init__(self, *args, peer: int, sending: bool, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.peer, self.sending = peer, sending
+        self.need = len(self.layout.segments(0))
+        self.got = 0
+
+    def start(self, t: float) -> list[Seg]:
+        if not self.sending:
+            return []
+        self.finished, self.end_us = True, t
+        return self._sends(self.peer, 0, t, lambda lo, hi: self.own(lo, hi))
+
+    def on_segment(self, src: int, segment: int, data: np.ndarray, t: float) -> list[Seg]:
+        _, lo, hi = self._map[segment]
+        self.check.compare(data, self.own(lo, hi, worker=src))
+        self.got += 1
+        self._done(t)
+        self.finished = self.got == self.need
+        return []
+
+
+class PSClient(Algorithm):
+    """A worker's side of a parameter-server all_reduce: push each shard, pull the sums."""
+
+    def __init__(self, *args, servers: list[int], **kw) -> None:
+        super().__init__(*args, **kw)
+        self.servers = servers
+        self.need = sum(len(self.layout.segments(j)) for j in range(self.layout.parts))
+        self.got = 0
+
+    def start(self, t: float) -> list[Seg]:
+        out = []
+        for j, server in enumerate(self.servers):
+            out += self._sends(server, j, t, lambda lo, hi: self.own(lo, hi))
+        return out
+
+    def on_segment(self, src: int, segment: int, data: np.ndarray, t: float) -> list[Seg]:
+        _, lo, hi = self._map[segment]
+        self.check.compare(data, self.total(lo, hi))
+        self.got += 1
+        self._done(t)
+        self.finished = self.got == self.need
+        return []
+
+
+class PSServer:
+    """One parameter-server shard: sums each segment over all workers, then sends it to each."""
+
+    fallback = False
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self.partial: dict[tuple[int, int], tuple[np.ndarray, int, float, float]] = {}
+        self.aggregated_bytes = 0
+
+    def on_segment(self, me: int, src: int, seq: int, segment: int, data: np.ndarray, emu_bytes: float,
+                   t: float) -> list[Seg]:
+        key = (seq, segment)
+        acc, n, latest, _ = self.partial.get(key, (np.zeros(len(data)), 0, 0.0, emu_bytes))
+        acc = acc + data
+        n += 1
+        latest = max(latest, t)
+        self.aggregated_bytes += data.nbytes
+        if n < self.workers:
+            self.partial[key] = (acc, n, latest, emu_bytes)
+            return []
+        self.partial.pop(key, None)
+        return [Seg(w, seq, segment, acc, emu_bytes, latest) for w in range(self.workers)]

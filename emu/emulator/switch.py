@@ -1,0 +1,209 @@
+"""The software in-network aggregation switch: SwitchML's data plane, batch by batch.
+
+State per slot and copy: ``k`` int32 accumulators, a worker bitmap, a count, the
+maximum exponent, and (for the emulated clock) the latest arrival stamp. Per
+packet, exactly (DESIGN.md, docs/protocol.md):
+
+1. the sender's bit in the *other* copy of the slot is cleared (that recycles it);
+2. if the sender's bit in this copy is already set, the packet is a duplicate:
+   answered with the stored result to that worker alone if the copy is complete
+   (count == workers), dropped otherwise;
+3. else the bit is set; if the copy's count is 0 or complete (a new round) the
+   payload overwrites the accumulators, else it adds; exponents take the maximum;
+4. when the count reaches the number of workers, the result goes to every worker.
+
+A batch is applied with numpy in segments that hold no duplicate and no worker
+twice on one slot, so that its effect equals the packets' in order; a packet that
+would break a segment (a retransmission) is applied on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from emu.emulator.fixedpoint import EXP_NONE
+from emu.emulator.wire import AGG_HEADER, FLAG_COPY, MsgType
+
+MULTICAST = 0xFFFF  # the destination of a result for every worker
+
+
+def _is_range(rows: np.ndarray) -> bool:
+    return len(rows) > 0 and rows[-1] - rows[0] + 1 == len(rows)
+
+
+@dataclass
+class SwitchStats:
+    packets: int = 0  # contributions received
+    payload_bytes: int = 0  # payload bytes of accepted (non-duplicate) contributions
+    results: int = 0  # slot copies completed (each multicast to all workers)
+    duplicates: int = 0  # retransmissions seen (answered + dropped)
+    answered: int = 0  # duplicates of complete copies answered by unicast
+    dropped: int = 0  # duplicates of incomplete copies dropped
+    invalid: int = 0  # packets of another job, worker count or out of range
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Results:
+    """What a batch produced, in the order a per-packet switch would send it."""
+
+    headers: np.ndarray  # AGG_HEADER records; worker == MULTICAST for results to all
+    payload: np.ndarray  # (n, k) int32
+    stamps: np.ndarray  # float64: the emulated time each result is ready to leave
+
+    def __len__(self) -> int:
+        return len(self.headers)
+
+
+class AggregationSwitch:
+    """One job's slot pool: ``slots`` x 2 copies x ``k`` int32, for ``workers`` workers."""
+
+    def __init__(self, slots: int, workers: int, elements: int, job: int = 0) -> None:
+        if not 1 <= slots <= 65535 or not 1 <= workers <= 65535 or elements % 64:
+            raise ValueError("slots and workers in 1..65535, elements a multiple of 64")
+        self.slots, self.workers, self.k, self.job = slots, workers, elements, job
+        self.acc = np.zeros((slots * 2, elements), dtype=np.int32)
+        self.bitmap = np.zeros((slots * 2, workers), dtype=bool)
+        self.count = np.zeros(slots * 2, dtype=np.int64)
+        self.exp = np.full(slots * 2, EXP_NONE, dtype=np.int64)
+        self.size = np.zeros(slots * 2, dtype=np.int64)
+        self.chunk = np.zeros(slots * 2, dtype=np.int64)
+        self.stamp = np.zeros(slots * 2, dtype=np.float64)
+        self.stats = SwitchStats()
+
+    def process(self, headers: np.ndarray, payload: np.ndarray, stamps: np.ndarray | None = None) -> Results:
+        """Apply a batch of contributions (in order); return the results to send."""
+        n = len(headers)
+        if stamps is None:
+            stamps = np.zeros(n)
+        out: list[tuple[np.ndarray, ...]] = []
+        if n == 0:
+            return self._results(out)
+        self.stats.packets += n
+        slot = headers["slot"].astype(np.int64)
+        worker = headers["worker"].astype(np.int64)
+        copy = (headers["flags"] & FLAG_COPY).astype(np.int64)
+        valid = ((headers["msg_type"] == MsgType.CONTRIB) & (headers["job"] == self.job)
+                 & (headers["num_workers"] == self.workers) & (slot < self.slots)
+                 & (worker < self.workers) & (headers["size"].astype(np.int64) * 64 <= self.k))
+        self.stats.invalid += int(n - valid.sum())
+        keep = np.flatnonzero(valid)
+        idx = slot * 2 + copy
+        start = 0
+        while start < len(keep):
+            rows = keep[start:]
+            end = self._clean_prefix(idx[rows], worker[rows], slot[rows])
+            if end > 0:
+                out.append(self._apply(rows[:end], idx, worker, headers, payload, stamps))
+                start += end
+            else:
+                out.append(self._apply_one(rows[0], idx, worker, headers, payload, stamps))
+                start += 1
+        return self._results(out)
+
+    def _clean_prefix(self, idx: np.ndarray, worker: np.ndarray, slot: np.ndarray) -> int:
+        """Length of the longest prefix with no duplicate and each (slot, worker) once."""
+        dup = self.bitmap[idx, worker]
+        key = slot * self.workers + worker
+        _, first = np.unique(key, return_index=True)
+        repeated = np.ones(len(key), dtype=bool)
+        repeated[first] = False
+        bad = np.flatnonzero(dup | repeated)
+        return int(bad[0]) if len(bad) else len(idx)
+
+    def _apply(self, rows: np.ndarray, idx_all: np.ndarray, worker_all: np.ndarray, headers: np.ndarray,
+               payload: np.ndarray, stamps: np.ndarray) -> tuple[np.ndarray, ...]:
+        idx, worker = idx_all[rows], worker_all[rows]
+        self.bitmap[idx ^ 1, worker] = False
+        self.bitmap[idx, worker] = True
+        groups, counts, starts, order, sums = self._sums(idx, worker, rows, payload)
+        fresh = (self.count[groups] == 0) | (self.count[groups] == self.workers)
+        # int32 accumulators wrap like the switch's registers (numpy's int32 add wraps too)
+        self.acc[groups] = np.where(fresh[:, None], sums, self.acc[groups] + sums)
+        exps = headers["exponent"].astype(np.int64)[rows[order]]
+        self.exp[groups] = np.maximum(np.where(fresh, EXP_NONE, self.exp[groups]),
+                                      np.maximum.reduceat(exps, starts))
+        self.stamp[groups] = np.maximum(np.where(fresh, -np.inf, self.stamp[groups]),
+                                        np.maximum.reduceat(stamps[rows[order]], starts))
+        firsts = rows[order][starts]
+        self.size[groups] = np.where(fresh, headers["size"][firsts], self.size[groups])
+        self.chunk[groups] = np.where(fresh, headers["chunk"][firsts], self.chunk[groups])
+        self.count[groups] = np.where(fresh, 0, self.count[groups]) + counts
+        self.stats.payload_bytes += int((headers["size"][rows].astype(np.int64) * 256).sum())
+        done = groups[self.count[groups] == self.workers]
+        if not len(done):
+            return ()
+        # in the order a per-packet switch completes them: by the last contribution
+        last = np.maximum.reduceat(order, starts)[self.count[groups] == self.workers]
+        done = done[np.argsort(last, kind="stable")]
+        self.stats.results += len(done)
+        return self._emit(done, np.full(len(done), MULTICAST), self.stamp[done])
+
+    def _sums(self, idx: np.ndarray, worker: np.ndarray, rows: np.ndarray,
+              payload: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Per slot copy touched: (groups, counts, starts, order, int32 sums).
+
+        Fast path: the lockstep batch, W workers each sending the same slot copies,
+        summed with one reduction over a (W, G, k) view. Otherwise: sort and reduceat.
+        """
+        n = len(idx)
+        first_worker = worker[0]
+        g = int(np.count_nonzero(worker == first_worker))
+        if n % g == 0:
+            w_rows = n // g
+            grid_idx = idx.reshape(w_rows, g)
+            grid_w = worker.reshape(w_rows, g)
+            if (grid_idx == grid_idx[0]).all() and (grid_w == grid_w[:, :1]).all():
+                groups = grid_idx[0]
+                order_in_row = np.argsort(groups, kind="stable")
+                block = payload[rows] if not _is_range(rows) else payload[rows[0]: rows[-1] + 1]
+                sums = np.add.reduce(block.reshape(w_rows, g, -1), axis=0, dtype=np.int32)
+                groups, sums = groups[order_in_row], sums[order_in_row]
+                # positions in the batch: row-major, so the last contribution is in the last row
+                order = (np.arange(w_rows)[:, None] * g + order_in_row[None, :]).T.ravel()
+                starts = np.arange(g) * w_rows
+                return groups, np.full(g, w_rows), starts, order, sums
+        order = np.argsort(idx, kind="stable")
+        sorted_idx = idx[order]
+        starts = np.flatnonzero(np.r_[True, sorted_idx[1:] != sorted_idx[:-1]])
+        counts = np.diff(np.r_[starts, len(order)])
+        sums = np.add.reduceat(payload[rows[order]], starts, axis=0, dtype=np.int32)
+        return sorted_idx[starts], counts, starts, order, sums
+
+    def _apply_one(self, row: int, idx_all: np.ndarray, worker_all: np.ndarray, headers: np.ndarray,
+                   payload: np.ndarray, stamps: np.ndarray) -> tuple[np.ndarray, ...]:
+        idx, worker = int(idx_all[row]), int(worker_all[row])
+        self.bitmap[idx ^ 1, worker] = False
+        if self.bitmap[idx, worker]:
+            self.stats.duplicates += 1
+            if self.count[idx] == self.workers:
+                self.stats.answered += 1
+                when = max(float(stamps[row]), float(self.stamp[idx]))
+                return self._emit(np.array([idx]), np.array([worker]), np.array([when]))
+            self.stats.dropped += 1
+            return ()
+        return self._apply(np.array([row]), idx_all, worker_all, headers, payload, stamps)
+
+    def _emit(self, idx: np.ndarray, dest: np.ndarray, when: np.ndarray) -> tuple[np.ndarray, ...]:
+        rec = np.zeros(len(idx), AGG_HEADER)
+        rec["msg_type"] = MsgType.RESULT
+        rec["flags"] = idx & 1
+        rec["job"] = self.job
+        rec["worker"] = dest
+        rec["num_workers"] = self.workers
+        rec["slot"] = idx >> 1
+        rec["exponent"] = self.exp[idx]
+        rec["size"] = self.size[idx]
+        rec["chunk"] = self.chunk[idx]
+        return rec, self.acc[idx].copy(), np.asarray(when, dtype=np.float64)
+
+    def _results(self, parts: list[tuple[np.ndarray, ...]]) -> Results:
+        parts = [p for p in parts if p]
+        if not parts:
+            return Results(np.zeros(0, AGG_HEADER), np.zeros((0, self.k), np.int32), np.zeros(0))
+        return Results(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                       np.concatenate([p[2] for p in parts]))

@@ -1,0 +1,131 @@
+"""The pyzmq framing between emu's processes: explicit binary layouts, never pickle.
+
+Data messages are multipart: a one-byte kind, a small fixed ``struct`` frame and
+numpy array frames. Every receiver checks the frame sizes against the counts
+they claim and against ``MAX_FRAME`` before touching them. Control messages are
+JSON objects of bounded size. The fabrics (emulator) serve over these frames,
+and replay's hosts speak them, so the definitions live here, once.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from emu.emulator.wire import AGG_HEADER, DTYPE_CODES, P2P_HEADER, PAYLOAD
+
+MAX_FRAME = 256 << 20  # no emu message needs more; a larger frame is an error
+MAX_CONTROL = 16 << 20
+
+AGG = b"A"  # contributions, host -> switch
+RESULTS = b"R"  # results, switch -> host
+SEG = b"P"  # a point-to-point segment, either way
+
+
+class FrameError(ValueError):
+    """A message that does not match its declared layout."""
+
+
+_AGG_META = struct.Struct("<II")  # packets, elements per packet
+_SEG_META = struct.Struct("<dddQ")  # emulated payload bytes, first/last packet ready at the switch, real elements
+
+
+def _check(frames: list[bytes], count: int) -> None:
+    if len(frames) != count:
+        raise FrameError(f"expected {count} frames, got {len(frames)}")
+    if any(len(f) > MAX_FRAME for f in frames):
+        raise FrameError("frame larger than MAX_FRAME")
+
+
+@dataclass
+class AggBatch:
+    headers: np.ndarray  # AGG_HEADER
+    payload: np.ndarray  # (n, k) int32, native order
+    stamps: np.ndarray  # float64 emulated times
+
+    def frames(self, kind: bytes) -> list[bytes]:
+        n, k = self.payload.shape if self.payload.ndim == 2 else (len(self.headers), 0)
+        return [kind, _AGG_META.pack(n, k), self.headers.astype(AGG_HEADER, copy=False).tobytes(),
+                self.payload.astype(PAYLOAD, copy=False).tobytes(), self.stamps.astype("<f8").tobytes()]
+
+    @classmethod
+    def parse(cls, frames: list[bytes]) -> AggBatch:
+        _check(frames, 5)
+        if len(frames[1]) != _AGG_META.size:
+            raise FrameError("bad batch meta")
+        n, k = _AGG_META.unpack(frames[1])
+        if len(frames[2]) != n * AGG_HEADER.itemsize or len(frames[3]) != n * k * 4 or len(frames[4]) != n * 8:
+            raise FrameError(f"batch of {n} packets of {k} elements has frames of the wrong size")
+        headers = np.frombuffer(frames[2], AGG_HEADER)
+        payload = np.frombuffer(frames[3], PAYLOAD).reshape(n, k).astype(np.int32)
+        return cls(headers, payload, np.frombuffer(frames[4], "<f8"))
+
+
+def encode_values(values: np.ndarray, dtype: str) -> bytes:
+    """Exact values of a collective's dtype to their bytes on the wire."""
+    if dtype == "bfloat16":
+        return (values.astype(np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+    return values.astype(_NP[dtype]).tobytes()
+
+
+def decode_values(data: bytes, dtype: str) -> np.ndarray:
+    if dtype == "bfloat16":
+        return (np.frombuffer(data, "<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return np.frombuffer(data, _NP[dtype]).astype(np.float64)
+
+
+_NP = {"float32": "<f4", "float16": "<f2", "float64": "<f8", "int64": "<i8", "int32": "<i4",
+       "int16": "<i2", "int8": "i1", "uint8": "u1", "bool": "?"}
+ITEMSIZE = {"bfloat16": 2, **{k: np.dtype(v).itemsize for k, v in _NP.items()}}
+
+
+@dataclass
+class Segment:
+    """A point-to-point segment: header, emulated size and timing, real data."""
+
+    header: np.ndarray  # one P2P_HEADER record
+    emu_bytes: float
+    first_us: float  # first packet fully received by the switch
+    last_us: float  # last packet fully received by the switch
+    values: np.ndarray  # float64
+
+    @property
+    def dtype(self) -> str:
+        return DTYPE_CODES[int(self.header["dtype"][0])]
+
+    def frames(self) -> list[bytes]:
+        return [SEG, self.header.astype(P2P_HEADER, copy=False).tobytes(),
+                _SEG_META.pack(self.emu_bytes, self.first_us, self.last_us, len(self.values)),
+                encode_values(self.values, self.dtype)]
+
+    @classmethod
+    def parse(cls, frames: list[bytes]) -> Segment:
+        _check(frames, 4)
+        if len(frames[1]) != P2P_HEADER.itemsize or len(frames[2]) != _SEG_META.size:
+            raise FrameError("bad segment header")
+        header = np.frombuffer(frames[1], P2P_HEADER).copy()
+        code = int(header["dtype"][0])
+        if code >= len(DTYPE_CODES):
+            raise FrameError(f"unknown dtype code {code}")
+        emu_bytes, first, last, n = _SEG_META.unpack(frames[2])
+        dtype = DTYPE_CODES[code]
+        if len(frames[3]) != n * ITEMSIZE[dtype]:
+            raise FrameError("segment payload does not match its element count")
+        return cls(header, emu_bytes, first, last, decode_values(frames[3], dtype))
+
+
+def control(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def parse_control(data: bytes) -> dict[str, Any]:
+    if len(data) > MAX_CONTROL:
+        raise FrameError("control message too large")
+    obj = json.loads(data)
+    if not isinstance(obj, dict) or "type" not in obj:
+        raise FrameError("control message without a type")
+    return obj

@@ -1,0 +1,148 @@
+"""The one definition of emu's packets: headers, sizes on the wire, the frame template.
+
+An aggregation packet is Ethernet / IPv4 / UDP (destination port ``UDP_PORT``) /
+``AGG_HEADER`` (16 bytes) / payload of ``k`` signed 32-bit integers, all big-endian.
+A point-to-point packet (ring, parameter server, all fallbacks) carries
+``P2P_HEADER`` (16 bytes) and elements of the collective's own dtype.
+
+The layouts are numpy structured dtypes, so that the software switch, the fake
+workers, the conformance vectors and the P4 program's header check (which parses
+the ``.p4`` source and compares it with ``AGG_FIELDS``) share one definition.
+
+Wire bytes count everything a link serializes: Ethernet header and FCS, the
+preamble, start delimiter and inter-frame gap (20 bytes), IPv4, UDP, emu header
+and payload. Every time formula in emu uses ``wire_bytes``.
+"""
+
+from __future__ import annotations
+
+import struct
+from enum import IntEnum
+
+import numpy as np
+
+UDP_PORT = 0xBEE0  # SwitchML's range is 0xBEE0-0xBEEF
+ETH_HEADER = 14
+ETH_FCS = 4
+ETH_L1 = 20  # preamble 7 + start delimiter 1 + inter-frame gap 12
+IPV4_HEADER = 20
+UDP_HEADER = 8
+MTU = 1500  # bytes of IP packet, the Ethernet default
+ELEMENTS_DEFAULT = 64  # int32 per aggregation packet (256 B): one pipeline pass
+ELEMENTS_ALLOWED = (64, 256)  # 256 needs recirculation on a real switch
+MAX_WORKERS_SOFTWARE = 65535  # worker ids are 16 bits
+
+
+class MsgType(IntEnum):
+    """The first byte of both headers."""
+
+    CONTRIB = 1  # a worker's contribution to a slot (no payload: exponents only)
+    RESULT = 2  # the switch's aggregate for a slot, to one worker
+    P2P = 3  # point-to-point data (ring, parameter server, fallbacks)
+
+
+FLAG_COPY = 0x01  # which of the slot's two copies
+
+# (name, numpy type, bits): the order and widths the P4 header must match.
+AGG_FIELDS: tuple[tuple[str, str, int], ...] = (
+    ("msg_type", ">u1", 8),
+    ("flags", ">u1", 8),  # bit 0: slot copy
+    ("job", ">u2", 16),
+    ("worker", ">u2", 16),  # contributor (CONTRIB) or destination (RESULT)
+    ("num_workers", ">u2", 16),
+    ("slot", ">u2", 16),
+    ("exponent", ">i1", 8),  # CONTRIB: exponent to agree on; RESULT: the agreed maximum
+    ("size", ">u1", 8),  # payload elements / 64 (0: exponents only)
+    ("chunk", ">u4", 32),  # the chunk's number in the worker's stream
+)
+AGG_HEADER = np.dtype([(name, typ) for name, typ, _ in AGG_FIELDS])
+
+P2P_FIELDS: tuple[tuple[str, str, int], ...] = (
+    ("msg_type", ">u1", 8),
+    ("dtype", ">u1", 8),  # index into DTYPE_CODES
+    ("job", ">u2", 16),
+    ("src", ">u2", 16),
+    ("dst", ">u2", 16),
+    ("seq", ">u4", 32),  # the collective's number in the job's stream
+    ("segment", ">u4", 32),  # the segment's number in the collective's layout
+)
+P2P_HEADER = np.dtype([(name, typ) for name, typ, _ in P2P_FIELDS])
+assert AGG_HEADER.itemsize == 16 and P2P_HEADER.itemsize == 16
+
+PAYLOAD = np.dtype(">i4")  # aggregation payload elements on the wire
+DTYPE_CODES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
+               "uint8", "bool")
+
+FRAME_OVERHEAD = ETH_L1 + ETH_HEADER + ETH_FCS + IPV4_HEADER + UDP_HEADER  # 66 bytes
+
+
+def agg_wire_bytes(elements: int) -> int:
+    """Bytes one aggregation packet of ``elements`` int32 occupies on a link."""
+    return FRAME_OVERHEAD + AGG_HEADER.itemsize + 4 * elements
+
+
+P2P_PAYLOAD_MAX = MTU - IPV4_HEADER - UDP_HEADER - P2P_HEADER.itemsize  # 1456 bytes
+
+
+def p2p_packets(payload_bytes: int) -> int:
+    """Packets a point-to-point segment of ``payload_bytes`` needs (at least one)."""
+    return max(1, -(-payload_bytes // P2P_PAYLOAD_MAX))
+
+
+def p2p_wire_bytes(payload_bytes: int) -> int:
+    """Bytes a point-to-point segment occupies on a link, headers of every packet included."""
+    return payload_bytes + p2p_packets(payload_bytes) * (FRAME_OVERHEAD + P2P_HEADER.itemsize)
+
+
+# The Ethernet / IPv4 / UDP part of a frame is a fixed template (DESIGN.md): emu's
+# addresses, TTL 64, UDP checksum 0 (allowed over IPv4). Only the lengths and the
+# IPv4 checksum follow from the payload.
+ETH_DST = bytes.fromhex("02e0e0000001")
+ETH_SRC = bytes.fromhex("02e0e0000002")
+IP_SRC = bytes([10, 224, 0, 2])
+IP_DST = bytes([10, 224, 0, 1])
+
+
+def _ipv4_checksum(header: bytes) -> int:
+    total = sum(struct.unpack("!10H", header))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def frame(emu_packet: bytes) -> bytes:
+    """Wrap an emu header + payload into Ethernet / IPv4 / UDP (no FCS)."""
+    udp_len = UDP_HEADER + len(emu_packet)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, IPV4_HEADER + udp_len, 0, 0x4000, 64, 17, 0,
+                     IP_SRC, IP_DST)
+    ip = ip[:10] + struct.pack("!H", _ipv4_checksum(ip)) + ip[12:]
+    udp = struct.pack("!HHHH", UDP_PORT, UDP_PORT, udp_len, 0)
+    return ETH_DST + ETH_SRC + b"\x08\x00" + ip + udp + emu_packet
+
+
+def unframe(data: bytes) -> bytes:
+    """The emu header + payload of a frame made by ``frame`` (checks the template)."""
+    if len(data) < ETH_HEADER + IPV4_HEADER + UDP_HEADER + 16 or data[12:14] != b"\x08\x00":
+        raise ValueError("not an IPv4 Ethernet frame of emu")
+    udp = data[ETH_HEADER + IPV4_HEADER:]
+    if struct.unpack("!H", udp[2:4])[0] != UDP_PORT:
+        raise ValueError("not emu's UDP port")
+    return udp[UDP_HEADER:]
+
+
+def agg_packet(header: np.void | dict, payload: np.ndarray | None = None) -> bytes:
+    """One aggregation packet (emu header + payload) as bytes."""
+    rec = np.zeros(1, AGG_HEADER)
+    for name in AGG_HEADER.names:
+        rec[name] = header[name]
+    body = b"" if payload is None else np.asarray(payload, dtype=PAYLOAD).tobytes()
+    return rec.tobytes() + body
+
+
+def parse_agg_packet(data: bytes) -> tuple[np.void, np.ndarray]:
+    """Header and payload (native int32) of one aggregation packet."""
+    header = np.frombuffer(data[:16], AGG_HEADER)[0]
+    payload = np.frombuffer(data[16:], PAYLOAD).astype(np.int32)
+    if len(payload) != 64 * int(header["size"]):
+        raise ValueError(f"payload of {len(payload)} elements, header says {64 * int(header['size'])}")
+    return header, payload

@@ -1,0 +1,99 @@
+"""The configuration of a replay, as one frozen dataclass validated when built."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+from emu.emulator.links import LinkSpec
+from emu.emulator.wire import ELEMENTS_ALLOWED, MAX_WORKERS_SOFTWARE, agg_wire_bytes
+from emu.errors import ConfigError
+
+FABRICS = ("ina", "ring", "ps")
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """What ``emu replay`` runs. Every field has a docstring; ``check`` says what is impossible."""
+
+    workers: int = 8
+    """Fake workers (M); the trace's rank programs are reused round-robin."""
+    fabric: str = "ina"
+    """ina (in-network aggregation switch), ring (ring all-reduce) or ps (parameter server)."""
+    link: LinkSpec = field(default_factory=LinkSpec)
+    """Every endpoint's uplink and downlink to the switch."""
+    iters: int | None = None
+    """Iterations to replay (the trace's are reused cyclically); default: the trace's count."""
+    tdf: float = 1.0
+    """Time dilation: wall microseconds per emulated microsecond."""
+    payload_scale: int = 1
+    """R: each packet really sent stands for R packets on the emulated wire."""
+    seed: int = 0
+    """Seeds the payload, loss and jitter."""
+    slots: int | None = None
+    """INA pool (= window of packets in flight per worker) on the emulated wire; default covers
+    twice the bandwidth-delay product."""
+    elements: int = 64
+    """int32 elements per aggregation packet: 64 or 256."""
+    processes: int | None = None
+    """Worker host processes; default min(workers, max(2, cores))."""
+    ps_shards: int | None = None
+    """Parameter-server shards (each its own endpoint with its own link); default: workers."""
+    rto_us: float | None = None
+    """INA retransmission timeout (emulated); default 10 x the round trip of one packet, at least 100 us."""
+    timeout_s: float = 1800.0
+    """Bound on the whole replay (wall clock)."""
+
+    def check(self) -> None:
+        if not 1 <= self.workers <= MAX_WORKERS_SOFTWARE:
+            raise ConfigError(f"--workers must be in 1..{MAX_WORKERS_SOFTWARE}, got {self.workers}")
+        if self.fabric not in FABRICS:
+            raise ConfigError(f"--fabric {self.fabric!r} is not one of: {', '.join(FABRICS)}")
+        if self.iters is not None and self.iters < 1:
+            raise ConfigError(f"--iters must be at least 1, got {self.iters}")
+        if not self.tdf > 0:
+            raise ConfigError(f"--tdf must be positive, got {self.tdf}")
+        if self.payload_scale < 1:
+            raise ConfigError(f"--payload-scale must be at least 1, got {self.payload_scale}")
+        if self.elements not in ELEMENTS_ALLOWED:
+            raise ConfigError(f"--elements must be one of {ELEMENTS_ALLOWED}, got {self.elements}")
+        if self.slots is not None and not 1 <= self.slots <= 1 << 24:
+            raise ConfigError(f"--slots must be in 1..16777216, got {self.slots}")
+        if self.processes is not None and self.processes < 1:
+            raise ConfigError(f"--processes must be at least 1, got {self.processes}")
+        if self.ps_shards is not None and not 1 <= self.ps_shards <= MAX_WORKERS_SOFTWARE - self.workers:
+            raise ConfigError("--ps-shards must be at least 1 (and workers + shards <= 65535)")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"--timeout must be positive, got {self.timeout_s}")
+
+    @property
+    def host_processes(self) -> int:
+        return min(self.workers, self.processes or max(2, os.cpu_count() or 2))
+
+    @property
+    def shards(self) -> int:
+        return self.ps_shards or self.workers
+
+    def rtt_us(self) -> float:
+        """One aggregation packet's round trip: the worker's uplink, then its downlink."""
+        ser = float(self.link.serialization_us(agg_wire_bytes(self.elements)))
+        return 2 * (ser + self.link.latency_us)
+
+    @property
+    def emulated_slots(self) -> int:
+        if self.slots is not None:
+            return self.slots
+        ser = float(self.link.serialization_us(agg_wire_bytes(self.elements)))
+        if ser == 0:
+            return 256
+        bdp_packets = self.rtt_us() / ser
+        return int(min(65535, max(64, 2 ** math.ceil(math.log2(2 * bdp_packets)))))
+
+    @property
+    def real_slots(self) -> int:
+        return max(1, -(-self.emulated_slots // self.payload_scale))
+
+    @property
+    def timeout_rto_us(self) -> float:
+        return self.rto_us if self.rto_us is not None else max(100.0, 10 * self.rtt_us())

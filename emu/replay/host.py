@@ -1,0 +1,396 @@
+"""A host process: many fake workers (or parameter-server shards) on one event loop.
+
+One asyncio loop cannot drive hundreds of workers (DESIGN.md's facts: about
+7,000 messages a second), so a host runs its own loop over a heap of emulated-time
+events and a pyzmq poller, and sends few, large messages: every contribution its
+workers make in one pass goes to the switch as one batch, and one result message
+serves all of them. Events fire when the wall clock reaches their emulated time
+times the dilation factor (absolute deadlines, never relative sleeps); how late
+they fire is the lag the report gives.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zmq
+
+from emu.emulator import wire
+from emu.emulator.ina import InaCollective, InaParams, InaStream, Packets, PayloadCache, ResultCheck
+from emu.emulator.links import LinkQueue, SegmentLink
+from emu.emulator.p2p import Algorithm, AllToAll, Chain, Check, Layout, PSClient, PSServer, Ring, Seg, SendRecv
+from emu.emulator.switch import MULTICAST
+from emu.emulator.transport import AGG, RESULTS, SEG, AggBatch, FrameError, Segment, control, parse_control
+from emu.replay.config import ReplayConfig
+from emu.replay.programs import WorkerProgram
+from emu.replay.worker import CollRun, FakeWorker, WorkerState
+from emu.traces.model import CollKind
+
+_FLOAT = {"float32", "float16", "bfloat16", "float64"}
+_LAG_SAMPLES = 200_000
+PROGRESS_S = 0.2
+
+
+@dataclass(frozen=True)
+class HostSetup:
+    """What the orchestrator hands a host process when it forks it."""
+
+    index: int
+    role: str  # "workers" or "ps"
+    endpoints: tuple[int, ...]  # worker ids, or parameter-server endpoint ids
+    config: ReplayConfig
+    programs: tuple[WorkerProgram, ...]
+    iters: int
+    switch_addr: str
+    control_addr: str
+    spans: bool
+
+
+@dataclass
+class Counters:
+    bytes_sent: float = 0.0  # emulated wire bytes, every link direction, retransmissions included
+    lost: int = 0
+    retransmissions: int = 0
+    fallbacks: dict[str, int] = field(default_factory=dict)
+    reordered: int = 0
+    events: int = 0
+
+
+class Host:
+    def __init__(self, setup: HostSetup) -> None:
+        self.setup = setup
+        cfg = setup.config
+        self.cfg = cfg
+        self.m = cfg.workers
+        self.r = cfg.payload_scale
+        self.k = cfg.elements
+        self.heap: list[tuple[float, int, str, Any]] = []
+        self.order = itertools.count()
+        self.counters = Counters()
+        self.check = Check()
+        self.ina_check = ResultCheck()
+        self.lags: list[float] = []
+        self.wall0 = 0.0
+        self.up: dict[int, LinkQueue] = {}
+        self.down: dict[int, LinkQueue] = {}
+        for e in setup.endpoints:
+            self.up[e] = LinkQueue(cfg.link, np.random.default_rng([cfg.seed, e, 0]))
+            self.down[e] = LinkQueue(cfg.link, np.random.default_rng([cfg.seed, e, 1]))
+        self.workers: dict[int, FakeWorker] = {}
+        self.streams: dict[int, InaStream] = {}
+        self.algs: dict[tuple[int, int], Algorithm] = {}
+        self.runs: dict[tuple[int, int], CollRun] = {}
+        self.ina_runs: dict[tuple[int, int], CollRun] = {}
+        self.early: dict[tuple[int, int], list[tuple[int, int, np.ndarray, float]]] = {}
+        self.servers: dict[int, PSServer] = {}
+        self.outgoing_agg: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.outgoing_seg: list[Segment] = []
+        params = InaParams(slots=cfg.real_slots, elements=self.k, workers=self.m, job=0, seed=cfg.seed,
+                           scale=self.r, rto_us=cfg.timeout_rto_us)
+        if setup.role == "workers":
+            cache = PayloadCache(cfg.seed, self.m)
+            for prog in setup.programs:
+                state = WorkerState(program=prog, iters=setup.iters)
+                self.workers[prog.worker] = FakeWorker(state, self._start_coll, self._resume_at)
+                self.streams[prog.worker] = InaStream(prog.worker, params, cache)
+        else:
+            for e in setup.endpoints:
+                self.servers[e] = PSServer(self.m)
+
+    # -- time -------------------------------------------------------------------------
+    def now_us(self) -> float:
+        return (time.monotonic() - self.wall0) * 1e6 / self.cfg.tdf
+
+    def _push(self, t: float, kind: str, what: Any) -> None:
+        heapq.heappush(self.heap, (t, next(self.order), kind, what))
+
+    def _resume_at(self, worker: FakeWorker, t: float) -> None:
+        self._push(t, "run", worker)
+
+    # -- collectives ------------------------------------------------------------------
+    def _start_coll(self, worker: FakeWorker, run: CollRun) -> None:
+        op, w = run.op, worker.w
+        real = -(-op.count // self.r) if op.count else 0
+        key = (w, run.seq)
+        self.runs[key] = run
+        if self.cfg.fabric == "ina" and op.kind == CollKind.ALL_REDUCE and op.dtype.value in _FLOAT:
+            coll = InaCollective(seq=run.seq, dtype=op.dtype.value, real_elements=real,
+                                 emu_packets=-(-op.count // self.k))
+            self.streams[w].add(coll)
+            coll.start_us = run.start_us
+            self.ina_runs[(w, run.seq)] = run
+            if coll.finished:
+                worker.completed(run, run.start_us)
+            else:
+                self._pump(w)
+            return
+        alg = self._algorithm(w, run, real)
+        if alg.fallback and not (self.cfg.fabric == "ring" and op.kind == CollKind.ALL_REDUCE):
+            name = op.kind.value
+            self.counters.fallbacks[name] = self.counters.fallbacks.get(name, 0) + 1
+        self.algs[key] = alg
+        self._queue_segs(w, alg.start(run.start_us), alg.dtype)
+        for src, seg, data, t in self.early.pop(key, []):
+            self._queue_segs(w, alg.on_segment(src, seg, data, max(t, run.start_us)), alg.dtype)
+        if alg.finished:
+            self._finish(w, run.seq)
+
+    def _algorithm(self, w: int, run: CollRun, real: int) -> Algorithm:
+        op, cfg, m = run.op, self.cfg, self.m
+        itemsize = op.dtype.itemsize
+        emu_bytes = float(op.count * itemsize)
+        common = dict(rank=w, size=m, seq=run.seq, dtype=op.dtype.value, seed=cfg.seed, check=self.check)
+        kind = op.kind
+        if kind == CollKind.BARRIER:  # gloo's barrier: an all_reduce of one element
+            layout = Layout(1, m, 4.0)
+            return Ring(**{**common, "dtype": "int32"}, layout=layout, reduce=True, gather=True, own=w)
+        if kind == CollKind.ALL_REDUCE and cfg.fabric == "ps":
+            servers = [m + j for j in range(cfg.shards)]
+            alg = PSClient(**common, layout=Layout(real, len(servers), emu_bytes), servers=servers)
+            alg.fallback = False
+            return alg
+        if kind == CollKind.ALL_REDUCE:
+            alg = Ring(**common, layout=Layout(real, m, emu_bytes), reduce=True, gather=True, own=w)
+            alg.fallback = cfg.fabric != "ring"
+            return alg
+        if kind == CollKind.REDUCE_SCATTER:
+            return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=True, gather=False, own=w - 1)
+        if kind == CollKind.ALL_GATHER:
+            return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=False, gather=True, own=w - 1)
+        if kind == CollKind.BROADCAST:
+            return Chain(**common, layout=Layout(real, 1, emu_bytes), root=op.root or 0)
+        if kind == CollKind.ALL_TO_ALL:
+            return AllToAll(**common, layout=Layout(real, m, emu_bytes))
+        return SendRecv(**common, layout=Layout(real, 1, emu_bytes), peer=op.peer or 0,
+                        sending=kind == CollKind.SEND)
+
+    def _finish(self, w: int, seq: int) -> None:
+        alg = self.algs.pop((w, seq))
+        run = self.runs.pop((w, seq))
+        self.workers[w].completed(run, alg.end_us)
+
+    # -- sending ----------------------------------------------------------------------
+    def _pump(self, w: int, retransmit: dict[int, float] | None = None) -> None:
+        pk = self.streams[w].next_packets(retransmit)
+        if pk is not None:
+            self._push(float(pk.send_us[0]), "ina", (w, pk))
+
+    def _queue_segs(self, src: int, segs: list[Seg], dtype: str) -> None:
+        for seg in segs:
+            self._push(seg.send_us, "seg", (src, seg, dtype))
+
+    def _send_ina(self, w: int, pk: Packets) -> None:
+        sizes = np.where(pk.headers["size"] > 0, wire.agg_wire_bytes(self.k), wire.agg_wire_bytes(0))
+        wire_bytes = sizes * pk.emu_packets
+        arrival, lost = self.up[w].transmit(pk.send_us, wire_bytes)
+        self.counters.bytes_sent += float(wire_bytes.sum())
+        self.counters.retransmissions += int(pk.retransmit.sum())
+        if lost.any():
+            self.counters.lost += int(lost.sum())
+            for slot, sent in zip(pk.headers["slot"][lost], pk.send_us[lost], strict=True):
+                self._push(float(sent) + self.cfg.timeout_rto_us, "retx", (w, int(slot)))
+        keep = ~lost
+        if keep.any():
+            self.outgoing_agg.append((pk.headers[keep], pk.payload[keep], arrival[keep]))
+
+    def _send_seg(self, src: int, seg: Seg, dtype: str) -> None:
+        packets = wire.p2p_packets(int(math.ceil(seg.emu_bytes)))
+        wire_bytes = seg.emu_bytes + packets * (wire.FRAME_OVERHEAD + wire.P2P_HEADER.itemsize)
+        first, last = SegmentLink(self.up[src]).send(seg.send_us, wire_bytes, packets)
+        self.counters.bytes_sent += wire_bytes
+        header = np.zeros(1, wire.P2P_HEADER)
+        header["msg_type"] = wire.MsgType.P2P
+        header["dtype"] = wire.DTYPE_CODES.index(dtype)
+        header["src"] = src
+        header["dst"] = seg.dst
+        header["seq"] = seg.seq
+        header["segment"] = seg.segment
+        self.outgoing_seg.append(Segment(header, seg.emu_bytes, first, last, seg.data))
+
+    def flush(self, sock: zmq.Socket) -> None:
+        if self.outgoing_agg:
+            headers = np.concatenate([a[0] for a in self.outgoing_agg])
+            payload = np.concatenate([a[1] for a in self.outgoing_agg])
+            stamps = np.concatenate([a[2] for a in self.outgoing_agg])
+            sock.send_multipart(AggBatch(headers, payload, stamps).frames(AGG), copy=False)
+            self.outgoing_agg = []
+        for seg in self.outgoing_seg:
+            sock.send_multipart(seg.frames(), copy=False)
+        self.outgoing_seg = []
+
+    # -- receiving --------------------------------------------------------------------
+    def on_results(self, batch: AggBatch) -> None:
+        verify = np.ones(len(batch.headers), bool)
+        dest = batch.headers["worker"]
+        for w, stream in self.streams.items():
+            idx = np.flatnonzero((dest == MULTICAST) | (dest == w))
+            if not len(idx):
+                continue
+            headers = batch.headers[idx]
+            per, data = stream.emu_packets_of(headers["chunk"].astype(np.int64))
+            sizes = np.where(data, wire.agg_wire_bytes(self.k), wire.agg_wire_bytes(0)) * per
+            arrival, lost = self.down[w].transmit(batch.stamps[idx], sizes)
+            self.counters.bytes_sent += float(sizes.sum())
+            if lost.any():
+                self.counters.lost += int(lost.sum())
+                for slot in headers["slot"][lost]:
+                    self._push(float(stream.sent_at[slot]) + self.cfg.timeout_rto_us, "retx", (w, int(slot)))
+            keep = np.flatnonzero(~lost)
+            v = verify[idx[keep]]
+            done = stream.on_results(headers[keep], batch.payload[idx[keep]], arrival[keep], v, self.ina_check)
+            verify[idx[keep]] = v
+            for coll in done:
+                run = self.ina_runs.pop((w, coll.seq))
+                self.workers[w].completed(run, coll.end_us)
+            self._pump(w)
+
+    def on_segment(self, seg: Segment) -> None:
+        h = seg.header[0]
+        src, dst, seq, segno = int(h["src"]), int(h["dst"]), int(h["seq"]), int(h["segment"])
+        if dst not in self.down:
+            raise FrameError(f"segment for endpoint {dst}, which host {self.setup.index} does not hold")
+        packets = wire.p2p_packets(int(math.ceil(seg.emu_bytes)))
+        wire_bytes = seg.emu_bytes + packets * (wire.FRAME_OVERHEAD + wire.P2P_HEADER.itemsize)
+        t = SegmentLink(self.down[dst]).receive(seg.first_us, seg.last_us, wire_bytes, packets)
+        self.counters.bytes_sent += wire_bytes
+        if dst in self.servers:
+            replies = self.servers[dst].on_segment(dst, src, seq, segno, seg.values, seg.emu_bytes, t)
+            self._queue_segs(dst, replies, seg.dtype)
+            return
+        key = (dst, seq)
+        alg = self.algs.get(key)
+        if alg is None:
+            self.early.setdefault(key, []).append((src, segno, seg.values, t))
+            return
+        self._queue_segs(dst, alg.on_segment(src, segno, seg.values, t), alg.dtype)
+        if alg.finished and key in self.runs:
+            self._finish(dst, seq)
+
+    # -- the loop ---------------------------------------------------------------------
+    def fire_due(self) -> None:
+        now = self.now_us()
+        while self.heap and self.heap[0][0] <= now:
+            t, _, kind, what = heapq.heappop(self.heap)
+            self.counters.events += 1
+            if len(self.lags) < _LAG_SAMPLES:
+                self.lags.append(max(0.0, now - t))
+            if kind == "run":
+                what.run()
+            elif kind == "ina":
+                self._send_ina(*what)
+            elif kind == "seg":
+                self._send_seg(*what)
+            elif kind == "retx":
+                w, slot = what
+                self._pump(w, {slot: t})
+            now = self.now_us()
+
+    def done(self) -> bool:
+        return all(fw.s.finished for fw in self.workers.values()) and not self.heap
+
+    def metrics(self) -> dict[str, Any]:
+        lags = np.asarray(self.lags) if self.lags else np.zeros(1)
+        workers = {}
+        for w, fw in self.workers.items():
+            s = fw.s
+            workers[str(w)] = {
+                "iterations": [[r.start_us, r.end_us, r.compute_us, r.blocked_us, r.comm_us] for r in s.records],
+                "spans": s.spans if self.setup.spans else [],
+            }
+        stream_retx = sum(st.retransmissions for st in self.streams.values())
+        late = sum(st.late_results for st in self.streams.values())
+        reordered = sum(q.reordered for q in self.up.values()) + sum(q.reordered for q in self.down.values())
+        return {
+            "type": "result", "host": self.setup.index, "workers": workers,
+            "bytes_sent": self.counters.bytes_sent, "lost": self.counters.lost,
+            "retransmissions": stream_retx, "late_results": late, "fallbacks": self.counters.fallbacks,
+            "reordered": reordered, "events": self.counters.events,
+            "lag_p99": float(np.percentile(lags, 99)), "lag_max": float(lags.max()),
+            "lag_samples": len(self.lags),
+            "verify": {"elements": self.check.elements + self.ina_check.elements,
+                       "mismatches": self.check.mismatches + self.ina_check.mismatches},
+            "ps_bytes": sum(s.aggregated_bytes for s in self.servers.values()),
+        }
+
+
+def host_main(setup: HostSetup) -> None:
+    """Entry of a forked host process; it returns when the orchestrator says stop."""
+    ctx = zmq.Context()
+    ctrl = ctx.socket(zmq.DEALER)
+    ctrl.setsockopt(zmq.LINGER, 0)
+    ctrl.connect(setup.control_addr)
+    data = ctx.socket(zmq.DEALER)
+    data.setsockopt(zmq.LINGER, 2000)
+    data.setsockopt(zmq.IDENTITY, f"h{setup.index}".encode())
+    data.setsockopt(zmq.SNDHWM, 0)
+    data.setsockopt(zmq.RCVHWM, 0)
+    data.connect(setup.switch_addr)
+    try:
+        host = Host(setup)
+        ctrl.send(control({"type": "ready", "host": setup.index}))
+        _serve(host, ctrl, data)
+    except Exception as exc:  # reported to the orchestrator, which stops everything
+        try:
+            ctrl.send(control({"type": "error", "host": setup.index, "error": f"{type(exc).__name__}: {exc}"}))
+        except zmq.ZMQError:
+            pass
+        raise
+    finally:
+        ctrl.close(0)
+        data.close(0)
+        ctx.term()
+
+
+def _serve(host: Host, ctrl: zmq.Socket, data: zmq.Socket) -> None:
+    poller = zmq.Poller()
+    poller.register(ctrl, zmq.POLLIN)
+    poller.register(data, zmq.POLLIN)
+    started = reported = False
+    last_progress = 0.0
+    while True:
+        timeout_ms = 100
+        if started and host.heap:
+            wait_us = (host.heap[0][0] - host.now_us()) * host.cfg.tdf
+            timeout_ms = int(min(100, max(0, wait_us / 1000)))
+        for sock, _ in poller.poll(timeout_ms):
+            if sock is ctrl:
+                msg = parse_control(ctrl.recv())
+                if msg["type"] == "start":
+                    host.wall0 = float(msg["wall0"])
+                    started = True
+                    for fw in host.workers.values():
+                        fw.begin()
+                elif msg["type"] == "stop":
+                    if not reported:
+                        ctrl.send(control(host.metrics()))
+                    return
+            else:
+                while True:
+                    try:
+                        frames = data.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    if frames[0] == RESULTS:
+                        host.on_results(AggBatch.parse(frames))
+                    elif frames[0] == SEG:
+                        host.on_segment(Segment.parse(frames))
+                    else:
+                        raise FrameError(f"unknown message kind {frames[0][:8]!r}")
+        if not started:
+            continue
+        host.fire_due()
+        host.flush(data)
+        wall = time.monotonic()
+        if wall - last_progress > PROGRESS_S and host.workers:
+            last_progress = wall
+            done_its = min(fw.s.it for fw in host.workers.values())
+            ctrl.send(control({"type": "progress", "host": host.setup.index, "iterations": done_its}))
+        if host.workers and not reported and host.done():
+            ctrl.send(control(host.metrics()))
+            reported = True

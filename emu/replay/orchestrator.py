@@ -1,0 +1,292 @@
+"""Running a replay: start the switch and the host processes, drive them, stop them all.
+
+Processes are forked (cheap: a few MB each, no re-import) and talk over pyzmq on
+ipc:// sockets in a private temporary folder. Whatever happens (success, a
+failing process, a timeout, Ctrl-C), every child is stopped: asked first, then
+terminated, then killed, and the folder removed.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import resource
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import zmq
+
+import emu
+from emu.emulator.wire import agg_wire_bytes
+from emu.errors import EmuError
+from emu.replay.config import ReplayConfig
+from emu.replay.host import HostSetup, host_main
+from emu.replay.programs import plan_programs
+from emu.replay.report import (
+    REPORT_VERSION,
+    EmulatorReport,
+    FabricReport,
+    IterationReport,
+    ReplayReport,
+    Summary,
+    Verification,
+    write_chrome_trace,
+)
+from emu.replay.switchd import SwitchSetup, switch_main
+from emu.traces.model import Trace
+
+START_DELAY_S = 0.05
+READY_TIMEOUT_S = 60.0
+
+
+class ReplayError(EmuError):
+    """A replay could not complete (a process failed, or the time ran out)."""
+
+
+def _split(n: int, parts: int) -> list[tuple[int, int]]:
+    return [(i * n // parts, (i + 1) * n // parts) for i in range(parts)]
+
+
+def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
+           chrome_trace: str | os.PathLike[str] | None = None,
+           on_progress: Callable[[float], None] | None = None) -> ReplayReport:
+    """Replay ``trace`` on ``config.workers`` fake workers; returns the report."""
+    config.check()
+    programs = plan_programs(trace, config.workers, trace_path or "trace")
+    iters = config.iters or trace.iterations
+    m = config.workers
+    worker_hosts = _split(m, config.host_processes)
+    ps_hosts = _split(config.shards, min(config.shards, 2)) if config.fabric == "ps" else []
+    endpoint_host = [h for h, (a, b) in enumerate(worker_hosts) for _ in range(a, b)]
+    endpoint_host += [len(worker_hosts) + h for h, (a, b) in enumerate(ps_hosts) for _ in range(a, b)]
+    workdir = tempfile.mkdtemp(prefix="emu-replay-")
+    switch_addr, control_addr = f"ipc://{workdir}/switch", f"ipc://{workdir}/control"
+    setups = [HostSetup(index=h, role="workers", endpoints=tuple(range(a, b)), config=config,
+                        programs=tuple(programs[a:b]), iters=iters, switch_addr=switch_addr,
+                        control_addr=control_addr, spans=chrome_trace is not None)
+              for h, (a, b) in enumerate(worker_hosts)]
+    setups += [HostSetup(index=len(worker_hosts) + h, role="ps", endpoints=tuple(m + i for i in range(a, b)),
+                         config=config, programs=(), iters=iters, switch_addr=switch_addr,
+                         control_addr=control_addr, spans=False)
+               for h, (a, b) in enumerate(ps_hosts)]
+    sw = SwitchSetup(address=switch_addr, control_addr=control_addr, workers=m, slots=config.real_slots,
+                     elements=config.elements, aggregate=config.fabric == "ina",
+                     worker_hosts=tuple(worker_hosts), endpoint_host=tuple(endpoint_host))
+    fork = multiprocessing.get_context("fork")
+    procs: list[multiprocessing.process.BaseProcess] = []
+    ctx: zmq.Context | None = None
+    usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    self0 = resource.getrusage(resource.RUSAGE_SELF)
+    wall_start = time.monotonic()
+    try:
+        # Children first, then the parent's zmq context: no context crosses a fork.
+        procs.append(fork.Process(target=switch_main, args=(sw,), name="emu-switch", daemon=True))
+        for s in setups:
+            procs.append(fork.Process(target=host_main, args=(s,), name=f"emu-host{s.index}", daemon=True))
+        for p in procs:
+            p.start()
+        ctx = zmq.Context()
+        ctrl = ctx.socket(zmq.ROUTER)
+        ctrl.setsockopt(zmq.LINGER, 0)
+        ctrl.bind(control_addr)
+        run = _Run(ctrl, procs, config, len(setups))
+        run.wait_ready()
+        wall0 = time.monotonic() + START_DELAY_S
+        run.broadcast({"type": "start", "wall0": wall0})
+        results = run.collect(len(worker_hosts), iters * m, setups, on_progress)
+        run.broadcast({"type": "stop"}, include_switch=True)
+        extra = run.drain(len(ps_hosts), switch=True)
+        wall_s = time.monotonic() - wall_start
+        _join(procs)
+        usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (usage1.ru_utime + usage1.ru_stime - usage0.ru_utime - usage0.ru_stime
+               + self1.ru_utime + self1.ru_stime - self0.ru_utime - self0.ru_stime)
+        results += [r for r in extra if r.get("type") == "result"]
+        switch_stats = next((r for r in extra if r.get("type") == "switch"), {"stats": {}, "segments": 0})
+        report = _report(trace, trace_path, config, iters, results, switch_stats, wall_s, cpu, len(procs))
+        if chrome_trace is not None:
+            spans = {int(w): [tuple(s) for s in d["spans"]] for r in results for w, d in r.get("workers", {}).items()}
+            write_chrome_trace(spans, chrome_trace)
+        return report
+    finally:
+        _stop(procs)
+        if ctx is not None:
+            ctx.destroy(linger=0)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+class _Run:
+    def __init__(self, ctrl: zmq.Socket, procs: list, config: ReplayConfig, hosts: int) -> None:
+        self.ctrl, self.procs, self.config, self.hosts = ctrl, procs, config, hosts
+        self.idents: dict[Any, bytes] = {}
+        self.poller = zmq.Poller()
+        self.poller.register(ctrl, zmq.POLLIN)
+
+    def _check_children(self) -> None:
+        for p in self.procs:
+            if p.exitcode not in (None, 0):
+                raise ReplayError(f"the replay process {p.name} died (exit code {p.exitcode})")
+
+    def _recv(self, timeout_ms: int) -> dict[str, Any] | None:
+        from emu.emulator.transport import parse_control
+
+        if not self.poller.poll(timeout_ms):
+            return None
+        ident, data = self.ctrl.recv_multipart()
+        msg = parse_control(data)
+        if msg.get("type") == "error":
+            raise ReplayError(f"replay process {msg.get('host')} failed: {msg.get('error')}")
+        if msg.get("type") == "ready":
+            self.idents[msg["host"]] = ident
+        return msg
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while len(self.idents) < self.hosts + 1:
+            if time.monotonic() > deadline:
+                raise ReplayError(f"only {len(self.idents)} of {self.hosts + 1} replay processes started "
+                                  f"within {READY_TIMEOUT_S:.0f} s")
+            self._check_children()
+            self._recv(100)
+
+    def broadcast(self, msg: dict[str, Any], include_switch: bool = False) -> None:
+        from emu.emulator.transport import control
+
+        for host, ident in self.idents.items():
+            if host == "switch" and not include_switch:
+                continue
+            self.ctrl.send_multipart([ident, control(msg)])
+
+    def collect(self, worker_hosts: int, total: int, setups: list[HostSetup],
+                on_progress: Callable[[float], None] | None) -> list[dict[str, Any]]:
+        done: dict[int, dict[str, Any]] = {}
+        progress: dict[int, int] = {}
+        sizes = {s.index: len(s.endpoints) for s in setups if s.role == "workers"}
+        deadline = time.monotonic() + self.config.timeout_s
+        while len(done) < worker_hosts:
+            if time.monotonic() > deadline:
+                raise ReplayError(f"the replay did not finish within --timeout {self.config.timeout_s:.0f} s; "
+                                  "raise it, replay fewer iterations, or use a larger --payload-scale")
+            self._check_children()
+            msg = self._recv(200)
+            if msg is None:
+                continue
+            if msg["type"] == "progress":
+                progress[msg["host"]] = msg["iterations"]
+            elif msg["type"] == "result":
+                done[msg["host"]] = msg
+                progress[msg["host"]] = 10**9
+            if on_progress is not None and total:
+                its = sum(min(progress.get(h, 0), total) * n for h, n in sizes.items())
+                on_progress(min(1.0, its / total))
+        return list(done.values())
+
+    def drain(self, results: int, switch: bool) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 30
+        want = results + (1 if switch else 0)
+        while len(out) < want and time.monotonic() < deadline:
+            msg = self._recv(200)
+            if msg is not None and msg["type"] in ("result", "switch"):
+                out.append(msg)
+        return out
+
+
+def _join(procs: list) -> None:
+    deadline = time.monotonic() + 10
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+
+
+def _stop(procs: list) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 5
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+
+
+def _report(trace: Trace, trace_path: str | None, config: ReplayConfig, iters: int,
+            results: list[dict[str, Any]], switch: dict[str, Any], wall_s: float, cpu_s: float,
+            processes: int) -> ReplayReport:
+    records: dict[int, list[list[float]]] = {}
+    for r in results:
+        for w, d in r.get("workers", {}).items():
+            records[int(w)] = d["iterations"]
+    iterations = []
+    for i in range(iters):
+        rows = {w: rec[i] for w, rec in records.items() if i < len(rec)}
+        start = min(row[0] for row in rows.values())
+        crit = max(rows, key=lambda w: (rows[w][1], -w))
+        s, e, comp, blocked, comm = rows[crit]
+        iterations.append(IterationReport(index=i, emulated_us=e - start, compute_us=comp, comm_us=comm,
+                                          exposed_comm_us=blocked, critical_worker=crit,
+                                          start_offset_us=s - start))
+    times = [it.emulated_us for it in iterations]
+    median = statistics.median(times)
+    batch = trace.meta.batch_size
+    bytes_sent = sum(r.get("bytes_sent", 0.0) for r in results)
+    summary = Summary(iteration_us_median=median, iteration_us_p99=float(np.percentile(times, 99)),
+                      throughput_samples_per_s=(batch * config.workers / (median / 1e6)) if batch and median else None,
+                      bytes_sent=bytes_sent)
+    elements = sum(r["verify"]["elements"] for r in results if "verify" in r)
+    mismatches = sum(r["verify"]["mismatches"] for r in results if "verify" in r)
+    verification = Verification(ok=mismatches == 0 and elements > 0, elements_checked=elements,
+                                mismatches=mismatches)
+    lag_p99 = max((r.get("lag_p99", 0.0) for r in results), default=0.0)
+    lag_max = max((r.get("lag_max", 0.0) for r in results), default=0.0)
+    reordered = sum(r.get("reordered", 0) for r in results)
+    trustworthy = lag_p99 <= 0.01 * median and reordered == 0
+    advice = None
+    if not trustworthy:
+        advice = (f"the emulator trailed the emulated schedule (p99 lag {lag_p99:.0f} us against a "
+                  f"{median:.0f} us iteration{', with reordered events' if reordered else ''}): "
+                  f"raise --tdf (now {config.tdf:g}) or --payload-scale (now {config.payload_scale})")
+    stats = switch.get("stats", {})
+    fallbacks: dict[str, int] = {}
+    for r in results:
+        for k, v in r.get("fallbacks", {}).items():
+            fallbacks[k] = fallbacks.get(k, 0) + v
+    fabric = FabricReport(
+        name=config.fabric, packets=int(stats.get("packets", 0)),
+        retransmissions=sum(r.get("retransmissions", 0) for r in results),
+        duplicates=int(stats.get("duplicates", 0)), slots=config.real_slots, slots_emulated=config.emulated_slots,
+        results=int(stats.get("results", 0)), answered=int(stats.get("answered", 0)),
+        dropped=int(stats.get("dropped", 0)), lost=sum(r.get("lost", 0) for r in results),
+        segments=int(switch.get("segments", 0)), fallbacks=fallbacks)
+    emulator = EmulatorReport(
+        tdf=config.tdf, payload_scale=config.payload_scale, lag_us_p99=lag_p99, lag_us_max=lag_max,
+        trustworthy=trustworthy, reordered=reordered, wall_s=wall_s,
+        cpu_percent=100.0 * cpu_s / wall_s / (os.cpu_count() or 1) if wall_s else 0.0,
+        processes=processes, events=sum(r.get("events", 0) for r in results), advice=advice)
+    link = config.link
+    cfg = {"workers": config.workers, "fabric": config.fabric, "iters": iters,
+           "bandwidth_bps": None if math.isinf(link.bandwidth_bps) else link.bandwidth_bps,
+           "latency_us": link.latency_us, "loss": link.loss, "jitter_us": link.jitter_us,
+           "tdf": config.tdf, "payload_scale": config.payload_scale, "seed": config.seed,
+           "slots": config.emulated_slots, "elements": config.elements,
+           "packet_wire_bytes": agg_wire_bytes(config.elements), "rto_us": config.timeout_rto_us,
+           "processes": config.host_processes, "ps_shards": config.shards if config.fabric == "ps" else None}
+    meta = trace.meta
+    trace_doc = {"path": trace_path, "model": meta.model, "source": meta.source.value,
+                 "world_size": meta.world_size, "backend": meta.backend, "params": meta.params,
+                 "batch_size": meta.batch_size, "iterations": trace.iterations}
+    return ReplayReport(report_version=REPORT_VERSION, emu_version=emu.__version__, config=cfg, trace=trace_doc,
+                        iterations=tuple(iterations), summary=summary, verification=verification,
+                        emulator=emulator, fabric=fabric)
+
+
+__all__ = ["ReplayError", "replay", "asdict"]

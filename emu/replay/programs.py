@@ -1,0 +1,81 @@
+"""The programs the fake workers run: a trace's rank programs scaled to M workers.
+
+DESIGN.md: replaying at M workers a trace of a job of N ranks reuses the programs
+in the file round-robin (worker w runs the program of the file's rank
+``ranks[w mod len(ranks)]``), replaces every group size that equalled N with M,
+and keeps compute times and full-tensor counts (weak scaling). Iterations are
+reused cyclically. Sub-groups cannot be scaled and are refused unless M == N;
+point-to-point peers keep their offset (peer - rank) modulo M; a broadcast root
+outside 0..M-1 wraps around.
+
+Each collective gets its number in the worker's stream (``seq``), the same on
+every worker, which is how the fabrics match them up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from emu.errors import ConfigError
+from emu.traces.model import Coll, CollKind, Iteration, Op, Trace
+
+
+@dataclass(frozen=True)
+class WorkerProgram:
+    worker: int
+    rank: int  # the file's rank whose program this is
+    iterations: tuple[Iteration, ...]  # the trace's, scaled; replayed cyclically
+    colls_per_iteration: int
+
+
+def _scale_op(op: Op, rank: int, worker: int, n: int, m: int, path: str) -> Op:
+    if not isinstance(op, Coll) or m == n:
+        return op
+    if op.group is not None:
+        raise ConfigError(f"{path}: rank {rank} issues a {op.kind.value} on the sub-group {list(op.group)}; "
+                          f"sub-groups cannot be scaled from {n} to {m} workers: replay with --workers {n}")
+    if op.group_size != n:
+        raise ConfigError(f"{path}: rank {rank} issues a {op.kind.value} of group size {op.group_size} in a "
+                          f"job of {n}; only whole-job collectives scale: replay with --workers {n}")
+    peer = None if op.peer is None else (worker + op.peer - rank) % m
+    root = None if op.root is None else op.root % m
+    return replace(op, group_size=m, peer=peer, root=root)
+
+
+def plan_programs(trace: Trace, workers: int, path: str = "trace") -> list[WorkerProgram]:
+    n = trace.meta.world_size
+    ranks = trace.ranks
+    counts = {len(it.colls) for r in ranks for it in r.iterations}
+    if len(counts) > 1:
+        raise ConfigError(f"{path}: the iterations issue different numbers of collectives ({sorted(counts)}); "
+                          "replay needs the same sequence in every iteration")
+    per_iteration = counts.pop()
+    programs = []
+    for w in range(workers):
+        program = ranks[w % len(ranks)]
+        iterations = tuple(
+            Iteration(step=it.step, measured_us=it.measured_us,
+                      ops=tuple(_scale_op(op, program.rank, w, n, workers, path) for op in it.ops))
+            for it in program.iterations)
+        programs.append(WorkerProgram(worker=w, rank=program.rank, iterations=iterations,
+                                      colls_per_iteration=per_iteration))
+    _check_p2p(programs, path)
+    return programs
+
+
+def _check_p2p(programs: list[WorkerProgram], path: str) -> None:
+    """Every send must meet a recv at the same stream position on its peer."""
+    m = len(programs)
+    for prog in programs:
+        for it in prog.iterations[:1]:
+            for k, op in enumerate(it.colls):
+                if op.kind not in (CollKind.SEND, CollKind.RECV):
+                    continue
+                if op.peer is None:
+                    raise ConfigError(f"{path}: rank {prog.rank} has a {op.kind.value} without a peer; "
+                                      "emu cannot tell where it goes")
+                other = programs[op.peer % m].iterations[0].colls
+                want = CollKind.RECV if op.kind == CollKind.SEND else CollKind.SEND
+                if k >= len(other) or other[k].kind != want or other[k].peer != prog.worker:
+                    raise ConfigError(f"{path}: worker {prog.worker}'s {op.kind.value} (collective {k}) has "
+                                      f"no matching {want.value} on worker {op.peer % m}")

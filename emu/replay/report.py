@@ -1,0 +1,123 @@
+"""The replay report: DESIGN.md's contract as frozen dataclasses, and its JSON.
+
+Meanings (DESIGN.md): an iteration's ``emulated_us`` runs from the earliest worker's
+start of the iteration to the moment the last worker finishes it; ``compute_us``,
+``comm_us`` and ``exposed_comm_us`` are those of that last (critical) worker: the
+sum of its compute, the union of its collectives' issue-to-completion intervals,
+and the time its compute was blocked in waits. ``bytes_sent`` counts emulated
+wire bytes (times R) of every link direction, headers and retransmissions included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from emu.errors import ConfigError
+
+REPORT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class IterationReport:
+    index: int
+    emulated_us: float
+    compute_us: float
+    comm_us: float
+    exposed_comm_us: float
+    critical_worker: int
+    start_offset_us: float  # the critical worker's start after the earliest worker's
+
+
+@dataclass(frozen=True)
+class Summary:
+    iteration_us_median: float
+    iteration_us_p99: float
+    throughput_samples_per_s: float | None
+    bytes_sent: float
+
+
+@dataclass(frozen=True)
+class Verification:
+    ok: bool
+    elements_checked: int
+    mismatches: int
+
+
+@dataclass(frozen=True)
+class EmulatorReport:
+    tdf: float
+    payload_scale: int
+    lag_us_p99: float
+    lag_us_max: float
+    trustworthy: bool
+    reordered: int  # link hand-overs out of emulated-time order
+    wall_s: float
+    cpu_percent: float
+    processes: int
+    events: int
+    advice: str | None
+
+
+@dataclass(frozen=True)
+class FabricReport:
+    name: str
+    packets: int
+    retransmissions: int
+    duplicates: int
+    slots: int  # real slots in the switch's pool
+    slots_emulated: int
+    results: int
+    answered: int
+    dropped: int
+    lost: int
+    segments: int
+    fallbacks: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    report_version: int
+    emu_version: str
+    config: dict[str, Any]
+    trace: dict[str, Any]
+    iterations: tuple[IterationReport, ...]
+    summary: Summary
+    verification: Verification
+    emulator: EmulatorReport
+    fabric: FabricReport
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["iterations"] = [asdict(it) for it in self.iterations]
+        return doc
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        path = Path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
+        return path
+
+
+def write_chrome_trace(spans: dict[int, list[tuple[str, str, float, float]]], path: str | os.PathLike[str]) -> Path:
+    """Every worker's compute, communication and wait spans in emulated time (Perfetto, chrome://tracing)."""
+    events: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": 0, "tid": 0,
+                                     "args": {"name": "emu replay (emulated time)"}}]
+    for w in sorted(spans):
+        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": w, "args": {"name": f"worker {w}"}})
+        for cat, name, start, end in spans[w]:
+            events.append({"name": name, "cat": cat, "ph": "X", "pid": 0, "tid": w,
+                           "ts": round(start, 3), "dur": round(end - start, 3)})
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write the Chrome trace ({exc.strerror or exc})") from None
+    return path

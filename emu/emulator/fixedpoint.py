@@ -40,8 +40,10 @@ def scale_shift(agreed: np.ndarray, num_workers: int) -> np.ndarray:
 def quantize(x: np.ndarray, agreed: np.ndarray, num_workers: int) -> np.ndarray:
     """Blocks of floats (blocks x k) to int32 with the agreed exponents (one per block)."""
     shift = np.where(agreed == EXP_NONE, 0, scale_shift(agreed, num_workers))
-    # multiplying by a power of two is exact (and much faster than ldexp)
-    q = np.rint(x.astype(np.float64, copy=False) * np.exp2(shift.astype(np.float64))[..., None])
+    # multiplying by a power of two is exact (and much faster than ldexp); float32 input stays
+    # float32: scaling only moves its exponent, and |q| <= 2**30 fits
+    ftype = np.float32 if x.dtype == np.float32 else np.float64
+    q = np.rint(x * np.exp2(shift.astype(ftype))[..., None])
     return q.astype(np.int32)
 
 

@@ -243,15 +243,15 @@ class InaStream:
 
     # -- data -----------------------------------------------------------------------
     def _values(self, coll: InaCollective, blocks: np.ndarray) -> np.ndarray:
-        """This worker's values of data blocks (len(blocks) x k, zero padded), float64."""
+        """This worker's values of data blocks (len(blocks) x k, zero padded), float32 (exact)."""
         k = self.p.elements
-        out = np.zeros((len(blocks), k))
+        out = np.zeros((len(blocks), k), np.float32)
         if not len(blocks):
             return out
         first, last = int(blocks.min()), int(blocks.max())
         if last - first + 1 <= 4 * len(blocks):  # one contiguous range: vectorized
             lo, hi = first * k, min((last + 1) * k, coll.real_elements)
-            span = np.zeros((last - first + 1) * k)
+            span = np.zeros((last - first + 1) * k, np.float32)
             span[: hi - lo] = self._range(coll, lo, hi, lambda blk, a, z: blk.values_at(self.w, a, z))
             return span.reshape(-1, k)[blocks - first]
         for i, b in enumerate(blocks):

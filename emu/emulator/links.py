@@ -71,67 +71,125 @@ class LinkSpec:
         return wire_bytes * 8e6 / self.bandwidth_bps
 
 
-class LinkQueue:
-    """The FIFO state of one link direction of one endpoint."""
-
-    def __init__(self, spec: LinkSpec, rng: np.random.Generator) -> None:
-        self.spec = spec
-        self.rng = rng
-        self.free_us = 0.0  # when the link finishes serializing what it has
-        self.last_ready_us = -math.inf  # for detecting batches handed over out of order
-        self.reordered = 0
-
-    def transmit(self, ready_us: np.ndarray, wire_bytes: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
-        """Packets ready at ``ready_us`` (in FIFO order) -> (arrival at the far end, lost mask)."""
-        ready = np.asarray(ready_us, dtype=np.float64)
-        n = len(ready)
-        if n == 0:
-            return ready, np.zeros(0, dtype=bool)
-        if ready[0] < self.last_ready_us - 1e-6:
-            self.reordered += 1
-        self.last_ready_us = float(ready[-1])
-        ser = np.broadcast_to(np.asarray(self.spec.serialization_us(np.asarray(wire_bytes, dtype=np.float64))), (n,))
-        total = np.cumsum(ser)
-        before = total - ser
-        start = np.maximum.accumulate(np.maximum(ready - before, self.free_us))
-        done = total + start
-        self.free_us = float(done[-1])
-        arrival = done + self.spec.latency_us
-        if self.spec.jitter_us:
-            arrival = arrival + self.rng.uniform(0.0, self.spec.jitter_us, n)
-        lost = self.rng.random(n) < self.spec.loss if self.spec.loss else np.zeros(n, dtype=bool)
-        return arrival, lost
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
 
 
-class SegmentLink:
-    """Point-to-point segments over a ``LinkQueue``: many packets, pipelined through the switch.
+def _uniform(seed: int, stream: np.ndarray, counter: np.ndarray) -> np.ndarray:
+    """Counter-based uniform draws in [0, 1): the same for a packet whatever the process layout."""
+    with np.errstate(over="ignore"):
+        x = (stream.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+             ^ counter.astype(np.uint64) * np.uint64(0xD1B54A32D192ED03) ^ np.uint64(seed & 0xFFFFFFFFFFFFFFFF))
+        x = (x ^ (x >> np.uint64(30))) * _M1
+        x = (x ^ (x >> np.uint64(27))) * _M2
+        x = x ^ (x >> np.uint64(31))
+    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
-    Sending: the segment's packets leave back to back from ``max(ready, free)``; the
-    switch has the first one after one packet's serialization and the latency, the
-    last one after all of them. Receiving: the downlink starts on the first packet
-    and cannot finish before the last one arrived plus its own serialization.
+
+class LinkArray:
+    """The FIFO state of one direction of the links of many endpoints, vectorized.
+
+    Loss and jitter are drawn from (seed, endpoint, direction, packet counter), so a
+    packet's fate does not depend on which process hosts its endpoint.
     """
 
-    def __init__(self, queue: LinkQueue) -> None:
-        self.q = queue
+    def __init__(self, spec: LinkSpec, endpoints: np.ndarray, seed: int, direction: int) -> None:
+        self.spec = spec
+        self.endpoints = np.asarray(endpoints, dtype=np.int64)
+        n = len(self.endpoints)
+        self.free_us = np.zeros(n)
+        self.last_ready = np.full(n, -math.inf)
+        self.counter = np.zeros(n, dtype=np.int64)
+        self.stream = self.endpoints * 2 + direction
+        self.seed = seed
+        self.reordered = 0
 
-    def send(self, ready_us: float, wire_bytes: float, packets: int) -> tuple[float, float]:
-        q = self.q
-        if ready_us < q.last_ready_us - 1e-6:
-            q.reordered += 1
-        q.last_ready_us = ready_us
-        ser = float(q.spec.serialization_us(wire_bytes))
-        start = max(ready_us, q.free_us)
-        q.free_us = start + ser
-        return start + ser / packets + q.spec.latency_us, q.free_us + q.spec.latency_us
+    def _fate(self, idx: np.ndarray, n_per: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Jitter and loss for packets of endpoints idx (in FIFO order per endpoint)."""
+        n = len(idx)
+        if not (self.spec.jitter_us or self.spec.loss):
+            self.counter += np.bincount(idx, minlength=len(self.counter))
+            return np.zeros(n), np.zeros(n, dtype=bool)
+        # each packet's number on its endpoint's link
+        order = np.argsort(idx, kind="stable")
+        sorted_idx = idx[order]
+        first = np.searchsorted(sorted_idx, sorted_idx)
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n) - first
+        counter = self.counter[idx] + rank
+        self.counter += np.bincount(idx, minlength=len(self.counter))
+        jitter = (_uniform(self.seed, self.stream[idx] * 2, counter) * self.spec.jitter_us
+                  if self.spec.jitter_us else np.zeros(n))
+        lost = (_uniform(self.seed, self.stream[idx] * 2 + 1, counter) < self.spec.loss
+                if self.spec.loss else np.zeros(n, dtype=bool))
+        return jitter, lost
 
-    def receive(self, first_us: float, last_us: float, wire_bytes: float, packets: int) -> float:
-        q = self.q
-        if first_us < q.last_ready_us - 1e-6:
-            q.reordered += 1
-        q.last_ready_us = first_us
-        ser = float(q.spec.serialization_us(wire_bytes))
-        done = max(max(first_us, q.free_us) + ser, last_us + ser / packets)
-        q.free_us = done
-        jitter = q.rng.uniform(0.0, q.spec.jitter_us) if q.spec.jitter_us else 0.0
-        return done + q.spec.latency_us + jitter
+    def transmit(self, idx: np.ndarray, ready_us: np.ndarray, wire_bytes: np.ndarray,
+                 loss_scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Packets of endpoints ``idx`` (FIFO order within each) -> (arrival at the far end, lost).
+
+        Solves ``d_i = max(r_i, d_{i-1}) + s_i`` per endpoint for the whole batch at once.
+        ``loss_scale`` makes a packet stand for several on the emulated wire: it is lost if
+        any of them is (probability ``1 - (1 - loss) ** scale``).
+        """
+        idx = np.asarray(idx, dtype=np.int64)
+        n = len(idx)
+        if n == 0:
+            return np.zeros(0), np.zeros(0, dtype=bool)
+        ready = np.asarray(ready_us, dtype=np.float64)
+        ser = np.broadcast_to(np.asarray(self.spec.serialization_us(np.asarray(wire_bytes, np.float64)),
+                                         dtype=np.float64), (n,))
+        order = np.argsort(idx, kind="stable")
+        e, r, sv = idx[order], ready[order], ser[order]
+        new = np.r_[True, e[1:] != e[:-1]]
+        starts = np.flatnonzero(new)
+        seg = np.cumsum(new) - 1
+        total = np.cumsum(sv)
+        base = np.repeat(total[starts] - sv[starts], np.diff(np.r_[starts, n]))
+        cum = total - base  # serialization up to and including each packet, per endpoint
+        firsts = e[starts]
+        early = new & (r < self.last_ready[e] - 1e-6)
+        early[1:] |= ~new[1:] & (r[1:] < r[:-1] - 1e-6)
+        self.reordered += int(early.sum())
+        # a segmented running maximum: offsets keep endpoints apart
+        key = np.maximum(r - (cum - sv), self.free_us[e])
+        offset = seg * 1e15
+        start = np.maximum.accumulate(key + offset) - offset
+        done = cum + start
+        last = np.r_[starts[1:] - 1, n - 1]
+        self.free_us[firsts] = done[last]
+        self.last_ready[firsts] = r[last]
+        jitter, lost = self._fate(e)
+        if loss_scale is not None and self.spec.loss:
+            extra = _uniform(self.seed + 7, self.stream[e], self.counter[e] + np.arange(n))
+            lost |= extra < 1 - (1 - self.spec.loss) ** np.maximum(np.asarray(loss_scale)[order] - 1, 0)
+        arrival = np.empty(n)
+        lost_out = np.empty(n, dtype=bool)
+        arrival[order] = done + self.spec.latency_us + jitter
+        lost_out[order] = lost
+        return arrival, lost_out
+
+    def send_segment(self, i: int, ready_us: float, wire_bytes: float, packets: int) -> tuple[float, float]:
+        """A point-to-point segment of many packets leaves endpoint i: (first, last) at the switch."""
+        if ready_us < self.last_ready[i] - 1e-6:
+            self.reordered += 1
+        self.last_ready[i] = ready_us
+        ser = float(self.spec.serialization_us(wire_bytes))
+        start = max(ready_us, self.free_us[i])
+        self.free_us[i] = start + ser
+        self.counter[i] += packets
+        return start + ser / packets + self.spec.latency_us, self.free_us[i] + self.spec.latency_us
+
+    def receive_segment(self, i: int, first_us: float, last_us: float, wire_bytes: float, packets: int) -> float:
+        """A segment reaches endpoint i: the downlink starts on its first packet, ends after its last."""
+        if first_us < self.last_ready[i] - 1e-6:
+            self.reordered += 1
+        self.last_ready[i] = first_us
+        ser = float(self.spec.serialization_us(wire_bytes))
+        done = max(max(first_us, self.free_us[i]) + ser, last_us + ser / packets)
+        self.free_us[i] = done
+        jitter = 0.0
+        if self.spec.jitter_us:
+            jitter = float(_uniform(self.seed, self.stream[i:i + 1] * 2, self.counter[i:i + 1])[0]) * self.spec.jitter_us
+        self.counter[i] += packets
+        return done + self.spec.latency_us + jitter

@@ -50,18 +50,18 @@ class Block:
     """The shared parts of elements [start, start + n) of one collective."""
 
     start: int
-    owner: np.ndarray  # int64
-    common: np.ndarray  # int64 units every worker adds (c)
-    own: np.ndarray  # int64 units the owner adds (d)
-    beta: np.ndarray  # int64 power-of-two scale (0 for integer dtypes)
-    scale: np.ndarray  # float64 2**beta
+    owner: np.ndarray  # int32
+    common: np.ndarray  # int32 units every worker adds (c)
+    own: np.ndarray  # int32 units the owner adds (d)
+    beta: np.ndarray  # int32 power-of-two scale (0 for integer dtypes)
+    scale: np.ndarray  # float32 2**beta (narrow arrays: making values is memory-bound)
 
     def units(self, worker: int) -> np.ndarray:
         return self.common + np.where(self.owner == worker, self.own, 0)
 
     def values_at(self, worker: int, a: int, z: int) -> np.ndarray:
-        """x_w of elements [start + a, start + z)."""
-        units = self.common[a:z] + np.where(self.owner[a:z] == worker, self.own[a:z], 0)
+        """x_w of elements [start + a, start + z), as float32 (exact: |units| < 2**8)."""
+        units = self.common[a:z] + np.where(self.owner[a:z] == worker, self.own[a:z], np.int32(0))
         return units * self.scale[a:z]
 
     def values(self, worker: int) -> np.ndarray:
@@ -78,18 +78,20 @@ class Block:
 def block(seed: int, seq: int, start: int, n: int, num_workers: int, dtype: str) -> Block:
     """Elements [start, start + n) of collective ``seq``, shared by every worker."""
     index = np.arange(start, start + n, dtype=np.int64)
-    owner = (_hash(seed, seq, 1, index) % np.uint64(max(1, num_workers))).astype(np.int64)
+    owner = (_hash(seed, seq, 1, index) % np.uint64(max(1, num_workers))).astype(np.int32)
     if dtype in ("uint8", "bool"):
-        own = (_hash(seed, seq, 2, index) % np.uint64(2)).astype(np.int64)
+        own = (_hash(seed, seq, 2, index) % np.uint64(2)).astype(np.int32)
     else:
-        own = (_hash(seed, seq, 2, index) % np.uint64(255)).astype(np.int64) - 127
+        own = (_hash(seed, seq, 2, index) % np.uint64(255)).astype(np.int32) - 127
     if dtype in _WIDE:
-        common = (_hash(seed, seq, 3, index) % np.uint64(15)).astype(np.int64) - 7
+        common = (_hash(seed, seq, 3, index) % np.uint64(15)).astype(np.int32) - 7
     else:
-        common = np.zeros(n, dtype=np.int64)
+        common = np.zeros(n, dtype=np.int32)
     if dtype in _FLOAT:
-        blocks = index // BETA_BLOCK
-        beta = -(_hash(seed, seq, 4, blocks) % np.uint64(11)).astype(np.int64)
+        blocks = np.unique(index // BETA_BLOCK)
+        per_block = -(_hash(seed, seq, 4, blocks) % np.uint64(11)).astype(np.int32)
+        beta = per_block[index // BETA_BLOCK - blocks[0]] if n else np.zeros(0, np.int32)
     else:
-        beta = np.zeros(n, dtype=np.int64)
-    return Block(start=start, owner=owner, common=common, own=own, beta=beta, scale=np.exp2(beta))
+        beta = np.zeros(n, dtype=np.int32)
+    return Block(start=start, owner=owner, common=common, own=own, beta=beta,
+                 scale=np.exp2(beta.astype(np.float32)))

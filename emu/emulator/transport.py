@@ -34,34 +34,41 @@ _AGG_META = struct.Struct("<II")  # packets, elements per packet
 _SEG_META = struct.Struct("<dddQ")  # emulated payload bytes, first/last packet ready at the switch, real elements
 
 
-def _check(frames: list[bytes], count: int) -> None:
+def _nbytes(frame: object) -> int:
+    return memoryview(frame).nbytes  # bytes, zmq frame buffers and numpy arrays alike
+
+
+def _check(frames: list, count: int) -> None:
     if len(frames) != count:
         raise FrameError(f"expected {count} frames, got {len(frames)}")
-    if any(len(f) > MAX_FRAME for f in frames):
+    if any(_nbytes(f) > MAX_FRAME for f in frames):
         raise FrameError("frame larger than MAX_FRAME")
 
 
 @dataclass
 class AggBatch:
     headers: np.ndarray  # AGG_HEADER
-    payload: np.ndarray  # (n, k) int32, native order
+    payload: np.ndarray  # (n, k) int32: native when built, a big-endian view when parsed
     stamps: np.ndarray  # float64 emulated times
 
-    def frames(self, kind: bytes) -> list[bytes]:
+    def frames(self, kind: bytes) -> list[bytes | np.ndarray]:
         n, k = self.payload.shape if self.payload.ndim == 2 else (len(self.headers), 0)
-        return [kind, _AGG_META.pack(n, k), self.headers.astype(AGG_HEADER, copy=False).tobytes(),
-                self.payload.astype(PAYLOAD, copy=False).tobytes(), self.stamps.astype("<f8").tobytes()]
+        return [kind, _AGG_META.pack(n, k), self.headers.astype(AGG_HEADER, copy=False),
+                np.ascontiguousarray(self.payload.astype(PAYLOAD, copy=False)), self.stamps.astype("<f8")]
 
     @classmethod
-    def parse(cls, frames: list[bytes]) -> AggBatch:
+    def parse(cls, frames: list) -> AggBatch:
+        """From bytes or buffers (zero-copy frames): the arrays view the message's memory."""
         _check(frames, 5)
-        if len(frames[1]) != _AGG_META.size:
+        if _nbytes(frames[1]) != _AGG_META.size:
             raise FrameError("bad batch meta")
         n, k = _AGG_META.unpack(frames[1])
-        if len(frames[2]) != n * AGG_HEADER.itemsize or len(frames[3]) != n * k * 4 or len(frames[4]) != n * 8:
+        if (_nbytes(frames[2]) != n * AGG_HEADER.itemsize or _nbytes(frames[3]) != n * k * 4
+                or _nbytes(frames[4]) != n * 8):
             raise FrameError(f"batch of {n} packets of {k} elements has frames of the wrong size")
         headers = np.frombuffer(frames[2], AGG_HEADER)
-        payload = np.frombuffer(frames[3], PAYLOAD).reshape(n, k).astype(np.int32)
+        # a view of the network-order bytes: numpy converts as it reads, without a copy pass
+        payload = np.frombuffer(frames[3], PAYLOAD).reshape(n, k)
         return cls(headers, payload, np.frombuffer(frames[4], "<f8"))
 
 
@@ -103,9 +110,9 @@ class Segment:
                 encode_values(self.values, self.dtype)]
 
     @classmethod
-    def parse(cls, frames: list[bytes]) -> Segment:
+    def parse(cls, frames: list) -> Segment:
         _check(frames, 4)
-        if len(frames[1]) != P2P_HEADER.itemsize or len(frames[2]) != _SEG_META.size:
+        if _nbytes(frames[1]) != P2P_HEADER.itemsize or _nbytes(frames[2]) != _SEG_META.size:
             raise FrameError("bad segment header")
         header = np.frombuffer(frames[1], P2P_HEADER).copy()
         code = int(header["dtype"][0])
@@ -113,7 +120,7 @@ class Segment:
             raise FrameError(f"unknown dtype code {code}")
         emu_bytes, first, last, n = _SEG_META.unpack(frames[2])
         dtype = DTYPE_CODES[code]
-        if len(frames[3]) != n * ITEMSIZE[dtype]:
+        if _nbytes(frames[3]) != n * ITEMSIZE[dtype]:
             raise FrameError("segment payload does not match its element count")
         return cls(header, emu_bytes, first, last, decode_values(frames[3], dtype))
 

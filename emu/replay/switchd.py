@@ -62,10 +62,10 @@ def switch_main(setup: SwitchSetup) -> None:
                     continue
                 while True:
                     try:
-                        frames = router.recv_multipart(zmq.NOBLOCK, copy=True)
+                        frames = [f.buffer for f in router.recv_multipart(zmq.NOBLOCK, copy=False)]
                     except zmq.Again:
                         break
-                    kind = frames[1]
+                    kind = bytes(frames[1])
                     if kind == AGG and switch is not None:
                         _aggregate(router, switch, AggBatch.parse(frames[1:]), setup, idents)
                     elif kind == SEG and len(frames) == 5 and len(frames[2]) == P2P_HEADER.itemsize:

@@ -1,0 +1,44 @@
+"""Replay wall time against workers: how the emulator's cost grows with M.
+
+Replays a shipped sample on each fabric at several worker counts with a fixed
+payload scale and time dilation, and prints the wall time, the emulated
+iteration time and the verification result of each run.
+
+    .venv/bin/python benchmarks/replay_scaling.py [--trace mlp] [--workers 2,8,32,64]
+        [--fabrics ina,ring,ps] [--payload-scale 16] [--iters 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+
+from emu.replay import ReplayConfig, replay
+from emu.traces import load_trace, sample_path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trace", default="mlp")
+    parser.add_argument("--workers", default="2,8,32,64")
+    parser.add_argument("--fabrics", default="ina,ring,ps")
+    parser.add_argument("--payload-scale", type=int, default=16)
+    parser.add_argument("--iters", type=int, default=1)
+    args = parser.parse_args()
+    trace = load_trace(sample_path(args.trace) if args.trace in ("mlp", "cnn", "transformer") else args.trace)
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+          f"trace {args.trace}, payload scale {args.payload_scale}, {args.iters} iteration(s), tdf 1")
+    print(f"{'fabric':>6} {'workers':>8} {'wall s':>8} {'iteration ms':>13} {'verified':>12} {'max RSS MB':>11}")
+    for fabric in args.fabrics.split(","):
+        for m in (int(x) for x in args.workers.split(",")):
+            r = replay(trace, ReplayConfig(workers=m, fabric=fabric, iters=args.iters,
+                                           payload_scale=args.payload_scale))
+            rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+            print(f"{fabric:>6} {m:>8} {r.emulator.wall_s:>8.2f} {r.summary.iteration_us_median / 1000:>13.2f} "
+                  f"{'ok' if r.verification.ok else 'FAILED':>12} {rss:>11.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -22,8 +22,8 @@ import numpy as np
 import zmq
 
 from emu.emulator import wire
-from emu.emulator.ina import InaCollective, InaParams, InaStream, Packets, PayloadCache, ResultCheck
-from emu.emulator.links import LinkQueue, SegmentLink
+from emu.emulator.ina import InaGroup, InaParams, Packets, PayloadCache, ResultCheck
+from emu.emulator.links import LinkArray
 from emu.emulator.p2p import Algorithm, AllToAll, Chain, Check, Layout, PSClient, PSServer, Ring, Seg, SendRecv
 from emu.emulator.switch import MULTICAST
 from emu.emulator.transport import AGG, RESULTS, SEG, AggBatch, FrameError, Segment, control, parse_control
@@ -77,13 +77,11 @@ class Host:
         self.ina_check = ResultCheck()
         self.lags: list[float] = []
         self.wall0 = 0.0
-        self.up: dict[int, LinkQueue] = {}
-        self.down: dict[int, LinkQueue] = {}
-        for e in setup.endpoints:
-            self.up[e] = LinkQueue(cfg.link, np.random.default_rng([cfg.seed, e, 0]))
-            self.down[e] = LinkQueue(cfg.link, np.random.default_rng([cfg.seed, e, 1]))
+        endpoints = np.asarray(setup.endpoints, dtype=np.int64)
+        self.index = {int(e): i for i, e in enumerate(endpoints)}
+        self.up = LinkArray(cfg.link, endpoints, cfg.seed, 0)
+        self.down = LinkArray(cfg.link, endpoints, cfg.seed, 1)
         self.workers: dict[int, FakeWorker] = {}
-        self.streams: dict[int, InaStream] = {}
         self.algs: dict[tuple[int, int], Algorithm] = {}
         self.runs: dict[tuple[int, int], CollRun] = {}
         self.ina_runs: dict[tuple[int, int], CollRun] = {}
@@ -92,13 +90,13 @@ class Host:
         self.outgoing_agg: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.outgoing_seg: list[Segment] = []
         params = InaParams(slots=cfg.real_slots, elements=self.k, workers=self.m, job=0, seed=cfg.seed,
-                           scale=self.r, rto_us=cfg.timeout_rto_us)
+                           scale=self.r, emulated_slots=cfg.emulated_slots)
+        self.group = InaGroup(endpoints if setup.role == "workers" else np.zeros(0, np.int64), params,
+                              PayloadCache(cfg.seed, self.m))
         if setup.role == "workers":
-            cache = PayloadCache(cfg.seed, self.m)
             for prog in setup.programs:
                 state = WorkerState(program=prog, iters=setup.iters)
                 self.workers[prog.worker] = FakeWorker(state, self._start_coll, self._resume_at)
-                self.streams[prog.worker] = InaStream(prog.worker, params, cache)
         else:
             for e in setup.endpoints:
                 self.servers[e] = PSServer(self.m)
@@ -120,15 +118,15 @@ class Host:
         key = (w, run.seq)
         self.runs[key] = run
         if self.cfg.fabric == "ina" and op.kind == CollKind.ALL_REDUCE and op.dtype.value in _FLOAT:
-            coll = InaCollective(seq=run.seq, dtype=op.dtype.value, real_elements=real,
-                                 emu_packets=-(-op.count // self.k))
-            self.streams[w].add(coll)
-            coll.start_us = run.start_us
-            self.ina_runs[(w, run.seq)] = run
-            if coll.finished:
+            coll = self.group.collective(run.seq, op.dtype.value, real, -(-op.count // self.k))
+            local = self.index[w]
+            coll.start_us[local] = run.start_us
+            if coll.data_blocks == 0:
+                coll.finished[local] = True
                 worker.completed(run, run.start_us)
             else:
-                self._pump(w)
+                self.ina_runs[(local, run.seq)] = run
+                self._pump()
             return
         alg = self._algorithm(w, run, real)
         if alg.fallback and not (self.cfg.fabric == "ring" and op.kind == CollKind.ALL_REDUCE):
@@ -176,25 +174,24 @@ class Host:
         self.workers[w].completed(run, alg.end_us)
 
     # -- sending ----------------------------------------------------------------------
-    def _pump(self, w: int, retransmit: dict[int, float] | None = None) -> None:
-        pk = self.streams[w].next_packets(retransmit)
+    def _pump(self, retransmit: list[tuple[int, int, float]] | None = None) -> None:
+        pk = self.group.next_packets(retransmit)
         if pk is not None:
-            self._push(float(pk.send_us[0]), "ina", (w, pk))
+            self._push(float(pk.send_us.min()), "ina", pk)
 
     def _queue_segs(self, src: int, segs: list[Seg], dtype: str) -> None:
         for seg in segs:
             self._push(seg.send_us, "seg", (src, seg, dtype))
 
-    def _send_ina(self, w: int, pk: Packets) -> None:
+    def _send_ina(self, pk: Packets) -> None:
         sizes = np.where(pk.headers["size"] > 0, wire.agg_wire_bytes(self.k), wire.agg_wire_bytes(0))
         wire_bytes = sizes * pk.emu_packets
-        arrival, lost = self.up[w].transmit(pk.send_us, wire_bytes)
+        arrival, lost = self.up.transmit(pk.local, pk.send_us, wire_bytes, loss_scale=pk.emu_packets)
         self.counters.bytes_sent += float(wire_bytes.sum())
-        self.counters.retransmissions += int(pk.retransmit.sum())
         if lost.any():
             self.counters.lost += int(lost.sum())
-            for slot, sent in zip(pk.headers["slot"][lost], pk.send_us[lost], strict=True):
-                self._push(float(sent) + self.cfg.timeout_rto_us, "retx", (w, int(slot)))
+            for local, slot, sent in zip(pk.local[lost], pk.headers["slot"][lost], pk.send_us[lost], strict=True):
+                self._push(float(sent) + self.cfg.timeout_rto_us, "retx", (int(local), int(slot)))
         keep = ~lost
         if keep.any():
             self.outgoing_agg.append((pk.headers[keep], pk.payload[keep], arrival[keep]))
@@ -202,7 +199,7 @@ class Host:
     def _send_seg(self, src: int, seg: Seg, dtype: str) -> None:
         packets = wire.p2p_packets(int(math.ceil(seg.emu_bytes)))
         wire_bytes = seg.emu_bytes + packets * (wire.FRAME_OVERHEAD + wire.P2P_HEADER.itemsize)
-        first, last = SegmentLink(self.up[src]).send(seg.send_us, wire_bytes, packets)
+        first, last = self.up.send_segment(self.index[src], seg.send_us, wire_bytes, packets)
         self.counters.bytes_sent += wire_bytes
         header = np.zeros(1, wire.P2P_HEADER)
         header["msg_type"] = wire.MsgType.P2P
@@ -226,38 +223,46 @@ class Host:
 
     # -- receiving --------------------------------------------------------------------
     def on_results(self, batch: AggBatch) -> None:
+        g = self.group
         verify = np.ones(len(batch.headers), bool)
-        dest = batch.headers["worker"]
-        for w, stream in self.streams.items():
-            idx = np.flatnonzero((dest == MULTICAST) | (dest == w))
-            if not len(idx):
-                continue
-            headers = batch.headers[idx]
-            per, data = stream.emu_packets_of(headers["chunk"].astype(np.int64))
-            sizes = np.where(data, wire.agg_wire_bytes(self.k), wire.agg_wire_bytes(0)) * per
-            arrival, lost = self.down[w].transmit(batch.stamps[idx], sizes)
-            self.counters.bytes_sent += float(sizes.sum())
-            if lost.any():
-                self.counters.lost += int(lost.sum())
-                for slot in headers["slot"][lost]:
-                    self._push(float(stream.sent_at[slot]) + self.cfg.timeout_rto_us, "retx", (w, int(slot)))
-            keep = np.flatnonzero(~lost)
-            v = verify[idx[keep]]
-            done = stream.on_results(headers[keep], batch.payload[idx[keep]], arrival[keep], v, self.ina_check)
-            verify[idx[keep]] = v
-            for coll in done:
-                run = self.ina_runs.pop((w, coll.seq))
-                self.workers[w].completed(run, coll.end_us)
-            self._pump(w)
+        dest = batch.headers["worker"].astype(np.int64)
+        chunks = batch.headers["chunk"].astype(np.int64)
+        per, data = g.emu_packets_of(chunks)
+        sizes = np.where(data, wire.agg_wire_bytes(self.k), wire.agg_wire_bytes(0)) * per
+        multi = np.flatnonzero(dest == MULTICAST)
+        li_parts, rb_parts = [], []
+        if len(multi):  # every worker of the host receives these, each on its own downlink
+            li_parts.append(np.repeat(np.arange(g.m), len(multi)))
+            rb_parts.append(np.tile(multi, g.m))
+        uni = np.flatnonzero((dest != MULTICAST) & np.isin(dest, g.wids))
+        if len(uni):
+            li_parts.append(np.array([self.index[int(d)] for d in dest[uni]]))
+            rb_parts.append(uni)
+        if not li_parts:
+            return
+        li, rb = np.concatenate(li_parts), np.concatenate(rb_parts)
+        arrival, lost = self.down.transmit(li, batch.stamps[rb], sizes[rb], loss_scale=per[rb])
+        self.counters.bytes_sent += float(sizes[rb].sum())
+        if lost.any():
+            self.counters.lost += int(lost.sum())
+            for local, slot in zip(li[lost], batch.headers["slot"][rb[lost]], strict=True):
+                self._push(float(g.sent_at[local, slot]) + self.cfg.timeout_rto_us, "retx",
+                           (int(local), int(slot)))
+        keep = ~lost
+        done = g.on_results(li[keep], rb[keep], batch.headers, batch.payload, arrival[keep], verify, self.ina_check)
+        for local, coll in done:
+            run = self.ina_runs.pop((local, coll.seq))
+            self.workers[int(g.wids[local])].completed(run, float(coll.end_us[local]))
+        self._pump()
 
     def on_segment(self, seg: Segment) -> None:
         h = seg.header[0]
         src, dst, seq, segno = int(h["src"]), int(h["dst"]), int(h["seq"]), int(h["segment"])
-        if dst not in self.down:
+        if dst not in self.index:
             raise FrameError(f"segment for endpoint {dst}, which host {self.setup.index} does not hold")
         packets = wire.p2p_packets(int(math.ceil(seg.emu_bytes)))
         wire_bytes = seg.emu_bytes + packets * (wire.FRAME_OVERHEAD + wire.P2P_HEADER.itemsize)
-        t = SegmentLink(self.down[dst]).receive(seg.first_us, seg.last_us, wire_bytes, packets)
+        t = self.down.receive_segment(self.index[dst], seg.first_us, seg.last_us, wire_bytes, packets)
         self.counters.bytes_sent += wire_bytes
         if dst in self.servers:
             replies = self.servers[dst].on_segment(dst, src, seq, segno, seg.values, seg.emu_bytes, t)
@@ -283,12 +288,12 @@ class Host:
             if kind == "run":
                 what.run()
             elif kind == "ina":
-                self._send_ina(*what)
+                self._send_ina(what)
             elif kind == "seg":
                 self._send_seg(*what)
             elif kind == "retx":
-                w, slot = what
-                self._pump(w, {slot: t})
+                local, slot = what
+                self._pump([(local, slot, t)])
             now = self.now_us()
 
     def done(self) -> bool:
@@ -303,9 +308,9 @@ class Host:
                 "iterations": [[r.start_us, r.end_us, r.compute_us, r.blocked_us, r.comm_us] for r in s.records],
                 "spans": s.spans if self.setup.spans else [],
             }
-        stream_retx = sum(st.retransmissions for st in self.streams.values())
-        late = sum(st.late_results for st in self.streams.values())
-        reordered = sum(q.reordered for q in self.up.values()) + sum(q.reordered for q in self.down.values())
+        stream_retx = self.group.retransmissions
+        late = self.group.late_results
+        reordered = self.up.reordered + self.down.reordered
         return {
             "type": "result", "host": self.setup.index, "workers": workers,
             "bytes_sent": self.counters.bytes_sent, "lost": self.counters.lost,

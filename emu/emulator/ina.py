@@ -152,8 +152,9 @@ class InaGroup:
     def _locate(self, chunks: np.ndarray) -> np.ndarray:
         return np.searchsorted(np.asarray(self.bases), chunks, side="right") - 1
 
-    def next_packets(self, retransmit: list[tuple[int, int, float]] | None = None) -> Packets | None:
-        """Every chunk any worker may send now (and the given retransmissions), with send times."""
+    def next_packets(self, retransmit: list[tuple[int, int, float, float]] | None = None) -> Packets | None:
+        """Every chunk any worker may send now, with send times, and the given retransmissions:
+        (worker, slot, when, emulated packets it stands for: those lost, with payload scale)."""
         li, si = np.nonzero((self.slot_state == IDLE) & (self.slot_chunk < self.end))
         parts = []
         if len(li):
@@ -164,13 +165,14 @@ class InaGroup:
                 part = self._build(self.colls[ci], li[mine], si[mine], chunks[mine], retx=False)
                 if part is not None:
                     parts.append(part)
-        for local, slot, when in retransmit or ():
+        for local, slot, when, lost in retransmit or ():
             if self.slot_state[local, slot] != SENT:
                 continue
             chunk = self.slot_chunk[local, slot]
             coll = self.colls[int(self._locate(np.array([chunk]))[0])]
             part = self._build(coll, np.array([local]), np.array([slot]), np.array([chunk]), retx=True, at=when)
             if part is not None:
+                part.emu_packets = np.minimum(part.emu_packets, lost)
                 self.retransmissions += 1
                 parts.append(part)
         if not parts:

@@ -75,7 +75,7 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-def _uniform(seed: int, stream: np.ndarray, counter: np.ndarray) -> np.ndarray:
+def uniform(seed: int, stream: np.ndarray, counter: np.ndarray) -> np.ndarray:
     """Counter-based uniform draws in [0, 1): the same for a packet whatever the process layout."""
     with np.errstate(over="ignore"):
         x = (stream.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
@@ -93,8 +93,11 @@ class LinkArray:
     packet's fate does not depend on which process hosts its endpoint.
     """
 
-    def __init__(self, spec: LinkSpec, endpoints: np.ndarray, seed: int, direction: int) -> None:
+    def __init__(self, spec: LinkSpec, endpoints: np.ndarray, seed: int, direction: int,
+                 rto_us: float = 1000.0) -> None:
         self.spec = spec
+        self.rto_us = rto_us
+        self.resent_packets = 0
         self.endpoints = np.asarray(endpoints, dtype=np.int64)
         n = len(self.endpoints)
         self.free_us = np.zeros(n)
@@ -118,9 +121,9 @@ class LinkArray:
         rank[order] = np.arange(n) - first
         counter = self.counter[idx] + rank
         self.counter += np.bincount(idx, minlength=len(self.counter))
-        jitter = (_uniform(self.seed, self.stream[idx] * 2, counter) * self.spec.jitter_us
+        jitter = (uniform(self.seed, self.stream[idx] * 2, counter) * self.spec.jitter_us
                   if self.spec.jitter_us else np.zeros(n))
-        lost = (_uniform(self.seed, self.stream[idx] * 2 + 1, counter) < self.spec.loss
+        lost = (uniform(self.seed, self.stream[idx] * 2 + 1, counter) < self.spec.loss
                 if self.spec.loss else np.zeros(n, dtype=bool))
         return jitter, lost
 
@@ -161,7 +164,7 @@ class LinkArray:
         self.last_ready[firsts] = r[last]
         jitter, lost = self._fate(e)
         if loss_scale is not None and self.spec.loss:
-            extra = _uniform(self.seed + 7, self.stream[e], self.counter[e] + np.arange(n))
+            extra = uniform(self.seed + 7, self.stream[e], self.counter[e] + np.arange(n))
             lost |= extra < 1 - (1 - self.spec.loss) ** np.maximum(np.asarray(loss_scale)[order] - 1, 0)
         arrival = np.empty(n)
         lost_out = np.empty(n, dtype=bool)
@@ -169,27 +172,51 @@ class LinkArray:
         lost_out[order] = lost
         return arrival, lost_out
 
-    def send_segment(self, i: int, ready_us: float, wire_bytes: float, packets: int) -> tuple[float, float]:
-        """A point-to-point segment of many packets leaves endpoint i: (first, last) at the switch."""
+    def _segment_loss(self, i: int, packets: int, wire_bytes: float) -> tuple[float, float]:
+        """Point-to-point transports recover lost packets themselves (selective repeat after a
+        timeout): the delay and the extra bytes of the rounds a segment needs."""
+        if not self.spec.loss:
+            return 0.0, 0.0
+        key = int(uniform(self.seed + 11, self.stream[i:i + 1], self.counter[i:i + 1])[0] * 2**63)
+        rng = np.random.default_rng(key)
+        lost = int(rng.binomial(packets, self.spec.loss))
+        delay = extra = 0.0
+        while lost:
+            self.resent_packets += lost
+            delay += self.rto_us
+            extra += wire_bytes / packets * lost
+            lost = int(rng.binomial(lost, self.spec.loss))
+        return delay, extra
+
+    def send_segment(self, i: int, ready_us: float, wire_bytes: float,
+                     packets: int) -> tuple[float, float, float]:
+        """A point-to-point segment of many packets leaves endpoint i.
+
+        Returns when its first and last packets are at the switch, and the bytes resent.
+        """
         if ready_us < self.last_ready[i] - 1e-6:
             self.reordered += 1
         self.last_ready[i] = ready_us
-        ser = float(self.spec.serialization_us(wire_bytes))
+        delay, extra = self._segment_loss(i, packets, wire_bytes)
+        ser = float(self.spec.serialization_us(wire_bytes + extra))
         start = max(ready_us, self.free_us[i])
-        self.free_us[i] = start + ser
+        self.free_us[i] = start + ser + delay
         self.counter[i] += packets
-        return start + ser / packets + self.spec.latency_us, self.free_us[i] + self.spec.latency_us
+        return (start + ser / packets + self.spec.latency_us, self.free_us[i] + self.spec.latency_us, extra)
 
-    def receive_segment(self, i: int, first_us: float, last_us: float, wire_bytes: float, packets: int) -> float:
-        """A segment reaches endpoint i: the downlink starts on its first packet, ends after its last."""
+    def receive_segment(self, i: int, first_us: float, last_us: float, wire_bytes: float,
+                        packets: int) -> tuple[float, float]:
+        """A segment reaches endpoint i: the downlink starts on its first packet and ends after its
+        last. Returns its arrival and the bytes resent."""
         if first_us < self.last_ready[i] - 1e-6:
             self.reordered += 1
         self.last_ready[i] = first_us
-        ser = float(self.spec.serialization_us(wire_bytes))
-        done = max(max(first_us, self.free_us[i]) + ser, last_us + ser / packets)
+        delay, extra = self._segment_loss(i, packets, wire_bytes)
+        ser = float(self.spec.serialization_us(wire_bytes + extra))
+        done = max(max(first_us, self.free_us[i]) + ser, last_us + ser / packets) + delay
         self.free_us[i] = done
         jitter = 0.0
         if self.spec.jitter_us:
-            jitter = float(_uniform(self.seed, self.stream[i:i + 1] * 2, self.counter[i:i + 1])[0]) * self.spec.jitter_us
+            jitter = float(uniform(self.seed, self.stream[i:i + 1] * 2, self.counter[i:i + 1])[0]) * self.spec.jitter_us
         self.counter[i] += packets
-        return done + self.spec.latency_us + jitter
+        return done + self.spec.latency_us + jitter, extra

@@ -11,6 +11,49 @@ from emu.emulator.wire import ELEMENTS_ALLOWED, MAX_WORKERS_SOFTWARE, agg_wire_b
 from emu.errors import ConfigError
 
 FABRICS = ("ina", "ring", "ps")
+AUTO = 0  # tdf or payload scale chosen by calibration
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A compute slow-down for some workers (``--straggler``).
+
+    ``workers`` lists them, or ``fraction`` picks that share of all workers with the seed;
+    with neither, it applies to every worker. Their compute takes ``factor`` times as long,
+    and each compute op is further multiplied by a lognormal draw of ``sigma``
+    (mean-preserving: exp(sigma Z - sigma^2 / 2)), also drawn from the seed.
+    """
+
+    factor: float = 1.0
+    workers: tuple[int, ...] = ()
+    fraction: float = 0.0
+    sigma: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> Straggler:
+        """'3,7:1.5' (workers 3 and 7, 1.5x), 'random:0.05:2' (5% of workers, 2x),
+        'lognormal:0.1' (every worker, per-op noise), 'random:0.1:1.5:0.2' (both)."""
+        parts = text.strip().split(":")
+        try:
+            if parts[0] == "lognormal" and len(parts) == 2:
+                return cls(sigma=float(parts[1]))
+            if parts[0] == "random" and len(parts) in (3, 4):
+                return cls(fraction=float(parts[1]), factor=float(parts[2]),
+                           sigma=float(parts[3]) if len(parts) == 4 else 0.0)
+            if len(parts) in (2, 3):
+                return cls(workers=tuple(int(w) for w in parts[0].split(",")), factor=float(parts[1]),
+                           sigma=float(parts[2]) if len(parts) == 3 else 0.0)
+        except ValueError:
+            pass
+        raise ConfigError(f"--straggler {text!r}: give WORKERS:FACTOR (3,7:1.5), random:FRACTION:FACTOR "
+                          "(random:0.05:2) or lognormal:SIGMA (lognormal:0.1)")
+
+    def check(self, workers: int) -> None:
+        if self.factor <= 0 or self.sigma < 0 or not 0 <= self.fraction <= 1:
+            raise ConfigError("--straggler: the factor must be positive, sigma >= 0, the fraction in [0, 1]")
+        bad = [w for w in self.workers if not 0 <= w < workers]
+        if bad:
+            raise ConfigError(f"--straggler names workers {bad}, not in 0..{workers - 1}")
 
 
 @dataclass(frozen=True)
@@ -44,6 +87,8 @@ class ReplayConfig:
     """INA retransmission timeout (emulated); default 10 x the round trip of one packet, at least 100 us."""
     timeout_s: float = 1800.0
     """Bound on the whole replay (wall clock)."""
+    stragglers: tuple[Straggler, ...] = ()
+    """Compute slow-downs of chosen or random workers."""
 
     def check(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS_SOFTWARE:
@@ -66,6 +111,8 @@ class ReplayConfig:
             raise ConfigError("--ps-shards must be at least 1 (and workers + shards <= 65535)")
         if self.timeout_s <= 0:
             raise ConfigError(f"--timeout must be positive, got {self.timeout_s}")
+        for straggler in self.stragglers:
+            straggler.check(self.workers)
 
     @property
     def host_processes(self) -> int:

@@ -28,7 +28,7 @@ from emu.emulator.p2p import Algorithm, AllToAll, Chain, Check, Layout, PSClient
 from emu.emulator.switch import MULTICAST
 from emu.emulator.transport import AGG, RESULTS, SEG, AggBatch, FrameError, Segment, control, parse_control
 from emu.replay.config import ReplayConfig
-from emu.replay.programs import WorkerProgram
+from emu.replay.programs import WorkerProgram, straggling
 from emu.replay.worker import CollRun, FakeWorker, WorkerState
 from emu.traces.model import CollKind
 
@@ -73,14 +73,16 @@ class Host:
         self.heap: list[tuple[float, int, str, Any]] = []
         self.order = itertools.count()
         self.counters = Counters()
+        self.rng = np.random.default_rng([cfg.seed, setup.index, 99])
+        self.retx_scale: dict[tuple[int, int], float] = {}  # what a pending retransmission stands for
         self.check = Check()
         self.ina_check = ResultCheck()
         self.lags: list[float] = []
         self.wall0 = 0.0
         endpoints = np.asarray(setup.endpoints, dtype=np.int64)
         self.index = {int(e): i for i, e in enumerate(endpoints)}
-        self.up = LinkArray(cfg.link, endpoints, cfg.seed, 0)
-        self.down = LinkArray(cfg.link, endpoints, cfg.seed, 1)
+        self.up = LinkArray(cfg.link, endpoints, cfg.seed, 0, cfg.timeout_rto_us)
+        self.down = LinkArray(cfg.link, endpoints, cfg.seed, 1, cfg.timeout_rto_us)
         self.workers: dict[int, FakeWorker] = {}
         self.algs: dict[tuple[int, int], Algorithm] = {}
         self.runs: dict[tuple[int, int], CollRun] = {}
@@ -94,8 +96,10 @@ class Host:
         self.group = InaGroup(endpoints if setup.role == "workers" else np.zeros(0, np.int64), params,
                               PayloadCache(cfg.seed, self.m))
         if setup.role == "workers":
+            factor, sigma = straggling(cfg.stragglers, self.m, cfg.seed)
             for prog in setup.programs:
-                state = WorkerState(program=prog, iters=setup.iters)
+                state = WorkerState(program=prog, iters=setup.iters, straggle=float(factor[prog.worker]),
+                                    noise_sigma=float(sigma[prog.worker]), seed=cfg.seed)
                 self.workers[prog.worker] = FakeWorker(state, self._start_coll, self._resume_at)
         else:
             for e in setup.endpoints:
@@ -174,7 +178,13 @@ class Host:
         self.workers[w].completed(run, alg.end_us)
 
     # -- sending ----------------------------------------------------------------------
-    def _pump(self, retransmit: list[tuple[int, int, float]] | None = None) -> None:
+    def _lost_count(self, scale: float) -> float:
+        """How many of the emulated packets a lost real packet stands for were lost (at least one):
+        only those are sent again."""
+        n = max(1, int(round(scale)))
+        return float(max(1, self.rng.binomial(n, self.cfg.link.loss))) if n > 1 else 1.0
+
+    def _pump(self, retransmit: list[tuple[int, int, float, float]] | None = None) -> None:
         pk = self.group.next_packets(retransmit)
         if pk is not None:
             self._push(float(pk.send_us.min()), "ina", pk)
@@ -190,8 +200,10 @@ class Host:
         self.counters.bytes_sent += float(wire_bytes.sum())
         if lost.any():
             self.counters.lost += int(lost.sum())
-            for local, slot, sent in zip(pk.local[lost], pk.headers["slot"][lost], pk.send_us[lost], strict=True):
-                self._push(float(sent) + self.cfg.timeout_rto_us, "retx", (int(local), int(slot)))
+            for local, slot, sent, scale in zip(pk.local[lost], pk.headers["slot"][lost], pk.send_us[lost],
+                                                pk.emu_packets[lost], strict=True):
+                self._push(float(sent) + self.cfg.timeout_rto_us, "retx",
+                           (int(local), int(slot), self._lost_count(scale)))
         keep = ~lost
         if keep.any():
             self.outgoing_agg.append((pk.headers[keep], pk.payload[keep], arrival[keep]))
@@ -199,8 +211,8 @@ class Host:
     def _send_seg(self, src: int, seg: Seg, dtype: str) -> None:
         packets = wire.p2p_packets(int(math.ceil(seg.emu_bytes)))
         wire_bytes = seg.emu_bytes + packets * (wire.FRAME_OVERHEAD + wire.P2P_HEADER.itemsize)
-        first, last = self.up.send_segment(self.index[src], seg.send_us, wire_bytes, packets)
-        self.counters.bytes_sent += wire_bytes
+        first, last, resent = self.up.send_segment(self.index[src], seg.send_us, wire_bytes, packets)
+        self.counters.bytes_sent += wire_bytes + resent
         header = np.zeros(1, wire.P2P_HEADER)
         header["msg_type"] = wire.MsgType.P2P
         header["dtype"] = wire.DTYPE_CODES.index(dtype)
@@ -224,6 +236,10 @@ class Host:
     # -- receiving --------------------------------------------------------------------
     def on_results(self, batch: AggBatch) -> None:
         g = self.group
+        # each downlink is a FIFO in emulated time: hand results over in stamp order
+        order = np.argsort(batch.stamps, kind="stable")
+        if (order != np.arange(len(order))).any():
+            batch = AggBatch(batch.headers[order], batch.payload[order], batch.stamps[order])
         verify = np.ones(len(batch.headers), bool)
         dest = batch.headers["worker"].astype(np.int64)
         chunks = batch.headers["chunk"].astype(np.int64)
@@ -241,13 +257,20 @@ class Host:
         if not li_parts:
             return
         li, rb = np.concatenate(li_parts), np.concatenate(rb_parts)
-        arrival, lost = self.down.transmit(li, batch.stamps[rb], sizes[rb], loss_scale=per[rb])
-        self.counters.bytes_sent += float(sizes[rb].sum())
+        scale = per[rb]
+        if len(uni):  # an answer to a retransmission stands for the packets that were resent
+            n_uni = len(uni)
+            scale = scale.copy()
+            scale[-n_uni:] = [min(scale[-n_uni + i], self.retx_scale.get(
+                (int(li[-n_uni + i]), int(batch.headers["slot"][uni[i]])), 1.0)) for i in range(n_uni)]
+        row_bytes = sizes[rb] / per[rb] * scale
+        arrival, lost = self.down.transmit(li, batch.stamps[rb], row_bytes, loss_scale=scale)
+        self.counters.bytes_sent += float(row_bytes.sum())
         if lost.any():
             self.counters.lost += int(lost.sum())
-            for local, slot in zip(li[lost], batch.headers["slot"][rb[lost]], strict=True):
+            for local, slot, lost_scale in zip(li[lost], batch.headers["slot"][rb[lost]], scale[lost], strict=True):
                 self._push(float(g.sent_at[local, slot]) + self.cfg.timeout_rto_us, "retx",
-                           (int(local), int(slot)))
+                           (int(local), int(slot), self._lost_count(lost_scale)))
         keep = ~lost
         done = g.on_results(li[keep], rb[keep], batch.headers, batch.payload, arrival[keep], verify, self.ina_check)
         for local, coll in done:
@@ -262,8 +285,8 @@ class Host:
             raise FrameError(f"segment for endpoint {dst}, which host {self.setup.index} does not hold")
         packets = wire.p2p_packets(int(math.ceil(seg.emu_bytes)))
         wire_bytes = seg.emu_bytes + packets * (wire.FRAME_OVERHEAD + wire.P2P_HEADER.itemsize)
-        t = self.down.receive_segment(self.index[dst], seg.first_us, seg.last_us, wire_bytes, packets)
-        self.counters.bytes_sent += wire_bytes
+        t, resent = self.down.receive_segment(self.index[dst], seg.first_us, seg.last_us, wire_bytes, packets)
+        self.counters.bytes_sent += wire_bytes + resent
         if dst in self.servers:
             replies = self.servers[dst].on_segment(dst, src, seq, segno, seg.values, seg.emu_bytes, t)
             self._queue_segs(dst, replies, seg.dtype)
@@ -292,8 +315,9 @@ class Host:
             elif kind == "seg":
                 self._send_seg(*what)
             elif kind == "retx":
-                local, slot = what
-                self._pump([(local, slot, t)])
+                local, slot, lost = what
+                self.retx_scale[(local, slot)] = lost
+                self._pump([(local, slot, t, lost)])
             now = self.now_us()
 
     def done(self) -> bool:
@@ -311,10 +335,11 @@ class Host:
         stream_retx = self.group.retransmissions
         late = self.group.late_results
         reordered = self.up.reordered + self.down.reordered
+        resent = self.up.resent_packets + self.down.resent_packets
         return {
             "type": "result", "host": self.setup.index, "workers": workers,
             "bytes_sent": self.counters.bytes_sent, "lost": self.counters.lost,
-            "retransmissions": stream_retx, "late_results": late, "fallbacks": self.counters.fallbacks,
+            "retransmissions": stream_retx + resent, "late_results": late, "fallbacks": self.counters.fallbacks,
             "reordered": reordered, "events": self.counters.events,
             "lag_p99": float(np.percentile(lags, 99)), "lag_max": float(lags.max()),
             "lag_samples": len(self.lags),

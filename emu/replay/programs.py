@@ -16,8 +16,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
+from emu.emulator.links import uniform
 from emu.errors import ConfigError
 from emu.traces.model import Coll, CollKind, Iteration, Op, Trace
+
+
+def straggling(stragglers, workers: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per worker: the compute slow-down factor and the sigma of per-op lognormal noise."""
+    factor = np.ones(workers)
+    sigma = np.zeros(workers)
+    ids = np.arange(workers)
+    for k, st in enumerate(stragglers):
+        if st.workers:
+            chosen = np.isin(ids, st.workers)
+        elif st.fraction:
+            chosen = uniform(seed + 1000 + k, ids, np.zeros(workers, np.int64)) < st.fraction
+        else:
+            chosen = np.ones(workers, bool)
+        factor[chosen] *= st.factor
+        sigma[chosen] = np.maximum(sigma[chosen], st.sigma)
+    return factor, sigma
 
 
 @dataclass(frozen=True)

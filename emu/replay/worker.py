@@ -10,9 +10,13 @@ bytes; the worker only keeps the books.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from emu.emulator.links import uniform
 from emu.replay.programs import WorkerProgram
 from emu.traces.model import Coll, Compute, Wait
 
@@ -45,6 +49,9 @@ class WorkerState:
     program: WorkerProgram
     iters: int
     straggle: float = 1.0  # compute slow-down factor of this worker
+    noise_sigma: float = 0.0  # per-op lognormal compute noise
+    seed: int = 0
+    ops_run: int = 0
     it: int = 0
     op: int = 0
     t: float = 0.0
@@ -70,6 +77,15 @@ class FakeWorker:
         self._start_coll = start_coll
         self._resume_at = resume_at
 
+    def _noise(self) -> float:
+        s = self.s
+        s.ops_run += 1
+        if not s.noise_sigma:
+            return 1.0
+        u = uniform(s.seed + 77, np.array([self.w * 2, self.w * 2 + 1]), np.array([s.ops_run, s.ops_run]))
+        z = math.sqrt(-2.0 * math.log(max(u[0], 1e-300))) * math.cos(2 * math.pi * u[1])
+        return math.exp(s.noise_sigma * z - s.noise_sigma**2 / 2)
+
     def _iteration(self):
         its = self.s.program.iterations
         return its[self.s.it % len(its)]
@@ -89,7 +105,7 @@ class FakeWorker:
                 continue
             op = ops[s.op]
             if isinstance(op, Compute):
-                dur = op.dur_us * s.straggle
+                dur = op.dur_us * s.straggle * self._noise()
                 s.span("compute", op.name, s.t, s.t + dur)
                 s.records[-1].compute_us += dur
                 s.t += dur

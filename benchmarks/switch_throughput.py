@@ -26,7 +26,7 @@ import time
 import numpy as np
 import zmq
 
-from emu.emulator.transport import AGG, AggBatch
+from emu.emulator.transport import AGG, HELLO
 from emu.emulator.wire import AGG_HEADER, FLAG_COPY, MsgType
 from emu.replay.switchd import SwitchSetup, switch_main
 
@@ -61,19 +61,18 @@ def measure(workers: int, batch: int, elements: int, hosts: int, seconds: float)
     ctrl = ctx.socket(zmq.ROUTER)
     try:
         ctrl.bind(setup.control_addr)
-        ident, _ = ctrl.recv_multipart()
         for h in range(hosts):
             s = ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.IDENTITY, f"h{h}".encode())
             s.connect(setup.address)
+            s.send(HELLO)
             socks.append(s)
-        time.sleep(0.2)
+        ident, _ = ctrl.recv_multipart()  # the switch is ready once every host said hello
         rng = np.random.default_rng(0)
         # the payload frame in network order, made once: the driver must not eat the switch's CPU
-        wire = [AggBatch(np.zeros(0, AGG_HEADER), rng.integers(-(2**20), 2**20, (batch * (b - a), elements),
-                                                               dtype=np.int32), np.zeros(0)).frames(AGG)[3]
-                for a, b in split]
-        stamps = [np.zeros(batch * (b - a)).tobytes() for a, b in split]
+        wire = [np.ascontiguousarray(rng.integers(-(2**20), 2**20, (batch * (b - a), elements), dtype=np.int32)
+                                     .astype(">i4")) for a, b in split]
+        stamps = [np.zeros(2 * batch * (b - a)).tobytes() for a, b in split]
         meta = [struct.pack("<II", batch * (b - a), elements) for a, b in split]
 
         def send(half: int) -> None:

@@ -30,10 +30,12 @@ def _trace_path(text: str) -> Path:
 @click.option("--loss", type=float, default=0.0, show_default=True, help="Packet loss probability per link.")
 @click.option("--jitter", default="0us", show_default=True, help="Uniform extra delay per packet, up to this.")
 @click.option("--iters", type=int, help="Iterations to replay (default: the trace's).")
-@click.option("--tdf", type=float, default=1.0, show_default=True,
-              help="Time dilation: wall seconds per emulated second.")
-@click.option("--payload-scale", type=int, default=1, show_default=True,
-              help="Packets on the emulated wire per packet really sent.")
+@click.option("--tdf", default="auto", show_default=True,
+              help="Time dilation (wall seconds per emulated second), or auto: calibrated.")
+@click.option("--payload-scale", default="auto", show_default=True,
+              help="Packets on the emulated wire per packet really sent, or auto.")
+@click.option("--straggler", "stragglers", multiple=True,
+              help="Slow compute: WORKERS:FACTOR (3,7:1.5), random:FRACTION:FACTOR, lognormal:SIGMA.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of payload, loss and jitter.")
 @click.option("--slots", type=int, help="INA slot pool (the window); default covers 2x the bandwidth-delay product.")
 @click.option("--elements", type=click.Choice(["64", "256"]), default="64", show_default=True,
@@ -47,7 +49,8 @@ def _trace_path(text: str) -> Path:
               help="Write every worker's spans in emulated time (Perfetto / chrome://tracing).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report(s) as JSON on stdout.")
 def replay(trace_arg: str, workers: int, fabric: str, bandwidth: str, latency: str, loss: float, jitter: str,
-           iters: int | None, tdf: float, payload_scale: int, seed: int, slots: int | None, elements: str,
+           iters: int | None, tdf: str, payload_scale: str, stragglers: tuple[str, ...], seed: int,
+           slots: int | None, elements: str,
            processes: int | None, ps_shards: int | None, timeout: float, report_path: Path | None,
            chrome_trace: Path | None, as_json: bool) -> None:
     """Replay TRACE (a file, or a shipped sample: mlp, cnn, transformer) on fake workers.
@@ -63,6 +66,7 @@ def replay(trace_arg: str, workers: int, fabric: str, bandwidth: str, latency: s
     from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us
     from emu.replay import ReplayConfig
     from emu.replay import replay as run_replay
+    from emu.replay.config import Straggler
     from emu.traces import load_trace
 
     path = _trace_path(trace_arg)
@@ -74,19 +78,22 @@ def replay(trace_arg: str, workers: int, fabric: str, bandwidth: str, latency: s
                     loss=loss, jitter_us=parse_duration_us(jitter, "--jitter"))
     reports = []
     for name in fabrics:
-        config = ReplayConfig(workers=workers, fabric=name, link=link, iters=iters, tdf=tdf,
-                              payload_scale=payload_scale, seed=seed, slots=slots, elements=int(elements),
-                              processes=processes, ps_shards=ps_shards, timeout_s=timeout)
+        config = ReplayConfig(workers=workers, fabric=name, link=link, iters=iters,
+                              tdf=_auto(tdf, float, "--tdf"), payload_scale=_auto(payload_scale, int, "--payload-scale"),
+                              stragglers=tuple(Straggler.parse(x) for x in stragglers), seed=seed, slots=slots,
+                              elements=int(elements), processes=processes, ps_shards=ps_shards, timeout_s=timeout)
         config.check()
         chrome = None
         if chrome_trace is not None:
             chrome = chrome_trace if len(fabrics) == 1 else chrome_trace.with_name(
                 f"{chrome_trace.stem}-{name}{chrome_trace.suffix}")
-        with Progress(TextColumn(f"replay {name} x{workers}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                       TimeElapsedColumn(), console=err(), transient=True) as bar:
-            task = bar.add_task("replay", total=1.0)
+            task = bar.add_task(f"{name} x{workers}", total=1.0)
             report = run_replay(trace, config, trace_path=str(path), chrome_trace=chrome,
-                                on_progress=lambda f, task=task: bar.update(task, completed=f))
+                                on_progress=lambda f, task=task: bar.update(task, completed=f),
+                                on_status=lambda text, task=task, name=name: bar.update(
+                                    task, description=f"{name} x{workers}: {text}"))
         reports.append(report)
         if report_path is not None:
             target = report_path if len(fabrics) == 1 else report_path.with_name(
@@ -138,6 +145,15 @@ def _table(reports, path: Path) -> None:
         if r.emulator.advice:
             err().print(f"{r.config['fabric']}: not trustworthy: {r.emulator.advice}", markup=False,
                         highlight=False, soft_wrap=True)
+
+
+def _auto(text: str, kind, option: str):
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return kind(text)
+    except ValueError:
+        raise ConfigError(f"{option} {text!r}: give a number or auto") from None
 
 
 def _median(values: list[float]) -> float:

@@ -213,14 +213,13 @@ class InaGroup:
         has = target < coll.data_blocks
         exps = np.full(n, fixedpoint.EXP_NONE, np.int8)
         if has.any():
-            exps[has] = fixedpoint.block_exponents(self.values(coll, li[has], target[has]))
+            exps[has] = self.exponents(coll, li[has], target[has])
         h["exponent"] = exps
         h["size"] = np.where(is_exp, 0, k // 64)
         payload = np.zeros((n, k), np.int32)
         data = np.flatnonzero(~is_exp)
         if len(data):
-            payload[data] = fixedpoint.quantize(self.values(coll, li[data], b[data]), coll.agreed[b[data]],
-                                                self.p.workers)
+            payload[data] = self.quantized(coll, li[data], b[data])
         self.slot_state[li, si] = SENT
         self.sent_at[li, si] = send
         return Packets(li, h, payload, send, self._emu_packets(coll, b, is_exp), np.full(n, retx))
@@ -235,29 +234,59 @@ class InaGroup:
         return per
 
     # -- data -------------------------------------------------------------------------
-    def values(self, coll: InaCollective, li: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-        """Workers li's values of data blocks (one row each, k wide, zero padded), float32 and exact."""
+    def _rows(self, coll: InaCollective, blocks: np.ndarray, field: str, dtype) -> np.ndarray:
+        """A shared field of the given (sorted, unique) data blocks, one zero-padded row each."""
         k = self.p.elements
-        out = np.zeros((len(blocks), k), np.float32)
-        if not len(blocks):
-            return out
-        first, last = int(blocks.min()), int(blocks.max())
-        if last - first + 1 > 4 * len(np.unique(blocks)):  # scattered: one block range at a time
-            for b in np.unique(blocks):
-                rows = blocks == b
-                out[rows] = self.values(coll, li[rows], blocks[rows])
-            return out
+        first, last = int(blocks[0]), int(blocks[-1])
+        if last - first + 1 > 4 * len(blocks):  # scattered: gather block by block
+            return np.concatenate([self._rows(coll, blocks[i:i + 1], field, dtype) for i in range(len(blocks))])
         lo, hi = first * k, min((last + 1) * k, coll.real_elements)
-        shape = (last - first + 1, k)
+        span = np.zeros((last - first + 1) * k, dtype=dtype)
+        span[: hi - lo] = self.cache.span(coll, lo, hi, field)
+        return span.reshape(-1, k)[blocks - first]
 
-        def grid(field: str, fill) -> np.ndarray:
-            g = np.full(shape[0] * k, fill, dtype=np.float32 if field == "scale" else np.int32)
-            g[: hi - lo] = self.cache.span(coll, lo, hi, field)
-            return g.reshape(shape)[blocks - first]
+    def units(self, coll: InaCollective, li: np.ndarray, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Workers li's payload units of data blocks (one int32 row each, k wide, zero padded) and
+        each block's power-of-two scale beta: the values are ``units * 2**beta``, exactly.
 
-        owner, own, common = grid("owner", -1), grid("own", 0), grid("common", 0)
-        units = common + np.where(owner == self.wids[li][:, None], own, np.int32(0))
-        return units * grid("scale", 0)
+        The workers of a host mostly send the same blocks: the shared parts are gathered once
+        per distinct block, and each row only adds its worker's own elements.
+        """
+        k = self.p.elements
+        if not len(blocks):
+            return np.zeros((0, k), np.int32), np.zeros(0, np.int64)
+        uniq, inv = np.unique(blocks, return_inverse=True)
+        owner = self._rows(coll, uniq, "owner", np.int32)
+        tail = coll.real_elements - uniq * k
+        owner[np.arange(k)[None, :] >= tail[:, None]] = -1  # padding belongs to nobody
+        own = self._rows(coll, uniq, "own", np.int32)
+        common = self._rows(coll, uniq, "common", np.int32)
+        beta = self._rows(coll, uniq, "beta", np.int32)[:, 0].astype(np.int64)  # constant per block
+        units = common[inv] + np.where(owner[inv] == self.wids[li][:, None], own[inv], np.int32(0))
+        return units, beta[inv]
+
+    def values(self, coll: InaCollective, li: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        """Workers li's values of data blocks, float32 (what a real worker's gradient block holds)."""
+        units, beta = self.units(coll, li, blocks)
+        return units * np.exp2(beta.astype(np.float32))[:, None]
+
+    def exponents(self, coll: InaCollective, li: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        """Each row's block exponent: the smallest e with 2**e >= max|x| (``fixedpoint.block_exponents``
+        of ``values``, computed on the integer units: |x| = |units| * 2**beta)."""
+        units, beta = self.units(coll, li, blocks)
+        peak = np.abs(units).max(axis=1).astype(np.int64)
+        e = beta + np.ceil(np.log2(np.maximum(peak, 1))).astype(np.int64)
+        return np.where(peak > 0, np.clip(e, -127, 127), fixedpoint.EXP_NONE).astype(np.int8)
+
+    def quantized(self, coll: InaCollective, li: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        """Rows quantized with the agreed exponents (``fixedpoint.quantize`` of ``values``): the
+        power-of-two scale makes it a shift of the integer units."""
+        units, beta = self.units(coll, li, blocks)
+        agreed = coll.agreed[blocks]
+        shift = beta + fixedpoint.scale_shift(agreed, self.p.workers)
+        if (agreed == fixedpoint.EXP_NONE).any() or (shift < 0).any():  # not a plain left shift
+            return fixedpoint.quantize(self.values(coll, li, blocks), agreed, self.p.workers)
+        return np.left_shift(units, shift.astype(np.int32)[:, None])
 
     def expected_sums(self, coll: InaCollective, blocks: np.ndarray) -> np.ndarray:
         """The exact int32 sums the switch must return for data blocks (rows, zero padded)."""
@@ -293,10 +322,12 @@ class InaGroup:
 
     # -- results ----------------------------------------------------------------------
     def on_results(self, li: np.ndarray, rb: np.ndarray, headers: np.ndarray, payload: np.ndarray,
-                   arrival_us: np.ndarray, verify: np.ndarray | None = None,
+                   first_us: np.ndarray, last_us: np.ndarray | None = None, verify: np.ndarray | None = None,
                    check: ResultCheck | None = None) -> list[tuple[int, InaCollective]]:
-        """Results reaching workers: result ``rb[i]`` of the message reached worker ``li[i]`` at
-        ``arrival_us[i]`` (in arrival order per worker).
+        """Results reaching workers: result ``rb[i]`` of the message reached worker ``li[i]``, its
+        first packet at ``first_us[i]`` and its last at ``last_us[i]`` (with payload scale a row
+        stands for many packets: the next chunk on the slot goes when the first is back, as the
+        emulated packets self-clock one by one; the collective ends when the last is back).
 
         ``verify`` flags (per message row) the results still to check: each is checked once,
         then its flag is cleared. Returns (local worker, collective) pairs that just completed.
@@ -312,6 +343,8 @@ class InaGroup:
         self.late_results += len(li) - len(rows)
         if not len(rows):
             return []
+        arrival_us = first_us
+        last_us = first_us if last_us is None else last_us
         finished = []
         which = self._locate(chunks[rows])
         for ci in np.unique(which):
@@ -320,6 +353,7 @@ class InaGroup:
             w = li[r]
             local = chunks[r] - coll.base
             t = arrival_us[r]
+            t_last = last_us[r]
             exps = headers["exponent"][rb[r]].astype(np.int8)
             is_exp = local < coll.exp_chunks
             coll.exp_known[w[is_exp], local[is_exp]] = t[is_exp]
@@ -335,7 +369,7 @@ class InaGroup:
                         self._check(coll, msg_rows[todo], b[todo], payload, check)
                         verify[msg_rows[todo]] = False
                 np.add.at(coll.done, w[d], 1)
-                np.maximum.at(coll.end_us, w[d], t[d])
+                np.maximum.at(coll.end_us, w[d], t_last[d])
                 newly = (coll.done >= coll.data_blocks) & ~coll.finished
                 for local_w in np.flatnonzero(newly):
                     coll.finished[local_w] = True

@@ -103,6 +103,8 @@ class LinkArray:
         self.free_us = np.zeros(n)
         self.last_ready = np.full(n, -math.inf)
         self.counter = np.zeros(n, dtype=np.int64)
+        # per endpoint: the most the reordered hand-overs may have shifted its packets' times
+        self.reorder_error_us = np.zeros(n)
         self.stream = self.endpoints * 2 + direction
         self.seed = seed
         self.reordered = 0
@@ -128,20 +130,30 @@ class LinkArray:
         return jitter, lost
 
     def transmit(self, idx: np.ndarray, ready_us: np.ndarray, wire_bytes: np.ndarray,
-                 loss_scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Packets of endpoints ``idx`` (FIFO order within each) -> (arrival at the far end, lost).
+                 packets: np.ndarray | None = None,
+                 ready_last_us: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows of endpoints ``idx`` (FIFO order within each) -> (first and last arrival at the far
+        end, lost).
 
-        Solves ``d_i = max(r_i, d_{i-1}) + s_i`` per endpoint for the whole batch at once.
-        ``loss_scale`` makes a packet stand for several on the emulated wire: it is lost if
-        any of them is (probability ``1 - (1 - loss) ** scale``).
+        A row may stand for ``packets`` packets sent back to back (payload scale): its first
+        packet is ready at ``ready_us``, its last at ``ready_last_us`` (default: the same), so
+        a group that arrives pipelined leaves pipelined. Per endpoint it solves
+        ``d_i = max(r_i, d_{i-1}) + S_i`` with ``r_i = max(first_i, last_i + s_i - S_i)``
+        (``S_i`` the row's serialization, ``s_i`` one packet's) for the whole batch at once.
+        A row is lost if any of its packets is: probability ``1 - (1 - loss) ** packets``.
         """
         idx = np.asarray(idx, dtype=np.int64)
         n = len(idx)
         if n == 0:
-            return np.zeros(0), np.zeros(0, dtype=bool)
-        ready = np.asarray(ready_us, dtype=np.float64)
+            return np.zeros(0), np.zeros(0), np.zeros(0, dtype=bool)
+        first_ready = np.asarray(ready_us, dtype=np.float64)
+        count = np.ones(n) if packets is None else np.maximum(np.asarray(packets, dtype=np.float64), 1.0)
         ser = np.broadcast_to(np.asarray(self.spec.serialization_us(np.asarray(wire_bytes, np.float64)),
                                          dtype=np.float64), (n,))
+        one = ser / count
+        ready = first_ready
+        if ready_last_us is not None:
+            ready = np.maximum(first_ready, np.asarray(ready_last_us, dtype=np.float64) + one - ser)
         order = np.argsort(idx, kind="stable")
         e, r, sv = idx[order], ready[order], ser[order]
         new = np.r_[True, e[1:] != e[:-1]]
@@ -149,11 +161,18 @@ class LinkArray:
         seg = np.cumsum(new) - 1
         total = np.cumsum(sv)
         base = np.repeat(total[starts] - sv[starts], np.diff(np.r_[starts, n]))
-        cum = total - base  # serialization up to and including each packet, per endpoint
+        cum = total - base  # serialization up to and including each row, per endpoint
         firsts = e[starts]
-        early = new & (r < self.last_ready[e] - 1e-6)
-        early[1:] |= ~new[1:] & (r[1:] < r[:-1] - 1e-6)
-        self.reordered += int(early.sum())
+        # Out of order: handed over earlier than a previous row of the same link, by more than
+        # its own serialization (a row standing for many packets interleaves with its
+        # neighbours on the real wire; only a packet-level inversion is a reordering).
+        slack = sv + 1e-6
+        reference = np.where(new, self.last_ready[e], np.r_[-math.inf, r[:-1]])
+        early = r < reference - slack
+        if early.any():
+            # it waited at most for what was handed over before it but was due after it
+            np.add.at(self.reorder_error_us, e[early], reference[early] - r[early] + sv[early])
+            self.reordered += int(early.sum())
         # a segmented running maximum: offsets keep endpoints apart
         key = np.maximum(r - (cum - sv), self.free_us[e])
         offset = seg * 1e15
@@ -161,16 +180,18 @@ class LinkArray:
         done = cum + start
         last = np.r_[starts[1:] - 1, n - 1]
         self.free_us[firsts] = done[last]
-        self.last_ready[firsts] = r[last]
+        self.last_ready[firsts] = np.maximum(self.last_ready[firsts], np.maximum.reduceat(r, starts))
         jitter, lost = self._fate(e)
-        if loss_scale is not None and self.spec.loss:
+        if self.spec.loss:
             extra = uniform(self.seed + 7, self.stream[e], self.counter[e] + np.arange(n))
-            lost |= extra < 1 - (1 - self.spec.loss) ** np.maximum(np.asarray(loss_scale)[order] - 1, 0)
-        arrival = np.empty(n)
+            lost |= extra < 1 - (1 - self.spec.loss) ** np.maximum(count[order] - 1, 0)
+        first_out, last_out = np.empty(n), np.empty(n)
         lost_out = np.empty(n, dtype=bool)
-        arrival[order] = done + self.spec.latency_us + jitter
+        lat = self.spec.latency_us + jitter
+        last_out[order] = done + lat
+        first_out[order] = done - sv + one[order] + lat
         lost_out[order] = lost
-        return arrival, lost_out
+        return first_out, last_out, lost_out
 
     def _segment_loss(self, i: int, packets: int, wire_bytes: float) -> tuple[float, float]:
         """Point-to-point transports recover lost packets themselves (selective repeat after a
@@ -188,17 +209,21 @@ class LinkArray:
             lost = int(rng.binomial(lost, self.spec.loss))
         return delay, extra
 
+    def _check_order(self, i: int, ready_us: float, ser: float) -> None:
+        if ready_us < self.last_ready[i] - ser - 1e-6:
+            self.reordered += 1
+            self.reorder_error_us[i] += self.last_ready[i] - ready_us + ser
+        self.last_ready[i] = max(self.last_ready[i], ready_us)
+
     def send_segment(self, i: int, ready_us: float, wire_bytes: float,
                      packets: int) -> tuple[float, float, float]:
         """A point-to-point segment of many packets leaves endpoint i.
 
         Returns when its first and last packets are at the switch, and the bytes resent.
         """
-        if ready_us < self.last_ready[i] - 1e-6:
-            self.reordered += 1
-        self.last_ready[i] = ready_us
         delay, extra = self._segment_loss(i, packets, wire_bytes)
         ser = float(self.spec.serialization_us(wire_bytes + extra))
+        self._check_order(i, ready_us, ser)
         start = max(ready_us, self.free_us[i])
         self.free_us[i] = start + ser + delay
         self.counter[i] += packets
@@ -208,11 +233,9 @@ class LinkArray:
                         packets: int) -> tuple[float, float]:
         """A segment reaches endpoint i: the downlink starts on its first packet and ends after its
         last. Returns its arrival and the bytes resent."""
-        if first_us < self.last_ready[i] - 1e-6:
-            self.reordered += 1
-        self.last_ready[i] = first_us
         delay, extra = self._segment_loss(i, packets, wire_bytes)
         ser = float(self.spec.serialization_us(wire_bytes + extra))
+        self._check_order(i, first_us, ser)
         done = max(max(first_us, self.free_us[i]) + ser, last_us + ser / packets) + delay
         self.free_us[i] = done
         jitter = 0.0

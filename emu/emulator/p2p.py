@@ -234,6 +234,81 @@ class Chain(Algorithm):
         return [Seg(self.right, self.seq, segment, data, self.layout.seg_emu_bytes(chunk), t)]
 
 
+class Tree(Algorithm):
+    """Broadcast down a binomial tree from the root: log2(M) hops instead of a chain's M - 1.
+
+    Relative to the root, worker v receives from v with its highest bit cleared and sends
+    to v + 2**j for every 2**j above v's highest bit; each segment moves on as soon as it
+    arrives. (Broadcasts in data-parallel training are small buffers: latency-bound.)
+    """
+
+    def __init__(self, *args, root: int, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.root = root % self.size
+        v = (self.rank - self.root) % self.size
+        self.children = []
+        step = 1 << v.bit_length() if v else 1
+        while v + step < self.size:
+            self.children.append((v + step + self.root) % self.size)
+            step <<= 1
+        self.need = sum(len(self.layout.segments(j)) for j in range(self.layout.parts))
+        self.got = 0
+
+    def _forward(self, segment: int, chunk: int, data: np.ndarray, t: float) -> list[Seg]:
+        return [Seg(c, self.seq, segment, data, self.layout.seg_emu_bytes(chunk), t) for c in self.children]
+
+    def start(self, t: float) -> list[Seg]:
+        if self.rank != self.root:
+            return []
+        self.finished, self.end_us = True, t
+        out = []
+        for j in range(self.layout.parts):
+            for seg, lo, hi in self.layout.segments(j):
+                out += self._forward(seg, j, self.own(lo, hi), t)
+        return out
+
+    def on_segment(self, src: int, segment: int, data: np.ndarray, t: float) -> list[Seg]:
+        chunk, lo, hi = self._map[segment]
+        self.check.compare(data, self.own(lo, hi, worker=self.root))
+        self.got += 1
+        self._done(t)
+        self.finished = self.got == self.need
+        return self._forward(segment, chunk, data, t)
+
+
+class Barrier(Algorithm):
+    """Dissemination barrier: in round j every worker signals rank + 2**j and waits for
+    rank - 2**j; ceil(log2 M) rounds of empty messages."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.rounds = max(0, (self.size - 1).bit_length())
+        self.round = 0
+        self.arrived: set[int] = set()
+
+    def _signal(self, t: float) -> list[Seg]:
+        out = []
+        while self.round < self.rounds:
+            dst = (self.rank + (1 << self.round)) % self.size
+            out.append(Seg(dst, self.seq, self.round, np.zeros(0), 0.0, t))
+            if self.round not in self.arrived:
+                return out
+            self.round += 1  # the peer's signal for this round came first: go on
+        self.finished, self.end_us = True, max(self.end_us, t)
+        return out
+
+    def start(self, t: float) -> list[Seg]:
+        return self._signal(t)
+
+    def on_segment(self, src: int, segment: int, data: np.ndarray, t: float) -> list[Seg]:
+        self.arrived.add(segment)
+        self._done(t)
+        if segment == self.round:
+            self.round += 1
+            return self._signal(t)
+        return []
+
+
 class AllToAll(Algorithm):
     """Direct exchange: chunk j of every worker's tensor goes to worker j."""
 

@@ -1,7 +1,7 @@
 """The software in-network aggregation switch: SwitchML's data plane, batch by batch.
 
 State per slot and copy: ``k`` int32 accumulators, a worker bitmap, a count, the
-maximum exponent, and (for the emulated clock) the latest arrival stamp. Per
+maximum exponent, and (for the emulated clock) the latest arrival stamps. Per
 packet, exactly (DESIGN.md, docs/protocol.md):
 
 1. the sender's bit in the *other* copy of the slot is cleared (that recycles it);
@@ -53,7 +53,7 @@ class Results:
 
     headers: np.ndarray  # AGG_HEADER records; worker == MULTICAST for results to all
     payload: np.ndarray  # (n, k) int32
-    stamps: np.ndarray  # float64: the emulated time each result is ready to leave
+    stamps: np.ndarray  # (n, 2) float64: when the first and last packet each result stands for may leave
 
     def __len__(self) -> int:
         return len(self.headers)
@@ -72,17 +72,21 @@ class AggregationSwitch:
         self.exp = np.full(slots * 2, EXP_NONE, dtype=np.int64)
         self.size = np.zeros(slots * 2, dtype=np.int64)
         self.chunk = np.zeros(slots * 2, dtype=np.int64)
-        self.stamp = np.zeros(slots * 2, dtype=np.float64)
+        # when the first and the last emulated packet of the slot copy's group had arrived
+        self.stamp = np.zeros((slots * 2, 2), dtype=np.float64)
         self.stats = SwitchStats()
 
     def process(self, headers: np.ndarray, payload: np.ndarray, stamps: np.ndarray | None = None) -> Results:
         """Apply a batch of contributions (in order); return the results to send."""
         n = len(headers)
-        if stamps is None:
-            stamps = np.zeros(n)
         out: list[tuple[np.ndarray, ...]] = []
         if n == 0:
             return self._results(out)
+        if stamps is None:
+            stamps = np.zeros((n, 2))
+        stamps = np.asarray(stamps, dtype=np.float64).reshape(n, -1)
+        if stamps.shape[1] == 1:
+            stamps = np.repeat(stamps, 2, axis=1)
         self.stats.packets += n
         slot = headers["slot"].astype(np.int64)
         worker = headers["worker"].astype(np.int64)
@@ -127,8 +131,8 @@ class AggregationSwitch:
         exps = headers["exponent"].astype(np.int64)[rows[order]]
         self.exp[groups] = np.maximum(np.where(fresh, EXP_NONE, self.exp[groups]),
                                       np.maximum.reduceat(exps, starts))
-        self.stamp[groups] = np.maximum(np.where(fresh, -np.inf, self.stamp[groups]),
-                                        np.maximum.reduceat(stamps[rows[order]], starts))
+        self.stamp[groups] = np.maximum(np.where(fresh[:, None], -np.inf, self.stamp[groups]),
+                                        np.maximum.reduceat(stamps[rows[order]], starts, axis=0))
         firsts = rows[order][starts]
         self.size[groups] = np.where(fresh, headers["size"][firsts], self.size[groups])
         self.chunk[groups] = np.where(fresh, headers["chunk"][firsts], self.chunk[groups])
@@ -182,8 +186,8 @@ class AggregationSwitch:
             self.stats.duplicates += 1
             if self.count[idx] == self.workers:
                 self.stats.answered += 1
-                when = max(float(stamps[row]), float(self.stamp[idx]))
-                return self._emit(np.array([idx]), np.array([worker]), np.array([when]))
+                when = np.maximum(stamps[row], self.stamp[idx])
+                return self._emit(np.array([idx]), np.array([worker]), when[None, :])
             self.stats.dropped += 1
             return ()
         return self._apply(np.array([row]), idx_all, worker_all, headers, payload, stamps)
@@ -199,11 +203,11 @@ class AggregationSwitch:
         rec["exponent"] = self.exp[idx]
         rec["size"] = self.size[idx]
         rec["chunk"] = self.chunk[idx]
-        return rec, self.acc[idx].copy(), np.asarray(when, dtype=np.float64)
+        return rec, self.acc[idx].copy(), np.asarray(when, dtype=np.float64).reshape(len(idx), 2)
 
     def _results(self, parts: list[tuple[np.ndarray, ...]]) -> Results:
         parts = [p for p in parts if p]
         if not parts:
-            return Results(np.zeros(0, AGG_HEADER), np.zeros((0, self.k), np.int32), np.zeros(0))
+            return Results(np.zeros(0, AGG_HEADER), np.zeros((0, self.k), np.int32), np.zeros((0, 2)))
         return Results(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
                        np.concatenate([p[2] for p in parts]))

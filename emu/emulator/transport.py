@@ -24,6 +24,7 @@ MAX_CONTROL = 16 << 20
 AGG = b"A"  # contributions, host -> switch
 RESULTS = b"R"  # results, switch -> host
 SEG = b"P"  # a point-to-point segment, either way
+HELLO = b"H"  # a host's first message on the data socket: the switch can route to it from then on
 
 
 class FrameError(ValueError):
@@ -49,12 +50,13 @@ def _check(frames: list, count: int) -> None:
 class AggBatch:
     headers: np.ndarray  # AGG_HEADER
     payload: np.ndarray  # (n, k) int32: native when built, a big-endian view when parsed
-    stamps: np.ndarray  # float64 emulated times
+    stamps: np.ndarray  # (n, 2) float64: emulated times of the first and last packet each row stands for
 
     def frames(self, kind: bytes) -> list[bytes | np.ndarray]:
         n, k = self.payload.shape if self.payload.ndim == 2 else (len(self.headers), 0)
         return [kind, _AGG_META.pack(n, k), self.headers.astype(AGG_HEADER, copy=False),
-                np.ascontiguousarray(self.payload.astype(PAYLOAD, copy=False)), self.stamps.astype("<f8")]
+                np.ascontiguousarray(self.payload.astype(PAYLOAD, copy=False)),
+                np.ascontiguousarray(self.stamps.astype("<f8").reshape(n, 2))]
 
     @classmethod
     def parse(cls, frames: list) -> AggBatch:
@@ -64,12 +66,12 @@ class AggBatch:
             raise FrameError("bad batch meta")
         n, k = _AGG_META.unpack(frames[1])
         if (_nbytes(frames[2]) != n * AGG_HEADER.itemsize or _nbytes(frames[3]) != n * k * 4
-                or _nbytes(frames[4]) != n * 8):
+                or _nbytes(frames[4]) != n * 16):
             raise FrameError(f"batch of {n} packets of {k} elements has frames of the wrong size")
         headers = np.frombuffer(frames[2], AGG_HEADER)
         # a view of the network-order bytes: numpy converts as it reads, without a copy pass
         payload = np.frombuffer(frames[3], PAYLOAD).reshape(n, k)
-        return cls(headers, payload, np.frombuffer(frames[4], "<f8"))
+        return cls(headers, payload, np.frombuffer(frames[4], "<f8").reshape(n, 2))
 
 
 def encode_values(values: np.ndarray, dtype: str) -> bytes:

@@ -11,7 +11,12 @@ from emu.emulator.wire import ELEMENTS_ALLOWED, MAX_WORKERS_SOFTWARE, agg_wire_b
 from emu.errors import ConfigError
 
 FABRICS = ("ina", "ring", "ps")
-AUTO = 0  # tdf or payload scale chosen by calibration
+REAL_BYTES_PER_ITERATION = 16e6  # what --payload-scale auto lets the workers really send
+# The pool never needs to exceed the bandwidth-delay product for the stream to be link-bound,
+# but every pass of it costs the emulator one round of messages: a pool of this size (half of
+# SwitchML's 8192 slots) keeps the rounds few; its cost in emulated time is the exponent round,
+# one pool of header-only packets per collective (docs/physics.md).
+MIN_POOL = 4096
 
 
 @dataclass(frozen=True)
@@ -68,15 +73,16 @@ class ReplayConfig:
     """Every endpoint's uplink and downlink to the switch."""
     iters: int | None = None
     """Iterations to replay (the trace's are reused cyclically); default: the trace's count."""
-    tdf: float = 1.0
-    """Time dilation: wall microseconds per emulated microsecond."""
-    payload_scale: int = 1
-    """R: each packet really sent stands for R packets on the emulated wire."""
+    tdf: float | None = None
+    """Time dilation: wall microseconds per emulated microsecond; None: chosen by calibration."""
+    payload_scale: int | None = None
+    """R: each packet really sent stands for R packets on the emulated wire; None: chosen so that
+    the workers really send about REAL_BYTES_PER_ITERATION per iteration."""
     seed: int = 0
     """Seeds the payload, loss and jitter."""
     slots: int | None = None
-    """INA pool (= window of packets in flight per worker) on the emulated wire; default covers
-    twice the bandwidth-delay product."""
+    """INA pool (= window of packets in flight per worker) on the emulated wire; default: twice the
+    bandwidth-delay product, at least MIN_POOL."""
     elements: int = 64
     """int32 elements per aggregation packet: 64 or 256."""
     processes: int | None = None
@@ -97,10 +103,10 @@ class ReplayConfig:
             raise ConfigError(f"--fabric {self.fabric!r} is not one of: {', '.join(FABRICS)}")
         if self.iters is not None and self.iters < 1:
             raise ConfigError(f"--iters must be at least 1, got {self.iters}")
-        if not self.tdf > 0:
-            raise ConfigError(f"--tdf must be positive, got {self.tdf}")
-        if self.payload_scale < 1:
-            raise ConfigError(f"--payload-scale must be at least 1, got {self.payload_scale}")
+        if self.tdf is not None and not self.tdf > 0:
+            raise ConfigError(f"--tdf must be positive or auto, got {self.tdf}")
+        if self.payload_scale is not None and self.payload_scale < 1:
+            raise ConfigError(f"--payload-scale must be at least 1 or auto, got {self.payload_scale}")
         if self.elements not in ELEMENTS_ALLOWED:
             raise ConfigError(f"--elements must be one of {ELEMENTS_ALLOWED}, got {self.elements}")
         if self.slots is not None and not 1 <= self.slots <= 1 << 24:
@@ -133,13 +139,22 @@ class ReplayConfig:
             return self.slots
         ser = float(self.link.serialization_us(agg_wire_bytes(self.elements)))
         if ser == 0:
-            return 256
+            return MIN_POOL
         bdp_packets = self.rtt_us() / ser
-        return int(min(65535, max(64, 2 ** math.ceil(math.log2(2 * bdp_packets)))))
+        return int(min(65535, max(MIN_POOL, 2 ** math.ceil(math.log2(2 * bdp_packets)))))
+
+    @property
+    def scale(self) -> int:
+        """The payload scale in force (1 until calibration chose one)."""
+        return self.payload_scale or 1
+
+    @property
+    def dilation(self) -> float:
+        return self.tdf or 1.0
 
     @property
     def real_slots(self) -> int:
-        return max(1, -(-self.emulated_slots // self.payload_scale))
+        return max(1, -(-self.emulated_slots // self.scale))
 
     @property
     def timeout_rto_us(self) -> float:

@@ -24,15 +24,28 @@ import zmq
 from emu.emulator import wire
 from emu.emulator.ina import InaGroup, InaParams, Packets, PayloadCache, ResultCheck
 from emu.emulator.links import LinkArray
-from emu.emulator.p2p import Algorithm, AllToAll, Chain, Check, Layout, PSClient, PSServer, Ring, Seg, SendRecv
+from emu.emulator.p2p import (
+    Algorithm,
+    AllToAll,
+    Barrier,
+    Check,
+    Layout,
+    PSClient,
+    PSServer,
+    Ring,
+    Seg,
+    SendRecv,
+    Tree,
+)
 from emu.emulator.switch import MULTICAST
-from emu.emulator.transport import AGG, RESULTS, SEG, AggBatch, FrameError, Segment, control, parse_control
+from emu.emulator.transport import AGG, HELLO, RESULTS, SEG, AggBatch, FrameError, Segment, control, parse_control
 from emu.replay.config import ReplayConfig
 from emu.replay.programs import WorkerProgram, straggling
 from emu.replay.worker import CollRun, FakeWorker, WorkerState
 from emu.traces.model import CollKind
 
 _FLOAT = {"float32", "float16", "bfloat16", "float64"}
+_PACKET_FIELDS = ("local", "headers", "payload", "send_us", "emu_packets", "retransmit")
 _LAG_SAMPLES = 200_000
 PROGRESS_S = 0.2
 
@@ -68,13 +81,15 @@ class Host:
         cfg = setup.config
         self.cfg = cfg
         self.m = cfg.workers
-        self.r = cfg.payload_scale
+        self.r = cfg.scale
         self.k = cfg.elements
         self.heap: list[tuple[float, int, str, Any]] = []
         self.order = itertools.count()
         self.counters = Counters()
         self.rng = np.random.default_rng([cfg.seed, setup.index, 99])
         self.retx_scale: dict[tuple[int, int], float] = {}  # what a pending retransmission stands for
+        self.pump_due = False
+        self.retx_due: list[tuple[int, int, float, float]] = []
         self.check = Check()
         self.ina_check = ResultCheck()
         self.lags: list[float] = []
@@ -107,7 +122,7 @@ class Host:
 
     # -- time -------------------------------------------------------------------------
     def now_us(self) -> float:
-        return (time.monotonic() - self.wall0) * 1e6 / self.cfg.tdf
+        return (time.monotonic() - self.wall0) * 1e6 / self.cfg.dilation
 
     def _push(self, t: float, kind: str, what: Any) -> None:
         heapq.heappush(self.heap, (t, next(self.order), kind, what))
@@ -149,9 +164,9 @@ class Host:
         emu_bytes = float(op.count * itemsize)
         common = dict(rank=w, size=m, seq=run.seq, dtype=op.dtype.value, seed=cfg.seed, check=self.check)
         kind = op.kind
-        if kind == CollKind.BARRIER:  # gloo's barrier: an all_reduce of one element
-            layout = Layout(1, m, 4.0)
-            return Ring(**{**common, "dtype": "int32"}, layout=layout, reduce=True, gather=True, own=w)
+        if kind == CollKind.BARRIER:
+            rounds = max(1, (m - 1).bit_length())
+            return Barrier(**{**common, "dtype": "uint8"}, layout=Layout(0, rounds, 0.0))
         if kind == CollKind.ALL_REDUCE and cfg.fabric == "ps":
             servers = [m + j for j in range(cfg.shards)]
             alg = PSClient(**common, layout=Layout(real, len(servers), emu_bytes), servers=servers)
@@ -166,7 +181,7 @@ class Host:
         if kind == CollKind.ALL_GATHER:
             return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=False, gather=True, own=w - 1)
         if kind == CollKind.BROADCAST:
-            return Chain(**common, layout=Layout(real, 1, emu_bytes), root=op.root or 0)
+            return Tree(**common, layout=Layout(real, 1, emu_bytes), root=op.root or 0)
         if kind == CollKind.ALL_TO_ALL:
             return AllToAll(**common, layout=Layout(real, m, emu_bytes))
         return SendRecv(**common, layout=Layout(real, 1, emu_bytes), peer=op.peer or 0,
@@ -185,7 +200,18 @@ class Host:
         return float(max(1, self.rng.binomial(n, self.cfg.link.loss))) if n > 1 else 1.0
 
     def _pump(self, retransmit: list[tuple[int, int, float, float]] | None = None) -> None:
-        pk = self.group.next_packets(retransmit)
+        """Ask for the group's next packets, once per pass of the loop (workers that start
+        collectives or get results in one pass share one batch; emulated times are unchanged)."""
+        self.pump_due = True
+        if retransmit:
+            self.retx_due.extend(retransmit)
+
+    def pump(self) -> None:
+        if not self.pump_due:
+            return
+        self.pump_due = False
+        retx, self.retx_due = self.retx_due, []
+        pk = self.group.next_packets(retx)
         if pk is not None:
             self._push(float(pk.send_us.min()), "ina", pk)
 
@@ -193,10 +219,17 @@ class Host:
         for seg in segs:
             self._push(seg.send_us, "seg", (src, seg, dtype))
 
-    def _send_ina(self, pk: Packets) -> None:
+    def _send_ina(self, pk: Packets, now: float) -> None:
+        # Hand packets to the uplinks in emulated-time order: what is not due yet waits.
+        due = pk.send_us <= now
+        if not due.all():
+            rest = Packets(*(getattr(pk, f)[~due] for f in _PACKET_FIELDS))
+            self._push(float(rest.send_us.min()), "ina", rest)
+            pk = Packets(*(getattr(pk, f)[due] for f in _PACKET_FIELDS))
         sizes = np.where(pk.headers["size"] > 0, wire.agg_wire_bytes(self.k), wire.agg_wire_bytes(0))
         wire_bytes = sizes * pk.emu_packets
-        arrival, lost = self.up.transmit(pk.local, pk.send_us, wire_bytes, loss_scale=pk.emu_packets)
+        first, last, lost = self.up.transmit(pk.local, pk.send_us, wire_bytes, packets=pk.emu_packets)
+        arrival = np.stack([first, last], axis=1)
         self.counters.bytes_sent += float(wire_bytes.sum())
         if lost.any():
             self.counters.lost += int(lost.sum())
@@ -234,13 +267,27 @@ class Host:
         self.outgoing_seg = []
 
     # -- receiving --------------------------------------------------------------------
-    def on_results(self, batch: AggBatch) -> None:
+    def receive_results(self, batch: AggBatch) -> None:
+        """Results reach the host's downlinks when their stamps come due, in stamp order."""
+        order = np.argsort(batch.stamps[:, 0], kind="stable")
+        batch = AggBatch(batch.headers[order], batch.payload[order], batch.stamps[order])
+        self._push(float(batch.stamps[0, 0]), "results", (batch, np.ones(len(order), bool)))
+
+    def receive_segment(self, seg: Segment) -> None:
+        self._push(seg.first_us, "segment", seg)
+
+    def _due_results(self, batch: AggBatch, verify: np.ndarray, now: float) -> None:
+        due = batch.stamps[:, 0] <= now
+        if not due.all():
+            rest = ~due
+            self._push(float(batch.stamps[rest, 0].min()), "results",
+                       (AggBatch(batch.headers[rest], batch.payload[rest], batch.stamps[rest]), verify[rest]))
+            batch = AggBatch(batch.headers[due], batch.payload[due], batch.stamps[due])
+            verify = verify[due]
+        self.on_results(batch, verify)
+
+    def on_results(self, batch: AggBatch, verify: np.ndarray) -> None:
         g = self.group
-        # each downlink is a FIFO in emulated time: hand results over in stamp order
-        order = np.argsort(batch.stamps, kind="stable")
-        if (order != np.arange(len(order))).any():
-            batch = AggBatch(batch.headers[order], batch.payload[order], batch.stamps[order])
-        verify = np.ones(len(batch.headers), bool)
         dest = batch.headers["worker"].astype(np.int64)
         chunks = batch.headers["chunk"].astype(np.int64)
         per, data = g.emu_packets_of(chunks)
@@ -264,7 +311,8 @@ class Host:
             scale[-n_uni:] = [min(scale[-n_uni + i], self.retx_scale.get(
                 (int(li[-n_uni + i]), int(batch.headers["slot"][uni[i]])), 1.0)) for i in range(n_uni)]
         row_bytes = sizes[rb] / per[rb] * scale
-        arrival, lost = self.down.transmit(li, batch.stamps[rb], row_bytes, loss_scale=scale)
+        first, last, lost = self.down.transmit(li, batch.stamps[rb, 0], row_bytes, packets=scale,
+                                               ready_last_us=batch.stamps[rb, 1])
         self.counters.bytes_sent += float(row_bytes.sum())
         if lost.any():
             self.counters.lost += int(lost.sum())
@@ -272,7 +320,8 @@ class Host:
                 self._push(float(g.sent_at[local, slot]) + self.cfg.timeout_rto_us, "retx",
                            (int(local), int(slot), self._lost_count(lost_scale)))
         keep = ~lost
-        done = g.on_results(li[keep], rb[keep], batch.headers, batch.payload, arrival[keep], verify, self.ina_check)
+        done = g.on_results(li[keep], rb[keep], batch.headers, batch.payload, first[keep], last[keep], verify,
+                            self.ina_check)
         for local, coll in done:
             run = self.ina_runs.pop((local, coll.seq))
             self.workers[int(g.wids[local])].completed(run, float(coll.end_us[local]))
@@ -302,6 +351,7 @@ class Host:
 
     # -- the loop ---------------------------------------------------------------------
     def fire_due(self) -> None:
+        self.pump()
         now = self.now_us()
         while self.heap and self.heap[0][0] <= now:
             t, _, kind, what = heapq.heappop(self.heap)
@@ -311,17 +361,23 @@ class Host:
             if kind == "run":
                 what.run()
             elif kind == "ina":
-                self._send_ina(what)
+                self._send_ina(what, now)
+            elif kind == "results":
+                self._due_results(*what, now)
+            elif kind == "segment":
+                self.on_segment(what)
             elif kind == "seg":
                 self._send_seg(*what)
             elif kind == "retx":
                 local, slot, lost = what
                 self.retx_scale[(local, slot)] = lost
                 self._pump([(local, slot, t, lost)])
+            if self.pump_due and (not self.heap or self.heap[0][0] > now):
+                self.pump()
             now = self.now_us()
 
     def done(self) -> bool:
-        return all(fw.s.finished for fw in self.workers.values()) and not self.heap
+        return all(fw.s.finished for fw in self.workers.values()) and not self.heap and not self.pump_due
 
     def metrics(self) -> dict[str, Any]:
         lags = np.asarray(self.lags) if self.lags else np.zeros(1)
@@ -341,6 +397,7 @@ class Host:
             "bytes_sent": self.counters.bytes_sent, "lost": self.counters.lost,
             "retransmissions": stream_retx + resent, "late_results": late, "fallbacks": self.counters.fallbacks,
             "reordered": reordered, "events": self.counters.events,
+            "reorder_error_us": float((self.up.reorder_error_us + self.down.reorder_error_us).max(initial=0.0)),
             "lag_p99": float(np.percentile(lags, 99)), "lag_max": float(lags.max()),
             "lag_samples": len(self.lags),
             "verify": {"elements": self.check.elements + self.ina_check.elements,
@@ -361,6 +418,7 @@ def host_main(setup: HostSetup) -> None:
     data.setsockopt(zmq.SNDHWM, 0)
     data.setsockopt(zmq.RCVHWM, 0)
     data.connect(setup.switch_addr)
+    data.send(HELLO)
     try:
         host = Host(setup)
         ctrl.send(control({"type": "ready", "host": setup.index}))
@@ -386,7 +444,7 @@ def _serve(host: Host, ctrl: zmq.Socket, data: zmq.Socket) -> None:
     while True:
         timeout_ms = 100
         if started and host.heap:
-            wait_us = (host.heap[0][0] - host.now_us()) * host.cfg.tdf
+            wait_us = (host.heap[0][0] - host.now_us()) * host.cfg.dilation
             timeout_ms = int(min(100, max(0, wait_us / 1000)))
         for sock, _ in poller.poll(timeout_ms):
             if sock is ctrl:
@@ -407,9 +465,9 @@ def _serve(host: Host, ctrl: zmq.Socket, data: zmq.Socket) -> None:
                     except zmq.Again:
                         break
                     if frames[0] == RESULTS:
-                        host.on_results(AggBatch.parse(frames))
+                        host.receive_results(AggBatch.parse(frames))
                     elif frames[0] == SEG:
-                        host.on_segment(Segment.parse(frames))
+                        host.receive_segment(Segment.parse(frames))
                     else:
                         raise FrameError(f"unknown message kind {frames[0][:8]!r}")
         if not started:

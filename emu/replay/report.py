@@ -54,12 +54,15 @@ class EmulatorReport:
     lag_us_p99: float
     lag_us_max: float
     trustworthy: bool
-    reordered: int  # link hand-overs out of emulated-time order
+    reordered: int  # link hand-overs out of emulated-time order (beyond packet-level interleaving)
+    reorder_error_us: float  # the most those could have shifted one endpoint's packet times, summed
     wall_s: float
     cpu_percent: float
     processes: int
     events: int
     advice: str | None
+    run_s: float = 0.0  # wall seconds of the paced run (without process start and stop)
+    calibration: dict | None = None  # how auto chose tdf and payload scale
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,17 @@ out to its workers (their downlinks are still charged one by one there).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import zmq
 
 from emu.emulator.switch import MULTICAST, AggregationSwitch
-from emu.emulator.transport import AGG, RESULTS, SEG, AggBatch, FrameError, control, parse_control
+from emu.emulator.transport import AGG, HELLO, RESULTS, SEG, AggBatch, FrameError, control, parse_control
 from emu.emulator.wire import P2P_HEADER
+
+HELLO_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,15 @@ def switch_main(setup: SwitchSetup) -> None:
     endpoint_host = np.asarray(setup.endpoint_host)
     forwarded = [0, 0]  # segments, real payload bytes
     try:
+        # Ready only once every host said hello: a ROUTER can route only to peers it has heard from.
+        waiting = set(idents)
+        deadline = time.monotonic() + HELLO_TIMEOUT_S
+        while waiting:
+            if not router.poll(int(max(0.0, deadline - time.monotonic()) * 1000)):
+                raise FrameError(f"hosts {sorted(w.decode() for w in waiting)} never connected to the switch")
+            frames = router.recv_multipart()
+            if len(frames) == 2 and frames[1] == HELLO:
+                waiting.discard(frames[0])
         ctrl.send(control({"type": "ready", "host": "switch"}))
         poller = zmq.Poller()
         poller.register(ctrl, zmq.POLLIN)

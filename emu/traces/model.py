@@ -59,6 +59,7 @@ class Source(str, Enum):
 
     CAPTURE = "capture"  # emu ran the workload itself
     KINETO = "kineto"  # imported from profiler traces a user already had
+    SYNTHETIC = "synthetic"  # made by emu for a physics check (emu.traces.synthetic)
 
 
 @dataclass(frozen=True)

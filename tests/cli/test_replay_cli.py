@@ -27,7 +27,7 @@ def run(*args: str):
 def test_report_and_chrome_trace(tmp_path: Path, no_children) -> None:
     report, chrome = tmp_path / "r.json", tmp_path / "c.json"
     result = run("replay", "mlp", "--workers", "4", "--fabric", "ina", "--iters", "2", "--payload-scale", "64",
-                 "--report", str(report), "--chrome-trace", str(chrome))
+                 "--tdf", "0.01", "--report", str(report), "--chrome-trace", str(chrome))
     assert result.exit_code == 0, result.output
     assert "ina" in result.stdout and "verification" in result.stdout
     doc = json.loads(report.read_text())
@@ -48,7 +48,7 @@ def test_report_and_chrome_trace(tmp_path: Path, no_children) -> None:
 
 def test_side_by_side_and_json(tmp_path: Path, no_children) -> None:
     result = run("replay", "mlp", "--workers", "4", "--fabric", "ina,ring", "--iters", "1", "--payload-scale", "64",
-                 "--json", "--report", str(tmp_path / "r.json"))
+                 "--tdf", "0.01", "--json", "--report", str(tmp_path / "r.json"))
     assert result.exit_code == 0, result.output
     docs = json.loads(result.stdout)
     assert [d["config"]["fabric"] for d in docs] == ["ina", "ring"]
@@ -61,6 +61,10 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
     assert_one_line_error(run("replay", "mlp", "--bandwidth", "fast"), "--bandwidth 'fast'")
     assert_one_line_error(run("replay", "mlp", "--workers", "0"), "--workers must be in 1..65535")
     assert_one_line_error(run("replay", "mlp", "--loss", "1.5"), "--loss must be in [0, 1)")
+    assert_one_line_error(run("replay", "mlp", "--tdf", "fast"), "--tdf 'fast': give a number or auto")
+    assert_one_line_error(run("replay", "mlp", "--straggler", "slow"), "--straggler 'slow'")
+    assert_one_line_error(run("replay", "mlp", "--straggler", "9:2", "--workers", "4"), "not in 0..3")
+    assert_one_line_error(run("replay", "mlp", "--fabric", "ring", "--workers", "512"), "analytic estimate")
 
 
 def _replay_process(tmp_path: Path, *extra: str) -> subprocess.Popen:

@@ -1,0 +1,94 @@
+"""The emulated network: physics, loss recovery, stragglers, and independence from the wall clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from emu.emulator import physics
+from emu.emulator.links import LinkSpec
+from emu.replay import ReplayConfig, replay
+from emu.replay.config import Straggler
+from emu.traces import CollKind, load_trace, sample_path
+from emu.traces.synthetic import single_collective
+
+FAST = 0.01
+COUNT = 4_000_000  # 16 MB of float32
+
+
+@pytest.fixture(scope="module")
+def big_all_reduce():
+    return single_collective(CollKind.ALL_REDUCE, COUNT)
+
+
+def test_ina_matches_the_formula(big_all_reduce, no_children) -> None:
+    link = LinkSpec(bandwidth_bps=10e9, latency_us=5.0)
+    r = replay(big_all_reduce, ReplayConfig(workers=4, fabric="ina", link=link, payload_scale=64, tdf=FAST))
+    emulated = r.summary.iteration_us_median
+    assert emulated == pytest.approx(physics.ina_time_us(COUNT, link), rel=0.03)
+    assert emulated == pytest.approx(physics.ina_detail_us(COUNT, link, 64, r.fabric.slots_emulated), rel=0.01)
+    assert r.verification.ok
+
+
+@pytest.mark.parametrize("workers", [2, 6])
+def test_ring_matches_the_formula(big_all_reduce, workers: int, no_children) -> None:
+    link = LinkSpec(bandwidth_bps=10e9, latency_us=5.0)
+    r = replay(big_all_reduce, ReplayConfig(workers=workers, fabric="ring", link=link, payload_scale=16, tdf=FAST))
+    formula = physics.ring_time_us(COUNT, 4, workers, link)
+    assert r.summary.iteration_us_median == pytest.approx(formula, rel=0.05)
+    assert r.verification.ok
+
+
+def test_bandwidth_scales_time(big_all_reduce, no_children) -> None:
+    slow = replay(big_all_reduce, ReplayConfig(workers=4, fabric="ina", link=LinkSpec(bandwidth_bps=10e9),
+                                               payload_scale=64, tdf=FAST))
+    fast = replay(big_all_reduce, ReplayConfig(workers=4, fabric="ina", link=LinkSpec(bandwidth_bps=100e9),
+                                               payload_scale=64, tdf=FAST))
+    ratio = slow.summary.iteration_us_median / fast.summary.iteration_us_median
+    assert 8.5 < ratio < 10.1  # latency and the exponent round do not scale with bandwidth
+
+
+def test_wall_clock_does_not_leak(no_children) -> None:
+    mlp = load_trace(sample_path("mlp"))
+    a = replay(mlp, ReplayConfig(workers=4, fabric="ina", iters=1, payload_scale=64, tdf=FAST))
+    b = replay(mlp, ReplayConfig(workers=4, fabric="ina", iters=1, payload_scale=64, tdf=3.0))
+    assert a.iterations == b.iterations  # same emulated times, however late the wall clock ran
+    assert a.emulator.lag_us_p99 != b.emulator.lag_us_p99
+
+
+@pytest.mark.parametrize("fabric", ["ina", "ring", "ps"])
+def test_exact_under_loss(fabric: str, no_children) -> None:
+    mlp = load_trace(sample_path("cnn"))
+    clean = replay(mlp, ReplayConfig(workers=4, fabric=fabric, iters=1, payload_scale=16, tdf=FAST))
+    lossy = replay(mlp, ReplayConfig(workers=4, fabric=fabric, iters=1, payload_scale=16, tdf=FAST,
+                                     link=LinkSpec(loss=0.05)))
+    assert lossy.verification.ok and lossy.verification.mismatches == 0
+    assert lossy.fabric.retransmissions > 0
+    assert lossy.summary.bytes_sent > clean.summary.bytes_sent
+    assert lossy.iterations[0].comm_us > clean.iterations[0].comm_us
+    if fabric == "ina":
+        assert lossy.fabric.duplicates > 0 and lossy.fabric.answered > 0
+
+
+def test_straggler_slows_the_job(no_children) -> None:
+    cnn = load_trace(sample_path("cnn"))
+    base = replay(cnn, ReplayConfig(workers=4, fabric="ina", iters=1, payload_scale=16, tdf=FAST))
+    slow = replay(cnn, ReplayConfig(workers=4, fabric="ina", iters=1, payload_scale=16, tdf=FAST,
+                                    stragglers=(Straggler.parse("2:1.5"),)))
+    assert slow.iterations[0].critical_worker == 2
+    assert slow.iterations[0].compute_us == pytest.approx(1.5 * base.iterations[0].compute_us, rel=0.25)
+    assert slow.summary.iteration_us_median > 1.2 * base.summary.iteration_us_median
+
+
+def test_straggler_specs() -> None:
+    assert Straggler.parse("3,7:1.5") == Straggler(factor=1.5, workers=(3, 7))
+    assert Straggler.parse("random:0.1:2") == Straggler(factor=2.0, fraction=0.1)
+    assert Straggler.parse("lognormal:0.2") == Straggler(sigma=0.2)
+
+
+def test_auto_calibration(no_children) -> None:
+    mlp = load_trace(sample_path("mlp"))
+    r = replay(mlp, ReplayConfig(workers=2, fabric="ina", iters=1))
+    assert r.emulator.calibration is not None and r.emulator.calibration["probes"]
+    assert r.emulator.tdf == r.emulator.calibration["chosen_tdf"]
+    assert r.emulator.payload_scale >= 1 and r.verification.ok
+    assert r.emulator.trustworthy

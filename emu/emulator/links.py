@@ -86,6 +86,22 @@ def uniform(seed: int, stream: np.ndarray, counter: np.ndarray) -> np.ndarray:
     return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
+def _segmented_cummax(key: np.ndarray, seg: np.ndarray) -> np.ndarray:
+    """Running maximum restarting at each new segment (seg non-decreasing), exact.
+
+    Offsets keep the segments apart; the keys are first made relative to their minimum and
+    the offsets sized to their spread, so that the float sums stay exact to far below a
+    nanosecond (offsets of a fixed large size would round the times).
+    """
+    if seg[-1] == 0:
+        return np.maximum.accumulate(key)
+    low = key.min()
+    rel = key - low
+    step = float(rel.max()) * 2.0 + 1.0
+    offset = seg * step
+    return np.maximum.accumulate(rel + offset) - offset + low
+
+
 class LinkArray:
     """The FIFO state of one direction of the links of many endpoints, vectorized.
 
@@ -173,10 +189,8 @@ class LinkArray:
             # it waited at most for what was handed over before it but was due after it
             np.add.at(self.reorder_error_us, e[early], reference[early] - r[early] + sv[early])
             self.reordered += int(early.sum())
-        # a segmented running maximum: offsets keep endpoints apart
         key = np.maximum(r - (cum - sv), self.free_us[e])
-        offset = seg * 1e15
-        start = np.maximum.accumulate(key + offset) - offset
+        start = _segmented_cummax(key, seg)
         done = cum + start
         last = np.r_[starts[1:] - 1, n - 1]
         self.free_us[firsts] = done[last]

@@ -219,13 +219,22 @@ class Host:
         for seg in segs:
             self._push(seg.send_us, "seg", (src, seg, dtype))
 
-    def _send_ina(self, pk: Packets, now: float) -> None:
-        # Hand packets to the uplinks in emulated-time order: what is not due yet waits.
+    def _split_ina(self, pk: Packets, now: float) -> Packets | None:
+        """The part of a batch that is due; the rest waits for its time."""
         due = pk.send_us <= now
-        if not due.all():
-            rest = Packets(*(getattr(pk, f)[~due] for f in _PACKET_FIELDS))
-            self._push(float(rest.send_us.min()), "ina", rest)
-            pk = Packets(*(getattr(pk, f)[due] for f in _PACKET_FIELDS))
+        if due.all():
+            return pk
+        rest = Packets(*(getattr(pk, f)[~due] for f in _PACKET_FIELDS))
+        self._push(float(rest.send_us.min()), "ina", rest)
+        return Packets(*(getattr(pk, f)[due] for f in _PACKET_FIELDS)) if due.any() else None
+
+    def _send_ina(self, parts: list[Packets]) -> None:
+        """Hand every due contribution of this pass to the uplinks at once, each worker's in
+        emulated-time order (batches made at different moments interleave)."""
+        pk = Packets(*(np.concatenate([getattr(p, f) for p in parts]) for f in _PACKET_FIELDS))
+        if len(parts) > 1:
+            order = np.lexsort((pk.send_us, pk.local))
+            pk = Packets(*(getattr(pk, f)[order] for f in _PACKET_FIELDS))
         sizes = np.where(pk.headers["size"] > 0, wire.agg_wire_bytes(self.k), wire.agg_wire_bytes(0))
         wire_bytes = sizes * pk.emu_packets
         first, last, lost = self.up.transmit(pk.local, pk.send_us, wire_bytes, packets=pk.emu_packets)
@@ -276,14 +285,28 @@ class Host:
     def receive_segment(self, seg: Segment) -> None:
         self._push(seg.first_us, "segment", seg)
 
-    def _due_results(self, batch: AggBatch, verify: np.ndarray, now: float) -> None:
+    def _split_results(self, batch: AggBatch, verify: np.ndarray,
+                       now: float) -> tuple[AggBatch, np.ndarray] | None:
         due = batch.stamps[:, 0] <= now
-        if not due.all():
-            rest = ~due
-            self._push(float(batch.stamps[rest, 0].min()), "results",
-                       (AggBatch(batch.headers[rest], batch.payload[rest], batch.stamps[rest]), verify[rest]))
-            batch = AggBatch(batch.headers[due], batch.payload[due], batch.stamps[due])
-            verify = verify[due]
+        if due.all():
+            return batch, verify
+        rest = ~due
+        self._push(float(batch.stamps[rest, 0].min()), "results",
+                   (AggBatch(batch.headers[rest], batch.payload[rest], batch.stamps[rest]), verify[rest]))
+        if not due.any():
+            return None
+        return AggBatch(batch.headers[due], batch.payload[due], batch.stamps[due]), verify[due]
+
+    def _deliver_results(self, parts: list[tuple[AggBatch, np.ndarray]]) -> None:
+        """Every due result of this pass reaches the downlinks at once, in stamp order."""
+        if len(parts) == 1:
+            batch, verify = parts[0]
+        else:
+            stamps = np.concatenate([b.stamps for b, _ in parts])
+            order = np.argsort(stamps[:, 0], kind="stable")
+            batch = AggBatch(np.concatenate([b.headers for b, _ in parts])[order],
+                             np.concatenate([b.payload for b, _ in parts])[order], stamps[order])
+            verify = np.concatenate([v for _, v in parts])[order]
         self.on_results(batch, verify)
 
     def on_results(self, batch: AggBatch, verify: np.ndarray) -> None:
@@ -353,17 +376,35 @@ class Host:
     def fire_due(self) -> None:
         self.pump()
         now = self.now_us()
+        ina: list[Packets] = []
+        results: list[tuple[AggBatch, np.ndarray]] = []
+
+        def flush_links() -> None:
+            if ina:
+                self._send_ina(ina)
+                ina.clear()
+            if results:
+                self._deliver_results(results)
+                results.clear()
+
         while self.heap and self.heap[0][0] <= now:
             t, _, kind, what = heapq.heappop(self.heap)
             self.counters.events += 1
             if len(self.lags) < _LAG_SAMPLES:
                 self.lags.append(max(0.0, now - t))
+            if kind == "ina":
+                part = self._split_ina(what, now)
+                if part is not None:
+                    ina.append(part)
+                continue
+            if kind == "results":
+                part = self._split_results(*what, now)
+                if part is not None:
+                    results.append(part)
+                continue
+            flush_links()
             if kind == "run":
                 what.run()
-            elif kind == "ina":
-                self._send_ina(what, now)
-            elif kind == "results":
-                self._due_results(*what, now)
             elif kind == "segment":
                 self.on_segment(what)
             elif kind == "seg":
@@ -375,6 +416,9 @@ class Host:
             if self.pump_due and (not self.heap or self.heap[0][0] > now):
                 self.pump()
             now = self.now_us()
+        flush_links()
+        if self.pump_due:
+            self.pump()
 
     def done(self) -> bool:
         return all(fw.s.finished for fw in self.workers.values()) and not self.heap and not self.pump_due

@@ -10,7 +10,8 @@ from emu.emulator.links import LinkSpec
 from emu.emulator.wire import ELEMENTS_ALLOWED, MAX_WORKERS_SOFTWARE, agg_wire_bytes
 from emu.errors import ConfigError
 
-FABRICS = ("ina", "ring", "ps")
+FABRICS = ("ina", "ring", "ps", "bmv2")
+AGGREGATING = ("ina", "bmv2")  # fabrics that aggregate all_reduce in a switch
 REAL_BYTES_PER_ITERATION = 16e6  # what --payload-scale auto lets the workers really send
 # The pool never needs to exceed the bandwidth-delay product for the stream to be link-bound,
 # but every pass of it costs the emulator one round of messages: a pool of this size (half of

@@ -39,7 +39,7 @@ from emu.emulator.p2p import (
 )
 from emu.emulator.switch import MULTICAST
 from emu.emulator.transport import AGG, HELLO, RESULTS, SEG, AggBatch, FrameError, Segment, control, parse_control
-from emu.replay.config import ReplayConfig
+from emu.replay.config import AGGREGATING, ReplayConfig
 from emu.replay.programs import WorkerProgram, straggling
 from emu.replay.worker import CollRun, FakeWorker, WorkerState
 from emu.traces.model import CollKind
@@ -136,7 +136,7 @@ class Host:
         real = -(-op.count // self.r) if op.count else 0
         key = (w, run.seq)
         self.runs[key] = run
-        if self.cfg.fabric == "ina" and op.kind == CollKind.ALL_REDUCE and op.dtype.value in _FLOAT:
+        if self.cfg.fabric in AGGREGATING and op.kind == CollKind.ALL_REDUCE and op.dtype.value in _FLOAT:
             coll = self.group.collective(run.seq, op.dtype.value, real, -(-op.count // self.k))
             local = self.index[w]
             coll.start_us[local] = run.start_us

@@ -144,6 +144,10 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     comes from two one-iteration probes (``_calibrate``).
     """
     config.check()
+    if config.fabric == "bmv2":
+        from emu.p4.bmv2 import check_available
+
+        check_available()
     _check_scale(trace, config)
     plan_programs(trace, config.workers, trace_path or "trace")  # bad input fails before any process
     calibration = None
@@ -178,9 +182,17 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
                          config=config, programs=(), iters=iters, switch_addr=switch_addr,
                          control_addr=control_addr, spans=False)
                for h, (a, b) in enumerate(ps_hosts)]
+    bmv2 = None
+    if config.fabric == "bmv2":
+        from emu.p4.bmv2 import Bmv2Switch, host_interface
+
+        if config.elements != 64:
+            raise ConfigError("--fabric bmv2 runs 64-element packets (256 need recirculation): --elements 64")
+        bmv2 = Bmv2Switch(m, config.real_slots)
     sw = SwitchSetup(address=switch_addr, control_addr=control_addr, workers=m, slots=config.real_slots,
                      elements=config.elements, aggregate=config.fabric == "ina",
-                     worker_hosts=tuple(worker_hosts), endpoint_host=tuple(endpoint_host))
+                     worker_hosts=tuple(worker_hosts), endpoint_host=tuple(endpoint_host),
+                     bmv2_interfaces=tuple(host_interface(w) for w in range(m)) if bmv2 else ())
     fork = multiprocessing.get_context("fork")
     procs: list[multiprocessing.process.BaseProcess] = []
     ctx: zmq.Context | None = None
@@ -188,6 +200,8 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
     self0 = resource.getrusage(resource.RUSAGE_SELF)
     wall_start = time.monotonic()
     try:
+        if bmv2 is not None:
+            bmv2.__enter__()
         # Children first, then the parent's zmq context: no context crosses a fork.
         procs.append(fork.Process(target=switch_main, args=(sw,), name="emu-switch", daemon=True))
         for s in setups:
@@ -224,6 +238,8 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
         _stop(procs)
         if ctx is not None:
             ctx.destroy(linger=0)
+        if bmv2 is not None:
+            bmv2.__exit__(None, None, None)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

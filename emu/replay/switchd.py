@@ -31,6 +31,7 @@ class SwitchSetup:
     aggregate: bool  # run the INA data plane
     worker_hosts: tuple[tuple[int, int], ...]  # per worker host: [first, last) worker ids
     endpoint_host: tuple[int, ...]  # host index of every endpoint (workers, then PS shards)
+    bmv2_interfaces: tuple[str, ...] = ()  # aggregate on BMv2 through these veths instead
 
 
 def switch_main(setup: SwitchSetup) -> None:
@@ -45,6 +46,11 @@ def switch_main(setup: SwitchSetup) -> None:
     router.setsockopt(zmq.ROUTER_MANDATORY, 1)
     router.bind(setup.address)
     switch = AggregationSwitch(setup.slots, setup.workers, setup.elements) if setup.aggregate else None
+    ports = None
+    if setup.bmv2_interfaces:
+        from emu.p4.bridge import Bmv2Ports
+
+        ports = Bmv2Ports(list(setup.bmv2_interfaces), setup.elements)
     idents = [f"h{i}".encode() for i in range(max(setup.endpoint_host) + 1)]
     endpoint_host = np.asarray(setup.endpoint_host)
     forwarded = [0, 0]  # segments, real payload bytes
@@ -62,8 +68,19 @@ def switch_main(setup: SwitchSetup) -> None:
         poller = zmq.Poller()
         poller.register(ctrl, zmq.POLLIN)
         poller.register(router, zmq.POLLIN)
+        if ports is not None:
+            for fd in ports.fileno_map():
+                poller.register(fd, zmq.POLLIN)
         while True:
-            for sock, _ in poller.poll(200):
+            events = poller.poll(200 if ports is None else 1)
+            if ports is not None:
+                results = ports.drain()
+                if results is not None:
+                    for h, part in ports.route(results, setup.worker_hosts).items():
+                        router.send_multipart([idents[h], *part.frames(RESULTS)], copy=False)
+            for sock, _ in events:
+                if not isinstance(sock, zmq.Socket):
+                    continue  # a BMv2 port: drained above
                 if sock is ctrl:
                     msg = parse_control(ctrl.recv())
                     if msg["type"] == "stop":
@@ -78,7 +95,9 @@ def switch_main(setup: SwitchSetup) -> None:
                     except zmq.Again:
                         break
                     kind = bytes(frames[1])
-                    if kind == AGG and switch is not None:
+                    if kind == AGG and ports is not None:
+                        ports.submit(AggBatch.parse(frames[1:]))
+                    elif kind == AGG and switch is not None:
                         _aggregate(router, switch, AggBatch.parse(frames[1:]), setup, idents)
                     elif kind == SEG and len(frames) == 5 and len(frames[2]) == P2P_HEADER.itemsize:
                         dst = int(np.frombuffer(frames[2], P2P_HEADER)["dst"][0])
@@ -96,6 +115,8 @@ def switch_main(setup: SwitchSetup) -> None:
             pass
         raise
     finally:
+        if ports is not None:
+            ports.close()
         ctrl.close(0)
         router.close(0)
         ctx.term()

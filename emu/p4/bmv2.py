@@ -1,0 +1,143 @@
+"""Running the P4 program on BMv2: tools, compilation, veth ports, the switch process.
+
+``--fabric bmv2`` needs ``p4c-bm2-ss`` and ``simple_switch_grpc`` (the p4lang packages),
+finsy, and root (for veth pairs). Worker ``w`` is BMv2 port ``w + 1``: the switch side
+of a veth pair ``emu-s<w>`` is given to BMv2, the other side ``emu-h<w>`` is where
+emu's bridge (``emu.p4.bridge``) writes that worker's frames and reads its results.
+Everything this module creates (processes, interfaces, the build folder) it removes
+on every path; ``emu clean`` finds leftovers by their ``emu-`` names.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from emu.errors import ConfigError
+from emu.p4.entries import plan
+from emu.p4.generate import PROGRAM
+
+TOOLS = ("p4c-bm2-ss", "simple_switch_grpc")
+INSTALL_HINT = ("install the p4lang packages (p4c and behavioral-model, e.g. from the p4lang OBS repository: "
+                "apt install p4lang-p4c p4lang-bmv2) and finsy (pip install 'emu[p4]')")
+GRPC_START_S = 30.0
+
+
+def missing_tools() -> list[str]:
+    return [t for t in TOOLS if shutil.which(t) is None]
+
+
+def check_available() -> None:
+    """Raise a ConfigError saying what is missing and how to get it."""
+    missing = missing_tools()
+    if missing:
+        raise ConfigError(f"--fabric bmv2 needs {' and '.join(missing)}, not found on PATH; {INSTALL_HINT}")
+    if os.geteuid() != 0:
+        raise ConfigError("--fabric bmv2 needs root to create the veth pairs of the switch's ports; "
+                          "run as root (or use --fabric ina, the software switch)")
+
+
+@dataclass(frozen=True)
+class Compiled:
+    bmv2_json: Path
+    p4info: Path
+
+
+def compile_program(out: Path, slots: int) -> Compiled:
+    """p4c-bm2-ss with the pool size of this replay; the P4Info for P4Runtime beside it."""
+    out.mkdir(parents=True, exist_ok=True)
+    compiled = Compiled(bmv2_json=out / "emu_agg.json", p4info=out / "emu_agg.p4info.txtpb")
+    cmd = ["p4c-bm2-ss", "--arch", "v1model", f"-DEMU_SLOTS={slots}", "--p4runtime-files", str(compiled.p4info),
+           "-o", str(compiled.bmv2_json), str(PROGRAM)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise ConfigError(f"p4c-bm2-ss could not compile {PROGRAM.name}: {tail[0]}")
+    return compiled
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+def host_interface(worker: int) -> str:
+    return f"emu-h{worker}"
+
+
+class Bmv2Switch:
+    """simple_switch_grpc with one veth port per worker and the job's entries written.
+
+    A context manager: on exit (success, error or Ctrl-C) the switch is stopped and the
+    interfaces and build folder removed.
+    """
+
+    def __init__(self, workers: int, slots: int, job: int = 0) -> None:
+        check_available()
+        self.workers, self.slots, self.job = workers, slots, job
+        self.plan = plan(job, [w + 1 for w in range(workers)])
+        self.dir = Path(tempfile.mkdtemp(prefix="emu-bmv2-"))
+        self.proc: subprocess.Popen | None = None
+        self.created: list[str] = []
+        self.address = ""
+
+    def __enter__(self) -> Bmv2Switch:
+        try:
+            compiled = compile_program(self.dir, self.slots)
+            for w in range(self.workers):
+                _ip("link", "add", host_interface(w), "type", "veth", "peer", "name", f"emu-s{w}")
+                self.created.append(host_interface(w))
+                for name in (host_interface(w), f"emu-s{w}"):
+                    _ip("link", "set", name, "up")
+            port = _free_port()
+            self.address = f"127.0.0.1:{port}"
+            ifaces = [arg for w in range(self.workers) for arg in ("-i", f"{w + 1}@emu-s{w}")]
+            log = open(self.dir / "simple_switch.log", "wb")
+            self.proc = subprocess.Popen(["simple_switch_grpc", "--no-p4", *ifaces, "--",
+                                          "--grpc-server-addr", self.address],
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            _wait_port(port, GRPC_START_S, self.proc)
+            from emu.p4.control import push
+
+            push(self.plan, self.address, compiled.p4info, compiled.bmv2_json)
+            return self
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        for name in self.created:
+            subprocess.run(["ip", "link", "del", name], capture_output=True, timeout=30)
+        self.created = []
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_port(port: int, timeout_s: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ConfigError(f"simple_switch_grpc exited with code {proc.returncode} at start")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise ConfigError(f"simple_switch_grpc did not open its gRPC port within {timeout_s:.0f} s")

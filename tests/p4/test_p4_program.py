@@ -1,0 +1,68 @@
+"""The P4 program and the Python wire format: one header definition, checked from the source."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from emu.emulator import wire
+from emu.errors import ConfigError
+from emu.p4 import bmv2, generate
+from emu.p4.entries import MAX_WORKERS, JobEntry, MulticastGroup, Replica, plan
+from emu.replay.config import MIN_POOL
+
+SOURCE = generate.PROGRAM.read_text()
+
+
+def header_fields(name: str) -> list[tuple[str, int]]:
+    body = re.search(rf"header {name} {{(.*?)}}", SOURCE, re.S)
+    assert body, f"header {name} not found in {generate.PROGRAM.name}"
+    return [(f, int(bits)) for bits, f in re.findall(r"bit<(\d+)>\s+(\w+);", body.group(1))]
+
+
+def test_checked_in_program_is_current() -> None:
+    assert SOURCE == generate.render(), "regenerate with: python -m emu.p4.generate"
+
+
+def test_emu_header_matches_the_wire_format() -> None:
+    assert header_fields("emu_h") == [(name, bits) for name, _, bits in wire.AGG_FIELDS]
+    assert sum(bits for _, bits in header_fields("emu_h")) == 8 * wire.AGG_HEADER.itemsize
+
+
+def test_payload_and_constants_match_emu() -> None:
+    payload = header_fields("payload_t")
+    assert len(payload) == wire.ELEMENTS_DEFAULT and all(bits == 32 for _, bits in payload)
+    assert re.search(rf"const bit<16> UDP_PORT = 0x{wire.UDP_PORT:04X};", SOURCE)
+    assert re.search(rf"#define EMU_SLOTS {MIN_POOL}\b", SOURCE)
+    assert "MSG_CONTRIB = 1" in SOURCE and "MSG_RESULT = 2" in SOURCE
+    assert wire.MsgType.CONTRIB == 1 and wire.MsgType.RESULT == 2
+
+
+def test_headers_of_the_frame_template() -> None:
+    assert [b for _, b in header_fields("ethernet_t")] == [48, 48, 16]
+    assert sum(b for _, b in header_fields("ipv4_t")) == 8 * wire.IPV4_HEADER
+    assert sum(b for _, b in header_fields("udp_t")) == 8 * wire.UDP_HEADER
+
+
+def test_every_register_update_is_one_action() -> None:
+    # each accumulator is read and written in the same action (BMv2 and Tofino need it)
+    for i in (0, 31, 63):
+        action = re.search(rf"action add{i}\(\) {{(.*?)}}\n", SOURCE).group(1)
+        assert f"acc{i}.read" in action and f"acc{i}.write" in action
+
+
+def test_entries_plan() -> None:
+    p = plan(3, [1, 2, 5])
+    assert p.jobs == (JobEntry(job=3, num_workers=3, mcast_grp=4),)
+    assert p.groups == (MulticastGroup(group=4, replicas=(Replica(1, 0), Replica(2, 1), Replica(5, 2))),)
+    with pytest.raises(ConfigError, match="1 to 32 workers"):
+        plan(0, list(range(MAX_WORKERS + 1)))
+    with pytest.raises(ConfigError, match="its own switch port"):
+        plan(0, [1, 1])
+
+
+def test_bmv2_missing_says_what_to_install(monkeypatch) -> None:
+    monkeypatch.setattr(bmv2.shutil, "which", lambda name: None)
+    with pytest.raises(ConfigError, match="p4c-bm2-ss and simple_switch_grpc, not found on PATH; install"):
+        bmv2.check_available()

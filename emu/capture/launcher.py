@@ -47,6 +47,22 @@ def rank_env(rank: int, world_size: int, port: int, base: dict[str, str]) -> dic
 
 
 @dataclass(frozen=True)
+class RankNetwork:
+    """Where the ranks run when not on loopback: each in its own network namespace, reaching
+    rank 0 at ``master_addr`` through its interface (``emu validate`` builds these)."""
+
+    namespaces: tuple[str, ...]
+    interfaces: tuple[str, ...]
+    master_addr: str
+
+    def prefix(self, rank: int) -> list[str]:
+        return ["ip", "netns", "exec", self.namespaces[rank]]
+
+    def env(self, rank: int) -> dict[str, str]:
+        return {"MASTER_ADDR": self.master_addr, "GLOO_SOCKET_IFNAME": self.interfaces[rank]}
+
+
+@dataclass(frozen=True)
 class RankProcess:
     rank: int
     proc: subprocess.Popen[bytes]
@@ -86,8 +102,8 @@ def _last_line(log: Path) -> str:
 
 
 def run_ranks(argv: Sequence[str], world_size: int, workdir: Path, *, timeout_s: float,
-              env: dict[str, str] | None = None,
-              on_tick: Callable[[float], None] | None = None) -> None:
+              env: dict[str, str] | None = None, on_tick: Callable[[float], None] | None = None,
+              network: RankNetwork | None = None) -> None:
     """Run argv as world_size ranks; return when all exited 0, else raise CaptureError."""
     if world_size < 1:
         raise CaptureError(f"--world-size must be at least 1, got {world_size}")
@@ -97,10 +113,13 @@ def run_ranks(argv: Sequence[str], world_size: int, workdir: Path, *, timeout_s:
     try:
         for rank in range(world_size):
             log = workdir / f"rank{rank}.log"
+            cmd, renv = list(argv), rank_env(rank, world_size, port, base)
+            if network is not None:
+                cmd = network.prefix(rank) + cmd
+                renv.update(network.env(rank))
             with open(log, "wb") as fh:
-                proc = subprocess.Popen(list(argv), stdout=fh, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, cwd=os.getcwd(),
-                                        env=rank_env(rank, world_size, port, base),
+                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, cwd=os.getcwd(), env=renv,
                                         start_new_session=True)
             ranks.append(RankProcess(rank, proc, log))
         start = time.monotonic()

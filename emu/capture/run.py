@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from emu.capture.kineto import read_kineto
-from emu.capture.launcher import run_ranks
+from emu.capture.launcher import RankNetwork, run_ranks
 from emu.capture.merge import merge_ranks
 from emu.errors import CaptureError, ConfigError
 from emu.traces.model import Source, Trace
@@ -42,6 +42,8 @@ class CaptureConfig:
     """Bound on the whole run; the ranks are stopped when it passes."""
     keep_kineto: Path | None = None
     """Where to keep the ranks' Kineto files and logs (default: a temporary folder)."""
+    network: RankNetwork | None = None
+    """Run each rank in its own network namespace (emu validate); default: loopback."""
 
     def check(self) -> None:
         if self.world_size < 1:
@@ -85,7 +87,8 @@ def _run(interpreter: str, target: list[str], config: CaptureConfig, *, source_m
             "--steps", str(config.profile_steps), "--", *target]
     ok = False
     try:
-        run_ranks(argv, config.world_size, workdir, timeout_s=config.timeout_s, on_tick=on_tick)
+        run_ranks(argv, config.world_size, workdir, timeout_s=config.timeout_s, on_tick=on_tick,
+                  network=config.network)
         reports = [json.loads((workdir / f"rank{r}.meta.json").read_text())
                    for r in range(config.world_size)]
         short = next((r for r in reports if not r["trace_written"]), None)

@@ -8,7 +8,9 @@ are one code path. It also serves as an example of what emu can capture.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -17,7 +19,10 @@ from torch.nn.parallel import DistributedDataParallel
 from emu.capture.models import WORKLOADS
 
 
-def train(model: str, steps: int, batch_size: int | None, bucket_cap_mb: float, seed: int) -> None:
+def train(model: str, steps: int, batch_size: int | None, bucket_cap_mb: float, seed: int,
+          times_out: str | None = None, skip: int = 3) -> None:
+    """DDP training; with ``times_out``, rank 0 writes the wall time of every step after the
+    first ``skip`` as JSON (microseconds), measured from optimizer step to optimizer step."""
     torch.set_num_threads(1)
     work = WORKLOADS[model]
     dist.init_process_group("gloo")
@@ -27,11 +32,17 @@ def train(model: str, steps: int, batch_size: int | None, bucket_cap_mb: float, 
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
         gen = torch.Generator().manual_seed(seed + 1 + dist.get_rank())
         batch = batch_size or work.default_batch_size
+        marks = []
         for _ in range(steps):
             x, y = work.batch(batch, gen)
             opt.zero_grad(set_to_none=True)
             work.loss(ddp(x), y).backward()
             opt.step()
+            marks.append(time.perf_counter())
+        if times_out and dist.get_rank() == 0:
+            steps_us = [(b - a) * 1e6 for a, b in zip(marks[skip:], marks[skip + 1:], strict=False)]
+            with open(times_out, "w") as fh:
+                json.dump({"step_us": steps_us}, fh)
     finally:
         dist.destroy_process_group()
 
@@ -43,10 +54,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--times-out", help="rank 0 writes its step times (us) here")
+    parser.add_argument("--skip", type=int, default=3, help="steps not timed first")
     args = parser.parse_args()
     if "RANK" not in os.environ:
         parser.error("run me with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
-    train(args.model, args.steps, args.batch_size, args.bucket_cap_mb, args.seed)
+    train(args.model, args.steps, args.batch_size, args.bucket_cap_mb, args.seed, args.times_out, args.skip)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,52 @@
+"""``emu validate``: real runs against their emulation, with errors."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from emu.cli import cli
+from emu.cli.output import err, ms, out
+
+
+@cli.command()
+@click.option("--quick", is_flag=True, help="A few cases (minutes): the mlp unshaped and at 300 Mbit/s.")
+@click.option("--models", default="mlp,cnn", show_default=True, help="Built-in models to run.")
+@click.option("--steps", type=int, default=10, show_default=True, help="Timed steps per real run.")
+@click.option("--calibrate", is_flag=True, help="Also replay each capture with a link fitted to it.")
+@click.option("--json", "as_json", is_flag=True, help="Print cases and summary as JSON on stdout.")
+def validate(quick: bool, models: str, steps: int, calibrate: bool, as_json: bool) -> None:
+    """Measure real DDP runs (two ranks, shaped links in network namespaces when root) and
+    compare them with emu's replay of their captured traces."""
+    from rich.table import Table
+
+    from emu.errors import ConfigError
+    from emu.validate import DEFAULT_SETTINGS, QUICK_SETTINGS, run_validation
+
+    names = tuple(m.strip() for m in models.split(",") if m.strip())
+    if quick:
+        names = names[:1]
+    if not names or any(n not in ("mlp", "cnn", "transformer") for n in names):
+        raise ConfigError(f"--models {models!r}: choose from mlp, cnn, transformer")
+    if steps < 3:
+        raise ConfigError(f"--steps must be at least 3, got {steps}")
+    with err().status("validating") as status:
+        report = run_validation(names, QUICK_SETTINGS if quick else DEFAULT_SETTINGS, steps=steps,
+                                calibrate=calibrate, on_status=lambda text: status.update(f"validating: {text}"))
+    for note in report.notes:
+        err().print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    table = Table(title="emu validate: real step time against the emulated one")
+    for name in ("case", "kind", "measured ms", "+/- ms", "predicted ms", "error"):
+        table.add_column(name, justify="left" if name in ("case", "kind") else "right")
+    for c in report.cases:
+        table.add_row(c.name, c.kind, ms(c.measured_us), ms(c.spread_us), ms(c.predicted_us), f"{c.error_pct:+.1f}%")
+    out().print(table)
+    s = report.summary
+    out().print(f"mean |error| {s['mean_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}% "
+                f"(same configuration: {s['same_mean_abs_error_pct']:.1f}% / {s['same_max_abs_error_pct']:.1f}%; "
+                f"extrapolated: {s['extrapolated_mean_abs_error_pct']:.1f}% / "
+                f"{s['extrapolated_max_abs_error_pct']:.1f}%)", markup=False, highlight=False)

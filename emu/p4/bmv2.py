@@ -5,7 +5,7 @@ finsy, and root (for veth pairs). Worker ``w`` is BMv2 port ``w + 1``: the switc
 of a veth pair ``emu-s<w>`` is given to BMv2, the other side ``emu-h<w>`` is where
 emu's bridge (``emu.p4.bridge``) writes that worker's frames and reads its results.
 Everything this module creates (processes, interfaces, the build folder) it removes
-on every path; ``emu clean`` finds leftovers by their ``emu-`` names.
+on every path; its names all start with ``emu-``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Rank r runs in namespace ``emu-v<r>`` behind interface ``emu-v<r>-eth`` with address
 10.213.0.<r+1>/24. A bandwidth shapes both directions with ``tbf`` (this kernel has no
 ``netem``: delay and loss are not shaped). Everything is created with emu's names and
-removed on exit, success or not; ``emu clean`` removes what a crash left.
+removed on exit, success or not; a run first removes what a crashed one left (``cleanup``).
 """
 
 from __future__ import annotations

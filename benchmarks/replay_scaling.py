@@ -1,8 +1,9 @@
 """Replay wall time against workers: how the emulator's cost grows with M.
 
 Replays a shipped sample on each fabric at several worker counts with a fixed
-payload scale and time dilation, and prints the wall time, the emulated
-iteration time and the verification result of each run.
+payload scale and the time dilation on auto (the smallest at which the emulator keeps
+up), and prints the chosen dilation, the wall time of the replay (calibration not
+included), the emulated iteration time, whether the run is trustworthy and verified.
 
     .venv/bin/python benchmarks/replay_scaling.py [--trace mlp] [--workers 2,8,32,64]
         [--fabrics ina,ring,ps] [--payload-scale 16] [--iters 1]
@@ -29,15 +30,17 @@ def main() -> None:
     args = parser.parse_args()
     trace = load_trace(sample_path(args.trace) if args.trace in ("mlp", "cnn", "transformer") else args.trace)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-          f"trace {args.trace}, payload scale {args.payload_scale}, {args.iters} iteration(s), tdf 1")
-    print(f"{'fabric':>6} {'workers':>8} {'wall s':>8} {'iteration ms':>13} {'verified':>12} {'max RSS MB':>11}")
+          f"trace {args.trace}, payload scale {args.payload_scale}, {args.iters} iteration(s), tdf auto")
+    print(f"{'fabric':>6} {'workers':>8} {'tdf':>7} {'wall s':>8} {'iteration ms':>13} {'trusted':>8} "
+          f"{'verified':>9} {'max RSS MB':>11}")
     for fabric in args.fabrics.split(","):
         for m in (int(x) for x in args.workers.split(",")):
             r = replay(trace, ReplayConfig(workers=m, fabric=fabric, iters=args.iters,
                                            payload_scale=args.payload_scale))
             rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-            print(f"{fabric:>6} {m:>8} {r.emulator.wall_s:>8.2f} {r.summary.iteration_us_median / 1000:>13.2f} "
-                  f"{'ok' if r.verification.ok else 'FAILED':>12} {rss:>11.0f}", flush=True)
+            print(f"{fabric:>6} {m:>8} {r.emulator.tdf:>7.1f} {r.emulator.wall_s:>8.2f} "
+                  f"{r.summary.iteration_us_median / 1000:>13.2f} {str(r.emulator.trustworthy):>8} "
+                  f"{'ok' if r.verification.ok else 'FAILED':>9} {rss:>11.0f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,10 @@ Where a wait sits and how long it blocked:
   right after the issue, blocked for the launch;
 - a synchronous collective (``async_op`` False): at the end of its launch, blocked
   until it completed or the thread resumed, whichever came first;
-- DDP's reducer: the first ``copy_bucket_to_grad`` after the buckets were issued
-  waits for all of them; blocked from the end of the thread's last activity
-  before it until the last bucket completed (or the copy began);
+- DDP's reducer: after the last bucket is issued it waits for each bucket in turn
+  and copies it back (``copy_bucket_to_grad``); a bucket blocked the thread for the
+  longest idle stretch between the previous wait (or the last issue) and its
+  completion, zero if it completed while the thread was busy;
 - NCCL's explicit ``wait`` events: each waits for the oldest pending collective
   of its thread;
 - other asynchronous collectives on CPU traces: the idle gap of the main thread
@@ -85,6 +86,20 @@ class _Busy:
             i += 1
         return (b - a) - busy
 
+    def longest_gap(self, lo: float, hi: float) -> tuple[float, float]:
+        """The longest idle stretch inside [lo, hi] (lo, lo if none)."""
+        best = (lo, lo)
+        cursor = lo
+        i = max(0, bisect.bisect_right(self.starts, lo) - 1)
+        while i < len(self.starts) and self.starts[i] < hi:
+            if self.starts[i] > cursor and self.starts[i] - cursor > best[1] - best[0]:
+                best = (cursor, self.starts[i])
+            cursor = max(cursor, self.ends[i])
+            i += 1
+        if hi - cursor > best[1] - best[0]:
+            best = (cursor, hi)
+        return best
+
     def gap_holding(self, t: float, lo: float, hi: float) -> tuple[float, float] | None:
         """The idle gap [start, end] in [lo, hi] that contains time t, if t is idle."""
         if not lo <= t <= hi:
@@ -101,6 +116,7 @@ class _WaitPlan:
     ids: list[int]
     blocked_us: float
     tensors: list[tuple[int, ...]] = field(default_factory=list)
+    tensor_ids: list[int] | None = None  # the buckets the shapes cover, if not just ids
 
 
 @dataclass(frozen=True)
@@ -202,23 +218,31 @@ def _plan_waits(ctx: _Context, colls: list[CollEvent], waits: list[WaitEvent],
         if mine:
             plans.append(_WaitPlan(w.ts_us, [mine[0]], 0.0))
             take([mine[0]])
-    # DDP: the reducer waits for every bucket before copying the first one back.
+    # DDP: after the last bucket is launched, the reducer waits for each bucket in turn and
+    # copies it back before waiting for the next.
     copies = [e for e in ctx.copies if start <= e.ts_us < end]
     if copies and pending:
         first = copies[0]
-        ids = [i for i in pending if colls[i].issue_us < first.ts_us
-               and colls[i].kind == CollKind.ALL_REDUCE]
+        ids = sorted((i for i in pending if colls[i].issue_us < first.ts_us
+                      and colls[i].kind == CollKind.ALL_REDUCE), key=lambda i: colls[i].issue_us)
         if ids:
-            done = [colls[i].done_us for i in ids if colls[i].done_us is not None]
-            if ctx.gpu or not done:
-                plans.append(_WaitPlan(first.ts_us, ids, 0.0, _bucket_tensors(copies)))
+            shapes = _bucket_tensors(copies)
+            if ctx.gpu or any(colls[i].done_us is None for i in ids):
+                plans.append(_WaitPlan(first.ts_us, ids, 0.0, shapes))
             else:
-                # Blocked from the start of the idle gap that holds the last bucket's
-                # completion; the reducer's own work (views, copies) is compute.
-                floor = max(colls[i].launch_end_us for i in ids)
-                ref = max(floor, min(first.ts_us, max(done)))
-                gap = ctx.busy_of(first.tid).gap_start(ref, min(floor, ref))
-                plans.append(_WaitPlan(gap, ids, ref - gap, _bucket_tensors(copies)))
+                # Bucket i blocked the thread for its longest idle stretch between the later
+                # of the last launch and the previous bucket's wait, and its completion.
+                # Not the gap just before a copy: the reducer resumes with views and other
+                # small ops first, and gloo's span closes a little after it released the
+                # waiter. The reducer's own work is compute.
+                busy = ctx.busy_of(first.tid)
+                lo = max(colls[i].launch_end_us for i in ids)
+                for k, i in enumerate(ids):
+                    hi = max(lo, min(colls[i].done_us, end))
+                    g0, g1 = busy.longest_gap(lo, hi)
+                    plans.append(_WaitPlan(g0 if g1 > g0 else hi, [i], g1 - g0, shapes if k == 0 else [],
+                                           tensor_ids=ids if k == 0 else None))
+                    lo = max(lo, g1)
             take(ids)
     if not ctx.gpu:
         main = ctx.busy[ctx.main_tid]
@@ -292,7 +316,7 @@ def _iteration(ctx: _Context, step: int, span: Event, colls: list[CollEvent],
     tensors: dict[int, tuple[tuple[int, ...], ...]] = {}
     for plan in plans:
         if plan.tensors:
-            tensors.update(_split_tensors(colls, plan.ids, plan.tensors))
+            tensors.update(_split_tensors(colls, plan.tensor_ids or plan.ids, plan.tensors))
     # (time, order, item): colls before waits at one instant; boundaries split compute.
     points: list[tuple[float, int, object]] = []
     for i, c in enumerate(colls):

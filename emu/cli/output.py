@@ -30,3 +30,30 @@ def human_bytes(n: float) -> str:
 
 def ms(us: float | None) -> str:
     return "-" if us is None else f"{us / 1000:.2f}"
+
+
+class Status:
+    """A spinner on a terminal; on a pipe or a log file, one line per new status, so that long
+    runs (validate takes minutes) show their progress there too."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._live = err().status(text) if err().is_terminal else None
+
+    def __enter__(self) -> Status:
+        if self._live is not None:
+            self._live.__enter__()
+        else:
+            err().print(self._text, markup=False, highlight=False)
+        return self
+
+    def update(self, text: str) -> None:
+        if self._live is not None:
+            self._live.update(text)
+        elif text != self._text:
+            err().print(text, markup=False, highlight=False)
+        self._text = text
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
 from emu.cli import cli
-from emu.cli.output import err, ms, out
+from emu.cli.output import Status, err, ms, out
 
 
 @cli.command()
 @click.option("--quick", is_flag=True, help="A few cases (minutes): the mlp unshaped and at 300 Mbit/s.")
 @click.option("--models", default="mlp,cnn", show_default=True, help="Built-in models to run.")
-@click.option("--steps", type=int, default=10, show_default=True, help="Timed steps per real run.")
+@click.option("--steps", type=int, default=20, show_default=True, help="Timed steps per real run.")
 @click.option("--calibrate", is_flag=True, help="Also replay each capture with a link fitted to it.")
+@click.option("--keep", type=click.Path(file_okay=False, path_type=Path),
+              help="Keep every captured trace and real run's step times in this folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print cases and summary as JSON on stdout.")
-def validate(quick: bool, models: str, steps: int, calibrate: bool, as_json: bool) -> None:
+def validate(quick: bool, models: str, steps: int, calibrate: bool, keep: Path | None, as_json: bool) -> None:
     """Measure real DDP runs (two ranks, shaped links in network namespaces when root) and
     compare them with emu's replay of their captured traces."""
     from rich.table import Table
@@ -31,9 +34,9 @@ def validate(quick: bool, models: str, steps: int, calibrate: bool, as_json: boo
         raise ConfigError(f"--models {models!r}: choose from mlp, cnn, transformer")
     if steps < 3:
         raise ConfigError(f"--steps must be at least 3, got {steps}")
-    with err().status("validating") as status:
+    with Status("validating") as status:
         report = run_validation(names, QUICK_SETTINGS if quick else DEFAULT_SETTINGS, steps=steps,
-                                calibrate=calibrate, on_status=lambda text: status.update(f"validating: {text}"))
+                                calibrate=calibrate, keep=keep, on_status=lambda text: status.update(f"validating: {text}"))
     for note in report.notes:
         err().print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     if as_json:
@@ -43,10 +46,10 @@ def validate(quick: bool, models: str, steps: int, calibrate: bool, as_json: boo
     for name in ("case", "kind", "measured ms", "+/- ms", "predicted ms", "error"):
         table.add_column(name, justify="left" if name in ("case", "kind") else "right")
     for c in report.cases:
-        table.add_row(c.name, c.kind, ms(c.measured_us), ms(c.spread_us), ms(c.predicted_us), f"{c.error_pct:+.1f}%")
+        table.add_row(c.name, c.kind.value, ms(c.measured_us), ms(c.spread_us), ms(c.predicted_us), f"{c.error_pct:+.1f}%")
     out().print(table)
     s = report.summary
+    parts = [f"{kind}: {s[f'{kind}_mean_abs_error_pct']:.1f}% / {s[f'{kind}_max_abs_error_pct']:.1f}%"
+             for kind in ("same", "extrapolated", "calibrated") if any(c.kind.value == kind for c in report.cases)]
     out().print(f"mean |error| {s['mean_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}% "
-                f"(same configuration: {s['same_mean_abs_error_pct']:.1f}% / {s['same_max_abs_error_pct']:.1f}%; "
-                f"extrapolated: {s['extrapolated_mean_abs_error_pct']:.1f}% / "
-                f"{s['extrapolated_max_abs_error_pct']:.1f}%)", markup=False, highlight=False)
+                f"(mean / max by kind: {'; '.join(parts)})", markup=False, highlight=False)

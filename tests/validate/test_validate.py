@@ -8,16 +8,21 @@ import pytest
 
 from emu.traces import Coll, CollKind, Dtype, Iteration, RankProgram, Source, Trace, TraceMeta, Wait
 from emu.validate import Setting, fit_link, run_validation
-from emu.validate.core import _case, _summary
+from emu.validate.core import CaseKind, _case, _summary
 from emu.validate.netns import available
 
 
-def trace_with(times: dict[int, float]) -> Trace:
+def trace_with(times: dict[int, float], overlapping: bool = False) -> Trace:
+    """One iteration of all_reduces of these element counts and observed times, one after the
+    other (each waited for), or all issued at once."""
     ops = []
     for i, (count, observed) in enumerate(times.items()):
         ops.append(Coll(id=i, kind=CollKind.ALL_REDUCE, dtype=Dtype.FLOAT32, count=count, bytes=4 * count,
                         group_size=2, observed_us=observed))
-    ops.append(Wait(ids=tuple(range(len(times)))))
+        if not overlapping:
+            ops.append(Wait(ids=(i,), blocked_us=observed))
+    if overlapping:
+        ops.append(Wait(ids=tuple(range(len(times))), blocked_us=max(times.values())))
     meta = TraceMeta(source=Source.SYNTHETIC, world_size=2, backend="gloo", device="cpu", framework="t",
                      dtype="float32", captured_at="x")
     return Trace(meta=meta, ranks=(RankProgram(0, (Iteration(0, 1.0, tuple(ops)),)),))
@@ -37,9 +42,22 @@ def test_flat_times_fall_back_to_the_bandwidth_bound() -> None:
     assert fit.bandwidth_bps == pytest.approx(4_000_000 * 4 * 8 / 4000e-6)
 
 
+def test_overlapping_collectives_fit_the_busy_period() -> None:
+    # gloo runs two buckets at once: 16 MB and 8 MB sharing a 300 Mb/s link both end late;
+    # an alpha-beta fit of these would find a latency of a hundred milliseconds.
+    fit = fit_link(trace_with({4_000_000: 717_000.0, 2_000_000: 528_000.0}, overlapping=True))
+    assert fit.method == "busy period" and fit.latency_us == 0
+    assert fit.bandwidth_bps == pytest.approx(6_000_000 * 4 * 8 / 0.717)
+
+
+def test_implausible_latency_falls_back_to_the_bandwidth_bound() -> None:
+    fit = fit_link(trace_with({4_000_000: 717_000.0, 2_000_000: 528_000.0}))
+    assert fit.method == "bandwidth bound"
+
+
 def test_error_arithmetic() -> None:
-    cases = [_case("a", "same", 100.0, 1.0, 103.0), _case("b", "same", 200.0, 1.0, 190.0),
-             _case("c", "extrapolated", 100.0, 1.0, 120.0)]
+    cases = [_case("a", CaseKind.SAME, 100.0, 1.0, 103.0), _case("b", CaseKind.SAME, 200.0, 1.0, 190.0),
+             _case("c", CaseKind.EXTRAPOLATED, 100.0, 1.0, 120.0)]
     assert [c.error_pct for c in cases] == pytest.approx([3.0, -5.0, 20.0])
     s = _summary(cases)
     assert s["same_mean_abs_error_pct"] == pytest.approx(4.0) and s["same_max_abs_error_pct"] == pytest.approx(5.0)

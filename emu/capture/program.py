@@ -242,7 +242,9 @@ def _plan_waits(ctx: _Context, colls: list[CollEvent], waits: list[WaitEvent],
                     g0, g1 = busy.longest_gap(lo, hi)
                     plans.append(_WaitPlan(g0 if g1 > g0 else hi, [i], g1 - g0, shapes if k == 0 else [],
                                            tensor_ids=ids if k == 0 else None))
-                    lo = max(lo, g1)
+                    # the next wait begins when this one ended: at the thread's resume, or
+                    # (no idle stretch) not before this bucket completed
+                    lo = max(lo, g1 if g1 > g0 else hi)
             take(ids)
     if not ctx.gpu:
         main = ctx.busy[ctx.main_tid]

@@ -72,7 +72,10 @@ def run(out: Path, warmup: int, steps: int, target: list[str]) -> None:
     handle = register_optimizer_step_post_hook(on_step)
     prof.start()
     try:
-        # A SystemExit of the script passes through, so that Python reports it as usual.
+        # This runs only in a rank process emu started for the user's script (never in emu's
+        # own process): the script reads its arguments from sys.argv, so they are set as
+        # `python script.py args` would. A SystemExit of the script passes through, so that
+        # Python reports it as usual.
         if target[0] == "-m":
             sys.argv = [target[1], *target[2:]]
             runpy.run_module(target[1], run_name="__main__", alter_sys=True)

@@ -2,7 +2,7 @@
 
 Every fabric runs these for what it does not aggregate itself: ring all_reduce
 (reduce-scatter then all-gather, 2(M-1) steps between neighbours), ring
-reduce_scatter and all_gather, chain broadcast from the root, direct all_to_all
+reduce_scatter and all_gather, binomial-tree broadcast from the root, direct all_to_all
 and send/recv, and the parameter server's push and pull. Data moves in segments
 (a message of at most ``seg_elements`` real elements, many packets on the
 emulated wire); a worker forwards a segment as soon as it has it, so steps
@@ -198,40 +198,6 @@ class Ring(Algorithm):
         self._done(t)
         self.finished = self.got == self.need
         return out
-
-
-class Chain(Algorithm):
-    """Broadcast along the ring from the root: each worker forwards each segment on."""
-
-    def __init__(self, *args, root: int, **kw) -> None:
-        super().__init__(*args, **kw)
-        self.root = root % self.size
-        self.right = (self.rank + 1) % self.size
-        self.last = (self.root - 1) % self.size
-        self.need = sum(len(self.layout.segments(j)) for j in range(self.layout.parts))
-        self.got = 0
-
-    def start(self, t: float) -> list[Seg]:
-        if self.rank != self.root:
-            return []
-        self.finished = True
-        self.end_us = t
-        if self.size == 1:
-            return []
-        out = []
-        for j in range(self.layout.parts):
-            out += self._sends(self.right, j, t, lambda lo, hi: self.own(lo, hi))
-        return out
-
-    def on_segment(self, src: int, segment: int, data: np.ndarray, t: float) -> list[Seg]:
-        chunk, lo, hi = self._map[segment]
-        self.check.compare(data, self.own(lo, hi, worker=self.root))
-        self.got += 1
-        self._done(t)
-        self.finished = self.got == self.need
-        if self.rank == self.last:
-            return []
-        return [Seg(self.right, self.seq, segment, data, self.layout.seg_emu_bytes(chunk), t)]
 
 
 class Tree(Algorithm):

@@ -45,9 +45,3 @@ def quantize(x: np.ndarray, agreed: np.ndarray, num_workers: int) -> np.ndarray:
     ftype = np.float32 if x.dtype == np.float32 else np.float64
     q = np.rint(x * np.exp2(shift.astype(ftype))[..., None])
     return q.astype(np.int32)
-
-
-def dequantize(q: np.ndarray, agreed: np.ndarray, num_workers: int) -> np.ndarray:
-    """Aggregated int32 sums back to float64 values."""
-    shift = np.where(agreed == EXP_NONE, 0, scale_shift(agreed, num_workers))
-    return q.astype(np.float64) * np.exp2(-shift.astype(np.float64))[..., None]

@@ -59,11 +59,6 @@ class Block:
     def units(self, worker: int) -> np.ndarray:
         return self.common + np.where(self.owner == worker, self.own, 0)
 
-    def values_at(self, worker: int, a: int, z: int) -> np.ndarray:
-        """x_w of elements [start + a, start + z), as float32 (exact: |units| < 2**8)."""
-        units = self.common[a:z] + np.where(self.owner[a:z] == worker, self.own[a:z], np.int32(0))
-        return units * self.scale[a:z]
-
     def values(self, worker: int) -> np.ndarray:
         """x_w as float64 (exact: every value fits any float dtype's significand)."""
         return np.ldexp(self.units(worker).astype(np.float64), self.beta)

@@ -30,8 +30,12 @@ def _trace_path(text: str) -> Path:
 @click.option("--loss", type=float, default=0.0, show_default=True, help="Packet loss probability per link.")
 @click.option("--jitter", default="0us", show_default=True, help="Uniform extra delay per packet, up to this.")
 @click.option("--iters", type=int, help="Iterations to replay (default: the trace's).")
-@click.option("--tdf", default="auto", show_default=True,
-              help="Time dilation (wall seconds per emulated second), or auto: calibrated.")
+@click.option("--clock", type=click.Choice(["sync", "wall"]), default=None,
+              help="sync: synchronized emulated clock, exact and unpaced (default for ina, ring, ps); "
+                   "wall: paced by the wall clock with time dilation (default for bmv2).")
+@click.option("--tdf", default=None,
+              help="Time dilation of the wall clock (wall seconds per emulated second), or auto: "
+                   "calibrated (the default there); implies --clock wall.")
 @click.option("--payload-scale", default="auto", show_default=True,
               help="Packets on the emulated wire per packet really sent, or auto.")
 @click.option("--straggler", "stragglers", multiple=True,
@@ -49,7 +53,7 @@ def _trace_path(text: str) -> Path:
               help="Write every worker's spans in emulated time (Perfetto / chrome://tracing).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report(s) as JSON on stdout.")
 def replay(trace_arg: str, workers: int, fabric: str, bandwidth: str, latency: str, loss: float, jitter: str,
-           iters: int | None, tdf: str, payload_scale: str, stragglers: tuple[str, ...], seed: int,
+           iters: int | None, clock: str | None, tdf: str | None, payload_scale: str, stragglers: tuple[str, ...], seed: int,
            slots: int | None, elements: str,
            processes: int | None, ps_shards: int | None, timeout: float, report_path: Path | None,
            chrome_trace: Path | None, as_json: bool) -> None:
@@ -66,7 +70,7 @@ def replay(trace_arg: str, workers: int, fabric: str, bandwidth: str, latency: s
     from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us
     from emu.replay import ReplayConfig
     from emu.replay import replay as run_replay
-    from emu.replay.config import Straggler
+    from emu.replay.config import Clock, Straggler
     from emu.traces import load_trace
 
     path = _trace_path(trace_arg)
@@ -79,7 +83,8 @@ def replay(trace_arg: str, workers: int, fabric: str, bandwidth: str, latency: s
     reports = []
     for name in fabrics:
         config = ReplayConfig(workers=workers, fabric=name, link=link, iters=iters,
-                              tdf=_auto(tdf, float, "--tdf"), payload_scale=_auto(payload_scale, int, "--payload-scale"),
+                              clock=Clock(clock) if clock else (Clock.WALL if tdf is not None else None),
+                              tdf=None if tdf is None else _auto(tdf, float, "--tdf"), payload_scale=_auto(payload_scale, int, "--payload-scale"),
                               stragglers=tuple(Straggler.parse(x) for x in stragglers), seed=seed, slots=slots,
                               elements=int(elements), processes=processes, ps_shards=ps_shards, timeout_s=timeout)
         config.check()
@@ -136,8 +141,10 @@ def _table(reports, path: Path) -> None:
         + f" ({r.verification.elements_checked:,} checked)")
     row("retransmissions", lambda r: str(r.fabric.retransmissions))
     row("fallbacks", lambda r: ", ".join(f"{k} x{v}" for k, v in sorted(r.fabric.fallbacks.items())) or "-")
-    row("time dilation / payload scale", lambda r: f"{r.emulator.tdf:g} / {r.emulator.payload_scale}")
-    row("emulator lag p99", lambda r: f"{ms(r.emulator.lag_us_p99)} ms")
+    row("clock", lambda r: r.emulator.clock if r.emulator.tdf is None else f"wall, dilation {r.emulator.tdf:g}")
+    row("payload scale", lambda r: str(r.emulator.payload_scale))
+    if any(r.emulator.lag_us_p99 is not None for r in reports):
+        row("emulator lag p99", lambda r: "-" if r.emulator.lag_us_p99 is None else f"{ms(r.emulator.lag_us_p99)} ms")
     row("trustworthy", lambda r: "yes" if r.emulator.trustworthy else "NO")
     row("wall time", lambda r: f"{r.emulator.wall_s:.1f} s")
     out().print(t)

@@ -329,8 +329,10 @@ class InaGroup:
         stands for many packets: the next chunk on the slot goes when the first is back, as the
         emulated packets self-clock one by one; the collective ends when the last is back).
 
-        ``verify`` flags (per message row) the results still to check: each is checked once,
-        then its flag is cleared. Returns (local worker, collective) pairs that just completed.
+        ``verify`` holds per message row the mismatches found in it, or -1 while unchecked: each
+        row is checked once (every worker of a host receives the same bytes), and every worker it
+        reaches counts its elements and mismatches, so the totals do not depend on how workers
+        are spread over hosts. Returns (local worker, collective) pairs that just completed.
         """
         chunks = headers["chunk"][rb].astype(np.int64)
         slots = headers["slot"][rb].astype(np.int64)
@@ -364,10 +366,12 @@ class InaGroup:
                 coll.agreed[b + self.p.slots] = exps[d]
                 if check is not None and verify is not None:
                     msg_rows = rb[r[d]]
-                    todo = verify[msg_rows]
+                    todo = verify[msg_rows] < 0
                     if todo.any():
-                        self._check(coll, msg_rows[todo], b[todo], payload, check)
-                        verify[msg_rows[todo]] = False
+                        self._check(coll, msg_rows[todo], b[todo], payload, verify)
+                    real = np.minimum(self.p.elements, coll.real_elements - b * self.p.elements)
+                    check.elements += int(real.sum())
+                    check.mismatches += int(verify[msg_rows].sum())
                 np.add.at(coll.done, w[d], 1)
                 np.maximum.at(coll.end_us, w[d], t_last[d])
                 newly = (coll.done >= coll.data_blocks) & ~coll.finished
@@ -381,14 +385,14 @@ class InaGroup:
         return finished
 
     def _check(self, coll: InaCollective, rows: np.ndarray, blocks: np.ndarray, payload: np.ndarray,
-               check: ResultCheck) -> None:
-        uniq, first = np.unique(blocks, return_index=True)
-        rows = rows[first]
-        want = self.expected_sums(coll, uniq)
-        got = payload[rows].astype(np.int64)
-        real = np.arange(self.p.elements)[None, :] < (coll.real_elements - uniq * self.p.elements)[:, None]
-        check.elements += int(real.sum())
-        check.mismatches += int(np.count_nonzero((got != want) & real))
+               verify: np.ndarray) -> None:
+        """Compare message rows with the exact sums; store each row's mismatches in ``verify``."""
+        uniq, first = np.unique(rows, return_index=True)
+        blocks = blocks[first]
+        want = self.expected_sums(coll, blocks)
+        got = payload[uniq].astype(np.int64)
+        real = np.arange(self.p.elements)[None, :] < (coll.real_elements - blocks * self.p.elements)[:, None]
+        verify[uniq] = np.count_nonzero((got != want) & real, axis=1)
 
     def pending(self) -> bool:
         return any(not c.finished.all() for c in self.colls)

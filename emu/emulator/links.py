@@ -6,9 +6,10 @@ uniform jitter in [0, jitter]; a packet is lost with probability ``loss``.
 Everything is in emulated microseconds and computed from stamps, never from the
 wall clock. Serialization uses wire bytes (``emu.emulator.wire``).
 
-``LinkQueue.transmit`` solves the FIFO recurrence ``d_i = max(r_i, d_{i-1}) + s_i``
+``LinkArray.transmit`` solves the FIFO recurrence ``d_i = max(r_i, d_{i-1}) + s_i``
 for a whole batch with numpy: with ``S_i = s_0 + ... + s_i``,
-``d_i = S_i + max(free, max_{j<=i}(r_j - S_{j-1}))``.
+``d_i = S_i + max(free, max_{j<=i}(r_j - S_{j-1}))``, link by link on a grid so that a
+link's times never depend on which other links share the batch.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -86,20 +88,13 @@ def uniform(seed: int, stream: np.ndarray, counter: np.ndarray) -> np.ndarray:
     return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
-def _segmented_cummax(key: np.ndarray, seg: np.ndarray) -> np.ndarray:
-    """Running maximum restarting at each new segment (seg non-decreasing), exact.
+class Transmitted(NamedTuple):
+    """What a batch of rows met on a link, per row in the order given."""
 
-    Offsets keep the segments apart; the keys are first made relative to their minimum and
-    the offsets sized to their spread, so that the float sums stay exact to far below a
-    nanosecond (offsets of a fixed large size would round the times).
-    """
-    if seg[-1] == 0:
-        return np.maximum.accumulate(key)
-    low = key.min()
-    rel = key - low
-    step = float(rel.max()) * 2.0 + 1.0
-    offset = seg * step
-    return np.maximum.accumulate(rel + offset) - offset + low
+    first_us: np.ndarray  # the first packet the row stands for is at the far end
+    last_us: np.ndarray  # and the last
+    lost: np.ndarray  # bool: the row (some packet of it) was lost
+    lost_packets: np.ndarray  # of the packets a lost row stands for, how many were lost (>= 1)
 
 
 class LinkArray:
@@ -147,7 +142,7 @@ class LinkArray:
 
     def transmit(self, idx: np.ndarray, ready_us: np.ndarray, wire_bytes: np.ndarray,
                  packets: np.ndarray | None = None,
-                 ready_last_us: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 ready_last_us: np.ndarray | None = None) -> Transmitted:
         """Rows of endpoints ``idx`` (FIFO order within each) -> (first and last arrival at the far
         end, lost).
 
@@ -161,7 +156,7 @@ class LinkArray:
         idx = np.asarray(idx, dtype=np.int64)
         n = len(idx)
         if n == 0:
-            return np.zeros(0), np.zeros(0), np.zeros(0, dtype=bool)
+            return Transmitted(np.zeros(0), np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0))
         first_ready = np.asarray(ready_us, dtype=np.float64)
         count = np.ones(n) if packets is None else np.maximum(np.asarray(packets, dtype=np.float64), 1.0)
         ser = np.broadcast_to(np.asarray(self.spec.serialization_us(np.asarray(wire_bytes, np.float64)),
@@ -175,9 +170,13 @@ class LinkArray:
         new = np.r_[True, e[1:] != e[:-1]]
         starts = np.flatnonzero(new)
         seg = np.cumsum(new) - 1
-        total = np.cumsum(sv)
-        base = np.repeat(total[starts] - sv[starts], np.diff(np.r_[starts, n]))
-        cum = total - base  # serialization up to and including each row, per endpoint
+        pos = np.arange(n) - starts[seg]  # each row's place on its link in this batch
+        # Per endpoint, on a (links x rows) grid: every value depends on its own link's rows alone,
+        # so the result is bit for bit the same whichever other links share the batch (a flat
+        # cumulative sum over all links would round each link's times by what came before it).
+        grid = np.zeros((len(starts), int(pos.max()) + 1))
+        grid[seg, pos] = sv
+        cum = np.cumsum(grid, axis=1)[seg, pos]  # serialization up to and including each row
         firsts = e[starts]
         # Out of order: handed over earlier than a previous row of the same link, by more than
         # its own serialization (a row standing for many packets interleaves with its
@@ -190,22 +189,39 @@ class LinkArray:
             np.add.at(self.reorder_error_us, e[early], reference[early] - r[early] + sv[early])
             self.reordered += int(early.sum())
         key = np.maximum(r - (cum - sv), self.free_us[e])
-        start = _segmented_cummax(key, seg)
+        grid.fill(-math.inf)
+        grid[seg, pos] = key
+        start = np.maximum.accumulate(grid, axis=1)[seg, pos]
         done = cum + start
         last = np.r_[starts[1:] - 1, n - 1]
         self.free_us[firsts] = done[last]
         self.last_ready[firsts] = np.maximum(self.last_ready[firsts], np.maximum.reduceat(r, starts))
+        counter0 = self.counter[e] + pos  # each row's number on its link
         jitter, lost = self._fate(e)
+        lost_n = np.zeros(n)
         if self.spec.loss:
-            extra = uniform(self.seed + 7, self.stream[e], self.counter[e] + np.arange(n))
+            extra = uniform(self.seed + 7, self.stream[e], counter0)
             lost |= extra < 1 - (1 - self.spec.loss) ** np.maximum(count[order] - 1, 0)
+            for i in np.flatnonzero(lost):
+                lost_n[i] = self._lost_packets(int(e[i]), int(counter0[i]), float(count[order][i]))
         first_out, last_out = np.empty(n), np.empty(n)
         lost_out = np.empty(n, dtype=bool)
+        lost_packets = np.empty(n)
         lat = self.spec.latency_us + jitter
         last_out[order] = done + lat
         first_out[order] = done - sv + one[order] + lat
         lost_out[order] = lost
-        return first_out, last_out, lost_out
+        lost_packets[order] = lost_n
+        return Transmitted(first_out, last_out, lost_out, lost_packets)
+
+    def _lost_packets(self, i: int, counter: int, count: float) -> float:
+        """Of the ``count`` packets a lost row stands for, how many were lost (at least one): a
+        draw keyed by (seed, link, the row's number on it), so the same whatever the process layout."""
+        n = max(1, int(round(count)))
+        if n == 1:
+            return 1.0
+        key = int(uniform(self.seed + 17, self.stream[i:i + 1], np.array([counter]))[0] * 2**62)
+        return float(max(1, np.random.default_rng(key).binomial(n, self.spec.loss)))
 
     def _segment_loss(self, i: int, packets: int, wire_bytes: float) -> tuple[float, float]:
         """Point-to-point transports recover lost packets themselves (selective repeat after a

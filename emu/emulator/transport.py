@@ -25,6 +25,8 @@ AGG = b"A"  # contributions, host -> switch
 RESULTS = b"R"  # results, switch -> host
 SEG = b"P"  # a point-to-point segment, either way
 HELLO = b"H"  # a host's first message on the data socket: the switch can route to it from then on
+GO = b"G"  # synchronized clock, switch -> host: handle every event up to the bound
+DONE = b"D"  # synchronized clock, host -> switch: the window is handled; when the next event is
 
 
 class FrameError(ValueError):
@@ -125,6 +127,59 @@ class Segment:
         if _nbytes(frames[3]) != n * ITEMSIZE[dtype]:
             raise FrameError("segment payload does not match its element count")
         return cls(header, emu_bytes, first, last, decode_values(frames[3], dtype))
+
+
+_WINDOW = struct.Struct("<QdB")  # window number, time (us), flag
+
+
+@dataclass(frozen=True)
+class Go:
+    """Window ``window`` of the synchronized clock: handle events before ``bound_us`` (at or
+    before it when ``inclusive``: zero lookahead, where a window is one round at one time)."""
+
+    window: int
+    bound_us: float
+    inclusive: bool
+
+    def frames(self) -> list[bytes]:
+        return [GO, _WINDOW.pack(self.window, self.bound_us, self.inclusive)]
+
+    @classmethod
+    def parse(cls, frames: list) -> Go:
+        _check(frames, 2)
+        if _nbytes(frames[1]) != _WINDOW.size:
+            raise FrameError("bad window message")
+        window, bound, inclusive = _WINDOW.unpack(frames[1])
+        return cls(window, bound, bool(inclusive))
+
+
+@dataclass(frozen=True)
+class Done:
+    """A host handled window ``window``; its earliest remaining event is at ``next_us`` (inf: none);
+    ``finished``: every worker it runs has run its whole program."""
+
+    window: int
+    next_us: float
+    finished: bool
+
+    def frames(self) -> list[bytes]:
+        return [DONE, _WINDOW.pack(self.window, self.next_us, self.finished)]
+
+    @classmethod
+    def parse(cls, frames: list) -> Done:
+        _check(frames, 2)
+        if _nbytes(frames[1]) != _WINDOW.size:
+            raise FrameError("bad window report")
+        window, next_us, finished = _WINDOW.unpack(frames[1])
+        return cls(window, next_us, bool(finished))
+
+
+def segment_first_us(meta: object) -> float:
+    """When a segment's first packet is at the switch, from its meta frame (the switch forwards
+    segments without parsing them, but the synchronized clock needs their times)."""
+    if _nbytes(meta) != _SEG_META.size:
+        raise FrameError("bad segment meta")
+    return float(_SEG_META.unpack(meta)[1])
 
 
 def control(obj: dict[str, Any]) -> bytes:

@@ -81,6 +81,8 @@ def agg_wire_bytes(elements: int) -> int:
     return FRAME_OVERHEAD + AGG_HEADER.itemsize + 4 * elements
 
 
+MIN_WIRE_BYTES = FRAME_OVERHEAD + 16  # the smallest packet emu sends: a header without payload
+
 P2P_PAYLOAD_MAX = MTU - IPV4_HEADER - UDP_HEADER - P2P_HEADER.itemsize  # 1456 bytes
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 from dataclasses import dataclass, field
 
 from emu.emulator.links import LinkSpec
-from emu.emulator.wire import ELEMENTS_ALLOWED, MAX_WORKERS_SOFTWARE, agg_wire_bytes
+from emu.emulator.wire import ELEMENTS_ALLOWED, MAX_WORKERS_SOFTWARE, MIN_WIRE_BYTES, agg_wire_bytes
 from emu.errors import ConfigError
 
 FABRICS = ("ina", "ring", "ps", "bmv2")
@@ -18,6 +19,20 @@ REAL_BYTES_PER_ITERATION = 16e6  # what --payload-scale auto lets the workers re
 # SwitchML's 8192 slots) keeps the rounds few; its cost in emulated time is the exponent round,
 # one pool of header-only packets per collective (docs/physics.md).
 MIN_POOL = 4096
+
+
+class Clock(str, enum.Enum):
+    """How emulated time advances (docs/physics.md, "The clock").
+
+    ``sync``: conservative synchronization; every endpoint handles an event only when no
+    message with an earlier stamp can still reach it, so links see their packets in
+    emulated-time order by construction and nothing sleeps. ``wall``: events fire when the
+    wall clock reaches their emulated time times the dilation (for a fabric that cannot take
+    part in the synchronization, such as a switch outside emu).
+    """
+
+    SYNC = "sync"
+    WALL = "wall"
 
 
 @dataclass(frozen=True)
@@ -96,6 +111,9 @@ class ReplayConfig:
     """Bound on the whole replay (wall clock)."""
     stragglers: tuple[Straggler, ...] = ()
     """Compute slow-downs of chosen or random workers."""
+    clock: Clock | None = None
+    """sync or wall; default: sync, or wall where the fabric cannot be synchronized (bmv2) or a
+    dilation was given."""
 
     def check(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS_SOFTWARE:
@@ -120,6 +138,28 @@ class ReplayConfig:
             raise ConfigError(f"--timeout must be positive, got {self.timeout_s}")
         for straggler in self.stragglers:
             straggler.check(self.workers)
+        if self.clock is not None and not isinstance(self.clock, Clock):
+            raise ConfigError(f"--clock {self.clock!r} is not one of: sync, wall")
+        if self.clock == Clock.SYNC and self.tdf is not None:
+            raise ConfigError("--tdf paces the wall clock: give --clock wall with it, or drop --tdf")
+        if self.clock == Clock.SYNC and self.fabric == "bmv2":
+            raise ConfigError("--fabric bmv2 cannot take part in the synchronized clock (BMv2 stamps nothing): "
+                              "use --clock wall")
+        if self.resolved_clock == Clock.SYNC and self.timeout_rto_us < self.lookahead_us():
+            raise ConfigError(f"the retransmission timeout ({self.timeout_rto_us:g} us) is shorter than one "
+                              f"link's latency plus a packet ({self.lookahead_us():g} us): raise it")
+
+    @property
+    def resolved_clock(self) -> Clock:
+        if self.clock is not None:
+            return self.clock
+        return Clock.WALL if self.fabric == "bmv2" or self.tdf is not None else Clock.SYNC
+
+    def lookahead_us(self) -> float:
+        """The least emulated time between an endpoint's event and its earliest effect on another
+        endpoint: one link's latency plus the serialization of the smallest packet (every path
+        crosses at least one link; the switch is instantaneous)."""
+        return self.link.latency_us + float(self.link.serialization_us(MIN_WIRE_BYTES))
 
     @property
     def host_processes(self) -> int:

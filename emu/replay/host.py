@@ -1,25 +1,30 @@
-"""A host process: many fake workers (or parameter-server shards) on one event loop.
+"""A host process's endpoints: many fake workers (or parameter-server shards) and their links.
 
-One asyncio loop cannot drive hundreds of workers (DESIGN.md's facts: about
-7,000 messages a second), so a host runs its own loop over a heap of emulated-time
-events and a pyzmq poller, and sends few, large messages: every contribution its
-workers make in one pass goes to the switch as one batch, and one result message
-serves all of them. Events fire when the wall clock reaches their emulated time
-times the dilation factor (absolute deadlines, never relative sleeps); how late
-they fire is the lag the report gives.
+One process runs many endpoints and sends few, large messages: every contribution
+its workers make in a window goes to the switch as one batch, and one result
+message serves all of them. ``Host.advance(bound)`` handles everything due before
+``bound`` in emulated time, in an order that does not depend on how the endpoints
+are spread over processes:
+
+1. downlinks: results and segments from the switch, per link in stamp order (their
+   effects, arrivals at the endpoints, lie at least one lookahead later);
+2. local events (a worker's program, retransmission timers) in (time, kind, endpoint)
+   order;
+3. uplinks: every packet and segment whose send time is before the bound, per link in
+   send-time order.
+
+Which bound, and when, is the clock's business (``emu.replay.hostloop``): the
+synchronized clock's windows, or the wall clock times the dilation.
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import zmq
 
 from emu.emulator import wire
 from emu.emulator.ina import InaGroup, InaParams, Packets, PayloadCache, ResultCheck
@@ -38,16 +43,16 @@ from emu.emulator.p2p import (
     Tree,
 )
 from emu.emulator.switch import MULTICAST
-from emu.emulator.transport import AGG, HELLO, RESULTS, SEG, AggBatch, FrameError, Segment, control, parse_control
+from emu.emulator.transport import AggBatch, FrameError, Segment
 from emu.replay.config import AGGREGATING, ReplayConfig
+from emu.replay.lag import LagHistogram
 from emu.replay.programs import WorkerProgram, straggling
 from emu.replay.worker import CollRun, FakeWorker, WorkerState
 from emu.traces.model import CollKind
 
 _FLOAT = {"float32", "float16", "bfloat16", "float64"}
 _PACKET_FIELDS = ("local", "headers", "payload", "send_us", "emu_packets", "retransmit")
-_LAG_SAMPLES = 200_000
-PROGRESS_S = 0.2
+_RUN, _RETX = 0, 1  # local event kinds, in the order they are handled at equal times
 
 
 @dataclass(frozen=True)
@@ -71,8 +76,22 @@ class Counters:
     lost: int = 0
     retransmissions: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
-    reordered: int = 0
     events: int = 0
+    real_bytes: int = 0  # bytes of data messages this process really sent and received
+
+
+def _take(pk: Packets, rows: np.ndarray) -> Packets:
+    return Packets(*(getattr(pk, f)[rows] for f in _PACKET_FIELDS))
+
+
+def _concat(parts: list[Packets]) -> Packets:
+    if len(parts) == 1:
+        return parts[0]
+    return Packets(*(np.concatenate([getattr(p, f) for p in parts]) for f in _PACKET_FIELDS))
+
+
+def _due(times: np.ndarray, bound: float, inclusive: bool) -> np.ndarray:
+    return times <= bound if inclusive else times < bound
 
 
 class Host:
@@ -83,17 +102,17 @@ class Host:
         self.m = cfg.workers
         self.r = cfg.scale
         self.k = cfg.elements
-        self.heap: list[tuple[float, int, str, Any]] = []
-        self.order = itertools.count()
+        # local events: (time, kind, endpoint, detail, lost packets): a total order that does not
+        # depend on when they were pushed
+        self.heap: list[tuple[float, int, int, int, float]] = []
         self.counters = Counters()
-        self.rng = np.random.default_rng([cfg.seed, setup.index, 99])
         self.retx_scale: dict[tuple[int, int], float] = {}  # what a pending retransmission stands for
         self.pump_due = False
         self.retx_due: list[tuple[int, int, float, float]] = []
         self.check = Check()
         self.ina_check = ResultCheck()
-        self.lags: list[float] = []
-        self.wall0 = 0.0
+        self.lag = LagHistogram()
+        self.measure_lag = False
         endpoints = np.asarray(setup.endpoints, dtype=np.int64)
         self.index = {int(e): i for i, e in enumerate(endpoints)}
         self.up = LinkArray(cfg.link, endpoints, cfg.seed, 0, cfg.timeout_rto_us)
@@ -104,6 +123,13 @@ class Host:
         self.ina_runs: dict[tuple[int, int], CollRun] = {}
         self.early: dict[tuple[int, int], list[tuple[int, int, np.ndarray, float]]] = {}
         self.servers: dict[int, PSServer] = {}
+        # what waits for its time: contributions and segments to send (uplinks), results and
+        # segments received (downlinks)
+        self.up_ina: list[tuple[float, int, Packets]] = []
+        self.up_segs: list[tuple[float, int, int, int, int, Seg, str]] = []
+        self.down_results: list[tuple[float, int, AggBatch, np.ndarray]] = []
+        self.down_segs: list[tuple[float, int, int, int, int, Segment]] = []
+        self._parts = 0  # a counter that only keeps heap entries of equal keys apart
         self.outgoing_agg: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.outgoing_seg: list[Segment] = []
         params = InaParams(slots=cfg.real_slots, elements=self.k, workers=self.m, job=0, seed=cfg.seed,
@@ -120,15 +146,26 @@ class Host:
             for e in setup.endpoints:
                 self.servers[e] = PSServer(self.m)
 
-    # -- time -------------------------------------------------------------------------
-    def now_us(self) -> float:
-        return (time.monotonic() - self.wall0) * 1e6 / self.cfg.dilation
+    def begin(self) -> None:
+        for fw in self.workers.values():
+            fw.begin()
+        self.pump()
 
-    def _push(self, t: float, kind: str, what: Any) -> None:
-        heapq.heappush(self.heap, (t, next(self.order), kind, what))
-
+    # -- local events -----------------------------------------------------------------
     def _resume_at(self, worker: FakeWorker, t: float) -> None:
-        self._push(t, "run", worker)
+        heapq.heappush(self.heap, (t, _RUN, worker.w, 0, 0.0))
+
+    def _timer(self, t: float, local: int, slot: int, lost: float) -> None:
+        heapq.heappush(self.heap, (t, _RETX, local, slot, lost))
+
+    def next_us(self) -> float:
+        """The earliest emulated time at which something is left to do here (inf: nothing)."""
+        self.pump()
+        return min(self.heap[0][0] if self.heap else math.inf,
+                   self.up_ina[0][0] if self.up_ina else math.inf,
+                   self.up_segs[0][0] if self.up_segs else math.inf,
+                   self.down_results[0][0] if self.down_results else math.inf,
+                   self.down_segs[0][0] if self.down_segs else math.inf)
 
     # -- collectives ------------------------------------------------------------------
     def _start_coll(self, worker: FakeWorker, run: CollRun) -> None:
@@ -145,7 +182,7 @@ class Host:
                 worker.completed(run, run.start_us)
             else:
                 self.ina_runs[(local, run.seq)] = run
-                self._pump()
+                self.pump_due = True
             return
         alg = self._algorithm(w, run, real)
         if alg.fallback and not (self.cfg.fabric == "ring" and op.kind == CollKind.ALL_REDUCE):
@@ -157,7 +194,6 @@ class Host:
             self._queue_segs(w, alg.on_segment(src, seg, data, max(t, run.start_us)), alg.dtype)
         if alg.finished:
             self._finish(w, run.seq)
-
     def _algorithm(self, w: int, run: CollRun, real: int) -> Algorithm:
         op, cfg, m = run.op, self.cfg, self.m
         itemsize = op.dtype.itemsize
@@ -192,60 +228,72 @@ class Host:
         run = self.runs.pop((w, seq))
         self.workers[w].completed(run, alg.end_us)
 
-    # -- sending ----------------------------------------------------------------------
-    def _lost_count(self, scale: float) -> float:
-        """How many of the emulated packets a lost real packet stands for were lost (at least one):
-        only those are sent again."""
-        n = max(1, int(round(scale)))
-        return float(max(1, self.rng.binomial(n, self.cfg.link.loss))) if n > 1 else 1.0
-
-    def _pump(self, retransmit: list[tuple[int, int, float, float]] | None = None) -> None:
-        """Ask for the group's next packets, once per pass of the loop (workers that start
-        collectives or get results in one pass share one batch; emulated times are unchanged)."""
-        self.pump_due = True
-        if retransmit:
-            self.retx_due.extend(retransmit)
-
+    # -- uplinks ----------------------------------------------------------------------
     def pump(self) -> None:
-        if not self.pump_due:
+        """The group's next packets (every chunk any worker may send, with its send time, and the
+        retransmissions due): asked once per window, since they depend only on the state."""
+        if not self.pump_due and not self.retx_due:
             return
         self.pump_due = False
         retx, self.retx_due = self.retx_due, []
         pk = self.group.next_packets(retx)
         if pk is not None:
-            self._push(float(pk.send_us.min()), "ina", pk)
+            self._parts += 1
+            heapq.heappush(self.up_ina, (float(pk.send_us.min()), self._parts, pk))
 
     def _queue_segs(self, src: int, segs: list[Seg], dtype: str) -> None:
         for seg in segs:
-            self._push(seg.send_us, "seg", (src, seg, dtype))
+            heapq.heappush(self.up_segs, (seg.send_us, src, seg.seq, seg.segment, seg.dst, seg, dtype))
 
-    def _split_ina(self, pk: Packets, now: float) -> Packets | None:
-        """The part of a batch that is due; the rest waits for its time."""
-        due = pk.send_us <= now
-        if due.all():
-            return pk
-        rest = Packets(*(getattr(pk, f)[~due] for f in _PACKET_FIELDS))
-        self._push(float(rest.send_us.min()), "ina", rest)
-        return Packets(*(getattr(pk, f)[due] for f in _PACKET_FIELDS)) if due.any() else None
+    def _uplinks(self, bound: float, inclusive: bool) -> None:
+        """Hand every packet and segment due before the bound to its uplink, per link in send order."""
+        parts: list[Packets] = []
+        while self.up_ina and (self.up_ina[0][0] <= bound if inclusive else self.up_ina[0][0] < bound):
+            _, _, pk = heapq.heappop(self.up_ina)
+            due = _due(pk.send_us, bound, inclusive)
+            if not due.all():
+                rest = _take(pk, np.flatnonzero(~due))
+                self._parts += 1
+                heapq.heappush(self.up_ina, (float(rest.send_us.min()), self._parts, rest))
+                pk = _take(pk, np.flatnonzero(due))
+            parts.append(pk)
+        segs = []
+        while self.up_segs and (self.up_segs[0][0] <= bound if inclusive else self.up_segs[0][0] < bound):
+            segs.append(heapq.heappop(self.up_segs))
+        if not parts:
+            for _, src, _, _, _, seg, dtype in segs:
+                self._send_seg(src, seg, dtype)
+            return
+        pk = _concat(parts)
+        order = np.lexsort((pk.headers["chunk"], pk.send_us, pk.local))  # each uplink's FIFO
+        pk = _take(pk, order)
+        if not segs:
+            self._send_ina(pk)
+            return
+        # a worker's packets and segments share its uplink: hand them over in time order
+        by_time = np.argsort(pk.send_us, kind="stable")
+        done = 0
+        for t, src, _, _, _, seg, dtype in segs:
+            upto = int(np.searchsorted(pk.send_us[by_time], t, side="right"))
+            if upto > done:
+                self._send_ina(_take(pk, np.sort(by_time[done:upto])))
+                done = upto
+            self._send_seg(src, seg, dtype)
+        if done < len(pk.send_us):
+            self._send_ina(_take(pk, np.sort(by_time[done:])))
 
-    def _send_ina(self, parts: list[Packets]) -> None:
-        """Hand every due contribution of this pass to the uplinks at once, each worker's in
-        emulated-time order (batches made at different moments interleave)."""
-        pk = Packets(*(np.concatenate([getattr(p, f) for p in parts]) for f in _PACKET_FIELDS))
-        if len(parts) > 1:
-            order = np.lexsort((pk.send_us, pk.local))
-            pk = Packets(*(getattr(pk, f)[order] for f in _PACKET_FIELDS))
+    def _send_ina(self, pk: Packets) -> None:
         sizes = np.where(pk.headers["size"] > 0, wire.agg_wire_bytes(self.k), wire.agg_wire_bytes(0))
         wire_bytes = sizes * pk.emu_packets
-        first, last, lost = self.up.transmit(pk.local, pk.send_us, wire_bytes, packets=pk.emu_packets)
-        arrival = np.stack([first, last], axis=1)
-        self.counters.bytes_sent += float(wire_bytes.sum())
+        sent = self.up.transmit(pk.local, pk.send_us, wire_bytes, packets=pk.emu_packets)
+        arrival = np.stack([sent.first_us, sent.last_us], axis=1)
+        self.counters.bytes_sent += float(np.rint(wire_bytes).sum())  # whole bytes: exact in any order
+        lost = sent.lost
         if lost.any():
             self.counters.lost += int(lost.sum())
-            for local, slot, sent, scale in zip(pk.local[lost], pk.headers["slot"][lost], pk.send_us[lost],
-                                                pk.emu_packets[lost], strict=True):
-                self._push(float(sent) + self.cfg.timeout_rto_us, "retx",
-                           (int(local), int(slot), self._lost_count(scale)))
+            for local, slot, at, n in zip(pk.local[lost], pk.headers["slot"][lost], pk.send_us[lost],
+                                          sent.lost_packets[lost], strict=True):
+                self._timer(float(at) + self.cfg.timeout_rto_us, int(local), int(slot), float(n))
         keep = ~lost
         if keep.any():
             self.outgoing_agg.append((pk.headers[keep], pk.payload[keep], arrival[keep]))
@@ -254,7 +302,7 @@ class Host:
         packets = wire.p2p_packets(int(math.ceil(seg.emu_bytes)))
         wire_bytes = seg.emu_bytes + packets * (wire.FRAME_OVERHEAD + wire.P2P_HEADER.itemsize)
         first, last, resent = self.up.send_segment(self.index[src], seg.send_us, wire_bytes, packets)
-        self.counters.bytes_sent += wire_bytes + resent
+        self.counters.bytes_sent += round(wire_bytes + resent)
         header = np.zeros(1, wire.P2P_HEADER)
         header["msg_type"] = wire.MsgType.P2P
         header["dtype"] = wire.DTYPE_CODES.index(dtype)
@@ -264,50 +312,76 @@ class Host:
         header["segment"] = seg.segment
         self.outgoing_seg.append(Segment(header, seg.emu_bytes, first, last, seg.data))
 
-    def flush(self, sock: zmq.Socket) -> None:
+    def take_outgoing(self) -> tuple[AggBatch | None, list[Segment]]:
+        """What the uplinks delivered since the last call: one batch of contributions, the segments."""
+        batch = None
         if self.outgoing_agg:
-            headers = np.concatenate([a[0] for a in self.outgoing_agg])
-            payload = np.concatenate([a[1] for a in self.outgoing_agg])
-            stamps = np.concatenate([a[2] for a in self.outgoing_agg])
-            sock.send_multipart(AggBatch(headers, payload, stamps).frames(AGG), copy=False)
+            batch = AggBatch(np.concatenate([a[0] for a in self.outgoing_agg]),
+                             np.concatenate([a[1] for a in self.outgoing_agg]),
+                             np.concatenate([a[2] for a in self.outgoing_agg]))
             self.outgoing_agg = []
-        for seg in self.outgoing_seg:
-            sock.send_multipart(seg.frames(), copy=False)
-        self.outgoing_seg = []
+        segs, self.outgoing_seg = self.outgoing_seg, []
+        return batch, segs
 
-    # -- receiving --------------------------------------------------------------------
+    # -- downlinks --------------------------------------------------------------------
     def receive_results(self, batch: AggBatch) -> None:
-        """Results reach the host's downlinks when their stamps come due, in stamp order."""
-        order = np.argsort(batch.stamps[:, 0], kind="stable")
+        if not len(batch.headers):
+            return
+        order = np.lexsort((batch.headers["chunk"], batch.stamps[:, 0]))
         batch = AggBatch(batch.headers[order], batch.payload[order], batch.stamps[order])
-        self._push(float(batch.stamps[0, 0]), "results", (batch, np.ones(len(order), bool)))
+        self._parts += 1
+        heapq.heappush(self.down_results, (float(batch.stamps[0, 0]), self._parts, batch,
+                                           np.full(len(order), -1, np.int64)))
 
     def receive_segment(self, seg: Segment) -> None:
-        self._push(seg.first_us, "segment", seg)
+        h = seg.header[0]
+        heapq.heappush(self.down_segs, (seg.first_us, int(h["dst"]), int(h["src"]), int(h["seq"]),
+                                        int(h["segment"]), seg))
 
-    def _split_results(self, batch: AggBatch, verify: np.ndarray,
-                       now: float) -> tuple[AggBatch, np.ndarray] | None:
-        due = batch.stamps[:, 0] <= now
-        if due.all():
-            return batch, verify
-        rest = ~due
-        self._push(float(batch.stamps[rest, 0].min()), "results",
-                   (AggBatch(batch.headers[rest], batch.payload[rest], batch.stamps[rest]), verify[rest]))
-        if not due.any():
-            return None
-        return AggBatch(batch.headers[due], batch.payload[due], batch.stamps[due]), verify[due]
-
-    def _deliver_results(self, parts: list[tuple[AggBatch, np.ndarray]]) -> None:
-        """Every due result of this pass reaches the downlinks at once, in stamp order."""
+    def _downlinks(self, bound: float, inclusive: bool, now: float | None) -> None:
+        """Hand every result and segment due before the bound to its downlink, per link in stamp order."""
+        parts: list[tuple[AggBatch, np.ndarray]] = []
+        while self.down_results and (self.down_results[0][0] <= bound if inclusive
+                                     else self.down_results[0][0] < bound):
+            _, _, batch, verify = heapq.heappop(self.down_results)
+            due = _due(batch.stamps[:, 0], bound, inclusive)
+            if not due.all():
+                rest = ~due
+                self._parts += 1
+                heapq.heappush(self.down_results, (float(batch.stamps[rest, 0].min()), self._parts,
+                                                   AggBatch(batch.headers[rest], batch.payload[rest],
+                                                            batch.stamps[rest]), verify[rest]))
+                batch, verify = AggBatch(batch.headers[due], batch.payload[due], batch.stamps[due]), verify[due]
+            parts.append((batch, verify))
+        segs = []
+        while self.down_segs and (self.down_segs[0][0] <= bound if inclusive else self.down_segs[0][0] < bound):
+            segs.append(heapq.heappop(self.down_segs)[-1])
+        if now is not None and self.measure_lag:
+            self.lag.add_many(now - np.concatenate([b.stamps[:, 0] for b, _ in parts] + [
+                np.array([s.first_us for s in segs])]))
+        if not parts:
+            for seg in segs:
+                self.on_segment(seg)
+            return
         if len(parts) == 1:
             batch, verify = parts[0]
         else:
             stamps = np.concatenate([b.stamps for b, _ in parts])
-            order = np.argsort(stamps[:, 0], kind="stable")
-            batch = AggBatch(np.concatenate([b.headers for b, _ in parts])[order],
-                             np.concatenate([b.payload for b, _ in parts])[order], stamps[order])
+            headers = np.concatenate([b.headers for b, _ in parts])
+            order = np.lexsort((headers["chunk"], stamps[:, 0]))
+            batch = AggBatch(headers[order], np.concatenate([b.payload for b, _ in parts])[order], stamps[order])
             verify = np.concatenate([v for _, v in parts])[order]
-        self.on_results(batch, verify)
+        done = 0
+        for seg in segs:  # a worker's results and segments share its downlink: in time order
+            upto = int(np.searchsorted(batch.stamps[:, 0], seg.first_us, side="right"))
+            if upto > done:
+                self.on_results(AggBatch(batch.headers[done:upto], batch.payload[done:upto],
+                                         batch.stamps[done:upto]), verify[done:upto])
+                done = upto
+            self.on_segment(seg)
+        if done < len(verify):
+            self.on_results(AggBatch(batch.headers[done:], batch.payload[done:], batch.stamps[done:]),
+                            verify[done:])
 
     def on_results(self, batch: AggBatch, verify: np.ndarray) -> None:
         g = self.group
@@ -333,22 +407,31 @@ class Host:
             scale = scale.copy()
             scale[-n_uni:] = [min(scale[-n_uni + i], self.retx_scale.get(
                 (int(li[-n_uni + i]), int(batch.headers["slot"][uni[i]])), 1.0)) for i in range(n_uni)]
+        if len(uni) and len(multi):  # each downlink in the message's (stamp) order
+            order = np.lexsort((rb, li))
+            li, rb, scale = li[order], rb[order], scale[order]
         row_bytes = sizes[rb] / per[rb] * scale
-        first, last, lost = self.down.transmit(li, batch.stamps[rb, 0], row_bytes, packets=scale,
-                                               ready_last_us=batch.stamps[rb, 1])
-        self.counters.bytes_sent += float(row_bytes.sum())
+        got = self.down.transmit(li, batch.stamps[rb, 0], row_bytes, packets=scale,
+                                 ready_last_us=batch.stamps[rb, 1])
+        first, last, lost = got.first_us, got.last_us, got.lost
+        self.counters.bytes_sent += float(np.rint(row_bytes).sum())
         if lost.any():
             self.counters.lost += int(lost.sum())
-            for local, slot, lost_scale in zip(li[lost], batch.headers["slot"][rb[lost]], scale[lost], strict=True):
-                self._push(float(g.sent_at[local, slot]) + self.cfg.timeout_rto_us, "retx",
-                           (int(local), int(slot), self._lost_count(lost_scale)))
+            rto = self.cfg.timeout_rto_us
+            for local, slot, arrival, n in zip(li[lost], batch.headers["slot"][rb[lost]], first[lost],
+                                               got.lost_packets[lost], strict=True):
+                # the worker's timer, armed when it sent, fires every rto until the result is in:
+                # the first firing after the lost result would have arrived resends
+                sent = float(g.sent_at[local, slot])
+                self._timer(sent + rto * max(1.0, math.ceil((float(arrival) - sent) / rto)), int(local),
+                            int(slot), float(n))
         keep = ~lost
         done = g.on_results(li[keep], rb[keep], batch.headers, batch.payload, first[keep], last[keep], verify,
                             self.ina_check)
         for local, coll in done:
             run = self.ina_runs.pop((local, coll.seq))
             self.workers[int(g.wids[local])].completed(run, float(coll.end_us[local]))
-        self._pump()
+        self.pump_due = True
 
     def on_segment(self, seg: Segment) -> None:
         h = seg.header[0]
@@ -358,7 +441,7 @@ class Host:
         packets = wire.p2p_packets(int(math.ceil(seg.emu_bytes)))
         wire_bytes = seg.emu_bytes + packets * (wire.FRAME_OVERHEAD + wire.P2P_HEADER.itemsize)
         t, resent = self.down.receive_segment(self.index[dst], seg.first_us, seg.last_us, wire_bytes, packets)
-        self.counters.bytes_sent += wire_bytes + resent
+        self.counters.bytes_sent += round(wire_bytes + resent)
         if dst in self.servers:
             replies = self.servers[dst].on_segment(dst, src, seq, segno, seg.values, seg.emu_bytes, t)
             self._queue_segs(dst, replies, seg.dtype)
@@ -372,59 +455,36 @@ class Host:
         if alg.finished and key in self.runs:
             self._finish(dst, seq)
 
-    # -- the loop ---------------------------------------------------------------------
-    def fire_due(self) -> None:
-        self.pump()
-        now = self.now_us()
-        ina: list[Packets] = []
-        results: list[tuple[AggBatch, np.ndarray]] = []
-
-        def flush_links() -> None:
-            if ina:
-                self._send_ina(ina)
-                ina.clear()
-            if results:
-                self._deliver_results(results)
-                results.clear()
-
-        while self.heap and self.heap[0][0] <= now:
-            t, _, kind, what = heapq.heappop(self.heap)
+    # -- a window -----------------------------------------------------------------------
+    def advance(self, bound: float, inclusive: bool = False, now: float | None = None) -> None:
+        """Handle everything due before ``bound`` (or at it, when ``inclusive``): downlinks, then
+        local events in order, then uplinks (module docstring). ``now``: the wall clock's
+        emulated time, to measure lag (the wall clock only)."""
+        self._downlinks(bound, inclusive, now)
+        lags = []
+        heap = self.heap
+        while heap and (heap[0][0] <= bound if inclusive else heap[0][0] < bound):
+            t, kind, a, b, lost = heapq.heappop(heap)
             self.counters.events += 1
-            if len(self.lags) < _LAG_SAMPLES:
-                self.lags.append(max(0.0, now - t))
-            if kind == "ina":
-                part = self._split_ina(what, now)
-                if part is not None:
-                    ina.append(part)
-                continue
-            if kind == "results":
-                part = self._split_results(*what, now)
-                if part is not None:
-                    results.append(part)
-                continue
-            flush_links()
-            if kind == "run":
-                what.run()
-            elif kind == "segment":
-                self.on_segment(what)
-            elif kind == "seg":
-                self._send_seg(*what)
-            elif kind == "retx":
-                local, slot, lost = what
-                self.retx_scale[(local, slot)] = lost
-                self._pump([(local, slot, t, lost)])
-            if self.pump_due and (not self.heap or self.heap[0][0] > now):
-                self.pump()
-            now = self.now_us()
-        flush_links()
-        if self.pump_due:
-            self.pump()
+            if now is not None:
+                lags.append(now - t)
+            if kind == _RUN:
+                self.workers[a].run()
+            else:
+                self.retx_scale[(a, b)] = lost
+                self.retx_due.append((a, b, t, lost))
+        if lags and self.measure_lag:
+            self.lag.add_many(np.asarray(lags))
+        self.pump()
+        self._uplinks(bound, inclusive)
+
+    def finished(self) -> bool:
+        return all(fw.s.finished for fw in self.workers.values())
 
     def done(self) -> bool:
-        return all(fw.s.finished for fw in self.workers.values()) and not self.heap and not self.pump_due
+        return self.finished() and self.next_us() == math.inf and not self.pump_due and not self.retx_due
 
     def metrics(self) -> dict[str, Any]:
-        lags = np.asarray(self.lags) if self.lags else np.zeros(1)
         workers = {}
         for w, fw in self.workers.items():
             s = fw.s
@@ -440,89 +500,10 @@ class Host:
             "type": "result", "host": self.setup.index, "workers": workers,
             "bytes_sent": self.counters.bytes_sent, "lost": self.counters.lost,
             "retransmissions": stream_retx + resent, "late_results": late, "fallbacks": self.counters.fallbacks,
-            "reordered": reordered, "events": self.counters.events,
+            "reordered": reordered, "events": self.counters.events, "real_bytes": self.counters.real_bytes,
             "reorder_error_us": float((self.up.reorder_error_us + self.down.reorder_error_us).max(initial=0.0)),
-            "lag_p99": float(np.percentile(lags, 99)), "lag_max": float(lags.max()),
-            "lag_samples": len(self.lags),
+            "lag": self.lag.to_dict() if self.measure_lag else None,
             "verify": {"elements": self.check.elements + self.ina_check.elements,
                        "mismatches": self.check.mismatches + self.ina_check.mismatches},
             "ps_bytes": sum(s.aggregated_bytes for s in self.servers.values()),
         }
-
-
-def host_main(setup: HostSetup) -> None:
-    """Entry of a forked host process; it returns when the orchestrator says stop."""
-    ctx = zmq.Context()
-    ctrl = ctx.socket(zmq.DEALER)
-    ctrl.setsockopt(zmq.LINGER, 0)
-    ctrl.connect(setup.control_addr)
-    data = ctx.socket(zmq.DEALER)
-    data.setsockopt(zmq.LINGER, 2000)
-    data.setsockopt(zmq.IDENTITY, f"h{setup.index}".encode())
-    data.setsockopt(zmq.SNDHWM, 0)
-    data.setsockopt(zmq.RCVHWM, 0)
-    data.connect(setup.switch_addr)
-    data.send(HELLO)
-    try:
-        host = Host(setup)
-        ctrl.send(control({"type": "ready", "host": setup.index}))
-        _serve(host, ctrl, data)
-    except Exception as exc:  # reported to the orchestrator, which stops everything
-        try:
-            ctrl.send(control({"type": "error", "host": setup.index, "error": f"{type(exc).__name__}: {exc}"}))
-        except zmq.ZMQError:
-            pass
-        raise
-    finally:
-        ctrl.close(0)
-        data.close(0)
-        ctx.term()
-
-
-def _serve(host: Host, ctrl: zmq.Socket, data: zmq.Socket) -> None:
-    poller = zmq.Poller()
-    poller.register(ctrl, zmq.POLLIN)
-    poller.register(data, zmq.POLLIN)
-    started = reported = False
-    last_progress = 0.0
-    while True:
-        timeout_ms = 100
-        if started and host.heap:
-            wait_us = (host.heap[0][0] - host.now_us()) * host.cfg.dilation
-            timeout_ms = int(min(100, max(0, wait_us / 1000)))
-        for sock, _ in poller.poll(timeout_ms):
-            if sock is ctrl:
-                msg = parse_control(ctrl.recv())
-                if msg["type"] == "start":
-                    host.wall0 = float(msg["wall0"])
-                    started = True
-                    for fw in host.workers.values():
-                        fw.begin()
-                elif msg["type"] == "stop":
-                    if not reported:
-                        ctrl.send(control(host.metrics()))
-                    return
-            else:
-                while True:
-                    try:
-                        frames = data.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    if frames[0] == RESULTS:
-                        host.receive_results(AggBatch.parse(frames))
-                    elif frames[0] == SEG:
-                        host.receive_segment(Segment.parse(frames))
-                    else:
-                        raise FrameError(f"unknown message kind {frames[0][:8]!r}")
-        if not started:
-            continue
-        host.fire_due()
-        host.flush(data)
-        wall = time.monotonic()
-        if wall - last_progress > PROGRESS_S and host.workers:
-            last_progress = wall
-            done_its = min(fw.s.it for fw in host.workers.values())
-            ctrl.send(control({"type": "progress", "host": host.setup.index, "iterations": done_its}))
-        if host.workers and not reported and host.done():
-            ctrl.send(control(host.metrics()))
-            reported = True

@@ -27,8 +27,10 @@ import emu
 from emu.emulator import physics
 from emu.emulator.wire import agg_wire_bytes
 from emu.errors import ConfigError, EmuError
-from emu.replay.config import REAL_BYTES_PER_ITERATION, ReplayConfig
-from emu.replay.host import HostSetup, host_main
+from emu.replay.config import REAL_BYTES_PER_ITERATION, Clock, ReplayConfig
+from emu.replay.host import HostSetup
+from emu.replay.hostloop import host_main
+from emu.replay.lag import LagHistogram
 from emu.replay.programs import plan_programs
 from emu.replay.report import (
     REPORT_VERSION,
@@ -109,7 +111,9 @@ def _calibrate(trace: Trace, config: ReplayConfig, trace_path: str | None,
             on_status(text)
 
     status(f"calibrating: measuring the work (payload scale {config.payload_scale})")
-    probe, work_s = _run(trace, replace(config, tdf=UNPACED_TDF, iters=1), trace_path, None, None)
+    unpaced = (replace(config, clock=Clock.SYNC, tdf=None, iters=1) if config.fabric != "bmv2"
+               else replace(config, tdf=UNPACED_TDF, iters=1))
+    probe, work_s = _run(trace, unpaced, trace_path, None, None)
     iteration = probe.iterations[0].emulated_us
     target = 0.5 * LAG_TOLERANCE * iteration
     endpoints = config.workers + (config.shards if config.fabric == "ps" else 0)
@@ -139,9 +143,9 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
            on_status: Callable[[str], None] | None = None) -> ReplayReport:
     """Replay ``trace`` on ``config.workers`` fake workers; returns the report.
 
-    With ``tdf`` or ``payload_scale`` left None, a short calibration chooses them first:
-    R keeps the real bytes of an iteration near ``REAL_BYTES_PER_ITERATION``; the dilation
-    comes from two one-iteration probes (``_calibrate``).
+    With ``payload_scale`` left None, R keeps the real bytes of an iteration near
+    ``REAL_BYTES_PER_ITERATION``. On the wall clock with ``tdf`` left None, a short
+    calibration chooses the dilation first (``_calibrate``).
     """
     config.check()
     if config.fabric == "bmv2":
@@ -153,7 +157,8 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     calibration = None
     if config.payload_scale is None:
         config = replace(config, payload_scale=choose_payload_scale(trace, config))
-    if config.tdf is None:
+    config = replace(config, clock=config.resolved_clock)
+    if config.clock == Clock.WALL and config.tdf is None:
         config, calibration = _calibrate(trace, config, trace_path, on_status)
     report, _ = _run(trace, config, trace_path, chrome_trace, on_progress)
     if calibration is not None:
@@ -192,7 +197,8 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
     sw = SwitchSetup(address=switch_addr, control_addr=control_addr, workers=m, slots=config.real_slots,
                      elements=config.elements, aggregate=config.fabric == "ina",
                      worker_hosts=tuple(worker_hosts), endpoint_host=tuple(endpoint_host),
-                     bmv2_interfaces=tuple(host_interface(w) for w in range(m)) if bmv2 else ())
+                     bmv2_interfaces=tuple(host_interface(w) for w in range(m)) if bmv2 else (),
+                     sync=config.resolved_clock == Clock.SYNC, lookahead_us=config.lookahead_us())
     fork = multiprocessing.get_context("fork")
     procs: list[multiprocessing.process.BaseProcess] = []
     ctx: zmq.Context | None = None
@@ -366,19 +372,31 @@ def _report(trace: Trace, trace_path: str | None, config: ReplayConfig, iters: i
     mismatches = sum(r["verify"]["mismatches"] for r in results if "verify" in r)
     verification = Verification(ok=mismatches == 0 and elements > 0, elements_checked=elements,
                                 mismatches=mismatches)
-    lag_p99 = max((r.get("lag_p99", 0.0) for r in results), default=0.0)
-    lag_max = max((r.get("lag_max", 0.0) for r in results), default=0.0)
     reordered = sum(r.get("reordered", 0) for r in results)
     reorder_error = max((r.get("reorder_error_us", 0.0) for r in results), default=0.0)
-    # DESIGN.md: p99 lag within 1% of the iteration and nothing handled out of emulated order.
-    # A packet-level inversion is measured as the most it can shift an endpoint's times; it must
-    # stay within the same 1% (docs/design-notes.md).
-    trustworthy = lag_p99 <= LAG_TOLERANCE * median and reorder_error <= LAG_TOLERANCE * median
-    advice = None
-    if not trustworthy:
-        advice = (f"the emulator trailed the emulated schedule (p99 lag {lag_p99:.0f} us; out-of-order hand-overs "
-                  f"could shift times by up to {reorder_error:.0f} us) against a {median:.0f} us iteration: "
-                  f"raise --tdf (now {config.dilation:g}) or --payload-scale (now {config.scale})")
+    if config.resolved_clock == Clock.SYNC:
+        # Order is guaranteed by construction; the links still count inversions, as a self-check.
+        lag_p99 = lag_max = None
+        trustworthy = reordered == 0
+        advice = None if trustworthy else (
+            f"{reordered} link hand-overs happened out of emulated-time order on the synchronized clock, "
+            "which should be impossible: please report it with this trace and command")
+    else:
+        lag = LagHistogram()
+        for r in results:
+            if r.get("lag"):
+                lag.merge(LagHistogram.from_dict(r["lag"]))
+        lag_p99, lag_max = lag.quantile(0.99), lag.max_us
+        # DESIGN.md: p99 lag within 1% of the iteration and nothing handled out of emulated order.
+        # A packet-level inversion is measured as the most it can shift an endpoint's times; it must
+        # stay within the same 1% (docs/design-notes.md).
+        trustworthy = lag_p99 <= LAG_TOLERANCE * median and reorder_error <= LAG_TOLERANCE * median
+        advice = None
+        if not trustworthy:
+            advice = (f"the emulator trailed the emulated schedule (p99 lag {lag_p99:.0f} us; out-of-order "
+                      f"hand-overs could shift times by up to {reorder_error:.0f} us) against a {median:.0f} us "
+                      f"iteration: raise --tdf (now {config.dilation:g}) or --payload-scale (now {config.scale}), "
+                      "or use the synchronized clock (--clock sync)")
     stats = switch.get("stats", {})
     fallbacks: dict[str, int] = {}
     for r in results:
@@ -391,16 +409,21 @@ def _report(trace: Trace, trace_path: str | None, config: ReplayConfig, iters: i
         results=int(stats.get("results", 0)), answered=int(stats.get("answered", 0)),
         dropped=int(stats.get("dropped", 0)), lost=sum(r.get("lost", 0) for r in results),
         segments=int(switch.get("segments", 0)), fallbacks=fallbacks)
+    sync = config.resolved_clock == Clock.SYNC
     emulator = EmulatorReport(
-        tdf=config.dilation, payload_scale=config.scale, lag_us_p99=lag_p99, lag_us_max=lag_max,
+        clock=config.resolved_clock.value, tdf=None if sync else config.dilation, payload_scale=config.scale,
+        lag_us_p99=lag_p99, lag_us_max=lag_max,
         trustworthy=trustworthy, reordered=reordered, reorder_error_us=reorder_error, wall_s=wall_s,
         cpu_percent=100.0 * cpu_s / wall_s / (os.cpu_count() or 1) if wall_s else 0.0,
-        processes=processes, events=sum(r.get("events", 0) for r in results), advice=advice)
+        processes=processes, events=sum(r.get("events", 0) for r in results), advice=advice,
+        windows=switch.get("windows") if sync else None,
+        real_bytes=float(sum(r.get("real_bytes", 0) for r in results)))
     link = config.link
     cfg = {"workers": config.workers, "fabric": config.fabric, "iters": iters,
            "bandwidth_bps": None if math.isinf(link.bandwidth_bps) else link.bandwidth_bps,
            "latency_us": link.latency_us, "loss": link.loss, "jitter_us": link.jitter_us,
-           "tdf": config.dilation, "payload_scale": config.scale, "seed": config.seed,
+           "clock": config.resolved_clock.value, "tdf": None if sync else config.dilation,
+           "payload_scale": config.scale, "seed": config.seed,
            "slots": config.emulated_slots, "elements": config.elements,
            "packet_wire_bytes": agg_wire_bytes(config.elements), "rto_us": config.timeout_rto_us,
            "processes": config.host_processes, "ps_shards": config.shards if config.fabric == "ps" else None}

@@ -49,10 +49,11 @@ class Verification:
 
 @dataclass(frozen=True)
 class EmulatorReport:
-    tdf: float
+    clock: str  # sync (conservative synchronization) or wall (paced by the wall clock, dilated)
+    tdf: float | None  # null on the synchronized clock
     payload_scale: int
-    lag_us_p99: float
-    lag_us_max: float
+    lag_us_p99: float | None  # null on the synchronized clock, where nothing is late
+    lag_us_max: float | None
     trustworthy: bool
     reordered: int  # link hand-overs out of emulated-time order (beyond packet-level interleaving)
     reorder_error_us: float  # the most those could have shifted one endpoint's packet times, summed
@@ -61,8 +62,10 @@ class EmulatorReport:
     processes: int
     events: int
     advice: str | None
-    run_s: float = 0.0  # wall seconds of the paced run (without process start and stop)
+    run_s: float = 0.0  # wall seconds of the run itself (without process start and stop)
     calibration: dict | None = None  # how auto chose tdf and payload scale
+    windows: int | None = None  # rounds of the synchronized clock
+    real_bytes: float = 0.0  # bytes of data messages that really crossed between processes (both ways)
 
 
 @dataclass(frozen=True)

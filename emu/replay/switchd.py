@@ -4,10 +4,16 @@ It aggregates contributions with the software INA data plane (``emu.emulator.swi
 and forwards point-to-point segments to the host of their destination. A result
 for every worker reaches each worker host as one message, which the host fans
 out to its workers (their downlinks are still charged one by one there).
+
+On the synchronized clock the switch is also the coordinator of the windows
+(``emu.replay.hostloop``): it holds every contribution until no earlier one can
+still come, applies them in stamp order (ties by worker and chunk), and tells
+the hosts how far they may go.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -15,7 +21,20 @@ import numpy as np
 import zmq
 
 from emu.emulator.switch import MULTICAST, AggregationSwitch
-from emu.emulator.transport import AGG, HELLO, RESULTS, SEG, AggBatch, FrameError, control, parse_control
+from emu.emulator.transport import (
+    AGG,
+    DONE,
+    HELLO,
+    RESULTS,
+    SEG,
+    AggBatch,
+    Done,
+    FrameError,
+    Go,
+    control,
+    parse_control,
+    segment_first_us,
+)
 from emu.emulator.wire import P2P_HEADER
 
 HELLO_TIMEOUT_S = 60.0
@@ -32,6 +51,8 @@ class SwitchSetup:
     worker_hosts: tuple[tuple[int, int], ...]  # per worker host: [first, last) worker ids
     endpoint_host: tuple[int, ...]  # host index of every endpoint (workers, then PS shards)
     bmv2_interfaces: tuple[str, ...] = ()  # aggregate on BMv2 through these veths instead
+    sync: bool = False  # coordinate the synchronized clock
+    lookahead_us: float = 0.0  # the least delay from an event at a host to its effect elsewhere
 
 
 def switch_main(setup: SwitchSetup) -> None:
@@ -65,6 +86,9 @@ def switch_main(setup: SwitchSetup) -> None:
             if len(frames) == 2 and frames[1] == HELLO:
                 waiting.discard(frames[0])
         ctrl.send(control({"type": "ready", "host": "switch"}))
+        if setup.sync:
+            _Coordinator(setup, ctrl, router, switch, idents, forwarded).serve()
+            return
         poller = zmq.Poller()
         poller.register(ctrl, zmq.POLLIN)
         poller.register(router, zmq.POLLIN)
@@ -137,3 +161,110 @@ def _aggregate(router: zmq.Socket, switch: AggregationSwitch, batch: AggBatch, s
         else:
             continue
         router.send_multipart([idents[h], *part.frames(RESULTS)], copy=False)
+
+
+class _Coordinator:
+    """The switch on the synchronized clock: windows of conservative synchronization.
+
+    Window ``k`` starts when every host reported ``Done(k - 1)``: then every message a
+    host sent before it is here. ``T`` is the earliest of the hosts' next events, the
+    contributions held and the segments just forwarded; nothing can now reach an
+    endpoint before ``T + lookahead``, so that is the bound. The contributions before it
+    are applied in stamp order, their results sent, then ``Go(k, bound)`` to every host.
+    """
+
+    def __init__(self, setup: SwitchSetup, ctrl: zmq.Socket, router: zmq.Socket,
+                 switch: AggregationSwitch | None, idents: list[bytes], forwarded: list[int]) -> None:
+        self.setup, self.ctrl, self.router, self.switch = setup, ctrl, router, switch
+        self.idents, self.forwarded = idents, forwarded
+        self.endpoint_host = np.asarray(setup.endpoint_host)
+        self.window = 0
+        self.reports: dict[bytes, Done] = {}
+        self.pending: list[AggBatch] = []
+        self.seg_min = math.inf
+        self.ended = False
+        self.windows = 0
+
+    def serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.ctrl, zmq.POLLIN)
+        poller.register(self.router, zmq.POLLIN)
+        while True:
+            for sock, _ in poller.poll(200):
+                if sock is self.ctrl:
+                    msg = parse_control(self.ctrl.recv())
+                    if msg["type"] == "stop":
+                        stats = self.switch.stats.as_dict() if self.switch else {}
+                        self.ctrl.send(control({"type": "switch", "stats": stats, "segments": self.forwarded[0],
+                                                "segment_bytes": self.forwarded[1], "windows": self.windows}))
+                        return
+                    continue
+                self._drain()
+            if len(self.reports) == len(self.idents) and not self.ended:
+                self._next_window()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                frames = [f.buffer for f in self.router.recv_multipart(zmq.NOBLOCK, copy=False)]
+            except zmq.Again:
+                return
+            kind = bytes(frames[1])
+            if kind == AGG:
+                if self.switch is None:
+                    raise FrameError("contributions reached a switch that does not aggregate")
+                self.pending.append(AggBatch.parse(frames[1:]))
+            elif kind == SEG and len(frames) == 5 and len(frames[2]) == P2P_HEADER.itemsize:
+                dst = int(np.frombuffer(frames[2], P2P_HEADER)["dst"][0])
+                if dst >= len(self.endpoint_host):
+                    raise FrameError(f"segment for unknown endpoint {dst}")
+                self.seg_min = min(self.seg_min, segment_first_us(frames[3]))
+                self.router.send_multipart([self.idents[self.endpoint_host[dst]], *frames[1:]], copy=False)
+                self.forwarded[0] += 1
+                self.forwarded[1] += len(frames[4])
+            elif kind == DONE:
+                done = Done.parse(frames[1:])
+                if done.window != self.window:
+                    raise FrameError(f"host {bytes(frames[0]).decode()} reported window {done.window} "
+                                     f"during window {self.window}")
+                self.reports[bytes(frames[0])] = done
+            else:
+                raise FrameError(f"unexpected message kind {kind[:8]!r} at the switch")
+
+    def _next_window(self) -> None:
+        held = min((float(b.stamps[:, 0].min()) for b in self.pending if len(b.headers)), default=math.inf)
+        t = min(min(d.next_us for d in self.reports.values()), held, self.seg_min)
+        if t == math.inf:
+            if all(d.finished for d in self.reports.values()):
+                self.ended = True
+                return
+            waiting = sorted(bytes(h).decode() for h, d in self.reports.items() if not d.finished)
+            raise FrameError(f"the synchronized clock ran out of events while hosts {waiting} still have "
+                             "workers that have not finished their programs (a protocol error: please report it)")
+        lookahead = self.setup.lookahead_us
+        bound = t + lookahead
+        inclusive = lookahead == 0
+        if held <= bound:
+            self._aggregate(bound, inclusive)
+        self.window += 1
+        self.windows += 1
+        self.reports.clear()
+        self.seg_min = math.inf
+        go = Go(self.window, bound, inclusive).frames()
+        for ident in self.idents:
+            self.router.send_multipart([ident, *go])
+
+    def _aggregate(self, bound: float, inclusive: bool) -> None:
+        """Apply every held contribution due before the bound, in stamp order."""
+        batch = self.pending[0] if len(self.pending) == 1 else AggBatch(
+            np.concatenate([b.headers for b in self.pending]), np.concatenate([b.payload for b in self.pending]),
+            np.concatenate([b.stamps for b in self.pending]))
+        stamps = batch.stamps[:, 0]
+        due = stamps <= bound if inclusive else stamps < bound
+        rest = np.flatnonzero(~due)
+        self.pending = [AggBatch(batch.headers[rest], batch.payload[rest], batch.stamps[rest])] if len(rest) else []
+        rows = np.flatnonzero(due)
+        order = rows[np.lexsort((batch.headers["chunk"][rows], batch.headers["worker"][rows], stamps[rows]))]
+        assert self.switch is not None
+        _aggregate(self.router, self.switch, AggBatch(batch.headers[order], batch.payload[order],
+                                                      batch.stamps[order]), self.setup, self.idents)

@@ -4,8 +4,8 @@ Compute advances the worker's clock; a collective is issued onto the worker's on
 communication stream (FIFO, as NCCL's and gloo's) and the program goes on; a wait
 blocks the clock until the listed collectives completed. An iteration ends when
 its last op ran and all its collectives completed; the next begins then. The
-host paces all of this against the wall clock (time dilation) and moves the
-bytes; the worker only keeps the books.
+host decides when (in emulated time) each of these happens and moves the bytes;
+the worker only keeps the books.
 """
 
 from __future__ import annotations
@@ -59,6 +59,9 @@ class WorkerState:
     colls: dict[int, CollRun] = field(default_factory=dict)  # this iteration's, by trace id
     stream: list[CollRun] = field(default_factory=list)  # issued, not yet completed, in order
     waiting: tuple[int, ...] | None = None
+    # When the stream's last completed collective ended: a completion can be known (from stamps)
+    # before the worker's clock reaches it, and the next collective may not start earlier.
+    stream_free_us: float = 0.0
     finished: bool = False
     spans: list[tuple[str, str, float, float]] = field(default_factory=list)  # (cat, name, start, end)
 
@@ -119,7 +122,7 @@ class FakeWorker:
                 s.stream.append(run)
                 s.op += 1
                 if len(s.stream) == 1:
-                    run.start_us = s.t
+                    run.start_us = max(s.t, s.stream_free_us)
                     self._start_coll(self, run)
                 continue
             assert isinstance(op, Wait)
@@ -161,6 +164,7 @@ class FakeWorker:
         """The host reports that a collective finished on this worker at ``end_us``."""
         s = self.s
         run.end_us = max(end_us, run.start_us or end_us)
+        s.stream_free_us = max(s.stream_free_us, run.end_us)
         s.span("comm", run.op.kind.value, run.start_us or run.issue_us, run.end_us)
         s.stream.remove(run)
         if s.stream:

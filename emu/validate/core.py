@@ -19,15 +19,14 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
 from emu.capture import CaptureConfig, capture_model, import_kineto
 from emu.capture.launcher import RankNetwork, run_ranks
 from emu.emulator.links import LinkSpec
-from emu.replay import ReplayConfig, replay
-from emu.replay.orchestrator import LAG_TOLERANCE
+from emu.replay import ReplayConfig, ReplayError, replay
 from emu.traces import save_trace
 from emu.traces.model import Trace
 from emu.validate import netns
@@ -39,7 +38,6 @@ from emu.validate.fit import fit_link
 TBF_TO_WIRE = (1448 / 1514) / (1456 / 1538)
 A100_TRACE = Path(__file__).parent / "data" / "a100-ddp-nccl-world2-rank0.json.gz"
 VETH_LATENCY_US = 20.0
-REPLAY_TDF = 0.01  # unpaced: emulated times come from stamps (``predict`` checks the reorder bound)
 
 
 @dataclass(frozen=True)
@@ -102,13 +100,10 @@ def measure(model: str, setting: Setting, steps: int, network: RankNetwork | Non
 
 
 def predict(trace: Trace, link: LinkSpec) -> float:
-    """The replay's median iteration. Unpaced first: times come from stamps, and the run's own
-    reorder bound says whether running ahead of the clock could have moved them; if it could
-    have by more than the tolerance, the replay runs again with the dilation on auto."""
-    config = ReplayConfig(workers=trace.meta.world_size, fabric="ring", link=link, tdf=REPLAY_TDF)
-    r = replay(trace, config)
-    if r.emulator.reorder_error_us > LAG_TOLERANCE * r.summary.iteration_us_median:
-        r = replay(trace, replace(config, tdf=None))
+    """The replay's median iteration, on the synchronized clock (exact by construction)."""
+    r = replay(trace, ReplayConfig(workers=trace.meta.world_size, fabric="ring", link=link))
+    if not r.emulator.trustworthy:
+        raise ReplayError(f"the replay of {trace.meta.model} is not trustworthy: {r.emulator.advice}")
     return r.summary.iteration_us_median
 
 

@@ -27,7 +27,7 @@ def run(*args: str):
 def test_report_and_chrome_trace(tmp_path: Path, no_children) -> None:
     report, chrome = tmp_path / "r.json", tmp_path / "c.json"
     result = run("replay", "mlp", "--workers", "4", "--fabric", "ina", "--iters", "2", "--payload-scale", "64",
-                 "--tdf", "0.01", "--report", str(report), "--chrome-trace", str(chrome))
+                 "--report", str(report), "--chrome-trace", str(chrome))
     assert result.exit_code == 0, result.output
     assert "ina" in result.stdout and "verification" in result.stdout
     doc = json.loads(report.read_text())
@@ -37,7 +37,9 @@ def test_report_and_chrome_trace(tmp_path: Path, no_children) -> None:
     assert {"emulated_us", "compute_us", "comm_us", "exposed_comm_us"} <= doc["iterations"][0].keys()
     assert {"iteration_us_median", "iteration_us_p99", "throughput_samples_per_s", "bytes_sent"} <= doc["summary"].keys()
     assert doc["verification"]["ok"] is True and doc["verification"]["elements_checked"] > 0
-    assert {"tdf", "payload_scale", "lag_us_p99", "trustworthy", "wall_s", "cpu_percent"} <= doc["emulator"].keys()
+    assert {"clock", "tdf", "payload_scale", "lag_us_p99", "trustworthy", "wall_s", "cpu_percent"} <= doc["emulator"].keys()
+    assert doc["emulator"]["clock"] == "sync" and doc["emulator"]["trustworthy"] is True
+    assert doc["emulator"]["tdf"] is None and doc["emulator"]["lag_us_p99"] is None
     assert {"packets", "retransmissions", "duplicates", "slots"} <= doc["fabric"].keys()
     trace = json.loads(chrome.read_text())
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
@@ -48,7 +50,7 @@ def test_report_and_chrome_trace(tmp_path: Path, no_children) -> None:
 
 def test_side_by_side_and_json(tmp_path: Path, no_children) -> None:
     result = run("replay", "mlp", "--workers", "4", "--fabric", "ina,ring", "--iters", "1", "--payload-scale", "64",
-                 "--tdf", "0.01", "--json", "--report", str(tmp_path / "r.json"))
+                 "--json", "--report", str(tmp_path / "r.json"))
     assert result.exit_code == 0, result.output
     docs = json.loads(result.stdout)
     assert [d["config"]["fabric"] for d in docs] == ["ina", "ring"]
@@ -62,6 +64,8 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
     assert_one_line_error(run("replay", "mlp", "--workers", "0"), "--workers must be in 1..65535")
     assert_one_line_error(run("replay", "mlp", "--loss", "1.5"), "--loss must be in [0, 1)")
     assert_one_line_error(run("replay", "mlp", "--tdf", "fast"), "--tdf 'fast': give a number or auto")
+    assert_one_line_error(run("replay", "mlp", "--clock", "sync", "--tdf", "2"), "--tdf paces the wall clock")
+    assert_one_line_error(run("replay", "mlp", "--clock", "sync", "--fabric", "bmv2"), "use --clock wall")
     assert_one_line_error(run("replay", "mlp", "--straggler", "slow"), "--straggler 'slow'")
     assert_one_line_error(run("replay", "mlp", "--straggler", "9:2", "--workers", "4"), "not in 0..3")
     assert_one_line_error(run("replay", "mlp", "--fabric", "ring", "--workers", "512"), "analytic estimate")
@@ -69,7 +73,7 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
 
 def _replay_process(tmp_path: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "emu", "replay", "transformer", "--workers", "4",
-                             "--iters", "50", "--tdf", "20", "--payload-scale", "64", *extra],
+                             "--iters", "500", "--payload-scale", "64", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
                             env={**os.environ, "NO_COLOR": "1"})
 

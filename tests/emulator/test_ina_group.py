@@ -36,7 +36,7 @@ def run(workers: int, slots: int, k: int, sizes: list[int], dtype: str = "float3
         gone = rng.random(len(li)) < loss
         retx += [(int(w), int(res.headers["slot"][i]), 0.0, 1.0) for w, i in zip(li[gone], rb[gone], strict=True)]
         g.on_results(li[~gone], rb[~gone], res.headers, res.payload, np.ones((~gone).sum()), None,
-                     np.ones(len(res.headers), bool), check)
+                     np.full(len(res.headers), -1), check)
     return colls, check, sw.stats
 
 
@@ -44,7 +44,7 @@ def run(workers: int, slots: int, k: int, sizes: list[int], dtype: str = "float3
 def test_exact_sums_across_collectives(dtype: str) -> None:
     colls, check, stats = run(5, 8, 64, [1000, 64, 5, 3000], dtype)
     assert all(c.finished.all() for c in colls)
-    assert check.mismatches == 0 and check.elements == 1000 + 64 + 5 + 3000
+    assert check.mismatches == 0 and check.elements == 5 * (1000 + 64 + 5 + 3000)  # every worker's copy
     assert stats.duplicates == 0
 
 

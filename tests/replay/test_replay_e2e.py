@@ -8,7 +8,6 @@ from emu.replay import ReplayConfig, replay
 from emu.traces import CollKind, load_trace, sample_path
 
 FABRICS = ("ina", "ring", "ps")
-FAST = 0.01  # emulated times do not depend on the dilation; tests run nearly unpaced
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +17,7 @@ def mlp():
 
 @pytest.mark.parametrize("fabric", FABRICS)
 def test_mlp_on_every_fabric(mlp, fabric: str, no_children) -> None:
-    report = replay(mlp, ReplayConfig(workers=4, fabric=fabric, iters=2, payload_scale=64, tdf=FAST))
+    report = replay(mlp, ReplayConfig(workers=4, fabric=fabric, iters=2, payload_scale=64))
     assert report.verification.ok and report.verification.mismatches == 0
     real = -(-4_216_842 // 64) + -(-2_099_200 // 64)  # the two buckets' real elements
     per_check = real * 2  # two iterations
@@ -38,7 +37,7 @@ def test_mlp_on_every_fabric(mlp, fabric: str, no_children) -> None:
 
 @pytest.mark.parametrize("fabric", FABRICS)
 def test_every_collective_kind(collectives_trace, fabric: str, no_children) -> None:
-    report = replay(collectives_trace, ReplayConfig(workers=4, fabric=fabric, tdf=FAST))
+    report = replay(collectives_trace, ReplayConfig(workers=4, fabric=fabric))
     assert report.verification.ok, report.verification
     kinds = {op.kind for op in collectives_trace.ranks[0].iterations[0].colls}
     assert CollKind.SEND in kinds and CollKind.BARRIER in kinds
@@ -53,13 +52,13 @@ def test_every_collective_kind(collectives_trace, fabric: str, no_children) -> N
 
 def test_sixteen_workers_transformer_ina(no_children) -> None:
     trace = load_trace(sample_path("transformer"))
-    report = replay(trace, ReplayConfig(workers=16, fabric="ina", iters=1, payload_scale=512, tdf=FAST))
+    report = replay(trace, ReplayConfig(workers=16, fabric="ina", iters=1, payload_scale=512))
     assert report.verification.ok
     assert report.config["workers"] == 16 and report.emulator.payload_scale == 512
 
 
 def test_payload_scale_keeps_emulated_bytes(mlp, no_children) -> None:
-    a = replay(mlp, ReplayConfig(workers=2, fabric="ring", iters=1, payload_scale=16, tdf=FAST))
-    b = replay(mlp, ReplayConfig(workers=2, fabric="ring", iters=1, payload_scale=64, tdf=FAST))
+    a = replay(mlp, ReplayConfig(workers=2, fabric="ring", iters=1, payload_scale=16))
+    b = replay(mlp, ReplayConfig(workers=2, fabric="ring", iters=1, payload_scale=64))
     assert a.summary.bytes_sent == pytest.approx(b.summary.bytes_sent, rel=1e-3)
     assert a.iterations[0].comm_us == pytest.approx(b.iterations[0].comm_us, rel=0.02)

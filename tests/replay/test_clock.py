@@ -1,0 +1,101 @@
+"""The synchronized clock: reports identical whatever the process layout, run after run; the wall
+clock measures every event's lag; zero lookahead still works."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from emu.emulator.links import LinkSpec
+from emu.replay import ReplayConfig, replay
+from emu.replay.config import Clock, Straggler
+from emu.replay.lag import LagHistogram
+from emu.traces import load_trace, sample_path
+
+# everything that depends on the machine, not on the emulation
+_MACHINE = {"wall_s", "cpu_percent", "processes", "run_s", "events"}
+
+
+def exact_part(report) -> dict[str, Any]:
+    doc = report.to_dict()
+    doc["emulator"] = {k: v for k, v in doc["emulator"].items() if k not in _MACHINE}
+    doc["config"] = {k: v for k, v in doc["config"].items() if k != "processes"}
+    return doc
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return load_trace(sample_path("mlp"))
+
+
+@pytest.mark.parametrize("fabric", ["ina", "ring", "ps"])
+def test_identical_across_process_layouts(mlp, fabric: str, no_children) -> None:
+    """Loss, jitter and stragglers on: every random draw is keyed by what it is about, and every
+    link sees its packets in emulated-time order, so 1, 2 and 4 host processes agree exactly."""
+    link = LinkSpec(bandwidth_bps=25e9, latency_us=2.0, loss=0.01, jitter_us=1.0)
+    config = ReplayConfig(workers=4, fabric=fabric, iters=1, payload_scale=64, link=link,
+                          stragglers=(Straggler.parse("lognormal:0.1"),))
+    reports = [replay(mlp, replace(config, processes=p)) for p in (1, 2, 4)]
+    first = exact_part(reports[0])
+    assert first["emulator"]["clock"] == "sync" and first["emulator"]["trustworthy"]
+    assert first["emulator"]["reordered"] == 0 and first["emulator"]["tdf"] is None
+    assert first["verification"]["ok"] and first["fabric"]["retransmissions"] > 0
+    for r in reports[1:]:
+        assert exact_part(r) == first
+    servers = 2 if fabric == "ps" else 0  # the parameter-server shards' host processes
+    assert [r.emulator.processes for r in reports] == [p + servers + 1 for p in (1, 2, 4)]
+
+
+def test_identical_run_after_run(mlp, no_children) -> None:
+    config = ReplayConfig(workers=8, fabric="ina", iters=2, payload_scale=64, link=LinkSpec(loss=0.005))
+    a, b = replay(mlp, config), replay(mlp, config)
+    assert exact_part(a) == exact_part(b)
+    assert a.emulator.windows and a.emulator.windows > 10
+
+
+@pytest.mark.parametrize("fabric", ["ina", "ring"])
+def test_zero_lookahead(mlp, fabric: str, no_children) -> None:
+    """Ideal links (no latency, infinite bandwidth): windows become rounds at one emulated time,
+    ties broken by (time, kind, endpoint); the data stays exact and the step is faster than on
+    real links (what is left of communication is waiting for the slower rank's gradients)."""
+    config = ReplayConfig(workers=4, fabric=fabric, iters=1, payload_scale=64,
+                          link=LinkSpec(bandwidth_bps=float("inf"), latency_us=0.0))
+    assert config.lookahead_us() == 0
+    a = replay(mlp, config)
+    b = replay(mlp, replace(config, processes=1))
+    assert a.verification.ok and exact_part(a) == exact_part(b)
+    real = replay(mlp, replace(config, link=LinkSpec()))
+    assert a.iterations[0].emulated_us < real.iterations[0].emulated_us
+
+
+def test_wall_clock_counts_every_event(mlp, no_children) -> None:
+    r = replay(mlp, ReplayConfig(workers=2, fabric="ring", iters=1, payload_scale=64, tdf=0.05))
+    assert r.emulator.clock == "wall" and r.emulator.tdf == 0.05
+    assert r.emulator.lag_us_p99 is not None and r.emulator.lag_us_max >= r.emulator.lag_us_p99 >= 0
+    assert r.emulator.windows is None
+
+
+def test_lag_histogram_quantiles() -> None:
+    h = LagHistogram()
+    h.add_many(np.r_[np.zeros(980), np.full(20, 100.0)])
+    assert h.n == 1000 and h.max_us == 100.0
+    assert h.quantile(0.5) == 0.0
+    assert 100.0 <= h.quantile(0.99) <= 100.0  # capped at the maximum seen
+    other = LagHistogram.from_dict(h.to_dict())
+    assert other.n == h.n and other.quantile(0.99) == h.quantile(0.99)
+    h.add_many(np.full(1000, 3.0))
+    assert 3.0 <= h.quantile(0.9) < 3.0 * 1.06  # a bin is 6% wide, read at its upper edge
+
+
+@pytest.mark.slow
+def test_paced_run_without_inversions_agrees(mlp, no_children) -> None:
+    """A wall-clock run slow enough that no hand-over came out of order gives the same times."""
+    config = ReplayConfig(workers=2, fabric="ina", iters=1, payload_scale=256)
+    sync = replay(mlp, config)
+    wall = replay(mlp, replace(config, clock=Clock.WALL, tdf=20.0))
+    assert wall.emulator.reordered == 0, "the paced run was not slow enough to compare"
+    assert [i.emulated_us for i in wall.iterations] == pytest.approx([i.emulated_us for i in sync.iterations],
+                                                                       rel=1e-9)

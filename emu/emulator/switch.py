@@ -2,7 +2,7 @@
 
 State per slot and copy: ``k`` int32 accumulators, a worker bitmap, a count, the
 maximum exponent, and (for the emulated clock) the latest arrival stamps. Per
-packet, exactly (DESIGN.md, docs/protocol.md):
+packet, exactly (docs/design.md, docs/protocol.md):
 
 1. the sender's bit in the *other* copy of the slot is cleared (that recycles it);
 2. if the sender's bit in this copy is already set, the packet is a duplicate:

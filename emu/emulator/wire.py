@@ -96,7 +96,7 @@ def p2p_wire_bytes(payload_bytes: int) -> int:
     return payload_bytes + p2p_packets(payload_bytes) * (FRAME_OVERHEAD + P2P_HEADER.itemsize)
 
 
-# The Ethernet / IPv4 / UDP part of a frame is a fixed template (DESIGN.md): emu's
+# The Ethernet / IPv4 / UDP part of a frame is a fixed template (docs/design.md): emu's
 # addresses, TTL 64, UDP checksum 0 (allowed over IPv4). Only the lengths and the
 # IPv4 checksum follow from the payload.
 ETH_DST = bytes.fromhex("02e0e0000001")

@@ -2,7 +2,7 @@
 
 ``replay(trace, ReplayConfig(...))`` starts the switch and the host processes,
 runs every worker's program in emulated time, stops every process, and returns
-a ``ReplayReport`` (``.to_dict()`` is the JSON of DESIGN.md's report contract).
+a ``ReplayReport`` (``.to_dict()`` is the JSON of docs/design.md's report contract).
 """
 
 from emu.replay.config import FABRICS, ReplayConfig

@@ -13,7 +13,11 @@ from emu.errors import ConfigError
 
 FABRICS = ("ina", "ring", "ps", "bmv2")
 AGGREGATING = ("ina", "bmv2")  # fabrics that aggregate all_reduce in a switch
-REAL_BYTES_PER_ITERATION = 16e6  # what --payload-scale auto lets the workers really send
+# What --payload-scale auto lets the workers really send per iteration. On the synchronized clock
+# nothing is paced, so real bytes cost only their handling (about 10 ms per real MB here:
+# BENCHMARKS.md) and results do not depend on R (ina exactly, ring within 0.3%): 64 MB keeps a
+# replay's real traffic near 0.6 s per iteration while every element still crosses and is checked.
+REAL_BYTES_PER_ITERATION = 64e6
 # The pool never needs to exceed the bandwidth-delay product for the stream to be link-bound,
 # but every pass of it costs the emulator one round of messages: a pool of this size (half of
 # SwitchML's 8192 slots) keeps the rounds few; its cost in emulated time is the exponent round,
@@ -102,7 +106,8 @@ class ReplayConfig:
     elements: int = 64
     """int32 elements per aggregation packet: 64 or 256."""
     processes: int | None = None
-    """Worker host processes; default min(workers, max(2, cores))."""
+    """Worker host processes; default 1 up to 16 workers (the switch and one host take turns on the
+    synchronized clock, and one process has the least to coordinate), else max(2, cores)."""
     ps_shards: int | None = None
     """Parameter-server shards (each its own endpoint with its own link); default: workers."""
     rto_us: float | None = None
@@ -163,7 +168,9 @@ class ReplayConfig:
 
     @property
     def host_processes(self) -> int:
-        return min(self.workers, self.processes or max(2, os.cpu_count() or 2))
+        if self.processes:
+            return min(self.workers, self.processes)
+        return 1 if self.workers <= 16 else min(self.workers, max(2, os.cpu_count() or 2))
 
     @property
     def shards(self) -> int:

@@ -46,7 +46,7 @@ from emu.replay.switchd import SwitchSetup, switch_main
 from emu.traces.model import Trace
 
 START_DELAY_S = 0.05
-LAG_TOLERANCE = 0.01  # of the median iteration: DESIGN.md's bar for a trustworthy run
+LAG_TOLERANCE = 0.01  # of the median iteration: docs/design.md's bar for a trustworthy run
 READY_TIMEOUT_S = 60.0
 
 
@@ -95,7 +95,7 @@ def _check_scale(trace: Trace, config: ReplayConfig) -> None:
 
 def _calibrate(trace: Trace, config: ReplayConfig, trace_path: str | None,
                on_status: Callable[[str], None] | None) -> tuple[ReplayConfig, dict]:
-    """Choose the smallest dilation at which the emulator keeps up (DESIGN.md: ``--tdf auto``).
+    """Choose the smallest dilation at which the emulator keeps up (docs/design.md: ``--tdf auto``).
 
     One iteration unpaced measures the work ``W``: the dilation cannot be below the one that
     spreads ``W`` over the emulated iteration, so the first probe runs at 1.5 times that. Each
@@ -387,7 +387,7 @@ def _report(trace: Trace, trace_path: str | None, config: ReplayConfig, iters: i
             if r.get("lag"):
                 lag.merge(LagHistogram.from_dict(r["lag"]))
         lag_p99, lag_max = lag.quantile(0.99), lag.max_us
-        # DESIGN.md: p99 lag within 1% of the iteration and nothing handled out of emulated order.
+        # docs/design.md: p99 lag within 1% of the iteration and nothing handled out of emulated order.
         # A packet-level inversion is measured as the most it can shift an endpoint's times; it must
         # stay within the same 1% (docs/design-notes.md).
         trustworthy = lag_p99 <= LAG_TOLERANCE * median and reorder_error <= LAG_TOLERANCE * median

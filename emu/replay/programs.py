@@ -1,6 +1,6 @@
 """The programs the fake workers run: a trace's rank programs scaled to M workers.
 
-DESIGN.md: replaying at M workers a trace of a job of N ranks reuses the programs
+docs/design.md: replaying at M workers a trace of a job of N ranks reuses the programs
 in the file round-robin (worker w runs the program of the file's rank
 ``ranks[w mod len(ranks)]``), replaces every group size that equalled N with M,
 and keeps compute times and full-tensor counts (weak scaling). Iterations are

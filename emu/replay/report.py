@@ -1,6 +1,6 @@
-"""The replay report: DESIGN.md's contract as frozen dataclasses, and its JSON.
+"""The replay report: docs/design.md's contract as frozen dataclasses, and its JSON.
 
-Meanings (DESIGN.md): an iteration's ``emulated_us`` runs from the earliest worker's
+Meanings (docs/design.md): an iteration's ``emulated_us`` runs from the earliest worker's
 start of the iteration to the moment the last worker finishes it; ``compute_us``,
 ``comm_us`` and ``exposed_comm_us`` are those of that last (critical) worker: the
 sum of its compute, the union of its collectives' issue-to-completion intervals,

@@ -16,7 +16,7 @@ SCHEMA = "emu-trace"
 
 
 class CollKind(str, Enum):
-    """The collectives a trace may issue (a closed set, DESIGN.md)."""
+    """The collectives a trace may issue (a closed set, docs/design.md)."""
 
     ALL_REDUCE = "all_reduce"
     ALL_GATHER = "all_gather"

@@ -1,4 +1,4 @@
-"""Importing the real A100/NCCL trace: sizes, steps and compute as DESIGN.md defines them."""
+"""Importing the real A100/NCCL trace: sizes, steps and compute as docs/design.md defines them."""
 
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
 
 def _replay_process(tmp_path: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "emu", "replay", "transformer", "--workers", "4",
-                             "--iters", "500", "--payload-scale", "64", *extra],
+                             "--iters", "500", "--payload-scale", "64", "--processes", "2", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
                             env={**os.environ, "NO_COLOR": "1"})
 

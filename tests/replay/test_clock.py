@@ -16,7 +16,7 @@ from emu.replay.lag import LagHistogram
 from emu.traces import load_trace, sample_path
 
 # everything that depends on the machine, not on the emulation
-_MACHINE = {"wall_s", "cpu_percent", "processes", "run_s", "events"}
+_MACHINE = {"wall_s", "cpu_percent", "processes", "run_s", "events", "real_bytes"}
 
 
 def exact_part(report) -> dict[str, Any]:

@@ -8,7 +8,7 @@ over ipc://, the replay's transport); the switch throughput is passed in (``--sw
 from ``benchmarks/switch_throughput.py``; BENCHMARKS.md has the latest figure).
 
     .venv/bin/python benchmarks/clock_cost.py [--cases mlp:8:ina,mlp:8:ring,...] [--iters 2]
-        [--processes 1,2] [--repeat 3]
+        [--processes 0,1,2] [--repeat 3] [--unpaced]
 
 A case is TRACE:WORKERS:FABRIC[:PAYLOAD_SCALE]; without a payload scale, auto.
 """
@@ -75,7 +75,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default=DEFAULT_CASES)
     parser.add_argument("--iters", type=int, default=2)
-    parser.add_argument("--processes", default="1,2")
+    parser.add_argument("--processes", default="0", help="host processes to try; 0: the default")
+    parser.add_argument("--unpaced", action="store_true",
+                        help="also time the same replay on the wall clock unpaced (--tdf 1e-6): the work "
+                             "the first wave's clock did before pacing, whose results were right only "
+                             "while nothing reordered")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--switch-gbps", type=float, default=1.0,
                         help="the switch's measured throughput for 64-element packets (GB/s)")
@@ -85,7 +89,8 @@ def main() -> None:
           f"{args.iters} iteration(s), median of {args.repeat}; round trip {rtt:.0f} us (measured), "
           f"switch {args.switch_gbps:g} GB/s")
     print(f"{'case':>24} {'procs':>5} {'R':>5} {'wall s':>7} {'s/iter':>7} {'windows':>8} {'real MB':>8} "
-          f"{'bound s':>8} {'x bound':>8} {'iteration ms':>13} {'verified':>8}")
+          f"{'bound s':>8} {'x bound':>8} {'iteration ms':>13} {'verified':>8}"
+          + (f" {'unpaced s':>9} {'x unpaced':>9}" if args.unpaced else ""))
     for case in args.cases.split(","):
         parts = case.split(":")
         name, workers, fabric = parts[0], int(parts[1]), parts[2]
@@ -94,8 +99,8 @@ def main() -> None:
         for procs in (int(p) for p in args.processes.split(",")):
             runs = []
             for _ in range(args.repeat):
-                r = replay(trace, ReplayConfig(workers=workers, fabric=fabric, iters=args.iters, processes=procs,
-                                               payload_scale=scale))
+                r = replay(trace, ReplayConfig(workers=workers, fabric=fabric, iters=args.iters,
+                                               processes=procs or None, payload_scale=scale))
                 runs.append(r)
             wall = statistics.median(r.emulator.wall_s for r in runs)
             r = runs[0]
@@ -104,7 +109,14 @@ def main() -> None:
             print(f"{case:>24} {procs:>5} {r.emulator.payload_scale:>5} {wall:>7.2f} {wall / args.iters:>7.2f} "
                   f"{r.emulator.windows:>8} {real / 1e6:>8.1f} {bound:>8.2f} {wall / bound:>8.1f} "
                   f"{r.summary.iteration_us_median / 1000:>13.2f} {'ok' if r.verification.ok else 'FAILED':>8}",
-                  flush=True)
+                  end="", flush=True)
+            if args.unpaced:
+                unpaced = statistics.median(
+                    replay(trace, ReplayConfig(workers=workers, fabric=fabric, iters=args.iters, processes=procs or None,
+                                               payload_scale=r.emulator.payload_scale, tdf=1e-6)).emulator.wall_s
+                    for _ in range(args.repeat))
+                print(f" {unpaced:>9.2f} {wall / unpaced:>9.2f}", end="")
+            print(flush=True)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def main() -> None:
                 per_worker = rss / max(1, m // r.emulator.processes)
                 print(f"{fabric:>6} {m:>5} {gbps:>5g} {emulated / 1000:>12.3f} {formula / 1000:>11.3f} "
                       f"{100 * (emulated - formula) / formula:>8.2f} {str(r.emulator.trustworthy):>8} "
-                      f"{r.emulator.tdf:>7.3g} {r.emulator.payload_scale:>6} {r.emulator.wall_s:>7.1f} "
+                      f"{'-' if r.emulator.tdf is None else format(r.emulator.tdf, '.3g'):>7} {r.emulator.payload_scale:>6} {r.emulator.wall_s:>7.1f} "
                       f"{r.emulator.run_s / (emulated / 1e6):>8.0f} {bound:>7.1f} {per_worker:>9.2f}", flush=True)
 
 

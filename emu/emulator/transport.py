@@ -132,6 +132,14 @@ class Segment:
 _WINDOW = struct.Struct("<QdB")  # window number, time (us), flag
 
 
+def _window(frames: list) -> tuple[int, float, int]:
+    """The fields of a Go or Done message, checked against its layout."""
+    _check(frames, 2)
+    if _nbytes(frames[1]) != _WINDOW.size:
+        raise FrameError("bad window message")
+    return _WINDOW.unpack(frames[1])
+
+
 @dataclass(frozen=True)
 class Go:
     """Window ``window`` of the synchronized clock: handle events before ``bound_us`` (at or
@@ -146,10 +154,7 @@ class Go:
 
     @classmethod
     def parse(cls, frames: list) -> Go:
-        _check(frames, 2)
-        if _nbytes(frames[1]) != _WINDOW.size:
-            raise FrameError("bad window message")
-        window, bound, inclusive = _WINDOW.unpack(frames[1])
+        window, bound, inclusive = _window(frames)
         return cls(window, bound, bool(inclusive))
 
 
@@ -167,10 +172,7 @@ class Done:
 
     @classmethod
     def parse(cls, frames: list) -> Done:
-        _check(frames, 2)
-        if _nbytes(frames[1]) != _WINDOW.size:
-            raise FrameError("bad window report")
-        window, next_us, finished = _WINDOW.unpack(frames[1])
+        window, next_us, finished = _window(frames)
         return cls(window, next_us, bool(finished))
 
 

@@ -90,14 +90,10 @@ class _Loop:
             self.wall0 = float(msg["wall0"])
             self.started = True
             self.host.begin()
-            self.on_start()
         elif msg["type"] == "stop":
             if not self.reported:
                 self.ctrl.send(control(self.host.metrics()))
             self.stopped = True
-
-    def on_start(self) -> None:
-        pass
 
     def _send_out(self) -> None:
         batch, segs = self.host.take_outgoing()
@@ -142,11 +138,13 @@ class _Loop:
 
     # -- the synchronized clock ---------------------------------------------------------
     def serve_sync(self) -> None:
-        self.on_start = self._report_window0  # type: ignore[method-assign]
         while not self.stopped:
             for sock, _ in self.poller.poll(POLL_MS):
                 if sock is self.ctrl:
+                    started = self.started
                     self._control()
+                    if self.started and not started:  # window 0: where this host's first event is
+                        self._report_window0()
                 else:
                     self._data(self._window)
             if self.started:

@@ -139,7 +139,7 @@ def _table(reports, path: Path) -> None:
     row("bytes on the wire", lambda r: human_bytes(r.summary.bytes_sent))
     row("verification", lambda r: ("ok" if r.verification.ok else "FAILED")
         + f" ({r.verification.elements_checked:,} checked)")
-    row("retransmissions", lambda r: str(r.fabric.retransmissions))
+    row("packets lost (resent)", lambda r: f"{r.fabric.packets_lost:,}")
     row("fallbacks", lambda r: ", ".join(f"{k} x{v}" for k, v in sorted(r.fabric.fallbacks.items())) or "-")
     row("clock", lambda r: r.emulator.clock if r.emulator.tdf is None else f"wall, dilation {r.emulator.tdf:g}")
     row("payload scale", lambda r: str(r.emulator.payload_scale))

@@ -149,7 +149,8 @@ class InaGroup:
             self.end += coll.chunks
         return coll
 
-    def _locate(self, chunks: np.ndarray) -> np.ndarray:
+    def locate(self, chunks: np.ndarray) -> np.ndarray:
+        """The index (in issue order) of the collective each chunk belongs to."""
         return np.searchsorted(np.asarray(self.bases), chunks, side="right") - 1
 
     def next_packets(self, retransmit: list[tuple[int, int, float, float]] | None = None) -> Packets | None:
@@ -159,7 +160,7 @@ class InaGroup:
         parts = []
         if len(li):
             chunks = self.slot_chunk[li, si]
-            which = self._locate(chunks)
+            which = self.locate(chunks)
             for ci in np.unique(which):
                 mine = which == ci
                 part = self._build(self.colls[ci], li[mine], si[mine], chunks[mine], retx=False)
@@ -169,7 +170,7 @@ class InaGroup:
             if self.slot_state[local, slot] != SENT:
                 continue
             chunk = self.slot_chunk[local, slot]
-            coll = self.colls[int(self._locate(np.array([chunk]))[0])]
+            coll = self.colls[int(self.locate(np.array([chunk]))[0])]
             part = self._build(coll, np.array([local]), np.array([slot]), np.array([chunk]), retx=True, at=when)
             if part is not None:
                 part.emu_packets = np.minimum(part.emu_packets, lost)
@@ -310,7 +311,7 @@ class InaGroup:
         """For result chunks: emulated packets each stands for, and whether it carries a payload."""
         per = np.zeros(len(chunks))
         data = np.zeros(len(chunks), bool)
-        which = self._locate(chunks)
+        which = self.locate(chunks)
         for ci in np.unique(which):
             coll = self.colls[ci]
             mine = which == ci
@@ -348,7 +349,7 @@ class InaGroup:
         arrival_us = first_us
         last_us = first_us if last_us is None else last_us
         finished = []
-        which = self._locate(chunks[rows])
+        which = self.locate(chunks[rows])
         for ci in np.unique(which):
             coll = self.colls[ci]
             r = rows[which == ci]

@@ -120,10 +120,11 @@ class LinkArray:
         self.seed = seed
         self.reordered = 0
 
-    def _fate(self, idx: np.ndarray, n_per: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _fate(self, idx: np.ndarray, lossy: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Jitter and loss for packets of endpoints idx (in FIFO order per endpoint)."""
         n = len(idx)
-        if not (self.spec.jitter_us or self.spec.loss):
+        loss = self.spec.loss if lossy else 0.0
+        if not (self.spec.jitter_us or loss):
             self.counter += np.bincount(idx, minlength=len(self.counter))
             return np.zeros(n), np.zeros(n, dtype=bool)
         # each packet's number on its endpoint's link
@@ -136,13 +137,13 @@ class LinkArray:
         self.counter += np.bincount(idx, minlength=len(self.counter))
         jitter = (uniform(self.seed, self.stream[idx] * 2, counter) * self.spec.jitter_us
                   if self.spec.jitter_us else np.zeros(n))
-        lost = (uniform(self.seed, self.stream[idx] * 2 + 1, counter) < self.spec.loss
-                if self.spec.loss else np.zeros(n, dtype=bool))
+        lost = (uniform(self.seed, self.stream[idx] * 2 + 1, counter) < loss
+                if loss else np.zeros(n, dtype=bool))
         return jitter, lost
 
     def transmit(self, idx: np.ndarray, ready_us: np.ndarray, wire_bytes: np.ndarray,
                  packets: np.ndarray | None = None,
-                 ready_last_us: np.ndarray | None = None) -> Transmitted:
+                 ready_last_us: np.ndarray | None = None, lossy: bool = True) -> Transmitted:
         """Rows of endpoints ``idx`` (FIFO order within each) -> (first and last arrival at the far
         end, lost).
 
@@ -151,7 +152,9 @@ class LinkArray:
         a group that arrives pipelined leaves pipelined. Per endpoint it solves
         ``d_i = max(r_i, d_{i-1}) + S_i`` with ``r_i = max(first_i, last_i + s_i - S_i)``
         (``S_i`` the row's serialization, ``s_i`` one packet's) for the whole batch at once.
-        A row is lost if any of its packets is: probability ``1 - (1 - loss) ** packets``.
+        A row is lost if any of its packets is: probability ``1 - (1 - loss) ** packets``;
+        ``lossy=False``: never (with payload scale, ``emu.emulator.scaled_loss`` draws the
+        emulated packets' fate instead, and the real row always crosses).
         """
         idx = np.asarray(idx, dtype=np.int64)
         n = len(idx)
@@ -197,9 +200,9 @@ class LinkArray:
         self.free_us[firsts] = done[last]
         self.last_ready[firsts] = np.maximum(self.last_ready[firsts], np.maximum.reduceat(r, starts))
         counter0 = self.counter[e] + pos  # each row's number on its link
-        jitter, lost = self._fate(e)
+        jitter, lost = self._fate(e, lossy)
         lost_n = np.zeros(n)
-        if self.spec.loss:
+        if self.spec.loss and lossy:
             extra = uniform(self.seed + 7, self.stream[e], counter0)
             lost |= extra < 1 - (1 - self.spec.loss) ** np.maximum(count[order] - 1, 0)
             for i in np.flatnonzero(lost):
@@ -255,9 +258,11 @@ class LinkArray:
         ser = float(self.spec.serialization_us(wire_bytes + extra))
         self._check_order(i, ready_us, ser)
         start = max(ready_us, self.free_us[i])
-        self.free_us[i] = start + ser + delay
+        # the resent packets take their share of the link, but while their timers run the link
+        # carries whatever comes next: only the segment's last packet waits for them
+        self.free_us[i] = start + ser
         self.counter[i] += packets
-        return (start + ser / packets + self.spec.latency_us, self.free_us[i] + self.spec.latency_us, extra)
+        return (start + ser / packets + self.spec.latency_us, start + ser + delay + self.spec.latency_us, extra)
 
     def receive_segment(self, i: int, first_us: float, last_us: float, wire_bytes: float,
                         packets: int) -> tuple[float, float]:
@@ -266,8 +271,9 @@ class LinkArray:
         delay, extra = self._segment_loss(i, packets, wire_bytes)
         ser = float(self.spec.serialization_us(wire_bytes + extra))
         self._check_order(i, first_us, ser)
-        done = max(max(first_us, self.free_us[i]) + ser, last_us + ser / packets) + delay
-        self.free_us[i] = done
+        done = max(max(first_us, self.free_us[i]) + ser, last_us + ser / packets)
+        self.free_us[i] = done  # the link is free while the resent packets' timers run
+        done += delay
         jitter = 0.0
         if self.spec.jitter_us:
             jitter = float(uniform(self.seed, self.stream[i:i + 1] * 2, self.counter[i:i + 1])[0]) * self.spec.jitter_us

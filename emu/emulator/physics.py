@@ -50,3 +50,33 @@ def ring_time_us(count: int, itemsize: int, workers: int, link: LinkSpec) -> flo
 def ring_messages(workers: int, segments_per_chunk: int = 1) -> int:
     """Messages a real ring all-reduce among ``workers`` sends, per collective."""
     return 2 * (workers - 1) * workers * segments_per_chunk
+
+
+def ina_loss_extra_us(count: int, link: LinkSpec, workers: int, pool: int, rto_us: float,
+                      elements: int = 64) -> float:
+    """What loss adds, in expectation, to one in-network all_reduce: the lost packets' bytes sent
+    again, and the tail (docs/physics.md, "Loss").
+
+    Losses in mid-stream cost their timeout only while the link has nothing else to carry; in
+    the stream's last pass of the pool nothing follows them, so the collective ends when the
+    worst of the pool's last positions is through. A position is hit if any of the ``2N``
+    link directions loses it (``q = 1 - (1-p)**2N``); each retry goes through with
+    ``(1-p)**2``; with ``M`` the most timeouts any of the ``W`` positions needs,
+    ``E[M] = sum_j 1 - (1 - q r**(j-1))**W`` (``r = 1 - (1-p)**2``). Exact as ``p -> 0``; a lower
+    bound as losses become frequent enough to starve the link in mid-stream."""
+    p = link.loss
+    if p <= 0:
+        return 0.0
+    q = 1 - (1 - p) ** (2 * workers)
+    r = 1 - (1 - p) ** 2
+    packets = -(-count // elements)
+    positions = min(pool, packets)
+    expected_max, j = 0.0, 1
+    while True:
+        term = 1 - (1 - q * r ** (j - 1)) ** positions
+        expected_max += term
+        if term < 1e-9 or j > 1000:
+            break
+        j += 1
+    resent = float(link.serialization_us(ina_wire_bytes(count, elements))) * p / (1 - p)
+    return resent + rto_us * expected_max

@@ -42,6 +42,7 @@ from emu.emulator.p2p import (
     SendRecv,
     Tree,
 )
+from emu.emulator.scaled_loss import ScaledLoss
 from emu.emulator.switch import MULTICAST
 from emu.emulator.transport import AggBatch, FrameError, Segment
 from emu.replay.config import AGGREGATING, ReplayConfig
@@ -73,7 +74,8 @@ class HostSetup:
 @dataclass
 class Counters:
     bytes_sent: float = 0.0  # emulated wire bytes, every link direction, retransmissions included
-    lost: int = 0
+    lost: int = 0  # real aggregation rows the links dropped
+    packets_lost: int = 0  # emulated packets the links lost (each is resent), every kind
     retransmissions: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
     events: int = 0
@@ -136,6 +138,10 @@ class Host:
                            scale=self.r, emulated_slots=cfg.emulated_slots)
         self.group = InaGroup(endpoints if setup.role == "workers" else np.zeros(0, np.int64), params,
                               PayloadCache(cfg.seed, self.m))
+        # with payload scale, loss is drawn per emulated packet and the real rows always cross
+        self.scaled = (ScaledLoss(cfg.seed, self.m, cfg.link.loss, cfg.real_slots,
+                                  -(-cfg.emulated_slots // cfg.real_slots), cfg.timeout_rto_us)
+                       if self.r > 1 and cfg.link.loss > 0 else None)
         if setup.role == "workers":
             factor, sigma = straggling(cfg.stragglers, self.m, cfg.seed)
             for prog in setup.programs:
@@ -282,15 +288,32 @@ class Host:
         if done < len(pk.send_us):
             self._send_ina(_take(pk, np.sort(by_time[done:])))
 
+    def _scaled_lost(self, chunks: np.ndarray, per: np.ndarray, local: np.ndarray, down: bool) -> np.ndarray:
+        """With payload scale: the emulated packets each row's link lost (and resent)."""
+        assert self.scaled is not None
+        out = np.zeros(len(chunks))
+        wids = self.group.wids[local]
+        for c in np.unique(chunks):
+            rows = np.flatnonzero(chunks == c)
+            fate = self.scaled.fate(int(c), float(per[rows[0]]))
+            out[rows] = (fate.k_down if down else fate.k_up)[wids[rows]]
+        return out
+
     def _send_ina(self, pk: Packets) -> None:
         sizes = np.where(pk.headers["size"] > 0, wire.agg_wire_bytes(self.k), wire.agg_wire_bytes(0))
-        wire_bytes = sizes * pk.emu_packets
-        sent = self.up.transmit(pk.local, pk.send_us, wire_bytes, packets=pk.emu_packets)
+        packets = pk.emu_packets
+        if self.scaled is not None:
+            resent = self._scaled_lost(pk.headers["chunk"].astype(np.int64), pk.emu_packets, pk.local, down=False)
+            self.counters.packets_lost += int(resent.sum())
+            packets = packets + resent
+        wire_bytes = sizes * packets
+        sent = self.up.transmit(pk.local, pk.send_us, wire_bytes, packets=packets, lossy=self.scaled is None)
         arrival = np.stack([sent.first_us, sent.last_us], axis=1)
         self.counters.bytes_sent += float(np.rint(wire_bytes).sum())  # whole bytes: exact in any order
         lost = sent.lost
         if lost.any():
             self.counters.lost += int(lost.sum())
+            self.counters.packets_lost += int(np.rint(sent.lost_packets[lost]).sum())
             for local, slot, at, n in zip(pk.local[lost], pk.headers["slot"][lost], pk.send_us[lost],
                                           sent.lost_packets[lost], strict=True):
                 self._timer(float(at) + self.cfg.timeout_rto_us, int(local), int(slot), float(n))
@@ -410,13 +433,28 @@ class Host:
         if len(uni) and len(multi):  # each downlink in the message's (stamp) order
             order = np.lexsort((rb, li))
             li, rb, scale = li[order], rb[order], scale[order]
+        delay = None
+        if self.scaled is not None:
+            resent = self._scaled_lost(chunks[rb], per[rb], li, down=True)
+            self.counters.packets_lost += int(resent.sum())
+            scale = scale + resent
+            delay = np.zeros(len(chunks))
+            slots = batch.headers["slot"].astype(np.int64)
+            which = g.locate(chunks)
+            for i in np.unique(rb):  # the slowest sub-chain of each row (emu.emulator.scaled_loss)
+                coll = g.colls[int(which[i])]
+                last = int(chunks[i]) >= coll.base + coll.chunks - g.p.slots
+                delay[i] = self.scaled.delay(int(chunks[i]), int(slots[i]), int(which[i]), float(per[i]), last)
         row_bytes = sizes[rb] / per[rb] * scale
         got = self.down.transmit(li, batch.stamps[rb, 0], row_bytes, packets=scale,
-                                 ready_last_us=batch.stamps[rb, 1])
+                                 ready_last_us=batch.stamps[rb, 1], lossy=self.scaled is None)
         first, last, lost = got.first_us, got.last_us, got.lost
+        if delay is not None:
+            first, last = first + delay[rb], last + delay[rb]
         self.counters.bytes_sent += float(np.rint(row_bytes).sum())
         if lost.any():
             self.counters.lost += int(lost.sum())
+            self.counters.packets_lost += int(np.rint(got.lost_packets[lost]).sum())
             rto = self.cfg.timeout_rto_us
             for local, slot, arrival, n in zip(li[lost], batch.headers["slot"][rb[lost]], first[lost],
                                                got.lost_packets[lost], strict=True):
@@ -499,7 +537,8 @@ class Host:
         return {
             "type": "result", "host": self.setup.index, "workers": workers,
             "bytes_sent": self.counters.bytes_sent, "lost": self.counters.lost,
-            "retransmissions": stream_retx + resent, "late_results": late, "fallbacks": self.counters.fallbacks,
+            "packets_lost": self.counters.packets_lost + resent,
+            "retransmissions": stream_retx, "late_results": late, "fallbacks": self.counters.fallbacks,
             "reordered": reordered, "events": self.counters.events, "real_bytes": self.counters.real_bytes,
             "reorder_error_us": float((self.up.reorder_error_us + self.down.reorder_error_us).max(initial=0.0)),
             "lag": self.lag.to_dict() if self.measure_lag else None,

@@ -408,6 +408,7 @@ def _report(trace: Trace, trace_path: str | None, config: ReplayConfig, iters: i
         duplicates=int(stats.get("duplicates", 0)), slots=config.real_slots, slots_emulated=config.emulated_slots,
         results=int(stats.get("results", 0)), answered=int(stats.get("answered", 0)),
         dropped=int(stats.get("dropped", 0)), lost=sum(r.get("lost", 0) for r in results),
+        packets_lost=sum(r.get("packets_lost", 0) for r in results),
         segments=int(switch.get("segments", 0)), fallbacks=fallbacks)
     sync = config.resolved_clock == Clock.SYNC
     emulator = EmulatorReport(

@@ -70,18 +70,21 @@ class EmulatorReport:
 
 @dataclass(frozen=True)
 class FabricReport:
+    """Real messages and emulated packets are counted apart (docs/design.md, "Report")."""
+
     name: str
-    packets: int
-    retransmissions: int
+    packets: int  # real aggregation rows the switch handled
+    retransmissions: int  # real rows the workers' streams sent again (payload scale 1 only)
     duplicates: int
     slots: int  # real slots in the switch's pool
     slots_emulated: int
     results: int
     answered: int
     dropped: int
-    lost: int
+    lost: int  # real rows the links dropped (payload scale 1 only)
     segments: int
     fallbacks: dict[str, int] = field(default_factory=dict)
+    packets_lost: int = 0  # emulated packets lost on any link, every kind; each is resent
 
 
 @dataclass(frozen=True)

@@ -35,16 +35,16 @@ def main() -> None:
           f"all_reduce of {args.mb:g} MB float32 on ina, latency 5 us, mean over {args.seeds} seeds")
     print(f"{'M':>3} {'Gb/s':>5} {'pool':>5} {'loss':>6} {'clean us':>9} {'+R=1':>7} {'+R=16':>7} {'+R=64':>7} "
           f"{'+formula':>9} {'R64/R1':>7}")
-    for m, gbps, slots in CASES:
-        def run(loss: float, scale: int, seed: int) -> float:
-            link = LinkSpec(bandwidth_bps=gbps * 1e9, latency_us=5.0, loss=loss)
-            config = ReplayConfig(workers=m, fabric="ina", link=link, iters=1, payload_scale=scale, seed=seed,
-                                  slots=slots)
-            return replay(trace, config).summary.iteration_us_median
+    def run(m: int, gbps: float, slots: int | None, loss: float, scale: int, seed: int) -> float:
+        link = LinkSpec(bandwidth_bps=gbps * 1e9, latency_us=5.0, loss=loss)
+        config = ReplayConfig(workers=m, fabric="ina", link=link, iters=1, payload_scale=scale, seed=seed,
+                              slots=slots)
+        return replay(trace, config).summary.iteration_us_median
 
-        clean = run(0.0, 64, 0)
+    for m, gbps, slots in CASES:
+        clean = run(m, gbps, slots, 0.0, 64, 0)
         for loss in (float(x) for x in args.loss.split(",")):
-            means = {r: statistics.mean(run(loss, r, s) for s in range(args.seeds)) for r in (1, 16, 64)}
+            means = {r: statistics.mean(run(m, gbps, slots, loss, r, s) for s in range(args.seeds)) for r in (1, 16, 64)}
             cfg = ReplayConfig(workers=m, fabric="ina", link=LinkSpec(bandwidth_bps=gbps * 1e9, loss=loss),
                                slots=slots)
             formula = physics.ina_loss_extra_us(count, cfg.link, m, cfg.emulated_slots, cfg.timeout_rto_us)

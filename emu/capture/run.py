@@ -23,8 +23,8 @@ from emu.capture.launcher import RankNetwork, run_ranks
 from emu.capture.merge import merge_ranks
 from emu.errors import CaptureError, ConfigError
 from emu.traces.model import Source, Trace
+from emu.traces.samples import MODELS
 
-MODELS = ("mlp", "cnn", "transformer")
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 
 

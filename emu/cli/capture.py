@@ -9,10 +9,11 @@ import click
 from emu.cli import cli
 from emu.cli.output import err, ms
 from emu.errors import ConfigError
+from emu.traces.samples import MODELS
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
-@click.option("--model", type=click.Choice(["mlp", "cnn", "transformer"]),
+@click.option("--model", type=click.Choice(MODELS),
               help="Run a built-in workload with DDP on gloo.")
 @click.option("--kineto", is_flag=True,
               help="Import existing profiler traces: the arguments are files or folders, one file per rank.")

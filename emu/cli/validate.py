@@ -25,13 +25,14 @@ def validate(quick: bool, models: str, steps: int, calibrate: bool, keep: Path |
     from rich.table import Table
 
     from emu.errors import ConfigError
+    from emu.traces.samples import MODELS
     from emu.validate import DEFAULT_SETTINGS, QUICK_SETTINGS, run_validation
 
     names = tuple(m.strip() for m in models.split(",") if m.strip())
     if quick:
         names = names[:1]
-    if not names or any(n not in ("mlp", "cnn", "transformer") for n in names):
-        raise ConfigError(f"--models {models!r}: choose from mlp, cnn, transformer")
+    if not names or any(n not in MODELS for n in names):
+        raise ConfigError(f"--models {models!r}: choose from {', '.join(MODELS)}")
     if steps < 3:
         raise ConfigError(f"--steps must be at least 3, got {steps}")
     with Status("validating") as status:

@@ -89,8 +89,6 @@ class Check:
 class Algorithm:
     """A collective on one worker: ``start`` then ``on_segment`` until ``finished``."""
 
-    fallback = True  # ran point to point rather than on the fabric's own mechanism
-
     def __init__(self, rank: int, size: int, seq: int, dtype: str, layout: Layout, seed: int,
                  check: Check) -> None:
         self.rank, self.size, self.seq, self.dtype = rank, size, seq, dtype
@@ -348,8 +346,6 @@ class PSClient(Algorithm):
 
 class PSServer:
     """One parameter-server shard: sums each segment over all workers, then sends it to each."""
-
-    fallback = False
 
     def __init__(self, workers: int) -> None:
         self.workers = workers

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from emu.traces.model import Dtype
+
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
@@ -42,7 +44,7 @@ def _hash(seed: int, seq: int, salt: int, index: np.ndarray) -> np.ndarray:
 
 
 _WIDE = {"float32", "float64", "int32", "int64"}
-_FLOAT = {"float32", "float16", "bfloat16", "float64"}
+_FLOAT = {d.value for d in Dtype if d.is_float}
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from emu.emulator.wire import AGG_HEADER, DTYPE_CODES, P2P_HEADER, PAYLOAD
+from emu.traces.model import Dtype
 
 MAX_FRAME = 256 << 20  # no emu message needs more; a larger frame is an error
 MAX_CONTROL = 16 << 20
@@ -89,9 +90,8 @@ def decode_values(data: bytes, dtype: str) -> np.ndarray:
     return np.frombuffer(data, _NP[dtype]).astype(np.float64)
 
 
-_NP = {"float32": "<f4", "float16": "<f2", "float64": "<f8", "int64": "<i8", "int32": "<i4",
-       "int16": "<i2", "int8": "i1", "uint8": "u1", "bool": "?"}
-ITEMSIZE = {"bfloat16": 2, **{k: np.dtype(v).itemsize for k, v in _NP.items()}}
+_NP = {d.value: d.numpy for d in Dtype}
+ITEMSIZE = {d.value: d.itemsize for d in Dtype}
 
 
 @dataclass

@@ -21,6 +21,8 @@ from enum import IntEnum
 
 import numpy as np
 
+from emu.traces.model import Dtype
+
 UDP_PORT = 0xBEE0  # SwitchML's range is 0xBEE0-0xBEEF
 ETH_HEADER = 14
 ETH_FCS = 4
@@ -70,8 +72,8 @@ P2P_HEADER = np.dtype([(name, typ) for name, typ, _ in P2P_FIELDS])
 assert AGG_HEADER.itemsize == 16 and P2P_HEADER.itemsize == 16
 
 PAYLOAD = np.dtype(">i4")  # aggregation payload elements on the wire
-DTYPE_CODES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
-               "uint8", "bool")
+# a segment's dtype on the wire: its index here (the order of emu.traces.model.Dtype, fixed)
+DTYPE_CODES = tuple(d.value for d in Dtype)
 
 FRAME_OVERHEAD = ETH_L1 + ETH_HEADER + ETH_FCS + IPV4_HEADER + UDP_HEADER  # 66 bytes
 

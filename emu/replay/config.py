@@ -7,12 +7,12 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from emu.emulator import fabric as fabrics
+from emu.emulator.fabric import Fabric
 from emu.emulator.links import LinkSpec
 from emu.emulator.wire import ELEMENTS_ALLOWED, MAX_WORKERS_SOFTWARE, MIN_WIRE_BYTES, agg_wire_bytes
 from emu.errors import ConfigError
 
-FABRICS = ("ina", "ring", "ps", "bmv2")
-AGGREGATING = ("ina", "bmv2")  # fabrics that aggregate all_reduce in a switch
 # What --payload-scale auto lets the workers really send per iteration. On the synchronized clock
 # nothing is paced, so real bytes cost only their handling (about 10 ms per real MB here:
 # BENCHMARKS.md) and results do not depend on R (ina exactly, ring within 0.3%): 64 MB keeps a
@@ -88,7 +88,8 @@ class ReplayConfig:
     workers: int = 8
     """Fake workers (M); the trace's rank programs are reused round-robin."""
     fabric: str = "ina"
-    """ina (in-network aggregation switch), ring (ring all-reduce) or ps (parameter server)."""
+    """A registered fabric's name (emu/emulator/fabric.py): ina (in-network aggregation switch), ring
+    (ring all-reduce), ps (parameter server), bmv2 (the P4 program on BMv2) or a plugin's."""
     link: LinkSpec = field(default_factory=LinkSpec)
     """Every endpoint's uplink and downlink to the switch."""
     iters: int | None = None
@@ -123,8 +124,8 @@ class ReplayConfig:
     def check(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS_SOFTWARE:
             raise ConfigError(f"--workers must be in 1..{MAX_WORKERS_SOFTWARE}, got {self.workers}")
-        if self.fabric not in FABRICS:
-            raise ConfigError(f"--fabric {self.fabric!r} is not one of: {', '.join(FABRICS)}")
+        net = self.network  # refuses an unknown name
+        net.check(self.workers, self.elements)
         if self.iters is not None and self.iters < 1:
             raise ConfigError(f"--iters must be at least 1, got {self.iters}")
         if self.tdf is not None and not self.tdf > 0:
@@ -147,9 +148,9 @@ class ReplayConfig:
             raise ConfigError(f"--clock {self.clock!r} is not one of: sync, wall")
         if self.clock == Clock.SYNC and self.tdf is not None:
             raise ConfigError("--tdf paces the wall clock: give --clock wall with it, or drop --tdf")
-        if self.clock == Clock.SYNC and self.fabric == "bmv2":
-            raise ConfigError("--fabric bmv2 cannot take part in the synchronized clock (BMv2 stamps nothing): "
-                              "use --clock wall")
+        if self.clock == Clock.SYNC and not net.synchronizable:
+            raise ConfigError(f"--fabric {self.fabric} cannot take part in the synchronized clock (it keeps no "
+                              "emulated time): use --clock wall")
         if self.resolved_clock == Clock.SYNC and self.timeout_rto_us < self.lookahead_us():
             raise ConfigError(f"the retransmission timeout ({self.timeout_rto_us:g} us) is shorter than one "
                               f"link's latency plus a packet ({self.lookahead_us():g} us): raise it")
@@ -158,7 +159,12 @@ class ReplayConfig:
     def resolved_clock(self) -> Clock:
         if self.clock is not None:
             return self.clock
-        return Clock.WALL if self.fabric == "bmv2" or self.tdf is not None else Clock.SYNC
+        return Clock.WALL if not self.network.synchronizable or self.tdf is not None else Clock.SYNC
+
+    @property
+    def network(self) -> Fabric:
+        """The fabric object ``fabric`` names (ConfigError for an unknown name)."""
+        return fabrics.get(self.fabric)
 
     def lookahead_us(self) -> float:
         """The least emulated time between an endpoint's event and its earliest effect on another

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from emu.emulator import wire
+from emu.emulator.fabric import AllReduce
 from emu.emulator.ina import InaGroup, InaParams, Packets, PayloadCache, ResultCheck
 from emu.emulator.links import LinkArray
 from emu.emulator.p2p import (
@@ -45,13 +46,12 @@ from emu.emulator.p2p import (
 from emu.emulator.scaled_loss import ScaledLoss
 from emu.emulator.switch import MULTICAST
 from emu.emulator.transport import AggBatch, FrameError, Segment
-from emu.replay.config import AGGREGATING, ReplayConfig
+from emu.replay.config import ReplayConfig
 from emu.replay.lag import LagHistogram
 from emu.replay.programs import WorkerProgram, straggling
 from emu.replay.worker import CollRun, FakeWorker, WorkerState
 from emu.traces.model import CollKind
 
-_FLOAT = {"float32", "float16", "bfloat16", "float64"}
 _PACKET_FIELDS = ("local", "headers", "payload", "send_us", "emu_packets", "retransmit")
 _RUN, _RETX = 0, 1  # local event kinds, in the order they are handled at equal times
 
@@ -101,6 +101,7 @@ class Host:
         self.setup = setup
         cfg = setup.config
         self.cfg = cfg
+        self.net = cfg.network
         self.m = cfg.workers
         self.r = cfg.scale
         self.k = cfg.elements
@@ -179,7 +180,8 @@ class Host:
         real = -(-op.count // self.r) if op.count else 0
         key = (w, run.seq)
         self.runs[key] = run
-        if self.cfg.fabric in AGGREGATING and op.kind == CollKind.ALL_REDUCE and op.dtype.value in _FLOAT:
+        aggregated = op.kind == CollKind.ALL_REDUCE and op.dtype.is_float
+        if aggregated and self.net.all_reduce == AllReduce.STREAM:
             coll = self.group.collective(run.seq, op.dtype.value, real, -(-op.count // self.k))
             local = self.index[w]
             coll.start_us[local] = run.start_us
@@ -191,7 +193,7 @@ class Host:
                 self.pump_due = True
             return
         alg = self._algorithm(w, run, real)
-        if alg.fallback and not (self.cfg.fabric == "ring" and op.kind == CollKind.ALL_REDUCE):
+        if self.net.counts_as_fallback(op.kind, aggregated):
             name = op.kind.value
             self.counters.fallbacks[name] = self.counters.fallbacks.get(name, 0) + 1
         self.algs[key] = alg
@@ -209,15 +211,11 @@ class Host:
         if kind == CollKind.BARRIER:
             rounds = max(1, (m - 1).bit_length())
             return Barrier(**{**common, "dtype": "uint8"}, layout=Layout(0, rounds, 0.0))
-        if kind == CollKind.ALL_REDUCE and cfg.fabric == "ps":
+        if kind == CollKind.ALL_REDUCE and self.net.all_reduce == AllReduce.SERVER:
             servers = [m + j for j in range(cfg.shards)]
-            alg = PSClient(**common, layout=Layout(real, len(servers), emu_bytes), servers=servers)
-            alg.fallback = False
-            return alg
+            return PSClient(**common, layout=Layout(real, len(servers), emu_bytes), servers=servers)
         if kind == CollKind.ALL_REDUCE:
-            alg = Ring(**common, layout=Layout(real, m, emu_bytes), reduce=True, gather=True, own=w)
-            alg.fallback = cfg.fabric != "ring"
-            return alg
+            return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=True, gather=True, own=w)
         if kind == CollKind.REDUCE_SCATTER:
             return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=True, gather=False, own=w - 1)
         if kind == CollKind.ALL_GATHER:

@@ -8,6 +8,7 @@ terminated, then killed, and the folder removed.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import os
@@ -76,21 +77,19 @@ def choose_payload_scale(trace: Trace, config: ReplayConfig) -> int:
     return r
 
 
-P2P_LIMIT = 128  # workers beyond which a real ring or parameter server is refused
-
-
 def _check_scale(trace: Trace, config: ReplayConfig) -> None:
-    """A real ring (or sharded parameter server) past P2P_LIMIT workers is millions of messages
+    """A real ring (or sharded parameter server) past the fabric's limit is millions of messages
     per collective: refuse it and give the analytic estimate instead."""
-    if config.fabric not in ("ring", "ps") or config.workers <= P2P_LIMIT:
+    limit = config.network.p2p_worker_limit
+    if limit is None or config.workers <= limit:
         return
     largest = max((op for r in trace.ranks for it in r.iterations for op in it.colls), key=lambda op: op.bytes)
     estimate = physics.ring_time_us(largest.count, largest.dtype.itemsize, config.workers, config.link)
     raise ConfigError(
-        f"--fabric {config.fabric} --workers {config.workers}: a real {config.fabric} of more than {P2P_LIMIT} "
+        f"--fabric {config.fabric} --workers {config.workers}: a real {config.fabric} of more than {limit} "
         f"workers is {physics.ring_messages(config.workers):,} messages per collective, which emu does not "
         f"replay; the analytic estimate for the largest collective ({largest.bytes / 1e6:.1f} MB) on a ring is "
-        f"{estimate / 1000:.2f} ms (docs/physics.md); use --fabric ina or at most {P2P_LIMIT} workers")
+        f"{estimate / 1000:.2f} ms (docs/physics.md); use --fabric ina or at most {limit} workers")
 
 
 def _calibrate(trace: Trace, config: ReplayConfig, trace_path: str | None,
@@ -111,12 +110,12 @@ def _calibrate(trace: Trace, config: ReplayConfig, trace_path: str | None,
             on_status(text)
 
     status(f"calibrating: measuring the work (payload scale {config.payload_scale})")
-    unpaced = (replace(config, clock=Clock.SYNC, tdf=None, iters=1) if config.fabric != "bmv2"
+    unpaced = (replace(config, clock=Clock.SYNC, tdf=None, iters=1) if config.network.synchronizable
                else replace(config, tdf=UNPACED_TDF, iters=1))
     probe, work_s = _run(trace, unpaced, trace_path, None, None)
     iteration = probe.iterations[0].emulated_us
     target = 0.5 * LAG_TOLERANCE * iteration
-    endpoints = config.workers + (config.shards if config.fabric == "ps" else 0)
+    endpoints = config.workers + (config.shards if config.network.parameter_server else 0)
     busy = max(1.0, float(config.link.serialization_us(probe.summary.bytes_sent / (2 * endpoints))))
     tdf = max(MIN_TDF, SAFETY * work_s * 1e6 / iteration)
     probes = []
@@ -148,10 +147,7 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     calibration chooses the dilation first (``_calibrate``).
     """
     config.check()
-    if config.fabric == "bmv2":
-        from emu.p4.bmv2 import check_available
-
-        check_available()
+    config.network.check_available()
     _check_scale(trace, config)
     plan_programs(trace, config.workers, trace_path or "trace")  # bad input fails before any process
     calibration = None
@@ -174,7 +170,8 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
     iters = config.iters or trace.iterations
     m = config.workers
     worker_hosts = _split(m, config.host_processes)
-    ps_hosts = _split(config.shards, min(config.shards, 2)) if config.fabric == "ps" else []
+    net = config.network
+    ps_hosts = _split(config.shards, min(config.shards, 2)) if net.parameter_server else []
     endpoint_host = [h for h, (a, b) in enumerate(worker_hosts) for _ in range(a, b)]
     endpoint_host += [len(worker_hosts) + h for h, (a, b) in enumerate(ps_hosts) for _ in range(a, b)]
     workdir = tempfile.mkdtemp(prefix="emu-replay-")
@@ -187,17 +184,9 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
                          config=config, programs=(), iters=iters, switch_addr=switch_addr,
                          control_addr=control_addr, spans=False)
                for h, (a, b) in enumerate(ps_hosts)]
-    bmv2 = None
-    if config.fabric == "bmv2":
-        from emu.p4.bmv2 import Bmv2Switch, host_interface
-
-        if config.elements != 64:
-            raise ConfigError("--fabric bmv2 runs 64-element packets (256 need recirculation): --elements 64")
-        bmv2 = Bmv2Switch(m, config.real_slots)
     sw = SwitchSetup(address=switch_addr, control_addr=control_addr, workers=m, slots=config.real_slots,
-                     elements=config.elements, aggregate=config.fabric == "ina",
+                     elements=config.elements, fabric=config.fabric,
                      worker_hosts=tuple(worker_hosts), endpoint_host=tuple(endpoint_host),
-                     bmv2_interfaces=tuple(host_interface(w) for w in range(m)) if bmv2 else (),
                      sync=config.resolved_clock == Clock.SYNC, lookahead_us=config.lookahead_us())
     fork = multiprocessing.get_context("fork")
     procs: list[multiprocessing.process.BaseProcess] = []
@@ -205,9 +194,9 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
     usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     self0 = resource.getrusage(resource.RUSAGE_SELF)
     wall_start = time.monotonic()
+    stack = contextlib.ExitStack()
     try:
-        if bmv2 is not None:
-            bmv2.__enter__()
+        stack.enter_context(net.external_switch(m, config.real_slots))
         # Children first, then the parent's zmq context: no context crosses a fork.
         procs.append(fork.Process(target=switch_main, args=(sw,), name="emu-switch", daemon=True))
         for s in setups:
@@ -244,8 +233,7 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
         _stop(procs)
         if ctx is not None:
             ctx.destroy(linger=0)
-        if bmv2 is not None:
-            bmv2.__exit__(None, None, None)
+        stack.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -427,7 +415,7 @@ def _report(trace: Trace, trace_path: str | None, config: ReplayConfig, iters: i
            "payload_scale": config.scale, "seed": config.seed,
            "slots": config.emulated_slots, "elements": config.elements,
            "packet_wire_bytes": agg_wire_bytes(config.elements), "rto_us": config.timeout_rto_us,
-           "processes": config.host_processes, "ps_shards": config.shards if config.fabric == "ps" else None}
+           "processes": config.host_processes, "ps_shards": config.shards if config.network.parameter_server else None}
     meta = trace.meta
     trace_doc = {"path": trace_path, "model": meta.model, "source": meta.source.value,
                  "world_size": meta.world_size, "backend": meta.backend, "params": meta.params,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
+from emu.emulator import fabric as fabrics
 from emu.emulator.switch import MULTICAST, AggregationSwitch
 from emu.emulator.transport import (
     AGG,
@@ -47,10 +48,9 @@ class SwitchSetup:
     workers: int
     slots: int  # real slots
     elements: int
-    aggregate: bool  # run the INA data plane
+    fabric: str  # its name in the registry (emu/emulator/fabric.py)
     worker_hosts: tuple[tuple[int, int], ...]  # per worker host: [first, last) worker ids
     endpoint_host: tuple[int, ...]  # host index of every endpoint (workers, then PS shards)
-    bmv2_interfaces: tuple[str, ...] = ()  # aggregate on BMv2 through these veths instead
     sync: bool = False  # coordinate the synchronized clock
     lookahead_us: float = 0.0  # the least delay from an event at a host to its effect elsewhere
 
@@ -66,12 +66,9 @@ def switch_main(setup: SwitchSetup) -> None:
     router.setsockopt(zmq.RCVHWM, 0)
     router.setsockopt(zmq.ROUTER_MANDATORY, 1)
     router.bind(setup.address)
-    switch = AggregationSwitch(setup.slots, setup.workers, setup.elements) if setup.aggregate else None
-    ports = None
-    if setup.bmv2_interfaces:
-        from emu.p4.bridge import Bmv2Ports
-
-        ports = Bmv2Ports(list(setup.bmv2_interfaces), setup.elements)
+    net = fabrics.get(setup.fabric)
+    switch = AggregationSwitch(setup.slots, setup.workers, setup.elements) if net.sums_in_switch_process else None
+    ports = net.switch_ports(setup.workers, setup.elements)
     idents = [f"h{i}".encode() for i in range(max(setup.endpoint_host) + 1)]
     endpoint_host = np.asarray(setup.endpoint_host)
     forwarded = [0, 0]  # segments, real payload bytes

@@ -18,12 +18,12 @@ from emu.traces.model import (
     TraceMeta,
     Wait,
 )
-from emu.traces.samples import SAMPLES, sample_path
+from emu.traces.samples import MODELS, SAMPLES, sample_path
 from emu.traces.summary import CollStats, TraceSummary, iteration_comm_us, summarize
 from emu.traces.validate import validate_trace
 
 __all__ = [
-    "LOADERS", "SCHEMA_VERSION", "SAMPLES", "Coll", "CollKind", "CollStats", "Compute", "Dtype",
+    "LOADERS", "MODELS", "SCHEMA_VERSION", "SAMPLES", "Coll", "CollKind", "CollStats", "Compute", "Dtype",
     "Iteration", "Op", "RankProgram", "Source", "Trace", "TraceMeta", "TraceSummary", "Wait",
     "iteration_comm_us", "load_trace", "sample_path", "save_trace", "summarize", "trace_to_dict",
     "validate_trace",

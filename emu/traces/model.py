@@ -46,11 +46,27 @@ class Dtype(str, Enum):
     def itemsize(self) -> int:
         return _ITEMSIZE[self]
 
+    @property
+    def is_float(self) -> bool:
+        """Floating point: what in-network aggregation sums (in fixed point)."""
+        return self in (Dtype.FLOAT32, Dtype.FLOAT16, Dtype.BFLOAT16, Dtype.FLOAT64)
+
+    @property
+    def numpy(self) -> str:
+        """Its little-endian numpy type ('' for bfloat16, which numpy lacks: it travels as the high
+        half of a float32)."""
+        return _NUMPY[self]
+
 
 _ITEMSIZE = {
     Dtype.FLOAT32: 4, Dtype.FLOAT16: 2, Dtype.BFLOAT16: 2, Dtype.FLOAT64: 8,
     Dtype.INT64: 8, Dtype.INT32: 4, Dtype.INT16: 2, Dtype.INT8: 1,
     Dtype.UINT8: 1, Dtype.BOOL: 1,
+}
+_NUMPY = {
+    Dtype.FLOAT32: "<f4", Dtype.FLOAT16: "<f2", Dtype.BFLOAT16: "", Dtype.FLOAT64: "<f8",
+    Dtype.INT64: "<i8", Dtype.INT32: "<i4", Dtype.INT16: "<i2", Dtype.INT8: "i1",
+    Dtype.UINT8: "u1", Dtype.BOOL: "?",
 }
 
 

@@ -10,7 +10,9 @@ from pathlib import Path
 from emu.errors import TraceError
 
 _DIR = Path(__file__).parent / "samples"
-SAMPLES = ("mlp", "cnn", "transformer")
+# The built-in workloads (emu capture --model, emu validate --models), each with its sample trace
+MODELS = ("mlp", "cnn", "transformer")
+SAMPLES = MODELS
 
 
 def sample_path(name: str) -> Path:

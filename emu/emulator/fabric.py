@@ -1,0 +1,153 @@
+"""Fabrics: what a replay's network is, by name, and what each one decides.
+
+A ``Fabric`` owns the choices that differ between networks: how a float all_reduce runs
+(the in-network aggregation stream, a ring, or a parameter server), whether the software
+switch sums or only forwards, whether the fabric can join the synchronized clock, what it
+needs from the machine, and any switch outside emu that it starts and talks to. Replay
+asks its fabric and never compares names.
+
+The registry maps names to classes. The software fabrics register here; other packages
+add theirs through the ``emu.fabrics`` entry point group (``emu.p4`` adds ``bmv2``), loaded
+the first time a name is not found, so this package imports none of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from importlib import metadata
+from typing import ClassVar, Protocol
+
+from emu.emulator.transport import AggBatch
+from emu.errors import ConfigError
+from emu.traces.model import CollKind
+
+
+class AllReduce(enum.Enum):
+    """How a float all_reduce crosses the fabric."""
+
+    STREAM = "stream"  # in-network aggregation: the self-clocking stream of emu.emulator.ina
+    RING = "ring"  # reduce-scatter then all-gather among the workers
+    SERVER = "server"  # push to parameter-server shards, pull the sums back
+
+
+class SwitchPorts(Protocol):
+    """A switch outside emu, as the switch process sees it: contributions go in, results come out."""
+
+    def fileno_map(self) -> dict[int, int]: ...
+
+    def submit(self, batch: AggBatch) -> None: ...
+
+    def drain(self) -> AggBatch | None: ...
+
+    def route(self, batch: AggBatch, worker_hosts: tuple[tuple[int, int], ...]) -> dict[int, AggBatch]: ...
+
+    def close(self) -> None: ...
+
+
+class Fabric:
+    """A network design a replay runs on. Subclasses set the class attributes."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    all_reduce: ClassVar[AllReduce]
+    sums_in_switch_process: ClassVar[bool] = False  # the software switch aggregates (else it forwards)
+    synchronizable: ClassVar[bool] = True  # can take part in the synchronized clock
+    # workers beyond which a real point-to-point all_reduce is refused (messages grow as M^2)
+    p2p_worker_limit: ClassVar[int | None] = None
+
+    def check(self, workers: int, elements: int) -> None:
+        """Refuse, with ConfigError, a configuration this fabric cannot run."""
+
+    def check_available(self) -> None:
+        """Refuse, with an EmuError naming what to install, when the machine lacks what it needs."""
+
+    def counts_as_fallback(self, kind: CollKind, aggregated: bool) -> bool:
+        """Whether a collective of ``kind`` runs outside the fabric's own mechanism (point to point,
+        reported as a fallback). ``aggregated``: it is an all_reduce of floats."""
+        if kind != CollKind.ALL_REDUCE:
+            return True
+        return self.all_reduce == AllReduce.STREAM and not aggregated
+
+    def external_switch(self, workers: int, slots: int) -> contextlib.AbstractContextManager[object]:
+        """A switch outside emu, running for the replay's lifetime (none for the software fabrics)."""
+        return contextlib.nullcontext()
+
+    def switch_ports(self, workers: int, elements: int) -> SwitchPorts | None:
+        """Called in the switch process: the ports of the external switch, or None."""
+        return None
+
+    @property
+    def parameter_server(self) -> bool:
+        return self.all_reduce == AllReduce.SERVER
+
+
+class Ina(Fabric):
+    name = "ina"
+    description = "in-network aggregation in emu's software switch (SwitchML-style)"
+    all_reduce = AllReduce.STREAM
+    sums_in_switch_process = True
+
+
+class Ring(Fabric):
+    name = "ring"
+    description = "ring all-reduce between the workers, the switch forwarding"
+    all_reduce = AllReduce.RING
+    p2p_worker_limit = 128
+
+
+class ParameterServer(Fabric):
+    name = "ps"
+    description = "parameter-server shards that sum what the workers push"
+    all_reduce = AllReduce.SERVER
+    p2p_worker_limit = 128
+
+
+_REGISTRY: dict[str, type[Fabric]] = {}
+_BROKEN: dict[str, str] = {}  # plugins that failed to load, with why
+_PLUGINS_LOADED = False
+
+
+def register(cls: type[Fabric]) -> type[Fabric]:
+    """Add a fabric class under its name (usable as a decorator)."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+for _cls in (Ina, Ring, ParameterServer):
+    register(_cls)
+
+
+def _load_plugins() -> None:
+    global _PLUGINS_LOADED
+    if _PLUGINS_LOADED:
+        return
+    _PLUGINS_LOADED = True
+    for ep in metadata.entry_points(group="emu.fabrics"):
+        if ep.name in _REGISTRY:
+            continue
+        try:
+            register(ep.load())
+        except Exception as exc:  # a broken plugin must not take the software fabrics down
+            _BROKEN[ep.name] = f"{type(exc).__name__}: {exc}"
+
+
+
+def names() -> tuple[str, ...]:
+    """Every fabric's name: the software ones first, then those of installed packages."""
+    _load_plugins()
+    return tuple(_REGISTRY)
+
+
+def get(name: str) -> Fabric:
+    """The fabric called ``name``."""
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        _load_plugins()
+        cls = _REGISTRY.get(name)
+    if cls is None:
+        if name in _BROKEN:
+            raise ConfigError(f"--fabric {name!r} failed to load ({_BROKEN[name]}); reinstall emu")
+        raise ConfigError(f"--fabric {name!r} is not one of: {', '.join(names())}")
+    return cls()
+

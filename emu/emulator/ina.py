@@ -132,7 +132,6 @@ class InaGroup:
         self.bases: list[int] = []
         self.end = 0
         self.retransmissions = 0
-        self.late_results = 0
         self.cache = cache or PayloadCache(params.seed, params.workers)
 
     # -- the stream -------------------------------------------------------------------
@@ -343,7 +342,6 @@ class InaGroup:
             key = li[rows] * self.p.slots + slots[rows]
             _, first = np.unique(key, return_index=True)
             rows = rows[np.sort(first)]
-        self.late_results += len(li) - len(rows)
         if not len(rows):
             return []
         arrival_us = first_us

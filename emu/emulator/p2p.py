@@ -350,7 +350,6 @@ class PSServer:
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self.partial: dict[tuple[int, int], tuple[np.ndarray, int, float, float]] = {}
-        self.aggregated_bytes = 0
 
     def on_segment(self, me: int, src: int, seq: int, segment: int, data: np.ndarray, emu_bytes: float,
                    t: float) -> list[Seg]:
@@ -359,7 +358,6 @@ class PSServer:
         acc = acc + data
         n += 1
         latest = max(latest, t)
-        self.aggregated_bytes += data.nbytes
         if n < self.workers:
             self.partial[key] = (acc, n, latest, emu_bytes)
             return []

@@ -9,10 +9,8 @@ and replay's hosts speak them, so the definitions live here, once.
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -20,7 +18,6 @@ from emu.emulator.wire import AGG_HEADER, DTYPE_CODES, P2P_HEADER, PAYLOAD
 from emu.traces.model import Dtype
 
 MAX_FRAME = 256 << 20  # no emu message needs more; a larger frame is an error
-MAX_CONTROL = 16 << 20
 
 AGG = b"A"  # contributions, host -> switch
 RESULTS = b"R"  # results, switch -> host
@@ -182,16 +179,3 @@ def segment_first_us(meta: object) -> float:
     if _nbytes(meta) != _SEG_META.size:
         raise FrameError("bad segment meta")
     return float(_SEG_META.unpack(meta)[1])
-
-
-def control(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
-
-
-def parse_control(data: bytes) -> dict[str, Any]:
-    if len(data) > MAX_CONTROL:
-        raise FrameError("control message too large")
-    obj = json.loads(data)
-    if not isinstance(obj, dict) or "type" not in obj:
-        raise FrameError("control message without a type")
-    return obj

@@ -32,11 +32,10 @@ from emu.emulator.transport import (
     FrameError,
     Go,
     Segment,
-    control,
-    parse_control,
 )
 from emu.replay.config import Clock
 from emu.replay.host import Host, HostSetup
+from emu.replay.messages import Failed, Progress, Ready, Start, Stop, decode, encode
 
 PROGRESS_S = 0.2
 POLL_MS = 100
@@ -57,14 +56,14 @@ def host_main(setup: HostSetup) -> None:
     data.send(HELLO)
     try:
         host = Host(setup)
-        ctrl.send(control({"type": "ready", "host": setup.index}))
+        ctrl.send(encode(Ready(setup.index)))
         if setup.config.resolved_clock == Clock.SYNC:
             _Loop(host, ctrl, data).serve_sync()
         else:
             _Loop(host, ctrl, data).serve_wall()
     except Exception as exc:  # reported to the orchestrator, which stops everything
         try:
-            ctrl.send(control({"type": "error", "host": setup.index, "error": f"{type(exc).__name__}: {exc}"}))
+            ctrl.send(encode(Failed(setup.index, f"{type(exc).__name__}: {exc}")))
         except zmq.ZMQError:
             pass
         raise
@@ -85,14 +84,14 @@ class _Loop:
         self.wall0 = 0.0
 
     def _control(self) -> None:
-        msg = parse_control(self.ctrl.recv())
-        if msg["type"] == "start":
-            self.wall0 = float(msg["wall0"])
+        msg = decode(self.ctrl.recv())
+        if isinstance(msg, Start):
+            self.wall0 = msg.wall0
             self.started = True
             self.host.begin()
-        elif msg["type"] == "stop":
+        elif isinstance(msg, Stop):
             if not self.reported:
-                self.ctrl.send(control(self.host.metrics()))
+                self.ctrl.send(encode(self.host.metrics()))
             self.stopped = True
 
     def _send_out(self) -> None:
@@ -114,9 +113,9 @@ class _Loop:
         if wall - self.last_progress > PROGRESS_S and host.workers:
             self.last_progress = wall
             done_its = min(fw.s.it for fw in host.workers.values())
-            self.ctrl.send(control({"type": "progress", "host": host.setup.index, "iterations": done_its}))
+            self.ctrl.send(encode(Progress(host.setup.index, done_its)))
         if host.workers and not self.reported and host.done():
-            self.ctrl.send(control(host.metrics()))
+            self.ctrl.send(encode(host.metrics()))
             self.reported = True
 
     def _data(self, on_go) -> None:

@@ -32,6 +32,7 @@ from emu.replay.config import REAL_BYTES_PER_ITERATION, Clock, ReplayConfig
 from emu.replay.host import HostSetup
 from emu.replay.hostloop import host_main
 from emu.replay.lag import LagHistogram
+from emu.replay.messages import Failed, HostResult, Message, Progress, Ready, Start, Stop, SwitchResult, decode, encode
 from emu.replay.programs import plan_programs
 from emu.replay.report import (
     REPORT_VERSION,
@@ -210,23 +211,22 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
         run = _Run(ctrl, procs, config, len(setups))
         run.wait_ready()
         wall0 = time.monotonic() + START_DELAY_S
-        run.broadcast({"type": "start", "wall0": wall0})
+        run.broadcast(Start(wall0))
         results = run.collect(len(worker_hosts), iters * m, setups, on_progress)
         run_s = time.monotonic() - wall0
-        run.broadcast({"type": "stop"}, include_switch=True)
-        extra = run.drain(len(ps_hosts), switch=True)
+        run.broadcast(Stop(), include_switch=True)
+        extra, switch_stats = run.drain(len(ps_hosts))
         wall_s = time.monotonic() - wall_start
         _join(procs)
         usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         self1 = resource.getrusage(resource.RUSAGE_SELF)
         cpu = (usage1.ru_utime + usage1.ru_stime - usage0.ru_utime - usage0.ru_stime
                + self1.ru_utime + self1.ru_stime - self0.ru_utime - self0.ru_stime)
-        results += [r for r in extra if r.get("type") == "result"]
-        switch_stats = next((r for r in extra if r.get("type") == "switch"), {"stats": {}, "segments": 0})
+        results += extra
         report = _report(trace, trace_path, config, iters, results, switch_stats, wall_s, cpu, len(procs))
         report = replace(report, emulator=replace(report.emulator, run_s=run_s))
         if chrome_trace is not None:
-            spans = {int(w): [tuple(s) for s in d["spans"]] for r in results for w, d in r.get("workers", {}).items()}
+            spans = {int(w): [tuple(s) for s in d.spans] for r in results for w, d in r.workers.items()}
             write_chrome_trace(spans, chrome_trace)
         return report, run_s
     finally:
@@ -249,17 +249,21 @@ class _Run:
             if p.exitcode not in (None, 0):
                 raise ReplayError(f"the replay process {p.name} died (exit code {p.exitcode})")
 
-    def _recv(self, timeout_ms: int) -> dict[str, Any] | None:
-        from emu.emulator.transport import parse_control
-
+    def _recv(self, timeout_ms: int) -> Message | None:
         if not self.poller.poll(timeout_ms):
             return None
         ident, data = self.ctrl.recv_multipart()
-        msg = parse_control(data)
-        if msg.get("type") == "error":
-            raise ReplayError(f"replay process {msg.get('host')} failed: {msg.get('error')}")
-        if msg.get("type") == "ready":
-            self.idents[msg["host"]] = ident
+        msg = decode(data)
+        if isinstance(msg, Failed):
+            # a process that died makes its peers fail (the switch cannot reach a killed host):
+            # name the death, the cause, when there is one
+            deadline = time.monotonic() + 0.5
+            while time.monotonic() < deadline:
+                self._check_children()
+                time.sleep(0.02)
+            raise ReplayError(f"replay process {msg.host} failed: {msg.error}")
+        if isinstance(msg, Ready):
+            self.idents[msg.host] = ident
         return msg
 
     def wait_ready(self) -> None:
@@ -271,17 +275,16 @@ class _Run:
             self._check_children()
             self._recv(100)
 
-    def broadcast(self, msg: dict[str, Any], include_switch: bool = False) -> None:
-        from emu.emulator.transport import control
-
+    def broadcast(self, msg: Start | Stop, include_switch: bool = False) -> None:
+        data = encode(msg)
         for host, ident in self.idents.items():
             if host == "switch" and not include_switch:
                 continue
-            self.ctrl.send_multipart([ident, control(msg)])
+            self.ctrl.send_multipart([ident, data])
 
     def collect(self, worker_hosts: int, total: int, setups: list[HostSetup],
-                on_progress: Callable[[float], None] | None) -> list[dict[str, Any]]:
-        done: dict[int, dict[str, Any]] = {}
+                on_progress: Callable[[float], None] | None) -> list[HostResult]:
+        done: dict[int, HostResult] = {}
         progress: dict[int, int] = {}
         sizes = {s.index: len(s.endpoints) for s in setups if s.role == "workers"}
         deadline = time.monotonic() + self.config.timeout_s
@@ -293,25 +296,30 @@ class _Run:
             msg = self._recv(200)
             if msg is None:
                 continue
-            if msg["type"] == "progress":
-                progress[msg["host"]] = msg["iterations"]
-            elif msg["type"] == "result":
-                done[msg["host"]] = msg
-                progress[msg["host"]] = 10**9
+            if isinstance(msg, Progress):
+                progress[msg.host] = msg.iterations
+            elif isinstance(msg, HostResult):
+                done[msg.host] = msg
+                progress[msg.host] = 10**9
             if on_progress is not None and total:
                 its = sum(min(progress.get(h, 0), total) * n for h, n in sizes.items())
                 on_progress(min(1.0, its / total))
         return list(done.values())
 
-    def drain(self, results: int, switch: bool) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    def drain(self, results: int) -> tuple[list[HostResult], SwitchResult]:
+        """The parameter-server hosts' results and the switch's, after Stop."""
+        hosts: list[HostResult] = []
+        switch: SwitchResult | None = None
         deadline = time.monotonic() + 30
-        want = results + (1 if switch else 0)
-        while len(out) < want and time.monotonic() < deadline:
+        while (len(hosts) < results or switch is None) and time.monotonic() < deadline:
             msg = self._recv(200)
-            if msg is not None and msg["type"] in ("result", "switch"):
-                out.append(msg)
-        return out
+            if isinstance(msg, HostResult):
+                hosts.append(msg)
+            elif isinstance(msg, SwitchResult):
+                switch = msg
+        if switch is None:
+            raise ReplayError("the switch process did not report within 30 s of the end")
+        return hosts, switch
 
 
 def _join(procs: list) -> None:
@@ -334,12 +342,12 @@ def _stop(procs: list) -> None:
 
 
 def _report(trace: Trace, trace_path: str | None, config: ReplayConfig, iters: int,
-            results: list[dict[str, Any]], switch: dict[str, Any], wall_s: float, cpu_s: float,
+            results: list[HostResult], switch: SwitchResult, wall_s: float, cpu_s: float,
             processes: int) -> ReplayReport:
     records: dict[int, list[list[float]]] = {}
     for r in results:
-        for w, d in r.get("workers", {}).items():
-            records[int(w)] = d["iterations"]
+        for w, d in r.workers.items():
+            records[int(w)] = d.iterations
     iterations = []
     for i in range(iters):
         rows = {w: rec[i] for w, rec in records.items() if i < len(rec)}
@@ -352,16 +360,16 @@ def _report(trace: Trace, trace_path: str | None, config: ReplayConfig, iters: i
     times = [it.emulated_us for it in iterations]
     median = statistics.median(times)
     batch = trace.meta.batch_size
-    bytes_sent = sum(r.get("bytes_sent", 0.0) for r in results)
+    bytes_sent = sum(r.bytes_sent for r in results)
     summary = Summary(iteration_us_median=median, iteration_us_p99=float(np.percentile(times, 99)),
                       throughput_samples_per_s=(batch * config.workers / (median / 1e6)) if batch and median else None,
                       bytes_sent=bytes_sent)
-    elements = sum(r["verify"]["elements"] for r in results if "verify" in r)
-    mismatches = sum(r["verify"]["mismatches"] for r in results if "verify" in r)
+    elements = sum(r.verify_elements for r in results)
+    mismatches = sum(r.verify_mismatches for r in results)
     verification = Verification(ok=mismatches == 0 and elements > 0, elements_checked=elements,
                                 mismatches=mismatches)
-    reordered = sum(r.get("reordered", 0) for r in results)
-    reorder_error = max((r.get("reorder_error_us", 0.0) for r in results), default=0.0)
+    reordered = sum(r.reordered for r in results)
+    reorder_error = max((r.reorder_error_us for r in results), default=0.0)
     if config.resolved_clock == Clock.SYNC:
         # Order is guaranteed by construction; the links still count inversions, as a self-check.
         lag_p99 = lag_max = None
@@ -372,8 +380,8 @@ def _report(trace: Trace, trace_path: str | None, config: ReplayConfig, iters: i
     else:
         lag = LagHistogram()
         for r in results:
-            if r.get("lag"):
-                lag.merge(LagHistogram.from_dict(r["lag"]))
+            if r.lag:
+                lag.merge(LagHistogram.from_dict(r.lag))
         lag_p99, lag_max = lag.quantile(0.99), lag.max_us
         # docs/design.md: p99 lag within 1% of the iteration and nothing handled out of emulated order.
         # A packet-level inversion is measured as the most it can shift an endpoint's times; it must
@@ -385,28 +393,26 @@ def _report(trace: Trace, trace_path: str | None, config: ReplayConfig, iters: i
                       f"hand-overs could shift times by up to {reorder_error:.0f} us) against a {median:.0f} us "
                       f"iteration: raise --tdf (now {config.dilation:g}) or --payload-scale (now {config.scale}), "
                       "or use the synchronized clock (--clock sync)")
-    stats = switch.get("stats", {})
+    stats = switch.stats
     fallbacks: dict[str, int] = {}
     for r in results:
-        for k, v in r.get("fallbacks", {}).items():
+        for k, v in r.fallbacks.items():
             fallbacks[k] = fallbacks.get(k, 0) + v
     fabric = FabricReport(
         name=config.fabric, packets=int(stats.get("packets", 0)),
-        retransmissions=sum(r.get("retransmissions", 0) for r in results),
+        retransmissions=sum(r.retransmissions for r in results),
         duplicates=int(stats.get("duplicates", 0)), slots=config.real_slots, slots_emulated=config.emulated_slots,
         results=int(stats.get("results", 0)), answered=int(stats.get("answered", 0)),
-        dropped=int(stats.get("dropped", 0)), lost=sum(r.get("lost", 0) for r in results),
-        packets_lost=sum(r.get("packets_lost", 0) for r in results),
-        segments=int(switch.get("segments", 0)), fallbacks=fallbacks)
+        dropped=int(stats.get("dropped", 0)), lost=sum(r.lost for r in results),
+        packets_lost=sum(r.packets_lost for r in results), segments=switch.segments, fallbacks=fallbacks)
     sync = config.resolved_clock == Clock.SYNC
     emulator = EmulatorReport(
         clock=config.resolved_clock.value, tdf=None if sync else config.dilation, payload_scale=config.scale,
         lag_us_p99=lag_p99, lag_us_max=lag_max,
         trustworthy=trustworthy, reordered=reordered, reorder_error_us=reorder_error, wall_s=wall_s,
         cpu_percent=100.0 * cpu_s / wall_s / (os.cpu_count() or 1) if wall_s else 0.0,
-        processes=processes, events=sum(r.get("events", 0) for r in results), advice=advice,
-        windows=switch.get("windows") if sync else None,
-        real_bytes=float(sum(r.get("real_bytes", 0) for r in results)))
+        processes=processes, events=sum(r.events for r in results), advice=advice,
+        windows=switch.windows if sync else None, real_bytes=float(sum(r.real_bytes for r in results)))
     link = config.link
     cfg = {"workers": config.workers, "fabric": config.fabric, "iters": iters,
            "bandwidth_bps": None if math.isinf(link.bandwidth_bps) else link.bandwidth_bps,

@@ -32,11 +32,10 @@ from emu.emulator.transport import (
     Done,
     FrameError,
     Go,
-    control,
-    parse_control,
     segment_first_us,
 )
 from emu.emulator.wire import P2P_HEADER
+from emu.replay.messages import Failed, Ready, Stop, SwitchResult, decode, encode
 
 HELLO_TIMEOUT_S = 60.0
 
@@ -71,7 +70,7 @@ def switch_main(setup: SwitchSetup) -> None:
     ports = net.switch_ports(setup.workers, setup.elements)
     idents = [f"h{i}".encode() for i in range(max(setup.endpoint_host) + 1)]
     endpoint_host = np.asarray(setup.endpoint_host)
-    forwarded = [0, 0]  # segments, real payload bytes
+    forwarded = [0]  # segments (a list: the coordinator counts into it too)
     try:
         # Ready only once every host said hello: a ROUTER can route only to peers it has heard from.
         waiting = set(idents)
@@ -82,7 +81,7 @@ def switch_main(setup: SwitchSetup) -> None:
             frames = router.recv_multipart()
             if len(frames) == 2 and frames[1] == HELLO:
                 waiting.discard(frames[0])
-        ctrl.send(control({"type": "ready", "host": "switch"}))
+        ctrl.send(encode(Ready("switch")))
         if setup.sync:
             _Coordinator(setup, ctrl, router, switch, idents, forwarded).serve()
             return
@@ -103,11 +102,9 @@ def switch_main(setup: SwitchSetup) -> None:
                 if not isinstance(sock, zmq.Socket):
                     continue  # a BMv2 port: drained above
                 if sock is ctrl:
-                    msg = parse_control(ctrl.recv())
-                    if msg["type"] == "stop":
+                    if isinstance(decode(ctrl.recv()), Stop):
                         stats = switch.stats.as_dict() if switch else {}
-                        ctrl.send(control({"type": "switch", "stats": stats, "segments": forwarded[0],
-                                           "segment_bytes": forwarded[1]}))
+                        ctrl.send(encode(SwitchResult(stats, forwarded[0])))
                         return
                     continue
                 while True:
@@ -126,12 +123,11 @@ def switch_main(setup: SwitchSetup) -> None:
                             raise FrameError(f"segment for unknown endpoint {dst}")
                         router.send_multipart([idents[endpoint_host[dst]], *frames[1:]], copy=False)
                         forwarded[0] += 1
-                        forwarded[1] += len(frames[4])
                     else:
                         raise FrameError(f"unexpected message kind {kind[:8]!r} at the switch")
     except Exception as exc:
         try:
-            ctrl.send(control({"type": "error", "host": "switch", "error": f"{type(exc).__name__}: {exc}"}))
+            ctrl.send(encode(Failed("switch", f"{type(exc).__name__}: {exc}")))
         except zmq.ZMQError:
             pass
         raise
@@ -189,11 +185,9 @@ class _Coordinator:
         while True:
             for sock, _ in poller.poll(200):
                 if sock is self.ctrl:
-                    msg = parse_control(self.ctrl.recv())
-                    if msg["type"] == "stop":
+                    if isinstance(decode(self.ctrl.recv()), Stop):
                         stats = self.switch.stats.as_dict() if self.switch else {}
-                        self.ctrl.send(control({"type": "switch", "stats": stats, "segments": self.forwarded[0],
-                                                "segment_bytes": self.forwarded[1], "windows": self.windows}))
+                        self.ctrl.send(encode(SwitchResult(stats, self.forwarded[0], self.windows)))
                         return
                     continue
                 self._drain()
@@ -218,7 +212,6 @@ class _Coordinator:
                 self.seg_min = min(self.seg_min, segment_first_us(frames[3]))
                 self.router.send_multipart([self.idents[self.endpoint_host[dst]], *frames[1:]], copy=False)
                 self.forwarded[0] += 1
-                self.forwarded[1] += len(frames[4])
             elif kind == DONE:
                 done = Done.parse(frames[1:])
                 if done.window != self.window:

@@ -1,0 +1,275 @@
+"""A host's in-network aggregation endpoint: its workers' aggregation stream on their links.
+
+It holds the group (``emu.emulator.ina``: what to send and when), the contributions waiting
+for their send time, the results waiting for their stamp, and the retransmission timers'
+bookkeeping. The host (``emu.replay.host``) decides when: it asks for what is due before a
+bound, interleaves it with the point-to-point endpoint's traffic on the shared links, and
+hands it back here to cross them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from emu.emulator import wire
+from emu.emulator.ina import InaGroup, InaParams, Packets, PayloadCache, ResultCheck
+from emu.emulator.links import LinkArray
+from emu.emulator.scaled_loss import ScaledLoss
+from emu.emulator.switch import MULTICAST
+from emu.emulator.transport import AggBatch
+from emu.replay.config import ReplayConfig
+from emu.replay.worker import CollRun
+
+_PACKET_FIELDS = ("local", "headers", "payload", "send_us", "emu_packets", "retransmit")
+
+
+def take(pk: Packets, rows: np.ndarray) -> Packets:
+    return Packets(*(getattr(pk, f)[rows] for f in _PACKET_FIELDS))
+
+
+def _concat(parts: list[Packets]) -> Packets:
+    if len(parts) == 1:
+        return parts[0]
+    return Packets(*(np.concatenate([getattr(p, f) for p in parts]) for f in _PACKET_FIELDS))
+
+
+def due(times: np.ndarray, bound: float, inclusive: bool) -> np.ndarray:
+    return times <= bound if inclusive else times < bound
+
+
+@dataclass
+class InaCounters:
+    bytes_sent: float = 0.0  # emulated wire bytes, both directions
+    lost: int = 0  # real rows the links dropped
+    packets_lost: int = 0  # emulated packets lost
+
+
+class InaEndpoint:
+    def __init__(self, cfg: ReplayConfig, workers: np.ndarray, up: LinkArray, down: LinkArray,
+                 index: dict[int, int], timer: Callable[[float, int, int, float], None],
+                 completed: Callable[[int, CollRun, float], None]) -> None:
+        self.cfg, self.up, self.down, self.index = cfg, up, down, index
+        self.k = cfg.elements
+        self.timer, self.completed = timer, completed
+        params = InaParams(slots=cfg.real_slots, elements=self.k, workers=cfg.workers, job=0, seed=cfg.seed,
+                           scale=cfg.scale, emulated_slots=cfg.emulated_slots)
+        self.group = InaGroup(workers, params, PayloadCache(cfg.seed, cfg.workers))
+        # with payload scale, loss is drawn per emulated packet and the real rows always cross
+        self.scaled = (ScaledLoss(cfg.seed, cfg.workers, cfg.link.loss, cfg.real_slots,
+                                  -(-cfg.emulated_slots // cfg.real_slots), cfg.timeout_rto_us)
+                       if cfg.scale > 1 and cfg.link.loss > 0 else None)
+        self.counters = InaCounters()
+        self.check = ResultCheck()
+        self.runs: dict[tuple[int, int], CollRun] = {}
+        self.retx_scale: dict[tuple[int, int], float] = {}  # what a pending retransmission stands for
+        self.retx_due: list[tuple[int, int, float, float]] = []
+        self.pump_due = False
+        self.up_heap: list[tuple[float, int, Packets]] = []  # contributions waiting for their send time
+        self.down_heap: list[tuple[float, int, AggBatch, np.ndarray]] = []  # results waiting for their stamp
+        self._parts = 0  # keeps heap entries of equal keys apart
+        self.outgoing: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    # -- the stream ---------------------------------------------------------------------
+    def start(self, worker: int, run: CollRun, real_elements: int) -> bool:
+        """A worker starts an all_reduce on the stream; True if it is already complete (empty)."""
+        op = run.op
+        coll = self.group.collective(run.seq, op.dtype.value, real_elements, -(-op.count // self.k))
+        local = self.index[worker]
+        coll.start_us[local] = run.start_us
+        if coll.data_blocks == 0:
+            coll.finished[local] = True
+            return True
+        self.runs[(local, run.seq)] = run
+        self.pump_due = True
+        return False
+
+    def timer_fired(self, local: int, slot: int, t: float, lost: float) -> None:
+        self.retx_scale[(local, slot)] = lost
+        self.retx_due.append((local, slot, t, lost))
+
+    def pump(self) -> None:
+        """The group's next packets (every chunk any worker may send, with its send time, and the
+        retransmissions due): asked once per window, since they depend only on the state."""
+        if not self.pump_due and not self.retx_due:
+            return
+        self.pump_due = False
+        retx, self.retx_due = self.retx_due, []
+        pk = self.group.next_packets(retx)
+        if pk is not None:
+            self._parts += 1
+            heapq.heappush(self.up_heap, (float(pk.send_us.min()), self._parts, pk))
+
+    def next_us(self) -> float:
+        return min(self.up_heap[0][0] if self.up_heap else math.inf,
+                   self.down_heap[0][0] if self.down_heap else math.inf)
+
+    def busy(self) -> bool:
+        return self.pump_due or bool(self.retx_due)
+
+    # -- uplinks ------------------------------------------------------------------------
+    def due_up(self, bound: float, inclusive: bool) -> Packets | None:
+        """Every contribution due before the bound, in each uplink's FIFO order."""
+        parts: list[Packets] = []
+        while self.up_heap and (self.up_heap[0][0] <= bound if inclusive else self.up_heap[0][0] < bound):
+            _, _, pk = heapq.heappop(self.up_heap)
+            now = due(pk.send_us, bound, inclusive)
+            if not now.all():
+                rest = take(pk, np.flatnonzero(~now))
+                self._parts += 1
+                heapq.heappush(self.up_heap, (float(rest.send_us.min()), self._parts, rest))
+                pk = take(pk, np.flatnonzero(now))
+            parts.append(pk)
+        if not parts:
+            return None
+        pk = _concat(parts)
+        return take(pk, np.lexsort((pk.headers["chunk"], pk.send_us, pk.local)))
+
+    def _scaled_lost(self, chunks: np.ndarray, per: np.ndarray, local: np.ndarray, down: bool) -> np.ndarray:
+        """With payload scale: the emulated packets each row's link lost (and resent)."""
+        assert self.scaled is not None
+        out = np.zeros(len(chunks))
+        wids = self.group.wids[local]
+        for c in np.unique(chunks):
+            rows = np.flatnonzero(chunks == c)
+            fate = self.scaled.fate(int(c), float(per[rows[0]]))
+            out[rows] = (fate.k_down if down else fate.k_up)[wids[rows]]
+        return out
+
+    def send(self, pk: Packets) -> None:
+        """Contributions cross their uplinks: what arrives goes to the switch, what is lost waits
+        for its timer."""
+        sizes = np.where(pk.headers["size"] > 0, wire.agg_wire_bytes(self.k), wire.agg_wire_bytes(0))
+        packets = pk.emu_packets
+        if self.scaled is not None:
+            resent = self._scaled_lost(pk.headers["chunk"].astype(np.int64), pk.emu_packets, pk.local, down=False)
+            self.counters.packets_lost += int(resent.sum())
+            packets = packets + resent
+        wire_bytes = sizes * packets
+        sent = self.up.transmit(pk.local, pk.send_us, wire_bytes, packets=packets, lossy=self.scaled is None)
+        arrival = np.stack([sent.first_us, sent.last_us], axis=1)
+        self.counters.bytes_sent += float(np.rint(wire_bytes).sum())  # whole bytes: exact in any order
+        lost = sent.lost
+        if lost.any():
+            self.counters.lost += int(lost.sum())
+            self.counters.packets_lost += int(np.rint(sent.lost_packets[lost]).sum())
+            for local, slot, at, n in zip(pk.local[lost], pk.headers["slot"][lost], pk.send_us[lost],
+                                          sent.lost_packets[lost], strict=True):
+                self.timer(float(at) + self.cfg.timeout_rto_us, int(local), int(slot), float(n))
+        keep = ~lost
+        if keep.any():
+            self.outgoing.append((pk.headers[keep], pk.payload[keep], arrival[keep]))
+
+    def take_outgoing(self) -> AggBatch | None:
+        """What the uplinks delivered since the last call, as one batch for the switch."""
+        if not self.outgoing:
+            return None
+        batch = AggBatch(np.concatenate([a[0] for a in self.outgoing]), np.concatenate([a[1] for a in self.outgoing]),
+                         np.concatenate([a[2] for a in self.outgoing]))
+        self.outgoing = []
+        return batch
+
+    # -- downlinks ----------------------------------------------------------------------
+    def receive(self, batch: AggBatch) -> None:
+        """Results from the switch, kept until the clock reaches their stamps."""
+        if not len(batch.headers):
+            return
+        order = np.lexsort((batch.headers["chunk"], batch.stamps[:, 0]))
+        batch = AggBatch(batch.headers[order], batch.payload[order], batch.stamps[order])
+        self._parts += 1
+        heapq.heappush(self.down_heap, (float(batch.stamps[0, 0]), self._parts, batch,
+                                        np.full(len(order), -1, np.int64)))
+
+    def due_down(self, bound: float, inclusive: bool) -> tuple[AggBatch, np.ndarray] | None:
+        """Every result due before the bound, in stamp order, with its verification state."""
+        parts: list[tuple[AggBatch, np.ndarray]] = []
+        while self.down_heap and (self.down_heap[0][0] <= bound if inclusive else self.down_heap[0][0] < bound):
+            _, _, batch, verify = heapq.heappop(self.down_heap)
+            now = due(batch.stamps[:, 0], bound, inclusive)
+            if not now.all():
+                rest = ~now
+                self._parts += 1
+                heapq.heappush(self.down_heap, (float(batch.stamps[rest, 0].min()), self._parts,
+                                                AggBatch(batch.headers[rest], batch.payload[rest],
+                                                         batch.stamps[rest]), verify[rest]))
+                batch, verify = AggBatch(batch.headers[now], batch.payload[now], batch.stamps[now]), verify[now]
+            parts.append((batch, verify))
+        if not parts:
+            return None
+        if len(parts) == 1:
+            return parts[0]
+        stamps = np.concatenate([b.stamps for b, _ in parts])
+        headers = np.concatenate([b.headers for b, _ in parts])
+        order = np.lexsort((headers["chunk"], stamps[:, 0]))
+        return (AggBatch(headers[order], np.concatenate([b.payload for b, _ in parts])[order], stamps[order]),
+                np.concatenate([v for _, v in parts])[order])
+
+    def on_results(self, batch: AggBatch, verify: np.ndarray) -> None:
+        """Results cross the downlinks to the workers they are for."""
+        g = self.group
+        dest = batch.headers["worker"].astype(np.int64)
+        chunks = batch.headers["chunk"].astype(np.int64)
+        per, data = g.emu_packets_of(chunks)
+        sizes = np.where(data, wire.agg_wire_bytes(self.k), wire.agg_wire_bytes(0)) * per
+        multi = np.flatnonzero(dest == MULTICAST)
+        li_parts, rb_parts = [], []
+        if len(multi):  # every worker of the host receives these, each on its own downlink
+            li_parts.append(np.repeat(np.arange(g.m), len(multi)))
+            rb_parts.append(np.tile(multi, g.m))
+        uni = np.flatnonzero((dest != MULTICAST) & np.isin(dest, g.wids))
+        if len(uni):
+            li_parts.append(np.array([self.index[int(d)] for d in dest[uni]]))
+            rb_parts.append(uni)
+        if not li_parts:
+            return
+        li, rb = np.concatenate(li_parts), np.concatenate(rb_parts)
+        scale = per[rb]
+        if len(uni):  # an answer to a retransmission stands for the packets that were resent
+            n_uni = len(uni)
+            scale = scale.copy()
+            scale[-n_uni:] = [min(scale[-n_uni + i], self.retx_scale.get(
+                (int(li[-n_uni + i]), int(batch.headers["slot"][uni[i]])), 1.0)) for i in range(n_uni)]
+        if len(uni) and len(multi):  # each downlink in the message's (stamp) order
+            order = np.lexsort((rb, li))
+            li, rb, scale = li[order], rb[order], scale[order]
+        delay = None
+        if self.scaled is not None:
+            resent = self._scaled_lost(chunks[rb], per[rb], li, down=True)
+            self.counters.packets_lost += int(resent.sum())
+            scale = scale + resent
+            delay = np.zeros(len(chunks))
+            slots = batch.headers["slot"].astype(np.int64)
+            which = g.locate(chunks)
+            for i in np.unique(rb):  # the slowest sub-chain of each row (emu.emulator.scaled_loss)
+                coll = g.colls[int(which[i])]
+                last = int(chunks[i]) >= coll.base + coll.chunks - g.p.slots
+                delay[i] = self.scaled.delay(int(chunks[i]), int(slots[i]), int(which[i]), float(per[i]), last)
+        row_bytes = sizes[rb] / per[rb] * scale
+        got = self.down.transmit(li, batch.stamps[rb, 0], row_bytes, packets=scale,
+                                 ready_last_us=batch.stamps[rb, 1], lossy=self.scaled is None)
+        first, last, lost = got.first_us, got.last_us, got.lost
+        if delay is not None:
+            first, last = first + delay[rb], last + delay[rb]
+        self.counters.bytes_sent += float(np.rint(row_bytes).sum())
+        if lost.any():
+            self.counters.lost += int(lost.sum())
+            self.counters.packets_lost += int(np.rint(got.lost_packets[lost]).sum())
+            rto = self.cfg.timeout_rto_us
+            for local, slot, arrival, n in zip(li[lost], batch.headers["slot"][rb[lost]], first[lost],
+                                               got.lost_packets[lost], strict=True):
+                # the worker's timer, armed when it sent, fires every rto until the result is in:
+                # the first firing after the lost result would have arrived resends
+                sent = float(g.sent_at[local, slot])
+                self.timer(sent + rto * max(1.0, math.ceil((float(arrival) - sent) / rto)), int(local),
+                           int(slot), float(n))
+        keep = ~lost
+        done = g.on_results(li[keep], rb[keep], batch.headers, batch.payload, first[keep], last[keep], verify,
+                            self.check)
+        for local, coll in done:
+            run = self.runs.pop((local, coll.seq))
+            self.completed(int(g.wids[local]), run, float(coll.end_us[local]))
+        self.pump_due = True

@@ -1,0 +1,167 @@
+"""A host's point-to-point endpoint: ring, tree, all-to-all, send/recv and parameter-server traffic.
+
+Each collective that does not run on the aggregation stream runs here as an algorithm of
+``emu.emulator.p2p`` per worker (which one is the fabric's choice), exchanging segments
+through the switch; a parameter-server host's shards live here too. Like the aggregation
+endpoint it keeps what waits for its time, and the host decides when it crosses the links.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from emu.emulator import wire
+from emu.emulator.fabric import AllReduce, Fabric
+from emu.emulator.links import LinkArray
+from emu.emulator.p2p import (
+    Algorithm,
+    AllToAll,
+    Barrier,
+    Check,
+    Layout,
+    PSClient,
+    PSServer,
+    Ring,
+    Seg,
+    SendRecv,
+    Tree,
+)
+from emu.emulator.transport import FrameError, Segment
+from emu.replay.config import ReplayConfig
+from emu.replay.worker import CollRun
+from emu.traces.model import CollKind
+
+# a segment waiting for its send time: (time, source, collective, segment, destination) order it
+UpSeg = tuple[float, int, int, int, int, Seg, str]
+
+
+class P2PEndpoint:
+    def __init__(self, cfg: ReplayConfig, net: Fabric, servers: tuple[int, ...], up: LinkArray, down: LinkArray,
+                 index: dict[int, int], host: int, completed: Callable[[int, CollRun, float], None]) -> None:
+        self.cfg, self.net, self.up, self.down, self.index = cfg, net, up, down, index
+        self.host, self.completed = host, completed
+        self.m = cfg.workers
+        self.check = Check()
+        self.bytes_sent = 0.0
+        self.algs: dict[tuple[int, int], Algorithm] = {}
+        self.runs: dict[tuple[int, int], CollRun] = {}
+        self.early: dict[tuple[int, int], list[tuple[int, int, np.ndarray, float]]] = {}
+        self.servers = {e: PSServer(self.m) for e in servers}
+        self.up_heap: list[UpSeg] = []
+        self.down_heap: list[tuple[float, int, int, int, int, Segment]] = []
+        self.outgoing: list[Segment] = []
+
+    def next_us(self) -> float:
+        return min(self.up_heap[0][0] if self.up_heap else math.inf,
+                   self.down_heap[0][0] if self.down_heap else math.inf)
+
+    # -- collectives --------------------------------------------------------------------
+    def start(self, w: int, run: CollRun, real_elements: int) -> None:
+        key = (w, run.seq)
+        self.runs[key] = run
+        alg = self._algorithm(w, run, real_elements)
+        self.algs[key] = alg
+        self._queue(w, alg.start(run.start_us), alg.dtype)
+        for src, seg, data, t in self.early.pop(key, []):
+            self._queue(w, alg.on_segment(src, seg, data, max(t, run.start_us)), alg.dtype)
+        if alg.finished:
+            self._finish(w, run.seq)
+
+    def _algorithm(self, w: int, run: CollRun, real: int) -> Algorithm:
+        op, cfg, m = run.op, self.cfg, self.m
+        emu_bytes = float(op.count * op.dtype.itemsize)
+        common = dict(rank=w, size=m, seq=run.seq, dtype=op.dtype.value, seed=cfg.seed, check=self.check)
+        kind = op.kind
+        if kind == CollKind.BARRIER:
+            rounds = max(1, (m - 1).bit_length())
+            return Barrier(**{**common, "dtype": "uint8"}, layout=Layout(0, rounds, 0.0))
+        if kind == CollKind.ALL_REDUCE and self.net.all_reduce == AllReduce.SERVER:
+            servers = [m + j for j in range(cfg.shards)]
+            return PSClient(**common, layout=Layout(real, len(servers), emu_bytes), servers=servers)
+        if kind == CollKind.ALL_REDUCE:
+            return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=True, gather=True, own=w)
+        if kind == CollKind.REDUCE_SCATTER:
+            return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=True, gather=False, own=w - 1)
+        if kind == CollKind.ALL_GATHER:
+            return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=False, gather=True, own=w - 1)
+        if kind == CollKind.BROADCAST:
+            return Tree(**common, layout=Layout(real, 1, emu_bytes), root=op.root or 0)
+        if kind == CollKind.ALL_TO_ALL:
+            return AllToAll(**common, layout=Layout(real, m, emu_bytes))
+        return SendRecv(**common, layout=Layout(real, 1, emu_bytes), peer=op.peer or 0,
+                        sending=kind == CollKind.SEND)
+
+    def _finish(self, w: int, seq: int) -> None:
+        alg = self.algs.pop((w, seq))
+        self.completed(w, self.runs.pop((w, seq)), alg.end_us)
+
+    def _queue(self, src: int, segs: list[Seg], dtype: str) -> None:
+        for seg in segs:
+            heapq.heappush(self.up_heap, (seg.send_us, src, seg.seq, seg.segment, seg.dst, seg, dtype))
+
+    # -- uplinks ------------------------------------------------------------------------
+    def due_up(self, bound: float, inclusive: bool) -> list[UpSeg]:
+        """Every segment due before the bound, in (time, source, collective, segment) order."""
+        out = []
+        while self.up_heap and (self.up_heap[0][0] <= bound if inclusive else self.up_heap[0][0] < bound):
+            out.append(heapq.heappop(self.up_heap))
+        return out
+
+    def _wire(self, emu_bytes: float) -> tuple[int, float]:
+        packets = wire.p2p_packets(int(math.ceil(emu_bytes)))
+        return packets, emu_bytes + packets * (wire.FRAME_OVERHEAD + wire.P2P_HEADER.itemsize)
+
+    def send(self, src: int, seg: Seg, dtype: str) -> None:
+        packets, wire_bytes = self._wire(seg.emu_bytes)
+        first, last, resent = self.up.send_segment(self.index[src], seg.send_us, wire_bytes, packets)
+        self.bytes_sent += round(wire_bytes + resent)
+        header = np.zeros(1, wire.P2P_HEADER)
+        header["msg_type"] = wire.MsgType.P2P
+        header["dtype"] = wire.DTYPE_CODES.index(dtype)
+        header["src"] = src
+        header["dst"] = seg.dst
+        header["seq"] = seg.seq
+        header["segment"] = seg.segment
+        self.outgoing.append(Segment(header, seg.emu_bytes, first, last, seg.data))
+
+    def take_outgoing(self) -> list[Segment]:
+        out, self.outgoing = self.outgoing, []
+        return out
+
+    # -- downlinks ----------------------------------------------------------------------
+    def receive(self, seg: Segment) -> None:
+        h = seg.header[0]
+        heapq.heappush(self.down_heap, (seg.first_us, int(h["dst"]), int(h["src"]), int(h["seq"]),
+                                        int(h["segment"]), seg))
+
+    def due_down(self, bound: float, inclusive: bool) -> list[Segment]:
+        out = []
+        while self.down_heap and (self.down_heap[0][0] <= bound if inclusive else self.down_heap[0][0] < bound):
+            out.append(heapq.heappop(self.down_heap)[-1])
+        return out
+
+    def on_segment(self, seg: Segment) -> None:
+        """A segment crosses its downlink and reaches its algorithm (or shard)."""
+        h = seg.header[0]
+        src, dst, seq, segno = int(h["src"]), int(h["dst"]), int(h["seq"]), int(h["segment"])
+        if dst not in self.index:
+            raise FrameError(f"segment for endpoint {dst}, which host {self.host} does not hold")
+        packets, wire_bytes = self._wire(seg.emu_bytes)
+        t, resent = self.down.receive_segment(self.index[dst], seg.first_us, seg.last_us, wire_bytes, packets)
+        self.bytes_sent += round(wire_bytes + resent)
+        if dst in self.servers:
+            replies = self.servers[dst].on_segment(dst, src, seq, segno, seg.values, seg.emu_bytes, t)
+            self._queue(dst, replies, seg.dtype)
+            return
+        key = (dst, seq)
+        alg = self.algs.get(key)
+        if alg is None:
+            self.early.setdefault(key, []).append((src, segno, seg.values, t))
+            return
+        self._queue(dst, alg.on_segment(src, segno, seg.values, t), alg.dtype)
+        if alg.finished and key in self.runs:
+            self._finish(dst, seq)

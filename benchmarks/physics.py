@@ -4,7 +4,7 @@ For a trace of one all_reduce and no compute (``emu.traces.synthetic``), replays
 ``ina`` and ``ring`` at several worker counts and bandwidths (tdf and payload scale
 on auto) and compares the emulated iteration time with ``emu.emulator.physics``:
 ``ina`` against S/B + 2L, ``ring`` against 2(M-1)/M x S/B + 2(M-1) hops (S: wire bytes).
-A real ring past 128 workers is millions of messages: those cells give the analytic
+A real ring past 512 workers is millions of messages: those cells give the analytic
 estimate only. Also prints the emulation cost (wall over emulated time, and against
 the bound set by the real bytes over the switch's measured throughput) and memory.
 
@@ -20,12 +20,13 @@ import platform
 import resource
 
 from emu.emulator import physics
+from emu.emulator.fabric import P2P_WORKER_LIMIT
 from emu.emulator.links import LinkSpec
 from emu.replay import ReplayConfig, replay
 from emu.traces.model import CollKind
 from emu.traces.synthetic import single_collective
 
-RING_LIMIT = 128
+RING_LIMIT = P2P_WORKER_LIMIT
 SWITCH_GBPS = 1.3  # measured by benchmarks/switch_throughput.py (64-element packets, BENCHMARKS.md)
 
 

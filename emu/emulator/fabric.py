@@ -89,18 +89,24 @@ class Ina(Fabric):
     sums_in_switch_process = True
 
 
+# A real ring or parameter server sends 2 M (M-1) segments per collective. On the synchronized clock
+# they cost their handling only: the shipped mlp replays one iteration in 6.5 s at 128 workers, 25 s
+# at 256 and 132 s at 512 on 2 cores (BENCHMARKS.md); past 512 emu gives the analytic estimate.
+P2P_WORKER_LIMIT = 512
+
+
 class Ring(Fabric):
     name = "ring"
     description = "ring all-reduce between the workers, the switch forwarding"
     all_reduce = AllReduce.RING
-    p2p_worker_limit = 128
+    p2p_worker_limit = P2P_WORKER_LIMIT
 
 
 class ParameterServer(Fabric):
     name = "ps"
     description = "parameter-server shards that sum what the workers push"
     all_reduce = AllReduce.SERVER
-    p2p_worker_limit = 128
+    p2p_worker_limit = P2P_WORKER_LIMIT
 
 
 _REGISTRY: dict[str, type[Fabric]] = {}

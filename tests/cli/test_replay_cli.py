@@ -68,7 +68,7 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
     assert_one_line_error(run("replay", "mlp", "--clock", "sync", "--fabric", "bmv2"), "use --clock wall")
     assert_one_line_error(run("replay", "mlp", "--straggler", "slow"), "--straggler 'slow'")
     assert_one_line_error(run("replay", "mlp", "--straggler", "9:2", "--workers", "4"), "not in 0..3")
-    assert_one_line_error(run("replay", "mlp", "--fabric", "ring", "--workers", "512"), "analytic estimate")
+    assert_one_line_error(run("replay", "mlp", "--fabric", "ring", "--workers", "600"), "analytic estimate")
 
 
 def _replay_process(tmp_path: Path, *extra: str) -> subprocess.Popen:

@@ -1,0 +1,232 @@
+"""Processes emu starts die with it, whatever kills it; what a killed run leaves can be found.
+
+- ``as_child()``: called first thing in a forked child (the replay's switch and hosts): the
+  kernel sends it SIGTERM when its parent dies (Linux ``PR_SET_PDEATHSIG``; elsewhere the
+  child's loops call ``parent_alive``), it ignores SIGINT (Ctrl-C reaches the whole process
+  group; the parent stops its children itself, so one line is printed, not one traceback per
+  child), and SIGTERM ends it quietly through its ``finally`` blocks.
+- ``child_preexec``: the same for a child started with ``subprocess`` (capture ranks,
+  validate's real runs), as its ``preexec_fn``.
+- ``terminate_as_interrupt()``: in the CLI, SIGTERM stops a run like Ctrl-C (children stopped,
+  temporary files removed, partial report written), and the exit code says which (143, 130).
+- ``RunRecord``: a file per run under ``runtime_dir()`` naming the run's pid, its children and
+  the temporary folders and network namespaces it made, so that ``emu clean`` removes what a
+  run killed with SIGKILL left behind, by emu's own records, never by a broad pattern.
+
+A leaf module: it imports nothing of emu.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+class Terminated(BaseException):
+    """SIGTERM reached emu: a clean stop, like KeyboardInterrupt (exit code 143)."""
+
+
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+def _die_with_parent(parent: int) -> None:
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the request took effect
+        os._exit(143)
+
+
+def _quiet_exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def as_child(parent: int) -> None:
+    """Make a forked child die with ``parent``, ignore SIGINT, and end quietly on SIGTERM."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _quiet_exit)
+    _die_with_parent(parent)
+
+
+def child_preexec() -> None:
+    """``preexec_fn`` for ``subprocess.Popen``: die with emu, leave Ctrl-C to emu.
+
+    A Python child started with SIGINT ignored keeps it ignored (no KeyboardInterrupt
+    traceback); SIGTERM keeps its default action and ends it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent(os.getppid())
+
+
+def parent_alive(parent: int) -> bool:
+    return os.getppid() == parent
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """While inside, SIGTERM raises ``Terminated`` in the main thread (a clean stop)."""
+    try:
+        old = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+# -- records of runs, for emu clean -------------------------------------------------------------
+
+def runtime_dir() -> Path:
+    """Where runs record themselves: private to the user (mode 0700)."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    path = Path(base) / f"emu-{os.getuid()}" / "runs"
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def start_time(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot), to tell it from a later one with its pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+@dataclass
+class RunRecord:
+    """What one emu run started and made; removed when the run ends normally."""
+
+    command: str
+    pid: int = field(default_factory=os.getpid)
+    started: int | None = None
+    children: list[list[int]] = field(default_factory=list)  # [pid, start time]
+    folders: list[str] = field(default_factory=list)
+    namespaces: list[str] = field(default_factory=list)
+    interfaces: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.started is None:
+            self.started = start_time(self.pid)
+
+    @property
+    def path(self) -> Path:
+        return runtime_dir() / f"{self.pid}.json"
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        os.replace(tmp, self.path)
+
+    def add_child(self, pid: int) -> None:
+        self.children.append([pid, start_time(pid) or 0])
+        self.save()
+
+    def add_folder(self, folder: str) -> None:
+        self.folders.append(folder)
+        self.save()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+
+_CURRENT: RunRecord | None = None
+
+
+@contextlib.contextmanager
+def recorded(command: str) -> Iterator[RunRecord]:
+    """A record of this run for its lifetime (nested uses share one record)."""
+    global _CURRENT
+    if _CURRENT is not None:
+        yield _CURRENT
+        return
+    rec = RunRecord(command)
+    rec.save()
+    _CURRENT = rec
+    try:
+        yield rec
+    finally:
+        _CURRENT = None
+        rec.close()
+
+
+def current() -> RunRecord | None:
+    """The record of the run in progress in this process, if any."""
+    return _CURRENT
+
+
+@dataclass(frozen=True)
+class Leftover:
+    what: str  # "process", "folder", "namespace", "interface"
+    name: str
+
+
+def _alive(pid: int, started: int | None) -> bool:
+    return started is not None and start_time(pid) == started
+
+
+def leftovers() -> list[tuple[Path, RunRecord, list[Leftover]]]:
+    """Runs whose emu process is gone, and what they left: only what their records name."""
+    out = []
+    for path in sorted(runtime_dir().glob("*.json")):
+        try:
+            rec = RunRecord(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+        if _alive(rec.pid, rec.started):
+            continue  # still running: not ours to clean
+        left = [Leftover("process", str(pid)) for pid, st in rec.children if _alive(pid, st)]
+        left += [Leftover("folder", f) for f in rec.folders if Path(f).exists()]
+        left += [Leftover("namespace", n) for n in rec.namespaces if Path(f"/run/netns/{n}").exists()]
+        left += [Leftover("interface", i) for i in rec.interfaces if Path(f"/sys/class/net/{i}").exists()]
+        out.append((path, rec, left))
+    return out
+
+
+def clean(dry_run: bool = False) -> list[Leftover]:
+    """Remove what dead runs left behind (their records say what); returns what was found."""
+    import subprocess
+
+    found: list[Leftover] = []
+    for path, _rec, left in leftovers():
+        found += left
+        if dry_run:
+            continue
+        for item in left:
+            if item.what == "process":
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(item.name), signal.SIGKILL)
+            elif item.what == "folder":
+                shutil.rmtree(item.name, ignore_errors=True)
+            elif item.what == "namespace":
+                subprocess.run(["ip", "netns", "del", item.name], capture_output=True, timeout=30)
+            elif item.what == "interface":
+                subprocess.run(["ip", "link", "del", item.name], capture_output=True, timeout=30)
+        with contextlib.suppress(OSError):
+            path.unlink()
+    return found

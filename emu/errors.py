@@ -2,7 +2,8 @@
 
 Every error a user can cause (a bad file, a bad option, a run that failed) is an
 ``EmuError`` whose message names the file, the field and the fix. The CLI turns
-it into one line on stderr and exit code 2; tracebacks appear only with
+it into one line on stderr and its exit code: 2 for bad input, 1 for a run that failed
+or a check that came out negative; tracebacks appear only with
 ``--debug``. This module is a leaf: every layer may import it, and it imports
 nothing of emu.
 """
@@ -24,7 +25,13 @@ class KinetoError(EmuError):
     """A Kineto (torch.profiler) trace cannot be imported."""
 
 
-class CaptureError(EmuError):
+class RunFailed(EmuError):
+    """A run started and failed: a process died, the time ran out, a result was wrong (exit 1)."""
+
+    exit_code = 1
+
+
+class CaptureError(RunFailed):
     """A capture run (the real training processes) failed."""
 
 
@@ -32,7 +39,7 @@ class ConfigError(EmuError):
     """An option or a combination of options is impossible."""
 
 
-class CheckFailed(EmuError):
+class CheckFailed(RunFailed):
     """A check ran and its result is negative (exit code 1, not 2)."""
 
     exit_code = 1

@@ -51,6 +51,16 @@ def _die_with_parent(parent: int) -> None:
     libc = _libc()
     if libc is not None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    else:  # no parent-death signal here: a liveness check does its work
+        import threading
+        import time
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, daemon=True).start()
     if os.getppid() != parent:  # it died before the request took effect
         os._exit(143)
 
@@ -77,7 +87,16 @@ def child_preexec() -> None:
 
 
 def parent_alive(parent: int) -> bool:
-    return os.getppid() == parent
+    """Whether ``parent`` still runs. Its death signal comes when its main thread exits, possibly
+    before its other threads (zmq's) do and the kernel hands the child to init: a parent whose
+    main thread is a zombie counts as dead."""
+    if os.getppid() != parent:
+        return False
+    try:
+        state = Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return not sys.platform.startswith("linux")
+    return state not in ("Z", "X", "x")
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
@@ -165,6 +184,7 @@ def recorded(command: str) -> Iterator[RunRecord]:
     if _CURRENT is not None:
         yield _CURRENT
         return
+    _prune()
     rec = RunRecord(command)
     rec.save()
     _CURRENT = rec
@@ -187,7 +207,13 @@ class Leftover:
 
 
 def _alive(pid: int, started: int | None) -> bool:
-    return started is not None and start_time(pid) == started
+    """The very process recorded (same start time), and not a zombie."""
+    if started is None or start_time(pid) != started:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X", "x")
+    except OSError:
+        return False
 
 
 def leftovers() -> list[tuple[Path, RunRecord, list[Leftover]]]:
@@ -206,6 +232,15 @@ def leftovers() -> list[tuple[Path, RunRecord, list[Leftover]]]:
         left += [Leftover("interface", i) for i in rec.interfaces if Path(f"/sys/class/net/{i}").exists()]
         out.append((path, rec, left))
     return out
+
+
+def _prune() -> None:
+    """Forget the records of dead runs that left nothing behind (the usual case: the children
+    saw their parent die and went too)."""
+    for path, _rec, left in leftovers():
+        if not left:
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def clean(dry_run: bool = False) -> list[Leftover]:

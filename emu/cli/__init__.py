@@ -1,8 +1,8 @@
 """The ``emu`` command line: a thin click layer over the library.
 
 One module per command; this one holds the group and turns an ``EmuError`` into
-one line on stderr and its exit code (2 bad input, 1 failed check, 130
-interrupted). ``--debug`` (or ``EMU_DEBUG=1``) shows the traceback instead.
+one line on stderr and its exit code (2 bad input, 1 a run that failed or a
+negative check, 130 interrupted, 143 terminated); click's usage errors become one line too. ``--debug`` (or ``EMU_DEBUG=1``) shows the traceback instead.
 Commands import their heavy dependencies inside the function so that
 ``emu --help`` is instant.
 """
@@ -21,17 +21,50 @@ from emu.errors import EmuError
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         from emu.cli.output import err
+        from emu.lifetime import Terminated, recorded, terminate_as_interrupt
+
+        def line(text: str) -> None:
+            err().print(f"emu: {text}", markup=False, highlight=False, soft_wrap=True)
 
         try:
-            return super().invoke(ctx)
+            # a record of what this run starts, for `emu clean` after a SIGKILL
+            words = [*getattr(ctx, "_protected_args", []), *ctx.args]
+            name = " ".join(["emu", *[w for w in words if not w.startswith("-")][:1]])
+            with terminate_as_interrupt(), recorded(name):
+                return super().invoke(ctx)
         except EmuError as exc:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            err().print(f"emu: error: {exc}", markup=False, highlight=False, soft_wrap=True)
+            line(f"error: {exc}")
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
-            err().print("emu: interrupted", markup=False, highlight=False)
+            line("interrupted")
             ctx.exit(130)
+        except Terminated:
+            line("terminated")
+            ctx.exit(143)
+
+    def main(self, args: Any = None, prog_name: str | None = None, **extra: Any) -> Any:  # type: ignore[override]
+        """click's main without its usage block: a bad option is one line and exit code 2."""
+        import sys
+
+        standalone = extra.pop("standalone_mode", True)
+        try:
+            rv = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            hint = f" (emu {exc.ctx.command_path.split(' ', 1)[1]} --help)" if exc.ctx and " " in exc.ctx.command_path \
+                else " (emu --help)"
+            click.echo(f"emu: error: {exc.format_message()}{hint}", err=True)
+            rv = exc.exit_code
+        except click.ClickException as exc:
+            click.echo(f"emu: error: {exc.format_message()}", err=True)
+            rv = exc.exit_code
+        except click.exceptions.Abort:
+            click.echo("emu: interrupted", err=True)
+            rv = 130
+        if not standalone:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -44,6 +77,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 
 from emu.cli import capture as _capture  # noqa: E402,F401  (commands register themselves)
+from emu.cli import clean as _clean  # noqa: E402,F401
 from emu.cli import inspect as _inspect  # noqa: E402,F401
 from emu.cli import replay as _replay  # noqa: E402,F401
 from emu.cli import validate as _validate  # noqa: E402,F401

@@ -8,7 +8,7 @@ import click
 
 from emu.cli import cli
 from emu.cli.output import err, human_bytes, ms, out
-from emu.errors import CheckFailed, ConfigError
+from emu.errors import CheckFailed, ConfigError, EmuError
 
 
 def _trace_path(text: str) -> Path:
@@ -68,9 +68,11 @@ def replay(trace_arg: str, workers: int, fabric: str, bandwidth: str, latency: s
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us
+    from emu.lifetime import Terminated
     from emu.replay import ReplayConfig
     from emu.replay import replay as run_replay
     from emu.replay.config import Clock, Straggler
+    from emu.replay.report import check_writable
     from emu.traces import load_trace
 
     path = _trace_path(trace_arg)
@@ -78,6 +80,15 @@ def replay(trace_arg: str, workers: int, fabric: str, bandwidth: str, latency: s
     fabrics = [f.strip() for f in fabric.split(",") if f.strip()]
     if not fabrics:
         raise ConfigError("--fabric needs at least one of: ina, ring, ps")
+
+    def target(base: Path | None, name: str) -> Path | None:
+        return None if base is None or len(fabrics) == 1 else base.with_name(f"{base.stem}-{name}{base.suffix}")
+
+    for name in fabrics:  # found before anything runs, not after
+        if report_path is not None:
+            check_writable(target(report_path, name) or report_path, "--report")
+        if chrome_trace is not None:
+            check_writable(target(chrome_trace, name) or chrome_trace, "--chrome-trace")
     link = LinkSpec(bandwidth_bps=parse_bandwidth(bandwidth), latency_us=parse_duration_us(latency),
                     loss=loss, jitter_us=parse_duration_us(jitter, "--jitter"))
     reports = []
@@ -88,23 +99,26 @@ def replay(trace_arg: str, workers: int, fabric: str, bandwidth: str, latency: s
                               stragglers=tuple(Straggler.parse(x) for x in stragglers), seed=seed, slots=slots,
                               elements=int(elements), processes=processes, ps_shards=ps_shards, timeout_s=timeout)
         config.check()
-        chrome = None
-        if chrome_trace is not None:
-            chrome = chrome_trace if len(fabrics) == 1 else chrome_trace.with_name(
-                f"{chrome_trace.stem}-{name}{chrome_trace.suffix}")
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                      TimeElapsedColumn(), console=err(), transient=True) as bar:
-            task = bar.add_task(f"{name} x{workers}", total=1.0)
-            report = run_replay(trace, config, trace_path=str(path), chrome_trace=chrome,
-                                on_progress=lambda f, task=task: bar.update(task, completed=f),
-                                on_status=lambda text, task=task, name=name: bar.update(
-                                    task, description=f"{name} x{workers}: {text}"))
+        chrome = None if chrome_trace is None else target(chrome_trace, name) or chrome_trace
+        out_path = None if report_path is None else target(report_path, name) or report_path
+        try:
+            with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                          TimeElapsedColumn(), console=err(), transient=True) as bar:
+                task = bar.add_task(f"{name} x{workers}", total=1.0)
+                report = run_replay(trace, config, trace_path=str(path), chrome_trace=chrome,
+                                    on_progress=lambda f, task=task: bar.update(task, completed=f),
+                                    on_status=lambda text, task=task, name=name: bar.update(
+                                        task, description=f"{name} x{workers}: {text}"))
+        except (EmuError, KeyboardInterrupt, Terminated) as exc:
+            partial = getattr(exc, "partial_report", None)
+            if partial is not None and out_path is not None:
+                partial.save(out_path)
+                err().print(f"wrote {out_path} (partial: complete is false)", markup=False, highlight=False)
+            raise
         reports.append(report)
-        if report_path is not None:
-            target = report_path if len(fabrics) == 1 else report_path.with_name(
-                f"{report_path.stem}-{name}{report_path.suffix}")
-            report.save(target)
-            err().print(f"wrote {target}", markup=False, highlight=False)
+        if out_path is not None:
+            report.save(out_path)
+            err().print(f"wrote {out_path}", markup=False, highlight=False)
     if as_json:
         docs = [r.to_dict() for r in reports]
         click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))

@@ -24,30 +24,38 @@ import numpy as np
 from emu.errors import ConfigError
 
 _UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+# What a link can be: 1 kbit/s to 100 Tbit/s (or ideal), at most a day of latency or jitter.
+MIN_BPS, MAX_BPS = 1e3, 1e14
+MAX_DELAY_US = 86400e6
 
 
 def parse_bandwidth(text: str) -> float:
-    """'100Gbps', '400gbit', '10G', '1.5 Gb/s', 'inf' -> bits per second."""
-    t = text.strip().lower().replace(" ", "")
-    if t in ("inf", "ideal", "infinite"):
+    """'100Gbps', '400Gbit', '10G', '1.5 Gb/s' -> bits per second; bytes with a capital B ('100GBps',
+    '12.5 GB/s': 8 bits each); 'ideal' (or 'inf'): infinite."""
+    t = text.strip().replace(" ", "")
+    if t.lower() in ("inf", "ideal", "infinite"):
         return math.inf
-    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)([kmgt]?)(bps|bit/s|b/s|bit|b)?", t)
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)([kKmMgGtT]?)(bps|bit/s|b/s|bit|b|Bps|B/s|Byte/s|B)?", t)
     if not m:
-        raise ConfigError(f"--bandwidth {text!r}: give a number with a unit, e.g. 100Gbps, 400Gbit, 10G")
-    value = float(m.group(1)) * _UNITS[m.group(2)]
-    if value <= 0:
-        raise ConfigError(f"--bandwidth {text!r} must be positive")
+        raise ConfigError(f"--bandwidth {text!r}: give a number with a unit, e.g. 100Gbps, 400Gbit, 10G, 12.5GB/s")
+    bits = 8.0 if (m.group(3) or "").startswith("B") else 1.0
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()] * bits
+    if not MIN_BPS <= value <= MAX_BPS:
+        raise ConfigError(f"--bandwidth {text!r} is {value:g} bit/s: give 1kbps to 100Tbps, or ideal")
     return value
 
 
 def parse_duration_us(text: str, option: str = "--latency") -> float:
-    """'5us', '1ms', '0', '2.5 µs', '1s' -> microseconds."""
+    """'5us', '1ms', '0', '2.5 µs', '1s' -> microseconds (at most a day)."""
     t = text.strip().lower().replace(" ", "").replace("µ", "u")
-    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)(ns|us|ms|s)?", t)
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)(ns|us|ms|s)?", t)
     if not m:
         raise ConfigError(f"{option} {text!r}: give a duration with a unit, e.g. 5us, 1ms")
     scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6, None: 1.0}[m.group(2)]
-    return float(m.group(1)) * scale
+    value = float(m.group(1)) * scale
+    if not value <= MAX_DELAY_US:
+        raise ConfigError(f"{option} {text!r}: at most a day (86400s)")
+    return value
 
 
 @dataclass(frozen=True)
@@ -60,10 +68,10 @@ class LinkSpec:
     jitter_us: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.bandwidth_bps > 0:
-            raise ConfigError(f"link bandwidth must be positive, got {self.bandwidth_bps}")
-        if self.latency_us < 0 or self.jitter_us < 0:
-            raise ConfigError("link latency and jitter must be 0 or more")
+        if not (MIN_BPS <= self.bandwidth_bps <= MAX_BPS or self.bandwidth_bps == math.inf):
+            raise ConfigError(f"link bandwidth must be 1 kbit/s to 100 Tbit/s or ideal, got {self.bandwidth_bps:g}")
+        if not (0 <= self.latency_us <= MAX_DELAY_US and 0 <= self.jitter_us <= MAX_DELAY_US):
+            raise ConfigError("link latency and jitter must be 0 to a day")
         if not 0 <= self.loss < 1:
             raise ConfigError(f"--loss must be in [0, 1), got {self.loss}")
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from emu.emulator.wire import AGG_HEADER, DTYPE_CODES, P2P_HEADER, PAYLOAD
+from emu.errors import RunFailed
 from emu.traces.model import Dtype
 
 MAX_FRAME = 256 << 20  # no emu message needs more; a larger frame is an error
@@ -27,8 +28,9 @@ GO = b"G"  # synchronized clock, switch -> host: handle every event up to the bo
 DONE = b"D"  # synchronized clock, host -> switch: the window is handled; when the next event is
 
 
-class FrameError(ValueError):
-    """A message that does not match its declared layout."""
+class FrameError(RunFailed, ValueError):
+    """A message that does not match its declared layout (between emu's own processes: a run that
+    failed, exit code 1)."""
 
 
 _AGG_META = struct.Struct("<II")  # packets, elements per packet

@@ -23,6 +23,7 @@ REAL_BYTES_PER_ITERATION = 64e6
 # SwitchML's 8192 slots) keeps the rounds few; its cost in emulated time is the exponent round,
 # one pool of header-only packets per collective (docs/physics.md).
 MIN_POOL = 4096
+MAX_ITERS = 1_000_000
 
 
 class Clock(str, enum.Enum):
@@ -74,8 +75,8 @@ class Straggler:
                           "(random:0.05:2) or lognormal:SIGMA (lognormal:0.1)")
 
     def check(self, workers: int) -> None:
-        if self.factor <= 0 or self.sigma < 0 or not 0 <= self.fraction <= 1:
-            raise ConfigError("--straggler: the factor must be positive, sigma >= 0, the fraction in [0, 1]")
+        if not (0 < self.factor <= 1e6 and 0 <= self.sigma <= 10 and 0 <= self.fraction <= 1):
+            raise ConfigError("--straggler: the factor must be in (0, 1e6], sigma in [0, 10], the fraction in [0, 1]")
         bad = [w for w in self.workers if not 0 <= w < workers]
         if bad:
             raise ConfigError(f"--straggler names workers {bad}, not in 0..{workers - 1}")
@@ -126,12 +127,14 @@ class ReplayConfig:
             raise ConfigError(f"--workers must be in 1..{MAX_WORKERS_SOFTWARE}, got {self.workers}")
         net = self.network  # refuses an unknown name
         net.check(self.workers, self.elements)
-        if self.iters is not None and self.iters < 1:
-            raise ConfigError(f"--iters must be at least 1, got {self.iters}")
-        if self.tdf is not None and not self.tdf > 0:
-            raise ConfigError(f"--tdf must be positive or auto, got {self.tdf}")
-        if self.payload_scale is not None and self.payload_scale < 1:
-            raise ConfigError(f"--payload-scale must be at least 1 or auto, got {self.payload_scale}")
+        if self.iters is not None and not 1 <= self.iters <= MAX_ITERS:
+            raise ConfigError(f"--iters must be in 1..{MAX_ITERS}, got {self.iters}")
+        if self.tdf is not None and not 0 < self.tdf <= 1e6:
+            raise ConfigError(f"--tdf must be in (0, 1e6] or auto, got {self.tdf}")
+        if self.payload_scale is not None and not 1 <= self.payload_scale <= 1 << 32:
+            raise ConfigError(f"--payload-scale must be in 1..2^32 or auto, got {self.payload_scale}")
+        if not 0 <= self.seed < 1 << 63:
+            raise ConfigError(f"--seed must be in 0..2^63-1, got {self.seed}")
         if self.elements not in ELEMENTS_ALLOWED:
             raise ConfigError(f"--elements must be one of {ELEMENTS_ALLOWED}, got {self.elements}")
         if self.slots is not None and not 1 <= self.slots <= 1 << 24:
@@ -140,8 +143,10 @@ class ReplayConfig:
             raise ConfigError(f"--processes must be at least 1, got {self.processes}")
         if self.ps_shards is not None and not 1 <= self.ps_shards <= MAX_WORKERS_SOFTWARE - self.workers:
             raise ConfigError("--ps-shards must be at least 1 (and workers + shards <= 65535)")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"--timeout must be positive, got {self.timeout_s}")
+        if not 0 < self.timeout_s <= 30 * 86400:
+            raise ConfigError(f"--timeout must be positive and at most 30 days, got {self.timeout_s}")
+        if self.rto_us is not None and not 0 < self.rto_us <= 1e9:
+            raise ConfigError(f"the retransmission timeout must be in (0, 1e9] us, got {self.rto_us}")
         for straggler in self.stragglers:
             straggler.check(self.workers)
         if self.clock is not None and not isinstance(self.clock, Clock):

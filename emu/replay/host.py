@@ -30,6 +30,7 @@ import numpy as np
 from emu.emulator.fabric import AllReduce
 from emu.emulator.links import LinkArray
 from emu.emulator.transport import AggBatch, Segment
+from emu.errors import RunFailed
 from emu.replay.config import ReplayConfig
 from emu.replay.ina_endpoint import InaEndpoint, take
 from emu.replay.lag import LagHistogram
@@ -40,6 +41,15 @@ from emu.replay.worker import CollRun, FakeWorker, WorkerState
 from emu.traces.model import CollKind
 
 _RUN, _RETX = 0, 1  # local event kinds, in the order they are handled at equal times
+# A collective that has not completed after this many retransmission timeouts, plus ten times its
+# time on the wire, makes no progress: the replay stops (docs/reliability.md). Emulated time, so
+# the outcome does not depend on the machine's load.
+STALL_RTOS = 1000
+_STALL_EVERY = 64  # windows between checks
+
+
+class NoProgress(RunFailed):
+    """A collective stopped making progress (the links lose nearly everything)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,7 @@ class Host:
         self.counters = Counters()
         self.lag = LagHistogram()
         self.measure_lag = False
+        self._advances = 0
         endpoints = np.asarray(setup.endpoints, dtype=np.int64)
         index = {int(e): i for i, e in enumerate(endpoints)}
         # one uplink and one downlink per endpoint, shared by its aggregation and point-to-point traffic
@@ -209,6 +220,27 @@ class Host:
             self.lag.add_many(np.asarray(lags))
         self.ina.pump()
         self._uplinks(bound, inclusive)
+        self._advances += 1
+        if self._advances % _STALL_EVERY == 0:
+            self._check_progress(bound)
+
+    def stall_limit_us(self, run: CollRun) -> float:
+        """How long a collective may take before it counts as making no progress (emulated)."""
+        link = self.cfg.link
+        wire_us = float(link.serialization_us(run.op.bytes * 8.0)) if run.op.bytes else 0.0
+        hops_us = 4 * self.m * (link.latency_us + link.jitter_us)
+        return STALL_RTOS * self.cfg.timeout_rto_us + 10 * (2 * wire_us + hops_us)
+
+    def _check_progress(self, now: float) -> None:
+        for (who, _), run in [*self.ina.runs.items(), *self.p2p.runs.items()]:
+            if run.start_us is not None and now - run.start_us > self.stall_limit_us(run):
+                worker = int(self.ina.group.wids[who]) if (who, run.seq) in self.ina.runs else who
+                raise NoProgress(
+                    f"no progress: {run.op.kind.value} #{run.seq} of worker {worker} ({run.op.bytes / 1e6:.3g} MB) "
+                    f"started at {run.start_us / 1000:.3f} ms of emulated time and has not completed "
+                    f"{(now - run.start_us) / 1000:.3f} ms later (the limit: {STALL_RTOS} retransmission "
+                    f"timeouts plus ten times its time on the wire); the links lose too much "
+                    f"(--loss {self.cfg.link.loss:g})")
 
     def finished(self) -> bool:
         return all(fw.s.finished for fw in self.workers.values())

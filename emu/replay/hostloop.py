@@ -35,7 +35,7 @@ from emu.emulator.transport import (
 )
 from emu.replay.config import Clock
 from emu.replay.host import Host, HostSetup
-from emu.replay.messages import Failed, Progress, Ready, Start, Stop, decode, encode
+from emu.replay.messages import Progress, Ready, Start, Stop, decode, encode, failure
 
 PROGRESS_S = 0.2
 POLL_MS = 100
@@ -63,7 +63,8 @@ def host_main(setup: HostSetup) -> None:
             _Loop(host, ctrl, data).serve_wall()
     except Exception as exc:  # reported to the orchestrator, which stops everything
         try:
-            ctrl.send(encode(Failed(setup.index, f"{type(exc).__name__}: {exc}")))
+            ctrl.send(encode(failure(setup.index, exc)))
+            ctrl.close(linger=1000)  # the report must leave before the process does
         except zmq.ZMQError:
             pass
         raise

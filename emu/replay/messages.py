@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from emu.emulator.transport import FrameError
+from emu.errors import EmuError
 
 MAX_CONTROL = 64 << 20  # a host's result carries every worker's iteration records and spans
 
@@ -49,6 +50,7 @@ class Progress:
 class Failed:
     host: Who
     error: str
+    user: bool = False  # an EmuError: its message is the whole story (else a bug's type and text)
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,12 @@ class SwitchResult:
     stats: dict[str, int]  # AggregationSwitch's counters (empty when it only forwards)
     segments: int  # point-to-point segments forwarded
     windows: int | None = None  # rounds of the synchronized clock
+
+
+def failure(host: Who, exc: BaseException) -> Failed:
+    if isinstance(exc, EmuError):
+        return Failed(host, str(exc), user=True)
+    return Failed(host, f"{type(exc).__name__}: {exc}")
 
 
 Message = Ready | Start | Stop | Progress | Failed | HostResult | SwitchResult
@@ -148,6 +156,8 @@ def _check(where: str, name: str, hint: Any, value: Any) -> Any:
         return [_check(where, name, vt, v) for v in value]
     elif hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    elif hint is bool and isinstance(value, bool):
+        return value
     elif hint is int and isinstance(value, int) and not isinstance(value, bool):
         return value
     elif hint is str and isinstance(value, str):

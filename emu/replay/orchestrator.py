@@ -17,6 +17,7 @@ import shutil
 import statistics
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
@@ -25,9 +26,10 @@ import numpy as np
 import zmq
 
 import emu
+from emu import lifetime
 from emu.emulator import physics
 from emu.emulator.wire import agg_wire_bytes
-from emu.errors import ConfigError, EmuError
+from emu.errors import ConfigError, RunFailed
 from emu.replay.config import REAL_BYTES_PER_ITERATION, Clock, ReplayConfig
 from emu.replay.host import HostSetup
 from emu.replay.hostloop import host_main
@@ -52,7 +54,7 @@ LAG_TOLERANCE = 0.01  # of the median iteration: docs/design.md's bar for a trus
 READY_TIMEOUT_S = 60.0
 
 
-class ReplayError(EmuError):
+class ReplayError(RunFailed):
     """A replay could not complete (a process failed, or the time ran out)."""
 
 
@@ -163,6 +165,22 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     return report
 
 
+def _in_child(target: Callable[[Any], None], parent: int, workdir: str, setup: Any) -> None:
+    """A replay process: dies with the orchestrator, leaves Ctrl-C to it, and if the orchestrator
+    was killed, removes the private socket folder on its way out."""
+    lifetime.as_child(parent)
+    try:
+        target(setup)
+    except Exception:
+        # the process reported its failure on the control socket; the orchestrator prints it
+        if os.environ.get("EMU_DEBUG") == "1":
+            traceback.print_exc()
+        os._exit(1)
+    finally:
+        if not lifetime.parent_alive(parent):
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
 def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
          chrome_trace: str | os.PathLike[str] | None,
          on_progress: Callable[[float], None] | None) -> tuple[ReplayReport, float]:
@@ -176,6 +194,9 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
     endpoint_host = [h for h, (a, b) in enumerate(worker_hosts) for _ in range(a, b)]
     endpoint_host += [len(worker_hosts) + h for h, (a, b) in enumerate(ps_hosts) for _ in range(a, b)]
     workdir = tempfile.mkdtemp(prefix="emu-replay-")
+    record = lifetime.current()
+    if record is not None:
+        record.add_folder(workdir)
     switch_addr, control_addr = f"ipc://{workdir}/switch", f"ipc://{workdir}/control"
     setups = [HostSetup(index=h, role="workers", endpoints=tuple(range(a, b)), config=config,
                         programs=tuple(programs[a:b]), iters=iters, switch_addr=switch_addr,
@@ -196,14 +217,20 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
     self0 = resource.getrusage(resource.RUSAGE_SELF)
     wall_start = time.monotonic()
     stack = contextlib.ExitStack()
+    run: _Run | None = None
     try:
         stack.enter_context(net.external_switch(m, config.real_slots))
         # Children first, then the parent's zmq context: no context crosses a fork.
-        procs.append(fork.Process(target=switch_main, args=(sw,), name="emu-switch", daemon=True))
+        parent = os.getpid()
+        procs.append(fork.Process(target=_in_child, args=(switch_main, parent, workdir, sw), name="emu-switch",
+                                  daemon=True))
         for s in setups:
-            procs.append(fork.Process(target=host_main, args=(s,), name=f"emu-host{s.index}", daemon=True))
+            procs.append(fork.Process(target=_in_child, args=(host_main, parent, workdir, s),
+                                      name=f"emu-host{s.index}", daemon=True))
         for p in procs:
             p.start()
+            if record is not None and p.pid is not None:
+                record.add_child(p.pid)
         ctx = zmq.Context()
         ctrl = ctx.socket(zmq.ROUTER)
         ctrl.setsockopt(zmq.LINGER, 0)
@@ -229,6 +256,16 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
             spans = {int(w): [tuple(s) for s in d.spans] for r in results for w, d in r.workers.items()}
             write_chrome_trace(spans, chrome_trace)
         return report, run_s
+    except (RunFailed, KeyboardInterrupt, lifetime.Terminated) as exc:
+        if run is not None and run.started:
+            # what the processes still alive measured, marked as partial
+            reason = {KeyboardInterrupt: "interrupted", lifetime.Terminated: "terminated"}.get(type(exc), str(exc))
+            hosts, switch = run.leftover_results(len(worker_hosts) + len(ps_hosts))
+            wall_s = time.monotonic() - wall_start
+            with contextlib.suppress(Exception):  # a partial report must never hide the failure
+                report = _report(trace, trace_path, config, iters, hosts, switch, wall_s, 0.0, len(procs))
+                exc.partial_report = replace(report, complete=False, reason=reason)  # type: ignore[union-attr]
+        raise
     finally:
         _stop(procs)
         if ctx is not None:
@@ -243,11 +280,33 @@ class _Run:
         self.idents: dict[Any, bytes] = {}
         self.poller = zmq.Poller()
         self.poller.register(ctrl, zmq.POLLIN)
+        self.started = False
+        self.results: dict[int, HostResult] = {}
+
+    def _dead(self) -> list[tuple[Any, int | str]]:
+        """Processes that ended with an error, each with its name on the control socket."""
+        return [(p, "switch" if p.name == "emu-switch" else int(p.name.removeprefix("emu-host")))
+                for p in self.procs if p.exitcode not in (None, 0)]
 
     def _check_children(self) -> None:
-        for p in self.procs:
-            if p.exitcode not in (None, 0):
-                raise ReplayError(f"the replay process {p.name} died (exit code {p.exitcode})")
+        dead = self._dead()
+        if not dead:
+            return
+        p, who = dead[0]
+        # a process that failed said why before it exited: prefer its own words
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline and self.poller.poll(50):
+            _, data = self.ctrl.recv_multipart()
+            msg = decode(data)
+            if isinstance(msg, Failed) and msg.host == who:
+                self._raise_failed(msg)
+        raise ReplayError(f"the replay process {p.name} died (exit code {p.exitcode})")
+
+    @staticmethod
+    def _raise_failed(msg: Failed) -> None:
+        if msg.user:
+            raise ReplayError(msg.error)
+        raise ReplayError(f"replay process {msg.host} failed: {msg.error}")
 
     def _recv(self, timeout_ms: int) -> Message | None:
         if not self.poller.poll(timeout_ms):
@@ -256,12 +315,15 @@ class _Run:
         msg = decode(data)
         if isinstance(msg, Failed):
             # a process that died makes its peers fail (the switch cannot reach a killed host):
-            # name the death, the cause, when there is one
+            # name that death, the cause, when there is one
             deadline = time.monotonic() + 0.5
             while time.monotonic() < deadline:
-                self._check_children()
+                others = [(p, who) for p, who in self._dead() if who != msg.host]
+                if others:
+                    p = others[0][0]
+                    raise ReplayError(f"the replay process {p.name} died (exit code {p.exitcode})")
                 time.sleep(0.02)
-            raise ReplayError(f"replay process {msg.host} failed: {msg.error}")
+            self._raise_failed(msg)
         if isinstance(msg, Ready):
             self.idents[msg.host] = ident
         return msg
@@ -276,6 +338,7 @@ class _Run:
             self._recv(100)
 
     def broadcast(self, msg: Start | Stop, include_switch: bool = False) -> None:
+        self.started = self.started or isinstance(msg, Start)
         data = encode(msg)
         for host, ident in self.idents.items():
             if host == "switch" and not include_switch:
@@ -284,7 +347,7 @@ class _Run:
 
     def collect(self, worker_hosts: int, total: int, setups: list[HostSetup],
                 on_progress: Callable[[float], None] | None) -> list[HostResult]:
-        done: dict[int, HostResult] = {}
+        done = self.results
         progress: dict[int, int] = {}
         sizes = {s.index: len(s.endpoints) for s in setups if s.role == "workers"}
         deadline = time.monotonic() + self.config.timeout_s
@@ -305,6 +368,23 @@ class _Run:
                 its = sum(min(progress.get(h, 0), total) * n for h, n in sizes.items())
                 on_progress(min(1.0, its / total))
         return list(done.values())
+
+    def leftover_results(self, hosts: int) -> tuple[list[HostResult], SwitchResult]:
+        """After a failure: ask every process still alive for what it measured (2 s at most)."""
+        switch: SwitchResult | None = None
+        with contextlib.suppress(Exception):
+            self.broadcast(Stop(), include_switch=True)
+        deadline = time.monotonic() + 2.0
+        while (len(self.results) < hosts or switch is None) and time.monotonic() < deadline:
+            try:
+                msg = self._recv(100)
+            except RunFailed:  # another process's failure: it has nothing to give
+                continue
+            if isinstance(msg, HostResult):
+                self.results[msg.host] = msg
+            elif isinstance(msg, SwitchResult):
+                switch = msg
+        return list(self.results.values()), switch or SwitchResult({}, 0)
 
     def drain(self, results: int) -> tuple[list[HostResult], SwitchResult]:
         """The parameter-server hosts' results and the switch's, after Stop."""
@@ -348,6 +428,10 @@ def _report(trace: Trace, trace_path: str | None, config: ReplayConfig, iters: i
     for r in results:
         for w, d in r.workers.items():
             records[int(w)] = d.iterations
+    # an iteration counts only once every worker finished it (a partial run's may not have)
+    if len(records) < config.workers:
+        iters = 0
+    iters = min([iters, *(len(rec) for rec in records.values())])
     iterations = []
     for i in range(iters):
         rows = {w: rec[i] for w, rec in records.items() if i < len(rec)}
@@ -358,12 +442,12 @@ def _report(trace: Trace, trace_path: str | None, config: ReplayConfig, iters: i
                                           exposed_comm_us=blocked, critical_worker=crit,
                                           start_offset_us=s - start))
     times = [it.emulated_us for it in iterations]
-    median = statistics.median(times)
+    median = statistics.median(times) if times else 0.0
     batch = trace.meta.batch_size
     bytes_sent = sum(r.bytes_sent for r in results)
     summary = Summary(iteration_us_median=median, iteration_us_p99=float(np.percentile(times, 99)),
                       throughput_samples_per_s=(batch * config.workers / (median / 1e6)) if batch and median else None,
-                      bytes_sent=bytes_sent)
+                      bytes_sent=bytes_sent) if times else None
     elements = sum(r.verify_elements for r in results)
     mismatches = sum(r.verify_mismatches for r in results)
     verification = Verification(ok=mismatches == 0 and elements > 0, elements_checked=elements,

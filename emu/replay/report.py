@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from emu.errors import ConfigError
+from emu.errors import ConfigError, RunFailed
 
 REPORT_VERSION = 1
 
@@ -94,10 +95,12 @@ class ReplayReport:
     config: dict[str, Any]
     trace: dict[str, Any]
     iterations: tuple[IterationReport, ...]
-    summary: Summary
+    summary: Summary | None  # None when no iteration was completed by every worker
     verification: Verification
     emulator: EmulatorReport
     fabric: FabricReport
+    complete: bool = True  # false: the partial report of a failed or interrupted run
+    reason: str | None = None  # why it is partial
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -105,13 +108,49 @@ class ReplayReport:
         return doc
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        path = Path(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
-        return path
+        return write_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n", "the report")
+
+
+def write_atomic(path: str | os.PathLike[str], text: str, what: str) -> Path:
+    """Write a whole file or nothing: a temporary file in the same folder, renamed over the target,
+    so that a full disk or an interruption never leaves a fragment or empties an existing file."""
+    path = Path(path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        tmp = Path(name)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise RunFailed(f"{path}: cannot write {what} ({exc.strerror or exc}); nothing was written there") from None
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+    return path
+
+
+def check_writable(path: str | os.PathLike[str], option: str) -> None:
+    """Refuse, before any run, an output path that cannot be written (exit code 2)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{option} {path}: is a folder; give a file name")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent  # save() creates the missing folders below the first that exists
+    if not folder.is_dir():
+        raise ConfigError(f"{option} {path}: {folder} is not a folder; choose another path")
+    try:  # the real test (permission bits say nothing to root, nor of a read-only mount)
+        with tempfile.NamedTemporaryFile(prefix=".emu-check-", dir=folder):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: cannot write in {folder} ({exc.strerror or exc}); "
+                          "choose another path") from None
 
 
 def write_chrome_trace(spans: dict[int, list[tuple[str, str, float, float]]], path: str | os.PathLike[str]) -> Path:
@@ -123,10 +162,4 @@ def write_chrome_trace(spans: dict[int, list[tuple[str, str, float, float]]], pa
         for cat, name, start, end in spans[w]:
             events.append({"name": name, "cat": cat, "ph": "X", "pid": 0, "tid": w,
                            "ts": round(start, 3), "dur": round(end - start, 3)})
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot write the Chrome trace ({exc.strerror or exc})") from None
-    return path
+    return write_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}), "the Chrome trace")

@@ -35,7 +35,7 @@ from emu.emulator.transport import (
     segment_first_us,
 )
 from emu.emulator.wire import P2P_HEADER
-from emu.replay.messages import Failed, Ready, Stop, SwitchResult, decode, encode
+from emu.replay.messages import Ready, Stop, SwitchResult, decode, encode, failure
 
 HELLO_TIMEOUT_S = 60.0
 
@@ -127,7 +127,8 @@ def switch_main(setup: SwitchSetup) -> None:
                         raise FrameError(f"unexpected message kind {kind[:8]!r} at the switch")
     except Exception as exc:
         try:
-            ctrl.send(encode(Failed("switch", f"{type(exc).__name__}: {exc}")))
+            ctrl.send(encode(failure("switch", exc)))
+            ctrl.close(linger=1000)  # the report must leave before the process does
         except zmq.ZMQError:
             pass
         raise

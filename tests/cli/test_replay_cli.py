@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from emu.cli import cli
@@ -69,6 +71,53 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
     assert_one_line_error(run("replay", "mlp", "--straggler", "slow"), "--straggler 'slow'")
     assert_one_line_error(run("replay", "mlp", "--straggler", "9:2", "--workers", "4"), "not in 0..3")
     assert_one_line_error(run("replay", "mlp", "--fabric", "ring", "--workers", "600"), "analytic estimate")
+    # bounds: overflow and absurd values are refused with one line, never a traceback
+    assert_one_line_error(run("replay", "mlp", "--latency", "1e400us"), "--latency '1e400us': at most a day")
+    assert_one_line_error(run("replay", "mlp", "--bandwidth", "1e400"), "give 1kbps to 100Tbps")
+    assert_one_line_error(run("replay", "mlp", "--loss", "1e400"), "--loss must be in [0, 1)")
+    assert_one_line_error(run("replay", "mlp", "--timeout", "inf"), "--timeout must be positive")
+    assert_one_line_error(run("replay", "mlp", "--iters", "99999999999"), "--iters must be in 1..")
+    assert_one_line_error(run("replay", "mlp", "--seed", "-1"), "--seed must be in")
+    # click's own parse errors: one line too
+    assert_one_line_error(run("replay", "mlp", "--workers", "abc"), "'abc' is not a valid integer")
+    assert_one_line_error(run("replay", "mlp", "--report", str(tmp_path)), "is a directory")
+    assert_one_line_error(run("replay", "mlp", "--no-such-option"), "No such option")
+    # an output path that cannot be written is found before the run, not after it
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert_one_line_error(run("replay", "mlp", "--report", str(blocker / "r.json")), "is not a folder")
+    assert_one_line_error(run("replay", "mlp", "--chrome-trace", str(blocker / "c.json")), "is not a folder")
+
+
+def test_no_progress_stops_with_a_clear_line(no_children) -> None:
+    """At 99% loss no collective completes: the replay stops after a stated number of timeouts of
+    emulated time (not the 30-minute wall-clock timeout), as a failed run."""
+    result = run("replay", "mlp", "--workers", "4", "--iters", "1", "--fabric", "ring", "--loss", "0.99")
+    assert_one_line_error(result, "no progress: all_reduce", "--loss 0.99", code=1)
+
+
+def test_full_disk_keeps_the_old_report(tmp_path: Path, no_children) -> None:
+    """A report that does not fit is not half-written, and the one already there is kept."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        old = disk / "r.json"
+        old.write_text('{"old": true}')
+        filler = disk / "filler"
+        with contextlib.suppress(OSError), open(filler, "wb") as f:  # fill the disk to the last block
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+        result = run("replay", "mlp", "--workers", "2", "--iters", "1", "--payload-scale", "64",
+                     "--report", str(old))
+        assert_one_line_error(result, "cannot write the report", "nothing was written there", code=1)
+        assert old.read_text() == '{"old": true}'
+        assert sorted(p.name for p in disk.iterdir()) == ["filler", "r.json"]  # no temporary file left
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
 
 
 def _replay_process(tmp_path: Path, *extra: str) -> subprocess.Popen:
@@ -101,16 +150,46 @@ def _wait_children(pid: int, n: int) -> list[int]:
     raise AssertionError("the replay did not start its processes")
 
 
+def _alive(pids: list[int]) -> list[int]:
+    out = []
+    for k in pids:
+        try:
+            state = Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.append(k)
+    return out
+
+
+def _socket_folders(pids: list[int]) -> set[str]:
+    """The private folders of the replay's Unix sockets, from the processes' open files."""
+    found = set()
+    for pid in pids:
+        try:
+            lines = Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        found |= {str(Path(line.split()[-1]).parent) for line in lines if "emu-replay-" in line}
+    return found
+
+
 def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
-    proc = _replay_process(tmp_path)
+    """Ctrl-C in a terminal reaches the whole process group: the children ignore it and the parent
+    stops them, so one line is printed."""
+    proc = subprocess.Popen([sys.executable, "-m", "emu", "replay", "transformer", "--workers", "4", "--iters", "500",
+                             "--payload-scale", "64", "--processes", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=tmp_path, env={**os.environ, "NO_COLOR": "1"},
+                            start_new_session=True)
     try:
         kids = _wait_children(proc.pid, 3)
         time.sleep(0.5)
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
     assert proc.returncode == 130, err
+    assert err.decode().strip().splitlines() == ["emu: interrupted"]  # no child tracebacks
     time.sleep(0.2)
     assert not [k for k in kids if Path(f"/proc/{k}").exists() and "Z" not in Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1][:3]]
 
@@ -124,8 +203,81 @@ def test_dead_process_is_reported_and_the_rest_stopped(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 2
+    assert proc.returncode == 1  # a run that failed, not bad input
     lines = err.decode().strip().splitlines()
+    assert len(lines) == 1, err
     assert lines[-1].startswith("emu: error: the replay process emu-") and "died" in lines[-1]
     time.sleep(0.2)
     assert processes_mentioning("emu replay transformer") == []
+
+
+def test_sigterm_is_a_clean_stop(tmp_path: Path) -> None:
+    """SIGTERM stops like Ctrl-C: children stopped, sockets removed, the partial report written."""
+    proc = _replay_process(tmp_path, "--report", str(tmp_path / "r.json"))
+    try:
+        kids = _wait_children(proc.pid, 3)
+        time.sleep(0.5)
+        folders = _socket_folders(kids)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert err.decode().strip().splitlines()[-1] == "emu: terminated"
+    time.sleep(0.2)
+    assert _alive(kids) == []
+    assert folders and not [f for f in folders if Path(f).exists()]
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["complete"] is False and doc["reason"] == "terminated"
+    assert doc["verification"]["elements_checked"] > 0 and doc["fabric"]["packets"] > 0
+
+
+def test_sigkill_of_the_parent_leaves_no_orphan(tmp_path: Path) -> None:
+    """Nothing can catch SIGKILL: the children get their parent-death signal and go, and the last
+    one out removes the socket folder."""
+    proc = _replay_process(tmp_path)
+    try:
+        kids = _wait_children(proc.pid, 3)
+        time.sleep(0.5)
+        folders = _socket_folders(kids)
+        assert folders, "the replay's sockets were not found"
+        proc.kill()
+        proc.communicate(timeout=30)
+        deadline = time.monotonic() + 10
+        while _alive(kids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+    assert _alive(kids) == []
+    assert not [f for f in folders if Path(f).exists()]
+
+
+def test_sockets_are_private(tmp_path: Path) -> None:
+    """A running replay listens on no network port: its sockets are Unix sockets in a folder only
+    its user can enter."""
+    proc = _replay_process(tmp_path)
+    try:
+        kids = _wait_children(proc.pid, 3)
+        time.sleep(0.5)
+        pids = [proc.pid, *kids]
+        inodes = set()
+        for pid in pids:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                try:
+                    target = os.readlink(fd)
+                except OSError:
+                    continue
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        listening = []
+        for table in ("tcp", "tcp6", "udp", "udp6"):
+            for line in Path(f"/proc/{proc.pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[9] in inodes:
+                    listening.append((table, fields[1]))
+        folders = _socket_folders(pids)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+    assert listening == []
+    assert folders and all(Path(f).stat().st_mode & 0o077 == 0 for f in folders if Path(f).exists())

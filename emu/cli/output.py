@@ -32,6 +32,45 @@ def ms(us: float | None) -> str:
     return "-" if us is None else f"{us / 1000:.2f}"
 
 
+class Progress:
+    """A progress bar on a terminal; elsewhere (a pipe, a CI log) a line per status and per
+    quarter done, on stderr, so that a long run shows it is alive there too."""
+
+    def __init__(self, label: str) -> None:
+        self._label = label
+        self._bar = None
+        self._quarter = 0
+        if err().is_terminal:
+            from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
+
+            self._bar = Bar(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                            TimeElapsedColumn(), console=err(), transient=True)
+
+    def __enter__(self) -> Progress:
+        if self._bar is not None:
+            self._bar.__enter__()
+            self._task = self._bar.add_task(self._label, total=1.0)
+        return self
+
+    def update(self, fraction: float) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=fraction)
+        elif int(fraction * 4) > self._quarter:
+            self._quarter = int(fraction * 4)
+            err().print(f"{self._label}: {25 * self._quarter}%", markup=False, highlight=False)
+
+    def status(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, description=f"{self._label}: {text}")
+        else:
+            err().print(f"{self._label}: {text}", markup=False, highlight=False)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+
 class Status:
     """A spinner on a terminal; on a pipe or a log file, one line per new status, so that long
     runs (validate takes minutes) show their progress there too."""

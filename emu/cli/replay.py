@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from emu.cli import cli
-from emu.cli.output import err, human_bytes, ms, out
+from emu.cli.output import Progress, err, human_bytes, ms, out
 from emu.errors import CheckFailed, ConfigError, EmuError
 
 
@@ -65,8 +65,6 @@ def replay(trace_arg: str, workers: int, fabric: str, bandwidth: str, latency: s
     """
     import json
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us
     from emu.lifetime import Terminated
     from emu.replay import ReplayConfig
@@ -102,13 +100,9 @@ def replay(trace_arg: str, workers: int, fabric: str, bandwidth: str, latency: s
         chrome = None if chrome_trace is None else target(chrome_trace, name) or chrome_trace
         out_path = None if report_path is None else target(report_path, name) or report_path
         try:
-            with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                          TimeElapsedColumn(), console=err(), transient=True) as bar:
-                task = bar.add_task(f"{name} x{workers}", total=1.0)
+            with Progress(f"{name} x{workers}") as bar:
                 report = run_replay(trace, config, trace_path=str(path), chrome_trace=chrome,
-                                    on_progress=lambda f, task=task: bar.update(task, completed=f),
-                                    on_status=lambda text, task=task, name=name: bar.update(
-                                        task, description=f"{name} x{workers}: {text}"))
+                                    on_progress=bar.update, on_status=bar.status)
         except (EmuError, KeyboardInterrupt, Terminated) as exc:
             partial = getattr(exc, "partial_report", None)
             if partial is not None and out_path is not None:

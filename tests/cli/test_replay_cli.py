@@ -281,3 +281,15 @@ def test_sockets_are_private(tmp_path: Path) -> None:
         proc.communicate(timeout=30)
     assert listening == []
     assert folders and all(Path(f).stat().st_mode & 0o077 == 0 for f in folders if Path(f).exists())
+
+
+def test_concurrent_replays_do_not_collide(tmp_path: Path) -> None:
+    """No port to be already in use: each replay's sockets live in its own private folder, so two at
+    once both finish, with the same (exact) results."""
+    cmd = [sys.executable, "-m", "emu", "replay", "mlp", "--workers", "2", "--iters", "1", "--payload-scale", "64",
+           "--json"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    docs = [json.loads(out) for out, _ in outs]
+    assert docs[0]["iterations"] == docs[1]["iterations"] and docs[0]["verification"]["ok"]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import json
 import os
 import shutil
@@ -39,10 +38,12 @@ class Terminated(BaseException):
 
 
 def _libc() -> ctypes.CDLL | None:
+    # the process's own symbols, libc's among them: no find_library, which may run ldconfig, unsafe
+    # between fork and exec
     if not sys.platform.startswith("linux"):
         return None
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return ctypes.CDLL(None, use_errno=True)
     except OSError:
         return None
 

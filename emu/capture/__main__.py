@@ -6,7 +6,7 @@ emu's launcher starts this; users run ``emu capture`` instead.
 import argparse
 from pathlib import Path
 
-from emu.capture.inject import run
+from emu.capture.inject import end, run
 
 
 def main() -> None:
@@ -19,7 +19,7 @@ def main() -> None:
     target = args.target[1:] if args.target[:1] == ["--"] else args.target
     if not target:
         parser.error("give the script to run after --")
-    run(args.out, args.warmup, args.steps, target)
+    end(run(args.out, args.warmup, args.steps, target))  # the rank's exit: see emu.capture.inject.end
 
 
 if __name__ == "__main__":

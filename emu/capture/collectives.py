@@ -13,6 +13,12 @@ Two sources, by what the profiler recorded:
 
 Names and argument keys are data in the tables below, not code in the parsers,
 so a PyTorch release that renames an event changes one table row.
+
+Capture never invents: a size, dtype or group the profiler did not record is
+refused with the file, rank, step and event named (and how to re-record), never
+filled with a default. Only completion times may be missing (an NCCL kernel cut
+off by the profiling window, or no GPU activity recorded): ``done_us`` is then
+None and the import records the gap (``emu.capture.merge``).
 """
 
 from __future__ import annotations
@@ -112,21 +118,57 @@ _DTYPES: dict[str, Dtype] = {
 }
 
 
-def _dtype(kt: KinetoTrace, spelled: Any, what: str) -> Dtype:
+def _dtype(kt: KinetoTrace, ev: Event, spelled: Any, key: str) -> Dtype:
     try:
         return _DTYPES[str(spelled)]
     except KeyError:
-        raise KinetoError(f"{kt.path}: {what} has dtype {spelled!r}, which emu does not know; "
-                          f"known: {', '.join(sorted(set(_DTYPES)))}") from None
+        raise KinetoError(f"{kt.where(ev)}: argument {key!r} is {str(spelled)[:40]!r}, a dtype emu does not "
+                          f"know; known: {', '.join(sorted(set(_DTYPES)))}") from None
+
+
+def _count(kt: KinetoTrace, ev: Event, key: str) -> int:
+    """A recorded element count: an integer >= 0, or the import is refused."""
+    value = ev.args.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        what = "is missing" if value is None else f"is {str(value)[:40]!r}, not an element count"
+        raise KinetoError(f"{kt.where(ev)}: argument {key!r} {what}: the collective's size is unknown, "
+                          "and emu will not invent it; re-record the trace with PyTorch 2.1 or newer")
+    return value
 
 
 def _parse_ranks(value: Any) -> tuple[int, ...] | None:
-    if isinstance(value, list):
-        return tuple(int(v) for v in value)
+    """Process Group Ranks (a list, or its text); ValueError when it is neither."""
     if isinstance(value, str) and value.startswith("["):
         inner = value.strip("[]").strip()
-        return tuple(int(v) for v in inner.split(",")) if inner else ()
-    return None
+        value = [int(v) for v in inner.split(",")] if inner else []
+    if isinstance(value, list):
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+            raise ValueError(value)
+        return tuple(value)
+    if value is None:
+        return None
+    raise ValueError(value)
+
+
+def _group_size(kt: KinetoTrace, ev: Event) -> tuple[int, tuple[int, ...] | None]:
+    """(group size, the group's ranks where recorded) of a record_param_comms event."""
+    try:
+        group = _parse_ranks(ev.args.get("Process Group Ranks"))
+    except ValueError:
+        raise KinetoError(f"{kt.where(ev)}: argument 'Process Group Ranks' is "
+                          f"{str(ev.args.get('Process Group Ranks'))[:40]!r}, not a list of ranks; the "
+                          "file is corrupted") from None
+    size = ev.args.get("Group size")
+    if size is None:
+        if not group:
+            raise KinetoError(f"{kt.where(ev)}: neither 'Group size' nor 'Process Group Ranks' is "
+                              "recorded: the collective's group is unknown, and emu will not assume "
+                              "the whole job; re-record the trace with PyTorch 2.1 or newer")
+        return len(group), group
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= kt.world_size:
+        raise KinetoError(f"{kt.where(ev)}: argument 'Group size' is {str(size)[:40]!r}, not a group size "
+                          f"in 1..{kt.world_size} (the world size); the file is corrupted")
+    return size, group
 
 
 def _group(kt: KinetoTrace, ranks: tuple[int, ...] | None) -> tuple[int, ...] | None:
@@ -138,8 +180,10 @@ def _group(kt: KinetoTrace, ranks: tuple[int, ...] | None) -> tuple[int, ...] | 
 
 def nccl_collectives(kt: KinetoTrace, comms: Sequence[Event]) -> tuple[list[CollEvent], list[WaitEvent]]:
     """Collectives and waits from record_param_comms events."""
-    kernels = {e.args.get("External id"): e for e in kt.events
-               if e.cat == "kernel" and e.name.lower().startswith("nccl")}
+    # a kernel without an External id matches nothing (None would match every such launch)
+    kernels = {e.args["External id"]: e for e in kt.events
+               if e.cat == "kernel" and e.name.lower().startswith("nccl")
+               and isinstance(e.args.get("External id"), (int, str))}
     colls, waits = [], []
     for ev in comms:
         name = str(ev.args.get("Collective name", ""))
@@ -149,47 +193,66 @@ def nccl_collectives(kt: KinetoTrace, comms: Sequence[Event]) -> tuple[list[Coll
         if name in _NCCL_IGNORED:
             continue
         if name not in _NCCL_NAMES:
-            raise KinetoError(f"{kt.path}: record_param_comms at ts {ev.ts_us:.0f} is a {name!r}, "
+            raise KinetoError(f"{kt.where(ev)}: argument 'Collective name' is {name[:40]!r}, a collective "
                               "which emu trace v1 cannot express (supported: "
                               f"{', '.join(sorted({k.value for k, _ in _NCCL_NAMES.values()}))})")
         kind, count_key = _NCCL_NAMES[name]
         if kind != CollKind.BARRIER and "In msg nelems" not in ev.args:
             raise KinetoError(
-                f"{kt.path}: record_param_comms events carry no 'In msg nelems': this PyTorch "
+                f"{kt.where(ev)}: record_param_comms events carry no 'In msg nelems': this PyTorch "
                 "(older than 2.0) did not record collective sizes, and emu will not invent them; "
                 "re-record the trace with PyTorch 2.1 or newer")
-        count = int(ev.args.get(count_key, 0)) if count_key else 0
-        group = _parse_ranks(ev.args.get("Process Group Ranks"))
-        group_size = int(ev.args.get("Group size") or (len(group) if group else kt.world_size))
-        kernel = kernels.get(ev.args.get("External id"))
+        count = _count(kt, ev, count_key) if count_key else 0
+        if kind == CollKind.BARRIER:
+            dtype = Dtype.UINT8  # moves no data: its dtype sizes nothing
+        elif "dtype" not in ev.args:
+            raise KinetoError(
+                f"{kt.where(ev)}: argument 'dtype' is missing: the {name}'s element type, and so its "
+                "bytes, are unknown, and emu will not guess them (read as bytes, float32 would be 4x "
+                "too small); re-record the trace with PyTorch 2.1 or newer")
+        else:
+            dtype = _dtype(kt, ev, ev.args["dtype"], "dtype")
+        group_size, group = _group_size(kt, ev)
+        ext = ev.args.get("External id")
+        kernel = kernels.get(ext) if isinstance(ext, (int, str)) else None
         colls.append(CollEvent(
-            kind=kind, dtype=_dtype(kt, ev.args.get("dtype", "Byte"), f"the {name} at ts {ev.ts_us:.0f}"),
+            kind=kind, dtype=dtype,
             count=count, group_size=group_size, group=_group(kt, group), issue_us=ev.ts_us,
             launch_end_us=ev.end_us, done_us=kernel.end_us if kernel else None, tid=ev.tid,
             blocking=False, async_op=None))
     return colls, waits
 
 
-def _numel(dims: Any, is_list: bool) -> int:
-    """Elements of one Input Dims entry: a shape, or a list of shapes."""
+def _numel(dims: Any, is_list: bool) -> int | None:
+    """Elements of one Input Dims entry (a shape, or a list of shapes); None if it is neither.
+
+    kineto.py checked that Input Dims nest sizes >= 0 at most three deep; what is
+    left is whether this entry is the kind of thing the launch takes.
+    """
     if not isinstance(dims, list):
-        return 0
+        return None
     shapes = dims if is_list else [dims]
-    return sum(math.prod(s) for s in shapes if isinstance(s, list))
+    if not all(isinstance(s, list) and all(isinstance(d, int) for d in s) for s in shapes):
+        return None
+    return sum(math.prod(s) for s in shapes)
 
 
 def _concrete_int(ev: Event, index: int) -> int | None:
-    values = ev.args.get("Concrete Inputs") or []
+    values = ev.args.get("Concrete Inputs")
+    if not isinstance(values, list):
+        return None
     try:
-        return int(values[index])
+        value = values[index]
+        # a rank: a short decimal string (a long one is not a rank, and int() of it is slow)
+        return int(value) if isinstance(value, (int, str)) and len(str(value)) <= 12 else None
     except (IndexError, ValueError, TypeError):
         return None
 
 
 def _async_flag(ev: Event) -> bool | None:
     # The c10d ops end with (..., bool asyncOp, int timeout) where they take the flag.
-    values = ev.args.get("Concrete Inputs") or []
-    if len(values) >= 2 and values[-2] in ("True", "False"):
+    values = ev.args.get("Concrete Inputs")
+    if isinstance(values, list) and len(values) >= 2 and values[-2] in ("True", "False"):
         return values[-2] == "True"
     return None
 
@@ -199,7 +262,7 @@ def gloo_collectives(kt: KinetoTrace) -> list[CollEvent]:
     launches = [e for e in kt.events if e.name in _GLOO_LAUNCH]
     bad = next((e for e in kt.events if e.name in _UNSUPPORTED), None)
     if bad is not None:
-        raise KinetoError(f"{kt.path}: {bad.name} at ts {bad.ts_us:.0f} is a collective emu trace v1 "
+        raise KinetoError(f"{kt.where(bad)}: is a collective emu trace v1 "
                           "cannot express (all_reduce, all_gather, reduce_scatter, broadcast, "
                           "all_to_all, send, recv and barrier are)")
     if launches and all("Input Dims" not in e.args for e in launches):
@@ -211,8 +274,17 @@ def gloo_collectives(kt: KinetoTrace) -> list[CollEvent]:
     colls = []
     for ev in launches:
         kind, index, is_list, times_group, exec_names = _GLOO_LAUNCH[ev.name]
-        dims = ev.args.get("Input Dims") or []
-        count = _numel(dims[index], is_list) if 0 <= index < len(dims) else 0
+        count = 0
+        if kind != CollKind.BARRIER:
+            dims = ev.args.get("Input Dims")
+            numel = _numel(dims[index], is_list) if isinstance(dims, list) and index < len(dims) else None
+            if numel is None:
+                what = "is missing" if dims is None else (
+                    f"is {str(dims)[:60]!r}, which does not hold the collective's "
+                    f"tensor{'s' if is_list else ''} at position {index}")
+                raise KinetoError(f"{kt.where(ev)}: argument 'Input Dims' {what}: its size is unknown, and emu "
+                                  "will not invent it; re-record with torch.profiler.profile(record_shapes=True)")
+            count = numel
         group_size = kt.world_size
         if times_group:
             count *= group_size
@@ -220,21 +292,27 @@ def gloo_collectives(kt: KinetoTrace) -> list[CollEvent]:
         for k, ex in enumerate(executions):
             if used[k] or ex.name not in exec_names or ex.end_us < ev.ts_us:
                 continue
-            ex_dims = ex.args.get("Input Dims") or []
-            ex_count = _numel(ex_dims[0], False) if ex_dims else 0
+            ex_dims = ex.args.get("Input Dims")
+            ex_count = _numel(ex_dims[0], False) if isinstance(ex_dims, list) and ex_dims else None
             # gloo's all_gather execution records its input: one rank's shard.
             expected = count // group_size if kind == CollKind.ALL_GATHER else count
             if kind == CollKind.BARRIER or ex_count == expected:
                 match = k
                 break
         if match is None:
-            raise KinetoError(f"{kt.path}: {ev.name} at ts {ev.ts_us:.0f} has no matching gloo "
+            raise KinetoError(f"{kt.where(ev)}: has no matching gloo "
                               "execution event; was the profiling window cut mid-collective?")
         used[match] = True
         ex = executions[match]
-        types = ex.args.get("Input type") or []
-        dtype = Dtype.UINT8 if kind == CollKind.BARRIER else _dtype(
-            kt, types[0] if types else None, f"{ex.name} at ts {ex.ts_us:.0f}")
+        types = ex.args.get("Input type")
+        if kind == CollKind.BARRIER:
+            dtype = Dtype.UINT8
+        elif not isinstance(types, list) or not types:
+            raise KinetoError(f"{kt.where(ex)}: argument 'Input type' is missing: the element type, and "
+                              f"so the bytes, of the {ev.name} are unknown, and emu will not guess them; "
+                              "re-record with torch.profiler.profile(record_shapes=True)")
+        else:
+            dtype = _dtype(kt, ex, types[0], "Input type")
         colls.append(CollEvent(
             kind=kind, dtype=dtype, count=count, group_size=group_size, group=None,
             issue_us=ev.ts_us, launch_end_us=ev.end_us, done_us=max(ex.end_us, ev.ts_us), tid=ev.tid,

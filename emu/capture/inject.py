@@ -7,22 +7,37 @@ backward, step). The first ``warmup`` steps are skipped (DDP builds and then
 rebuilds its buckets there: they differ from the steady state), one more warms
 the profiler up, and the next ``steps`` are recorded and exported as
 ``rank<R>.json``. A sidecar ``rank<R>.meta.json`` says how far the script got.
+With ``steps`` 0 the script runs without the profiler and writes no sidecar
+(``emu validate``'s real runs, whose step times must not carry its overhead).
 
 Only the first optimizer that steps is followed; others (a GAN's second
 optimizer, say) do not advance the profiler.
+
+The rank ends without finalizing the interpreter (``end``). gloo's worker thread
+releases a collective only after the rank waiting for it has resumed; when that
+release needs the GIL (the work holds Python objects of its thread-local state)
+while the main thread is already finalizing the interpreter, Python ends the
+worker thread with ``pthread_exit`` in the middle of a C++ destructor, and the
+process aborts with "terminate called without an active exception" (a core of
+the cnn's real run under ``emu validate`` shows exactly that stack). DDP keeps
+the process group alive past ``destroy_process_group``, so its threads cannot be
+joined first; ending with ``os._exit`` after what a normal exit does for the
+script (non-daemon threads joined, atexit handlers run, output flushed) leaves no
+window for that race.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import runpy
 import sys
+import threading
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from typing import NoReturn
 
 
 @dataclass
@@ -38,8 +53,53 @@ class RankReport:
     device: str
 
 
-def run(out: Path, warmup: int, steps: int, target: list[str]) -> None:
-    """Run target (``script.py args`` or ``-m module args``) under the profiler."""
+def _run_target(target: list[str]) -> int:
+    """Run target as ``python`` would and return the exit status it would give."""
+    # This runs only in a rank process emu started for the script (never in emu's own
+    # process): the script reads its arguments from sys.argv, so they are set as
+    # `python script.py args` would.
+    try:
+        if target[0] == "-m":
+            sys.argv = [target[1], *target[2:]]
+            runpy.run_module(target[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(target)
+            sys.path.insert(0, str(Path(target[0]).resolve().parent))
+            runpy.run_path(target[0], run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except BaseException:  # what the interpreter would print before exiting with 1
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def end(code: int) -> NoReturn:
+    """End the rank as a normal exit would, but without finalizing the interpreter (see above)."""
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed by the script
+            pass
+    os._exit(code)
+
+
+def run(out: Path, warmup: int, steps: int, target: list[str]) -> int:
+    """Run target (``script.py args`` or ``-m module args``) under the profiler (none if steps
+    is 0); the script's exit status, for the entry point to ``end`` the rank with."""
+    if steps == 0:
+        return _run_target(target)
+
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
     rank = int(os.environ.get("RANK", "0"))
     report = RankReport(rank=rank, optimizer_steps=0, needed_steps=warmup + 1 + steps + 1,
                         trace_written=False, params=None, torch_version=torch.__version__,
@@ -72,17 +132,7 @@ def run(out: Path, warmup: int, steps: int, target: list[str]) -> None:
     handle = register_optimizer_step_post_hook(on_step)
     prof.start()
     try:
-        # This runs only in a rank process emu started for the user's script (never in emu's
-        # own process): the script reads its arguments from sys.argv, so they are set as
-        # `python script.py args` would. A SystemExit of the script passes through, so that
-        # Python reports it as usual.
-        if target[0] == "-m":
-            sys.argv = [target[1], *target[2:]]
-            runpy.run_module(target[1], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = list(target)
-            sys.path.insert(0, str(Path(target[0]).resolve().parent))
-            runpy.run_path(target[0], run_name="__main__")
+        code = _run_target(target)
     finally:
         handle.remove()
         if not report.trace_written:
@@ -90,3 +140,4 @@ def run(out: Path, warmup: int, steps: int, target: list[str]) -> None:
             prof.on_trace_ready = None
         prof.stop()
         (out / f"rank{rank}.meta.json").write_text(json.dumps(asdict(report)))
+    return code

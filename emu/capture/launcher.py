@@ -3,7 +3,10 @@
 Each rank is its own process session, so that the whole tree of a rank (gloo
 threads, data-loader workers) can be signalled at once. Every path out of
 ``run_ranks`` (success, a failing rank, a timeout, Ctrl-C) leaves no process
-behind: the survivors get SIGTERM, then SIGKILL after a grace period.
+behind: the survivors get SIGTERM, then SIGKILL after a grace period. Where emu
+itself is killed (SIGKILL included), the kernel sends each rank SIGTERM
+(``emu.lifetime.child_preexec``); ranks ignore SIGINT, since emu stops them itself
+and prints one line. Each rank's pid goes into the run record (``emu clean``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import emu
-from emu.errors import CaptureError
+from emu.errors import CaptureError, ConfigError
+from emu.lifetime import child_preexec, current
 
 GRACE_S = 5.0
 
@@ -92,6 +96,15 @@ def _stop(ranks: Sequence[RankProcess]) -> None:
             r.proc.wait()
 
 
+def _how(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
 def _last_line(log: Path) -> str:
     try:
         lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
@@ -101,12 +114,21 @@ def _last_line(log: Path) -> str:
     return (useful or lines or [""])[-1][:300]
 
 
+def _first_failure(ranks: Sequence[RankProcess]) -> RankProcess | None:
+    failed = [r for r in ranks if r.proc.poll() not in (None, 0)]
+    # A rank killed by a signal crashed; its peers then often exit with a gloo error of
+    # their own, which is the consequence, not the cause.
+    return min(failed, key=lambda r: (r.proc.returncode >= 0, r.rank), default=None)
+
+
 def run_ranks(argv: Sequence[str], world_size: int, workdir: Path, *, timeout_s: float,
               env: dict[str, str] | None = None, on_tick: Callable[[float], None] | None = None,
               network: RankNetwork | None = None) -> None:
-    """Run argv as world_size ranks; return when all exited 0, else raise CaptureError."""
+    """Run argv as world_size ranks; return when all exited 0. A rank that fails (or a run
+    past ``timeout_s``) raises CaptureError (exit code 1) naming the rank and its log, which
+    stays in ``workdir``."""
     if world_size < 1:
-        raise CaptureError(f"--world-size must be at least 1, got {world_size}")
+        raise ConfigError(f"--world-size must be at least 1, got {world_size}")
     port = free_port()
     base = dict(os.environ if env is None else env)
     ranks: list[RankProcess] = []
@@ -120,16 +142,19 @@ def run_ranks(argv: Sequence[str], world_size: int, workdir: Path, *, timeout_s:
             with open(log, "wb") as fh:
                 proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, cwd=os.getcwd(), env=renv,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=child_preexec)
             ranks.append(RankProcess(rank, proc, log))
+            record = current()
+            if record is not None:
+                record.add_child(proc.pid)
         start = time.monotonic()
         while True:
-            codes = [r.proc.poll() for r in ranks]
-            failed = next((r for r, c in zip(ranks, codes, strict=False) if c not in (None, 0)), None)
+            failed = _first_failure(ranks)
             if failed is not None:
-                raise CaptureError(f"rank {failed.rank} exited with code {failed.proc.returncode}: "
-                                   f"{_last_line(failed.log)} (log: {failed.log})")
-            if all(c == 0 for c in codes):
+                last = _last_line(failed.log)
+                raise CaptureError(f"rank {failed.rank} {_how(failed.proc.returncode)}{': ' + last if last else ''} "
+                                   f"(log: {failed.log})")
+            if all(r.proc.returncode == 0 for r in ranks):
                 return
             elapsed = time.monotonic() - start
             if elapsed > timeout_s:
@@ -139,6 +164,6 @@ def run_ranks(argv: Sequence[str], world_size: int, workdir: Path, *, timeout_s:
                 on_tick(elapsed)
             time.sleep(0.05)
     except FileNotFoundError as exc:
-        raise CaptureError(f"cannot start {argv[0]!r}: {exc.strerror}") from None
+        raise ConfigError(f"cannot start {exc.filename or argv[0]!r}: {exc.strerror}") from None
     finally:
         _stop(ranks)

@@ -4,6 +4,13 @@ Every file must come from the same job (world size, backend and process groups
 agree) and name a distinct rank; the iterations kept are the profiled steps all
 files share. A file may hold only some ranks of a larger job: the trace keeps
 the job's world size.
+
+Where a file lacks a value the trace needs, capture refuses (sizes, dtypes,
+groups: ``emu.capture.collectives``) or, for completion times only, records the
+gap in ``meta.gaps`` (docs/trace-format.md): a collective whose NCCL kernel is not
+in the file has ``observed_us`` null, and the waits on it hold only the blocked
+time the file measured, a lower bound. Refusing would lose every trace profiled
+without CUDA activity, and those still give exact sizes and step times.
 """
 
 from __future__ import annotations
@@ -13,10 +20,11 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 
+from emu.capture.collectives import find_collectives
 from emu.capture.kineto import KinetoTrace, expand_paths, read_kineto
-from emu.capture.program import convert_rank
+from emu.capture.program import convert_rank, profiler_steps
 from emu.errors import KinetoError, TraceError
-from emu.traces.model import CollKind, RankProgram, Source, Trace, TraceMeta
+from emu.traces.model import Coll, CollKind, Iteration, RankProgram, Source, Trace, TraceMeta, Wait
 from emu.traces.validate import validate_trace
 
 
@@ -41,9 +49,43 @@ def _captured_at(kts: Sequence[KinetoTrace]) -> str:
     kt = kts[0]
     when = dt.datetime.now(dt.timezone.utc)
     if kt.base_time_ns is not None and kt.events:
-        when = dt.datetime.fromtimestamp(kt.base_time_ns / 1e9 + kt.events[0].ts_us / 1e6,
-                                         dt.timezone.utc)
+        seconds = kt.base_time_ns / 1e9 + kt.events[0].ts_us / 1e6
+        try:
+            when = dt.datetime.fromtimestamp(seconds, dt.timezone.utc)
+        except (ValueError, OverflowError, OSError):
+            raise KinetoError(f"{kt.path}: fields 'baseTimeNanoseconds' and 'ts' put the profiled steps "
+                              f"at {seconds:.0f} s since 1970, not a date; the file is corrupted") from None
     return when.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _gaps(kt: KinetoTrace, iterations: Sequence[Iteration]) -> list[str]:
+    """One line per collective whose completion the file lacks (NCCL without its kernel)."""
+    missing = [(it, k, op) for it in iterations for k, op in enumerate(it.ops)
+               if isinstance(op, Coll) and op.observed_us is None]
+    if not missing:
+        return []
+    name = os.path.basename(kt.path)
+    if not any(e.cat == "kernel" for e in kt.events):
+        steps = sorted({it.step for it, _, _ in missing})
+        return [f"{name}: rank {kt.rank}: no GPU kernels in the file (profiled without CUDA activity), so "
+                f"the completion of its {len(missing)} collectives in steps {steps[0]}..{steps[-1]} is unknown: "
+                "their observed_us is null and the waits on them count no blocked time (compute holds it); "
+                "profile with ProfilerActivity.CUDA to measure them"]
+    colls, _ = find_collectives(kt)
+    spans = dict(profiler_steps(kt))
+    lines = []
+    for it, k, op in missing:
+        span = spans[it.step]
+        # op ids are indexes into the step's collectives in issue order (emu.capture.program)
+        inside = [c for c in colls if span.ts_us <= c.issue_us < span.end_us]
+        at = f" (issued at ts {inside[op.id].issue_us:.3f})" if op.id < len(inside) else ""
+        waits = [j for j, w in enumerate(it.ops) if isinstance(w, Wait) and op.id in w.ids]
+        waited = f"the blocked_us of the wait on it (op {waits[0]}) is a lower bound" if waits else "no wait names it"
+        lines.append(f"{name}: rank {kt.rank}: step {it.step}: op {k}, {op.kind.value} of {op.count} "
+                     f"{op.dtype.value}{at}: no NCCL kernel with its External id in the file (the profiling "
+                     f"window ended before it ran, or the GPU events were dropped): observed_us is null and "
+                     f"{waited}; profile a window that holds the kernel to measure it")
+    return lines
 
 
 def merge_ranks(kts: Sequence[KinetoTrace], *, source: Source, model: str | None = None,
@@ -61,6 +103,7 @@ def merge_ranks(kts: Sequence[KinetoTrace], *, source: Source, model: str | None
                           "files profiled over the same steps")
     programs = tuple(RankProgram(rank=r, iterations=tuple(it for it in its if it.step in common))
                      for r, its in per_rank.items())
+    gaps = [line for kt, p in zip(kts, programs, strict=True) for line in _gaps(kt, p.iterations)]
     colls = [op for p in programs for it in p.iterations for op in it.colls]
     if not colls:
         raise KinetoError(f"{kts[0].path}: the profiled steps issue no collectives: an empty "
@@ -74,7 +117,7 @@ def merge_ranks(kts: Sequence[KinetoTrace], *, source: Source, model: str | None
         source=source, world_size=kts[0].world_size, backend=kts[0].backend, device=kts[0].device,
         framework=framework, dtype=dtype, captured_at=_captured_at(kts), model=model,
         batch_size=batch_size, params=params, command=command,
-        kineto_files=tuple(os.path.basename(kt.path) for kt in kts))
+        kineto_files=tuple(os.path.basename(kt.path) for kt in kts), gaps=tuple(gaps))
     trace = Trace(meta=meta, ranks=programs)
     try:
         validate_trace(trace, kts[0].path)

@@ -21,7 +21,8 @@ from pathlib import Path
 from emu.capture.kineto import read_kineto
 from emu.capture.launcher import RankNetwork, run_ranks
 from emu.capture.merge import merge_ranks
-from emu.errors import CaptureError, ConfigError
+from emu.errors import CaptureError, ConfigError, EmuError
+from emu.lifetime import current
 from emu.traces.model import Source, Trace
 from emu.traces.samples import MODELS
 
@@ -81,11 +82,17 @@ def _run(interpreter: str, target: list[str], config: CaptureConfig, *, source_m
          command: str, batch_size: int | None,
          on_tick: Callable[[float], None] | None) -> Trace:
     config.check()
-    workdir = config.keep_kineto or Path(tempfile.mkdtemp(prefix="emu-capture-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    if config.keep_kineto is None:
+        workdir = Path(tempfile.mkdtemp(prefix="emu-capture-"))
+        record = current()
+        if record is not None:  # `emu clean` removes it if this run is killed outright
+            record.add_folder(str(workdir))
+    else:
+        workdir = config.keep_kineto
+        workdir.mkdir(parents=True, exist_ok=True)
     argv = [interpreter, "-m", "emu.capture", "--out", str(workdir), "--warmup", str(config.warmup),
             "--steps", str(config.profile_steps), "--", *target]
-    ok = False
+    failed = False
     try:
         run_ranks(argv, config.world_size, workdir, timeout_s=config.timeout_s, on_tick=on_tick,
                   network=config.network)
@@ -93,21 +100,26 @@ def _run(interpreter: str, target: list[str], config: CaptureConfig, *, source_m
                    for r in range(config.world_size)]
         short = next((r for r in reports if not r["trace_written"]), None)
         if short is not None:
-            raise CaptureError(
+            raise ConfigError(
                 f"rank {short['rank']} made {short['optimizer_steps']} optimizer steps, but emu needs "
                 f"{short['needed_steps']} (warm-up {config.warmup}, one profiler warm-up, "
                 f"{config.profile_steps} profiled, one to close the window); train longer or profile "
-                "fewer steps")
+                f"fewer steps (logs: {workdir})")
         kts = [read_kineto(workdir / f"rank{r}.json") for r in range(config.world_size)]
         trace = merge_ranks(kts, source=Source.CAPTURE, model=source_model,
                             framework=f"torch {reports[0]['torch_version']}", batch_size=batch_size,
                             params=reports[0]["params"], command=command)
-        ok = True
         return trace
     except FileNotFoundError as exc:
+        failed = True
         raise CaptureError(f"a rank left no output ({exc.filename}); see the logs in {workdir}") from None
+    except EmuError:
+        failed = True
+        raise
     finally:
-        if ok and config.keep_kineto is None:
+        # A failed capture keeps its folder: its error names a log or file in it. A successful
+        # or interrupted one leaves nothing.
+        if not failed and config.keep_kineto is None:
             shutil.rmtree(workdir, ignore_errors=True)
 
 

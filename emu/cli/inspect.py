@@ -43,6 +43,8 @@ def inspect(trace_path: Path, as_json: bool) -> None:
         ("overlap with compute", pct),
     ):
         head.add_row(key, value)
+    for gap in s.gaps:  # what the source lacked: never filled in silently
+        head.add_row("gap", gap)
     console.print(head)
     colls = Table(title="collectives per iteration (rank 0 of the file)")
     for name in ("kind", "dtype", "count", "elements", "bytes"):

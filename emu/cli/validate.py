@@ -1,4 +1,9 @@
-"""``emu validate``: real runs against their emulation, with errors."""
+"""``emu validate``: real runs against their emulation, with errors.
+
+A case whose real run failed twice is a row marked failed, with its error (naming the
+kept log) below the table, and the exit code is 1. ``--report`` (by default
+``KEEP/report.json`` with ``--keep``) is rewritten after every case, so an interrupted
+validation keeps the cases it finished."""
 
 from __future__ import annotations
 
@@ -18,13 +23,16 @@ from emu.cli.output import Status, err, ms, out
 @click.option("--calibrate", is_flag=True, help="Also replay each capture with a link fitted to it.")
 @click.option("--keep", type=click.Path(file_okay=False, path_type=Path),
               help="Keep every captured trace and real run's step times in this folder.")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the report (JSON) here after every case [default: KEEP/report.json with --keep].")
 @click.option("--json", "as_json", is_flag=True, help="Print cases and summary as JSON on stdout.")
-def validate(quick: bool, models: str, steps: int, calibrate: bool, keep: Path | None, as_json: bool) -> None:
+def validate(quick: bool, models: str, steps: int, calibrate: bool, keep: Path | None, report: Path | None,
+             as_json: bool) -> None:
     """Measure real DDP runs (two ranks, shaped links in network namespaces when root) and
     compare them with emu's replay of their captured traces."""
     from rich.table import Table
 
-    from emu.errors import ConfigError
+    from emu.errors import ConfigError, RunFailed
     from emu.traces.samples import MODELS
     from emu.validate import DEFAULT_SETTINGS, QUICK_SETTINGS, run_validation
 
@@ -35,22 +43,35 @@ def validate(quick: bool, models: str, steps: int, calibrate: bool, keep: Path |
         raise ConfigError(f"--models {models!r}: choose from {', '.join(MODELS)}")
     if steps < 3:
         raise ConfigError(f"--steps must be at least 3, got {steps}")
+    if report is None and keep is not None:
+        report = keep / "report.json"
     with Status("validating") as status:
-        report = run_validation(names, QUICK_SETTINGS if quick else DEFAULT_SETTINGS, steps=steps,
-                                calibrate=calibrate, keep=keep, on_status=lambda text: status.update(f"validating: {text}"))
-    for note in report.notes:
+        result = run_validation(names, QUICK_SETTINGS if quick else DEFAULT_SETTINGS, steps=steps,
+                                calibrate=calibrate, keep=keep, report_path=report,
+                                on_status=lambda text: status.update(f"validating: {text}"))
+    for note in result.notes:
         err().print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
-        return
-    table = Table(title="emu validate: real step time against the emulated one")
-    for name in ("case", "kind", "measured ms", "+/- ms", "predicted ms", "error"):
-        table.add_column(name, justify="left" if name in ("case", "kind") else "right")
-    for c in report.cases:
-        table.add_row(c.name, c.kind.value, ms(c.measured_us), ms(c.spread_us), ms(c.predicted_us), f"{c.error_pct:+.1f}%")
-    out().print(table)
-    s = report.summary
-    parts = [f"{kind}: {s[f'{kind}_mean_abs_error_pct']:.1f}% / {s[f'{kind}_max_abs_error_pct']:.1f}%"
-             for kind in ("same", "extrapolated", "calibrated") if any(c.kind.value == kind for c in report.cases)]
-    out().print(f"mean |error| {s['mean_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}% "
-                f"(mean / max by kind: {'; '.join(parts)})", markup=False, highlight=False)
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        table = Table(title="emu validate: real step time against the emulated one")
+        for name in ("case", "kind", "measured ms", "+/- ms", "predicted ms", "error"):
+            table.add_column(name, justify="left" if name in ("case", "kind") else "right")
+        for c in result.cases:
+            table.add_row(c.name, c.kind.value, ms(c.measured_us), ms(c.spread_us), ms(c.predicted_us),
+                          f"{c.error_pct:+.1f}%")
+        for f in result.failures:
+            table.add_row(f.name, "failed", "-", "-", "-", "-")
+        out().print(table)
+        for f in result.failures:
+            out().print(f"failed: {f.name}: {f.error}", markup=False, highlight=False, soft_wrap=True)
+        s = result.summary
+        parts = [f"{kind}: {s[f'{kind}_mean_abs_error_pct']:.1f}% / {s[f'{kind}_max_abs_error_pct']:.1f}%"
+                 for kind in ("same", "extrapolated", "calibrated") if any(c.kind.value == kind for c in result.cases)]
+        out().print(f"mean |error| {s['mean_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}% "
+                    f"(mean / max by kind: {'; '.join(parts)})", markup=False, highlight=False)
+    if result.failures:
+        where = f" and in {report}" if report is not None else ""
+        raise RunFailed(f"{len(result.failures)} of {len(result.failures) + len(result.cases)} cases failed "
+                        f"({', '.join(f.name for f in result.failures)}); their errors, each naming the log kept, "
+                        f"are above{where}")

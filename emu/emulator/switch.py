@@ -15,6 +15,20 @@ packet, exactly (docs/design.md, docs/protocol.md):
 A batch is applied with numpy in segments that hold no duplicate and no worker
 twice on one slot, so that its effect equals the packets' in order; a packet that
 would break a segment (a retransmission) is applied on its own.
+
+Whatever arrives, the switch neither crashes nor lets a bad packet touch an
+aggregate: before step 1, a packet of another job or worker count is dropped as
+``invalid`` (it belongs to another pool), and one that is wrong for this pool is
+dropped as ``malformed``: a type other than CONTRIB, a worker or slot out of
+range, a size beyond the pool's elements, or a chunk or size that differs from
+the round its slot copy holds (summing it would corrupt that round; a new round,
+on an empty or complete copy, may start with any chunk). A late duplicate of a
+completed round's packet, arriving after its sender moved on (so its bit is
+clear), is dropped as ``stale`` instead of opening a round no other worker would
+join (which the plain protocol does, and which blocks the slot for good). A batch
+whose arrays do not match its headers (payload not ``(n, k)``, stamps not ``n``
+rows) is dropped whole as malformed. Dropped packets have no effect at all, not
+even step 1.
 """
 
 from __future__ import annotations
@@ -41,7 +55,9 @@ class SwitchStats:
     duplicates: int = 0  # retransmissions seen (answered + dropped)
     answered: int = 0  # duplicates of complete copies answered by unicast
     dropped: int = 0  # duplicates of incomplete copies dropped
-    invalid: int = 0  # packets of another job, worker count or out of range
+    invalid: int = 0  # packets of another job or worker count (another pool's)
+    malformed: int = 0  # packets wrong for this pool (type, range, size, chunk), dropped unapplied
+    stale: int = 0  # late copies of a round's packet after the round completed and the sender left
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -82,41 +98,111 @@ class AggregationSwitch:
         out: list[tuple[np.ndarray, ...]] = []
         if n == 0:
             return self._results(out)
-        if stamps is None:
-            stamps = np.zeros((n, 2))
-        stamps = np.asarray(stamps, dtype=np.float64).reshape(n, -1)
-        if stamps.shape[1] == 1:
-            stamps = np.repeat(stamps, 2, axis=1)
         self.stats.packets += n
+        batch = self._batch_arrays(headers, payload, stamps)
+        if batch is None:
+            self.stats.malformed += n
+            return self._results(out)
+        headers, payload, stamps = batch
         slot = headers["slot"].astype(np.int64)
         worker = headers["worker"].astype(np.int64)
         copy = (headers["flags"] & FLAG_COPY).astype(np.int64)
-        valid = ((headers["msg_type"] == MsgType.CONTRIB) & (headers["job"] == self.job)
-                 & (headers["num_workers"] == self.workers) & (slot < self.slots)
-                 & (worker < self.workers) & (headers["size"].astype(np.int64) * 64 <= self.k))
-        self.stats.invalid += int(n - valid.sum())
+        ours = (headers["job"] == self.job) & (headers["num_workers"] == self.workers)
+        valid = ours & ((headers["msg_type"] == MsgType.CONTRIB) & (slot < self.slots)
+                        & (worker < self.workers) & (headers["size"].astype(np.int64) * 64 <= self.k))
+        self.stats.invalid += int(n - ours.sum())
+        self.stats.malformed += int(ours.sum() - valid.sum())
         keep = np.flatnonzero(valid)
         idx = slot * 2 + copy
+        chunk = headers["chunk"].astype(np.int64)
+        size = headers["size"].astype(np.int64)
         start = 0
         while start < len(keep):
             rows = keep[start:]
             end = self._clean_prefix(idx[rows], worker[rows], slot[rows])
-            if end > 0:
-                out.append(self._apply(rows[:end], idx, worker, headers, payload, stamps))
-                start += end
-            else:
-                out.append(self._apply_one(rows[0], idx, worker, headers, payload, stamps))
-                start += 1
+            seg = rows[:end] if end > 0 else rows[:1]
+            fits, stale = self._fits_round(seg, idx, worker, chunk, size)
+            self.stats.stale += int(stale.sum())
+            self.stats.malformed += int(len(seg) - fits.sum() - stale.sum())
+            if end > 0 and fits.any():
+                out.append(self._apply(seg[fits], idx, worker, headers, payload, stamps))
+            elif end == 0 and fits[0]:
+                out.append(self._apply_one(seg[0], idx, worker, headers, payload, stamps))
+            start += max(end, 1)
         return self._results(out)
 
+    def _batch_arrays(self, headers: np.ndarray, payload: np.ndarray,
+                      stamps: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The batch's arrays in the shapes the switch works on, or None if they cannot be."""
+        n = len(headers)
+        try:
+            if headers.dtype != AGG_HEADER:
+                headers = headers.astype(AGG_HEADER)  # by field name: fails if one is missing
+            payload = np.asarray(payload)
+            stamps = np.zeros((n, 2)) if stamps is None else np.asarray(stamps, dtype=np.float64)
+        except (TypeError, ValueError, AttributeError):
+            return None
+        if payload.shape != (n, self.k) or payload.dtype.kind != "i" or payload.dtype.itemsize != 4:
+            return None
+        if stamps.shape in ((n,), (n, 1)):
+            stamps = np.repeat(stamps.reshape(n, 1), 2, axis=1)
+        if stamps.shape != (n, 2):
+            return None
+        return headers, payload, stamps
+
+    def _fits_round(self, rows: np.ndarray, idx_all: np.ndarray, worker_all: np.ndarray,
+                    chunk_all: np.ndarray, size_all: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per row, in order: (does the packet belong to the round its slot copy holds,
+        is it a stale copy of the round the copy completed).
+
+        A copy in progress (0 < count < workers), or a complete one the sender
+        already counted in (a retransmission), pins the round's chunk and size. A
+        complete copy the sender left takes a new round, but not with the chunk it just
+        completed: that is a late duplicate of the sender's packet, which would open a
+        round no other worker joins and so block the slot for good. An empty copy, or
+        a new round, takes the first packet's chunk and size, and the rest of the
+        segment must agree with it.
+        """
+        idx, chunk, size = idx_all[rows], chunk_all[rows], size_all[rows]
+        count = self.count[idx]
+        pinned = (count > 0) & ((count < self.workers) | self.bitmap[idx, worker_all[rows]])
+        stale = (count == self.workers) & ~pinned & (chunk == self.chunk[idx])
+        opens = np.flatnonzero(~pinned & ~stale)
+        first = np.full(len(rows), len(rows))  # the row whose chunk and size a new round takes
+        if len(opens):
+            groups, at = np.unique(idx[opens], return_index=True)
+            pos = np.minimum(np.searchsorted(groups, idx), len(groups) - 1)
+            first = np.where(groups[pos] == idx, opens[at][pos], len(rows))
+        # after a new round opened, an old chunk is simply not the round's (as packet by packet)
+        stale &= np.arange(len(rows)) < first
+        first = np.minimum(first, len(rows) - 1)
+        want_chunk = np.where(pinned, self.chunk[idx], chunk[first])
+        want_size = np.where(pinned, self.size[idx], size[first])
+        return (chunk == want_chunk) & (size == want_size) & ~stale, stale
+
     def _clean_prefix(self, idx: np.ndarray, worker: np.ndarray, slot: np.ndarray) -> int:
-        """Length of the longest prefix with no duplicate and each (slot, worker) once."""
+        """Length of the longest prefix with no duplicate, each (slot, worker) once, and no
+        slot copy given more packets than its round has room for.
+
+        The room matters when a copy's count holds a worker whose bit was cleared since
+        (it moved to the other copy and then resent to this one): in order, the round
+        completes and the next packet starts a new one, which a sum over the segment
+        would miss.
+        """
         dup = self.bitmap[idx, worker]
         key = slot * self.workers + worker
         _, first = np.unique(key, return_index=True)
         repeated = np.ones(len(key), dtype=bool)
         repeated[first] = False
-        bad = np.flatnonzero(dup | repeated)
+        order = np.argsort(idx, kind="stable")
+        sorted_idx = idx[order]
+        starts = np.r_[True, sorted_idx[1:] != sorted_idx[:-1]]
+        n = len(idx)
+        rank = np.empty(n, dtype=np.int64)  # how many earlier rows of the prefix share the copy
+        rank[order] = np.arange(n) - np.maximum.accumulate(np.where(starts, np.arange(n), 0))
+        count = self.count[idx]
+        room = self.workers - np.where(count == self.workers, 0, count)
+        bad = np.flatnonzero(dup | repeated | (rank >= room))
         return int(bad[0]) if len(bad) else len(idx)
 
     def _apply(self, rows: np.ndarray, idx_all: np.ndarray, worker_all: np.ndarray, headers: np.ndarray,

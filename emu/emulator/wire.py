@@ -21,6 +21,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from emu.errors import EmuError
 from emu.traces.model import Dtype
 
 UDP_PORT = 0xBEE0  # SwitchML's range is 0xBEE0-0xBEEF
@@ -44,6 +45,16 @@ class MsgType(IntEnum):
 
 
 FLAG_COPY = 0x01  # which of the slot's two copies
+
+
+class MalformedPacket(EmuError, ValueError):
+    """Bytes off a port that are not a well-formed emu packet.
+
+    A ValueError too, so that receivers that drop what they cannot parse (the
+    BMv2 bridge) keep doing so; an EmuError, so that nothing from the wire reaches
+    a user as a bare exception.
+    """
+
 
 # (name, numpy type, bits): the order and widths the P4 header must match.
 AGG_FIELDS: tuple[tuple[str, str, int], ...] = (
@@ -125,13 +136,23 @@ def frame(emu_packet: bytes) -> bytes:
 
 
 def unframe(data: bytes) -> bytes:
-    """The emu header + payload of a frame made by ``frame`` (checks the template)."""
+    """The emu header + payload of a frame made by ``frame`` (checks the template).
+
+    The UDP length, not the frame's, ends the packet: Ethernet pads frames shorter
+    than 60 bytes (an exponent-only packet is 58), and the padding is not payload.
+    """
     if len(data) < ETH_HEADER + IPV4_HEADER + UDP_HEADER + 16 or data[12:14] != b"\x08\x00":
-        raise ValueError("not an IPv4 Ethernet frame of emu")
+        raise MalformedPacket("not an IPv4 Ethernet frame of emu")
+    ip = data[ETH_HEADER:ETH_HEADER + IPV4_HEADER]
+    if ip[0] != 0x45 or ip[9] != 17:
+        raise MalformedPacket("not an IPv4 UDP packet without options (emu's template)")
     udp = data[ETH_HEADER + IPV4_HEADER:]
-    if struct.unpack("!H", udp[2:4])[0] != UDP_PORT:
-        raise ValueError("not emu's UDP port")
-    return udp[UDP_HEADER:]
+    port, length = struct.unpack("!HH", udp[2:6])
+    if port != UDP_PORT:
+        raise MalformedPacket("not emu's UDP port")
+    if not UDP_HEADER + 16 <= length <= len(udp):
+        raise MalformedPacket(f"UDP length {length} does not fit the {len(udp)} bytes received")
+    return udp[UDP_HEADER:length]
 
 
 def agg_packet(header: np.void | dict, payload: np.ndarray | None = None) -> bytes:
@@ -144,9 +165,21 @@ def agg_packet(header: np.void | dict, payload: np.ndarray | None = None) -> byt
 
 
 def parse_agg_packet(data: bytes) -> tuple[np.void, np.ndarray]:
-    """Header and payload (native int32) of one aggregation packet."""
+    """Header and payload (native int32) of one aggregation packet.
+
+    Raises MalformedPacket for what no emu sender makes: fewer than 16 bytes, a
+    type other than CONTRIB or RESULT, a payload that is not whole int32 or not
+    the ``64 * size`` elements the header says. Ranges (worker, slot, job) depend
+    on the pool and are the switch's to check.
+    """
+    if len(data) < AGG_HEADER.itemsize:
+        raise MalformedPacket(f"{len(data)} bytes, shorter than the {AGG_HEADER.itemsize}-byte header")
     header = np.frombuffer(data[:16], AGG_HEADER)[0]
+    if int(header["msg_type"]) not in (MsgType.CONTRIB, MsgType.RESULT):
+        raise MalformedPacket(f"message type {int(header['msg_type'])} is not an aggregation packet's")
+    if (len(data) - 16) % PAYLOAD.itemsize:
+        raise MalformedPacket(f"payload of {len(data) - 16} bytes is not whole int32 elements")
     payload = np.frombuffer(data[16:], PAYLOAD).astype(np.int32)
     if len(payload) != 64 * int(header["size"]):
-        raise ValueError(f"payload of {len(payload)} elements, header says {64 * int(header['size'])}")
+        raise MalformedPacket(f"payload of {len(payload)} elements, header says {64 * int(header['size'])}")
     return header, payload

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from emu.traces.model import (
     TraceMeta,
     Wait,
 )
-from emu.traces.validate import validate_trace
+from emu.traces.validate import MAX_US, validate_trace
 
 SCHEMA_VERSION = 1
 # Far above any real trace (a 1000-rank, 100-iteration program is ~50 MB) and
@@ -77,8 +78,17 @@ def _get(obj: dict[str, Any], key: str, where: _Where, kind: type | tuple[type, 
     if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
         raise where.fail(key, f"must be {_kind_name(kind)}, got {value!r}")
     if not isinstance(value, kind):
-        raise where.fail(key, f"must be {_kind_name(kind)}, got {type(value).__name__} {value!r}")
+        raise where.fail(key, f"must be {_kind_name(kind)}, got {type(value).__name__} {_show(value)}")
     return value
+
+
+_SHOW = 80  # characters of a value a message quotes
+
+
+def _show(value: Any) -> str:
+    """A value for a message: a corrupted file may hold a megabyte in one field."""
+    text = repr(value)
+    return text if len(text) <= _SHOW else f"{text[:_SHOW]}... ({len(text)} characters)"
 
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:
@@ -94,6 +104,11 @@ def _non_negative(obj: dict[str, Any], key: str, where: _Where, *, optional: boo
         return None
     if not value >= 0 or value == float("inf"):
         raise where.fail(key, f"must be a finite number >= 0, got {value!r}")
+    if value > MAX_US:
+        # before float(): an integer of 400 digits does not fit a float
+        raise where.fail(key, f"is {_show(value)} us ({value / 3.6e9:.3g} h), more than a day, which no "
+                         "training step takes; if the tool that wrote the trace counted ns or ms, "
+                         "convert to microseconds (the format's unit), else re-capture it")
     return float(value)
 
 
@@ -114,12 +129,24 @@ def _enum(enum: type, obj: dict[str, Any], key: str, where: _Where) -> Any:
         raise where.fail(key, f"is {value!r}; it must be one of: {allowed}") from None
 
 
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 def _int_tuple(obj: dict[str, Any], key: str, where: _Where) -> tuple[int, ...] | None:
     value = _get(obj, key, where, list, optional=True)
     if value is None:
         return None
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-        raise where.fail(key, "must be a list of integers >= 0")
+    if not all(_is_count(v) for v in value):
+        bad = next(v for v in value if not _is_count(v))
+        raise where.fail(key, f"must be a list of integers >= 0, holds {_show(bad)}")
+    return tuple(value)
+
+
+def _str_tuple(obj: dict[str, Any], key: str, where: _Where) -> tuple[str, ...]:
+    value = _get(obj, key, where, list, optional=True) or []
+    if not all(isinstance(v, str) for v in value):
+        raise where.fail(key, "must be a list of strings")
     return tuple(value)
 
 
@@ -137,8 +164,7 @@ def _load_op(raw: Any, where: _Where) -> Op:
     if kind == "coll":
         tensors = _get(raw, "tensors", where, list, optional=True)
         if tensors is not None:
-            if not all(isinstance(t, list) and all(isinstance(d, int) and d >= 0 for d in t)
-                       for t in tensors):
+            if not all(isinstance(t, list) and all(_is_count(d) for d in t) for t in tensors):
                 raise where.fail("tensors", "must be a list of shapes (lists of integers >= 0)")
             tensors = tuple(tuple(t) for t in tensors)
         return Coll(
@@ -160,7 +186,6 @@ def _load_op(raw: Any, where: _Where) -> Op:
 def _load_meta(raw: Any, where: _Where) -> TraceMeta:
     if not isinstance(raw, dict):
         raise where.fail("meta", "must be an object")
-    files = _get(raw, "kineto_files", where, list, optional=True) or []
     return TraceMeta(
         source=_enum(Source, raw, "source", where),
         world_size=_int(raw, "world_size", where, minimum=1),
@@ -173,7 +198,8 @@ def _load_meta(raw: Any, where: _Where) -> TraceMeta:
         batch_size=_int(raw, "batch_size", where, minimum=1, optional=True),
         params=_int(raw, "params", where, optional=True),
         command=_get(raw, "command", where, str, optional=True),
-        kineto_files=tuple(str(f) for f in files),
+        kineto_files=_str_tuple(raw, "kineto_files", where),
+        gaps=_str_tuple(raw, "gaps", where),
     )
 
 
@@ -217,7 +243,7 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
                 if isinstance(doc, dict) and "traceEvents" in doc else "")
         raise where.fail("schema", f"must be {SCHEMA!r}: this is not an emu trace{hint}")
     version = doc.get("schema_version")
-    loader = LOADERS.get(version) if isinstance(version, int) else None
+    loader = LOADERS.get(version) if isinstance(version, int) and not isinstance(version, bool) else None
     if loader is None:
         supported = ", ".join(str(v) for v in sorted(LOADERS))
         raise where.fail("schema_version", f"is {version!r}, which this emu cannot read; "
@@ -240,6 +266,8 @@ def trace_to_dict(trace: Trace) -> dict[str, Any]:
         meta_doc["command"] = meta.command
     if meta.kineto_files:
         meta_doc["kineto_files"] = list(meta.kineto_files)
+    if meta.gaps:
+        meta_doc["gaps"] = list(meta.gaps)
     return {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "meta": meta_doc,
         "ranks": [{"rank": r.rank, "iterations": [
@@ -275,18 +303,62 @@ def _op_to_dict(op: Op) -> dict[str, Any]:
 
 
 def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
-    """Write a trace; a name ending in .gz is gzip-compressed. Written atomically."""
+    """Write a trace; a name ending in .gz is gzip-compressed.
+
+    Atomic: the bytes go to a new file beside the target, are flushed to disk, and
+    only then replace it, so a full disk, a crash or Ctrl-C leaves either the old
+    file or the new one, never a truncated or emptied trace; the temporary file is
+    removed on any failure.
+    """
     path = Path(path)
     validate_trace(trace, str(path))
     data = json.dumps(trace_to_dict(trace), separators=(",", ":")).encode()
     if path.suffix == ".gz":
         data = gzip.compress(data, compresslevel=9, mtime=0)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp: Path | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(data)
+        tmp, fd = _create_beside(path)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
+        tmp = None
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise TraceError(f"{path}: cannot write the trace ({exc.strerror or exc})") from None
+        raise TraceError(f"{path}: cannot write the trace ({exc.strerror or exc}); the file was left "
+                         "as it was; free space or pick another path") from None
+    finally:
+        if tmp is not None:  # on any failure, KeyboardInterrupt included
+            tmp.unlink(missing_ok=True)
+    _sync_dir(path.parent)
     return path
+
+
+def _create_beside(path: Path) -> tuple[Path, int]:
+    """A new, exclusively created file in the target's folder (so os.replace is a rename).
+
+    O_EXCL with a random name rather than mkstemp: mkstemp's mode is 0600, while a
+    trace should get the umask's mode like any file the user writes.
+    """
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def _sync_dir(folder: Path) -> None:
+    """Make the rename durable; best effort (not every OS or filesystem can)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -168,6 +168,9 @@ class TraceMeta:
     params: int | None = None
     command: str | None = None
     kineto_files: tuple[str, ...] = field(default_factory=tuple)
+    # What the source lacked and what the trace holds instead, one line each (an
+    # import records a gap rather than invent a value; docs/trace-format.md)
+    gaps: tuple[str, ...] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ class TraceSummary:
     exposed_comm_us_median: float
     overlap_pct: float | None
     collectives: tuple[CollStats, ...]
+    gaps: tuple[str, ...] = ()  # what the source trace lacked (meta.gaps): values that are bounds, not measures
 
 
 def iteration_comm_us(it: Iteration) -> float | None:
@@ -103,5 +104,5 @@ def summarize(trace: Trace) -> TraceSummary:
         step_us_median=statistics.median(steps), step_us_min=min(steps), step_us_max=max(steps),
         compute_us_median=statistics.median(it.compute_us for it in its),
         comm_us_median=comm_med, exposed_comm_us_median=exposed, overlap_pct=overlap,
-        collectives=collectives,
+        collectives=collectives, gaps=m.gaps,
     )

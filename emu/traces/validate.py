@@ -1,18 +1,34 @@
-"""Rules that span records of an emu trace, checked after loading or before saving.
+"""Rules that span records of an emu trace, checked after loading, after importing and before saving.
 
-The loader checks each field's type and range; this module checks what ties
-fields together: ids and waits within an iteration, bytes against counts,
+The loader checks each field's type; this module checks what a value may be and
+what ties fields together: plausible sizes and times (so that a corrupted file or
+a unit mix-up is refused where it is read, not found as an absurd replay), ids and
+waits within an iteration, bytes against counts, tensor shapes against counts,
 groups against the world size, and that the ranks' programs can be matched
 collective by collective (the k-th collective of a group on one rank meets the
-k-th on every other member, as NCCL requires).
+k-th on every other member, as NCCL requires). Captures and imports build traces
+in memory, so the bounds live here and not only in the loader: emu never writes a
+trace it would refuse to read.
 """
 
 from __future__ import annotations
 
 from emu.errors import TraceError
-from emu.traces.model import Coll, CollKind, Iteration, Trace, Wait
+from emu.traces.model import Coll, CollKind, Compute, Iteration, Op, Trace, Wait
 
 _P2P = (CollKind.SEND, CollKind.RECV)
+
+# Plausibility bounds: each far beyond any real job, and far below what breaks
+# arithmetic downstream (int64 byte counts, float microseconds, numpy shapes).
+MAX_ELEMENTS = 2**40  # a collective's elements: 4 TiB of float32, ~10x the largest model's gradients
+MAX_US = 86_400e6  # a day, in microseconds: no step, compute span or collective lasts longer
+MAX_WORLD = 2**20  # ranks of a job
+MAX_STEP = 2**40  # a ProfilerStep number
+MAX_ID = 2**31 - 1  # a collective's id within an iteration
+_TOO_BIG = ("no real job has that; the file is corrupted or was written by a bug; "
+            "re-capture the trace (emu capture) or fix the tool that wrote it")
+_TOO_LONG = ("more than a day, which no training step takes; if the tool that wrote the trace "
+             "counted ns or ms, convert to microseconds (the format's unit), else re-capture it")
 
 
 def _fail(path: str, rank: int, index: int, it: Iteration, op: int | None, fld: str,
@@ -23,11 +39,77 @@ def _fail(path: str, rank: int, index: int, it: Iteration, op: int | None, fld: 
     return TraceError(f"{where}: field '{fld}' {problem}")
 
 
+def _time_problem(value: float | None) -> str | None:
+    """What is wrong with a duration in microseconds, or None."""
+    if value is None or 0 <= value <= MAX_US:
+        return None
+    if not value >= 0:  # negative or NaN
+        return f"is {value!r}; a duration must be a finite number of microseconds >= 0"
+    return f"is {value!r} us ({value / 3.6e9:.3g} h), {_TOO_LONG}"
+
+
+def _shape_elements(shape: tuple[int, ...]) -> int | None:
+    """Elements of a shape, None when a dimension is negative or the product is implausible."""
+    n = 1
+    for d in shape:
+        if d < 0 or d > MAX_ELEMENTS:
+            return None
+        n *= d
+        if n > MAX_ELEMENTS:
+            return None
+    return n
+
+
+def _op_problem(op: Op) -> tuple[str, str] | None:
+    """(field, problem) for the first value of one op that is out of range, or None."""
+    if isinstance(op, Compute):
+        problem = _time_problem(op.dur_us)
+        return ("dur_us", problem) if problem else None
+    if isinstance(op, Wait):
+        bad = [i for i in op.ids if not 0 <= i <= MAX_ID]
+        if bad:
+            return "ids", f"holds {bad[0]}; collective ids are integers in 0..{MAX_ID}: {_TOO_BIG}"
+        problem = _time_problem(op.blocked_us)
+        return ("blocked_us", problem) if problem else None
+    if not 0 <= op.id <= MAX_ID:
+        return "id", f"is {op.id}; collective ids are integers in 0..{MAX_ID}: {_TOO_BIG}"
+    if not 0 <= op.count <= MAX_ELEMENTS:
+        return "count", (f"is {op.count} elements; a collective holds 0..2**40 ({MAX_ELEMENTS}) elements: "
+                         f"{_TOO_BIG}" if op.count > 0 else f"is {op.count}; an element count is >= 0")
+    if op.group_size < 1:
+        return "group_size", f"is {op.group_size}; a group has at least 1 rank"
+    problem = _time_problem(op.observed_us)
+    if problem:
+        return "observed_us", problem
+    for key in ("root", "peer"):
+        value = getattr(op, key)
+        if value is not None and value < 0:
+            return key, f"is {value}; a rank is an integer >= 0"
+    if op.tensors is not None:
+        sizes = [_shape_elements(t) for t in op.tensors]
+        if any(n is None for n in sizes):
+            return "tensors", (f"holds a shape with a negative dimension or more than 2**40 elements: "
+                               f"{_TOO_BIG}")
+        total = sum(sizes)  # type: ignore[arg-type]
+        if total != op.count:
+            return "tensors", (f"shapes hold {total} elements but count is {op.count}: they must add up to "
+                               "the collective's tensor; drop 'tensors' or fix the count")
+    return None
+
+
 def _check_iteration(path: str, rank: int, world: int, index: int, it: Iteration) -> None:
     if not it.ops:
         raise _fail(path, rank, index, it, None, "ops", "is empty: an iteration needs a program")
+    if not 0 <= it.step <= MAX_STEP:
+        raise _fail(path, rank, index, it, None, "step", f"is {it.step}; a step number is in 0..2**40: {_TOO_BIG}")
+    problem = _time_problem(it.measured_us)
+    if problem:
+        raise _fail(path, rank, index, it, None, "measured_us", problem)
     seen: set[int] = set()
     for k, op in enumerate(it.ops):
+        bad = _op_problem(op)
+        if bad:
+            raise _fail(path, rank, index, it, k, *bad)
         if isinstance(op, Coll):
             if op.id in seen:
                 raise _fail(path, rank, index, it, k, "id", f"{op.id} is used twice in this iteration")
@@ -71,9 +153,23 @@ def _signature(it: Iteration) -> dict[tuple[int, ...] | int, list[tuple[str, str
     return groups
 
 
+def _check_meta(trace: Trace, path: str) -> None:
+    meta = trace.meta
+    if not 1 <= meta.world_size <= MAX_WORLD:
+        raise TraceError(f"{path}: field 'meta.world_size' is {meta.world_size}; a job has 1..2**20 "
+                         f"({MAX_WORLD}) ranks: {_TOO_BIG}")
+    if meta.batch_size is not None and not 1 <= meta.batch_size <= MAX_ELEMENTS:
+        raise TraceError(f"{path}: field 'meta.batch_size' is {meta.batch_size}; a batch holds 1..2**40 "
+                         "samples; leave it null where unknown")
+    if meta.params is not None and not 0 <= meta.params <= MAX_ELEMENTS * 1024:
+        raise TraceError(f"{path}: field 'meta.params' is {meta.params}; a model has 0..2**50 parameters; "
+                         "leave it null where unknown")
+
+
 def validate_trace(trace: Trace, path: str) -> None:
     """Raise TraceError naming the first rule a trace breaks."""
     world = trace.meta.world_size
+    _check_meta(trace, path)
     if not trace.ranks:
         raise TraceError(f"{path}: field 'ranks' is empty: a trace needs the program of at least one rank")
     seen_ranks: set[int] = set()
@@ -81,9 +177,10 @@ def validate_trace(trace: Trace, path: str) -> None:
     for program in trace.ranks:
         if program.rank in seen_ranks:
             raise TraceError(f"{path}: rank {program.rank}: field 'rank' appears twice")
-        if program.rank >= world:
+        if not 0 <= program.rank < world:
             raise TraceError(f"{path}: rank {program.rank}: field 'rank' is not below "
-                             f"meta.world_size {world}")
+                             f"meta.world_size {world}" if program.rank >= 0 else
+                             f"{path}: rank {program.rank}: field 'rank' must be an integer >= 0")
         seen_ranks.add(program.rank)
         if not program.iterations:
             raise TraceError(f"{path}: rank {program.rank}: field 'iterations' is empty")

@@ -1,7 +1,16 @@
 """Fidelity: real data-parallel runs against their emulation (``emu validate``)."""
 
-from emu.validate.core import DEFAULT_SETTINGS, QUICK_SETTINGS, CaseResult, Setting, ValidateReport, run_validation
+from emu.validate.core import (
+    DEFAULT_SETTINGS,
+    QUICK_SETTINGS,
+    CaseFailure,
+    CaseResult,
+    Setting,
+    ValidateReport,
+    run_validation,
+    save_report,
+)
 from emu.validate.fit import LinkFit, fit_link
 
-__all__ = ["DEFAULT_SETTINGS", "QUICK_SETTINGS", "CaseResult", "LinkFit", "Setting", "ValidateReport", "fit_link",
-           "run_validation"]
+__all__ = ["DEFAULT_SETTINGS", "QUICK_SETTINGS", "CaseFailure", "CaseResult", "LinkFit", "Setting", "ValidateReport",
+           "fit_link", "run_validation", "save_report"]

@@ -9,23 +9,35 @@ with the same bucket size (``extrapolated``). Runs with root go in two network
 namespaces joined by a veth pair (``emu.validate.netns``); without root only the
 unshaped loopback cases run. The A100 NCCL trace shipped with the tests is replayed with
 a link fitted to its own observed collective times (``calibrated``).
+
+Nothing is lost to one bad run: every real run (a measurement or a capture) runs in its
+own folder and is run once more if it crashes; a case that still fails is recorded as
+failed, with the log its error names kept, and validation goes on. With a report path,
+the report is rewritten (atomically) after every case, so an interrupted validation
+keeps what it finished; ``complete`` says whether it got to the end.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 import statistics
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from emu.capture import CaptureConfig, capture_model, import_kineto
 from emu.capture.launcher import RankNetwork, run_ranks
 from emu.emulator.links import LinkSpec
+from emu.errors import CaptureError, ConfigError, EmuError
+from emu.lifetime import current
 from emu.replay import ReplayConfig, ReplayError, replay
 from emu.traces import save_trace
 from emu.traces.model import Trace
@@ -65,14 +77,39 @@ class CaseResult:
 
 
 @dataclass(frozen=True)
+class CaseFailure:
+    """A case without a result: what failed, after one more try of a crashed real run, and
+    where its log is (the error names it; the folder is kept)."""
+
+    name: str
+    error: str
+
+
+@dataclass(frozen=True)
 class ValidateReport:
     cases: tuple[CaseResult, ...]
     summary: dict[str, float]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    failures: tuple[CaseFailure, ...] = field(default_factory=tuple)
+    complete: bool = True  # False while running, and in the report of an interrupted validation
 
     def to_dict(self) -> dict:
-        cases = [{**c.__dict__, "kind": c.kind.value} for c in self.cases]
-        return {"cases": cases, "summary": self.summary, "notes": list(self.notes)}
+        cases = [{**asdict(c), "kind": c.kind.value} for c in self.cases]
+        return {"complete": self.complete, "cases": cases, "failed": [asdict(f) for f in self.failures],
+                "summary": self.summary, "notes": list(self.notes)}
+
+
+def save_report(report: ValidateReport, path: Path) -> None:
+    """Write the report as JSON, atomically: a reader sees the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ConfigError(f"--report {path}: cannot write it ({exc.strerror}); give a file in a "
+                          "writable folder") from None
 
 
 DEFAULT_SETTINGS = (
@@ -88,15 +125,17 @@ def _link(setting: Setting, trace: Trace) -> LinkSpec:
     return LinkSpec(bandwidth_bps=setting.rate_bps * TBF_TO_WIRE, latency_us=VETH_LATENCY_US)
 
 
-def measure(model: str, setting: Setting, steps: int, network: RankNetwork | None, workdir: Path,
-            part: str = "") -> list[float]:
+def measure(model: str, setting: Setting, steps: int, network: RankNetwork | None, times_out: Path,
+            rundir: Path) -> list[float]:
     """Step times (us) of a real run without the profiler: ``steps`` - 1 of them, from
-    optimizer step to optimizer step, after 3 untimed steps."""
-    out = workdir / f"times-{model}-{setting.name.replace('/', '-')}{part}.json"
-    argv = [sys.executable, "-m", "emu.capture.workload", "--model", model, "--steps", str(steps + 3),
-            "--bucket-cap-mb", str(setting.bucket_cap_mb), "--times-out", str(out), "--skip", "3"]
-    run_ranks(argv, 2, workdir, timeout_s=1800, network=network)
-    return json.loads(out.read_text())["step_us"]
+    optimizer step to optimizer step, after 3 untimed steps. The ranks' logs go to rundir."""
+    # Through the ranks' entry point with no profiled step: no profiler, and the rank ends the
+    # way captured ranks do (emu.capture.inject explains why that matters to gloo).
+    argv = [sys.executable, "-m", "emu.capture", "--out", str(rundir), "--warmup", "0", "--steps", "0", "--",
+            "-m", "emu.capture.workload", "--model", model, "--steps", str(steps + 3),
+            "--bucket-cap-mb", str(setting.bucket_cap_mb), "--times-out", str(times_out), "--skip", "3"]
+    run_ranks(argv, 2, rundir, timeout_s=1800, network=network)
+    return json.loads(times_out.read_text())["step_us"]
 
 
 def predict(trace: Trace, link: LinkSpec) -> float:
@@ -112,72 +151,185 @@ def _spread(times: list[float]) -> float:
     return (q[-1] - q[0]) / 2
 
 
+T = TypeVar("T")
+
+
+@dataclass
+class _Progress:
+    """The cases so far, saved after each one when there is a report path."""
+
+    path: Path | None
+    cases: list[CaseResult] = field(default_factory=list)
+    failures: list[CaseFailure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def report(self, complete: bool) -> ValidateReport:
+        return ValidateReport(cases=tuple(self.cases), summary=_summary(self.cases, len(self.failures)),
+                              notes=tuple(self.notes), failures=tuple(self.failures), complete=complete)
+
+    def save(self, complete: bool = False) -> None:
+        if self.path is not None:
+            save_report(self.report(complete), self.path)
+
+    def fail(self, name: str, error: str) -> None:
+        self.failures.append(CaseFailure(name, error))
+        self.save()
+
+    def case(self, name: str, make: Callable[[], CaseResult]) -> None:
+        """Add the case ``make`` gives, or record it as failed if emu could not make it."""
+        try:
+            self.cases.append(make())
+        except EmuError as exc:
+            self.failures.append(CaseFailure(name, str(exc)))
+        self.save()
+
+
+@dataclass
+class _Runs:
+    """Every real run in its own folder under ``root``. A successful run's folder goes (its
+    outputs are elsewhere); a failed one's stays, since its error names a log in it."""
+
+    root: Path
+    progress: _Progress
+    failed: bool = False  # some folder was kept
+
+    def run(self, case: str, what: str, slug: str, run: Callable[[Path], T]) -> T:
+        """``run(folder)``, once more if it crashed; raises CaptureError if it crashed twice."""
+        for attempt in (1, 2):
+            folder = self.root / f"{slug}-{attempt}"
+            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                result = run(folder)
+            except CaptureError as exc:
+                self.failed = True
+                if attempt == 2:
+                    raise CaptureError(f"{what} failed twice, the second time: {exc}") from None
+                # A real run can crash for reasons of its own (the machine, gloo); one more try
+                # tells those from a case that cannot run. The first crash stays on record.
+                self.progress.notes.append(f"{case}: {what} failed and ran again: {exc}")
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+            return result
+        raise AssertionError("unreachable")
+
+
 def run_validation(models: tuple[str, ...] = ("mlp", "cnn"), settings: tuple[Setting, ...] = DEFAULT_SETTINGS,
                    steps: int = 20, a100_trace: Path | None = A100_TRACE, calibrate: bool = False,
-                   keep: Path | None = None,
+                   keep: Path | None = None, report_path: Path | None = None,
                    on_status: Callable[[str], None] | None = None) -> ValidateReport:
     """Run every case; ``calibrate`` adds, per capture, a replay with the link fitted to the
     capture's own observed collective times; ``keep`` is a folder that gets every captured
-    trace and every real run's step times (otherwise they go with a temporary folder)."""
+    trace and every real run's step times (otherwise they go with a temporary folder, kept
+    only if a run failed, for its logs); ``report_path`` gets the report after every case."""
     def status(text: str) -> None:
         if on_status is not None:
             on_status(text)
 
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+    progress = _Progress(report_path)
+    progress.save()  # an unwritable path fails now, not after the first case
     why_not = netns.available()
-    notes = []
     if why_not:
-        notes.append(f"{why_not}: only the unshaped loopback cases ran")
+        progress.notes.append(f"{why_not}: only the unshaped loopback cases ran")
         settings = tuple(s for s in settings if s.rate_bps is None)
-    cases: list[CaseResult] = []
-    with tempfile.TemporaryDirectory(prefix="emu-validate-") as tmp:
-        work = Path(tmp)
-        if keep is not None:
-            keep.mkdir(parents=True, exist_ok=True)
-            work = keep
+    if keep is not None:
+        work = keep
+    else:
+        work = Path(tempfile.mkdtemp(prefix="emu-validate-"))
+        record = current()
+        if record is not None:  # `emu clean` removes it if this run is killed outright
+            record.add_folder(str(work))
+    runs = _Runs(work / "runs", progress)
+    try:
         for model in models:
             traces: dict[str, Trace] = {}
             for setting in settings:
-                status(f"{model} at {setting.name}: real run, first half")
-                with netns.TwoHosts(setting.rate_bps) if not why_not else contextlib.nullcontext() as hosts:
-                    network = hosts.network if hosts else None
-                    # Real runs before and after the capture, pooled: this machine drifts
-                    # (shared cores), and a drift between truth and capture is not the error
-                    # of the emulator.
-                    times = measure(model, setting, (steps + 1) // 2, network, work, "a")
-                    status(f"{model} at {setting.name}: capture")
-                    trace = capture_model(model, CaptureConfig(profile_steps=5, warmup=3, network=network),
-                                          bucket_cap_mb=setting.bucket_cap_mb)
-                    status(f"{model} at {setting.name}: real run, second half")
-                    times += measure(model, setting, steps // 2 + 1, network, work, "b")
+                name = f"{model} {setting.name}"
+                try:
+                    times, trace = _real_runs(model, setting, steps, runs, work, status, namespaces=not why_not)
+                except EmuError as exc:
+                    progress.fail(name, str(exc))
+                    continue
                 traces[setting.name] = trace
                 if keep is not None:
-                    save_trace(trace, keep / f"{model}-{setting.name.replace('/', '-')}.json.gz")
-                measured = statistics.median(times)
+                    save_trace(trace, keep / f"{_slug(model, setting)}.json.gz")
+                measured, spread = statistics.median(times), _spread(times)
                 status(f"{model} at {setting.name}: replay")
-                predicted = predict(trace, _link(setting, trace))
-                cases.append(_case(f"{model} {setting.name}", CaseKind.SAME, measured, _spread(times), predicted))
+                progress.case(name, partial(_replayed, name, CaseKind.SAME, measured, spread, trace, setting,
+                                            trace))
                 if calibrate and setting.rate_bps is not None:
-                    fit = fit_link(trace)
-                    cases.append(_case(f"{model} {setting.name} (fitted link)", CaseKind.CALIBRATED,
-                                       measured, _spread(times), predict(trace, fit.link()),
-                                       f"fit {fit.bandwidth_bps / 1e9:.3f} Gb/s ({fit.method})"))
+                    progress.case(f"{name} (fitted link)", partial(_calibrated, f"{name} (fitted link)", measured,
+                                                                   spread, trace))
                 base = next((s for s in settings if s.rate_bps is None
                              and s.bucket_cap_mb == setting.bucket_cap_mb and s.name in traces), None)
                 if setting.rate_bps is not None and base is not None:
-                    predicted = predict(traces[base.name], _link(setting, trace))
-                    cases.append(_case(f"{model} {setting.name} from {base.name}", CaseKind.EXTRAPOLATED, measured,
-                                       _spread(times), predicted))
-    if a100_trace is not None and a100_trace.exists():
-        status("A100 NCCL trace: calibrated replay")
-        trace = import_kineto([a100_trace])
-        fit = fit_link(trace)
-        measured = statistics.median(it.measured_us for r in trace.ranks for it in r.iterations)
-        steps_us = [it.measured_us for r in trace.ranks for it in r.iterations]
-        predicted = predict(trace, fit.link())
-        cases.append(_case("a100-nccl world 2 (fitted link)", CaseKind.CALIBRATED, measured,
-                           (max(steps_us) - min(steps_us)) / 2, predicted,
-                           f"fit {fit.bandwidth_bps / 1e9:.1f} Gb/s, {fit.latency_us:.1f} us per hop"))
-    return ValidateReport(cases=tuple(cases), summary=_summary(cases), notes=tuple(notes))
+                    label = f"{name} from {base.name}"
+                    progress.case(label, partial(_replayed, label, CaseKind.EXTRAPOLATED, measured, spread,
+                                                 traces[base.name], setting, trace))
+        if a100_trace is not None and a100_trace.exists():
+            status("A100 NCCL trace: calibrated replay")
+            progress.case("a100-nccl world 2 (fitted link)", partial(_a100, a100_trace))
+    finally:
+        if runs.failed:
+            progress.notes.append(f"the logs of the runs that failed are kept in {runs.root}")
+            progress.save()
+        elif keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            shutil.rmtree(runs.root, ignore_errors=True)
+    progress.save(complete=True)
+    return progress.report(complete=True)
+
+
+def _slug(model: str, setting: Setting) -> str:
+    return f"{model}-{setting.name.replace('/', '-')}"
+
+
+def _real_runs(model: str, setting: Setting, steps: int, runs: _Runs, work: Path, status: Callable[[str], None],
+               namespaces: bool) -> tuple[list[float], Trace]:
+    """The real step times of a setting (two runs) and its capture, in its network (two
+    namespaces; loopback where they cannot be made)."""
+    name, slug = f"{model} {setting.name}", _slug(model, setting)
+    with netns.TwoHosts(setting.rate_bps) if namespaces else contextlib.nullcontext() as hosts:
+        net = hosts.network if hosts else None
+
+        def real(part: str, n: int) -> list[float]:
+            return runs.run(name, f"real run {part}", f"{slug}-real-{part}",
+                            lambda d: measure(model, setting, n, net, work / f"times-{slug}{part}.json", d))
+
+        # Real runs before and after the capture, pooled: this machine drifts (shared cores),
+        # and a drift between truth and capture is not the error of the emulator.
+        status(f"{model} at {setting.name}: real run, first half")
+        times = real("a", (steps + 1) // 2)
+        status(f"{model} at {setting.name}: capture")
+        trace = runs.run(name, "capture", f"{slug}-capture", lambda d: capture_model(
+            model, CaptureConfig(profile_steps=5, warmup=3, network=net, keep_kineto=d),
+            bucket_cap_mb=setting.bucket_cap_mb))
+        status(f"{model} at {setting.name}: real run, second half")
+        times += real("b", steps // 2 + 1)
+    return times, trace
+
+
+def _replayed(name: str, kind: CaseKind, measured: float, spread: float, trace: Trace, setting: Setting,
+              linked: Trace) -> CaseResult:
+    """``trace`` replayed with the link of ``setting`` (fitted to ``linked`` where unshaped)."""
+    return _case(name, kind, measured, spread, predict(trace, _link(setting, linked)))
+
+
+def _calibrated(name: str, measured: float, spread: float, trace: Trace) -> CaseResult:
+    fit = fit_link(trace)
+    return _case(name, CaseKind.CALIBRATED, measured, spread, predict(trace, fit.link()),
+                 f"fit {fit.bandwidth_bps / 1e9:.3f} Gb/s ({fit.method})")
+
+
+def _a100(path: Path) -> CaseResult:
+    trace = import_kineto([path])
+    fit = fit_link(trace)
+    steps_us = [it.measured_us for r in trace.ranks for it in r.iterations]
+    return _case("a100-nccl world 2 (fitted link)", CaseKind.CALIBRATED, statistics.median(steps_us),
+                 (max(steps_us) - min(steps_us)) / 2, predict(trace, fit.link()),
+                 f"fit {fit.bandwidth_bps / 1e9:.1f} Gb/s, {fit.latency_us:.1f} us per hop")
 
 
 def _case(name: str, kind: CaseKind, measured: float, spread: float, predicted: float, detail: str = "") -> CaseResult:
@@ -185,7 +337,7 @@ def _case(name: str, kind: CaseKind, measured: float, spread: float, predicted: 
                       error_pct=100.0 * (predicted - measured) / measured, detail=detail)
 
 
-def _summary(cases: list[CaseResult]) -> dict[str, float]:
+def _summary(cases: list[CaseResult], failed: int = 0) -> dict[str, float]:
     def stats(rows: list[CaseResult]) -> tuple[float, float]:
         errs = [abs(c.error_pct) for c in rows]
         return (statistics.fmean(errs), max(errs)) if errs else (0.0, 0.0)
@@ -195,4 +347,5 @@ def _summary(cases: list[CaseResult]) -> dict[str, float]:
         mean, worst = stats([c for c in cases if c.kind == kind])
         out[f"{kind.value}_mean_abs_error_pct"] = mean
         out[f"{kind.value}_max_abs_error_pct"] = worst
+    out["failed_cases"] = failed
     return out

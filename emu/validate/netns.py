@@ -1,9 +1,14 @@
 """Two hosts on one machine: network namespaces joined by a veth pair, shaped with tc.
 
-Rank r runs in namespace ``emu-v<r>`` behind interface ``emu-v<r>-eth`` with address
-10.213.0.<r+1>/24. A bandwidth shapes both directions with ``tbf`` (this kernel has no
-``netem``: delay and loss are not shaped). Everything is created with emu's names and
-removed on exit, success or not; a run first removes what a crashed one left (``cleanup``).
+Rank r runs in namespace ``emu-v<pid>-<r>`` (pid: emu's) behind an interface of the same
+name with address 10.213.0.<r+1>/24. A bandwidth shapes both directions with ``tbf`` (this
+kernel has no ``netem``: delay and loss are not shaped). Everything is removed on exit,
+success or not, and a run first removes what runs that are gone left (``cleanup``). The
+names are the run's own, so that two validations do not share (or remove) each other's
+namespaces, and a dead run's record never names a live run's. Every command runs as a
+child that dies with emu (``emu.lifetime.child_preexec``), and the namespaces and
+interfaces go into the run record, so that ``emu clean`` removes them after a run killed
+with SIGKILL.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass
 
 from emu.capture.launcher import RankNetwork
 from emu.errors import ConfigError
+from emu.lifetime import child_preexec, current
 
 PREFIX = "emu-v"
 SUBNET = "10.213.0"
@@ -24,17 +30,32 @@ def available() -> str | None:
     if os.geteuid() != 0:
         return "network namespaces need root"
     try:
-        subprocess.run(["ip", "netns", "list"], check=True, capture_output=True, timeout=10)
-        subprocess.run(["tc", "-V"], check=True, capture_output=True, timeout=10)
+        _call(["ip", "netns", "list"], timeout=10).check_returncode()
+        _call(["tc", "-V"], timeout=10).check_returncode()
     except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
         return "the ip and tc commands (iproute2) are missing"
     return None
 
 
+def _call(cmd: list[str] | tuple[str, ...], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=child_preexec)
+
+
 def _run(*cmd: str) -> None:
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    result = _call(cmd)
     if result.returncode != 0:
         raise ConfigError(f"{' '.join(cmd)} failed: {result.stderr.strip()[:200]}")
+
+
+def _record(namespaces: tuple[str, ...] = (), interfaces: tuple[str, ...] = ()) -> None:
+    """Name what is about to be made in the run record, before making it (a kill in between
+    leaves at most a name that `emu clean` finds gone)."""
+    record = current()
+    if record is None:
+        return
+    record.namespaces += [n for n in namespaces if n not in record.namespaces]
+    record.interfaces += [i for i in interfaces if i not in record.interfaces]
+    record.save()
 
 
 @dataclass
@@ -44,8 +65,9 @@ class TwoHosts:
     rate_bps: float | None  # None: unshaped
 
     def __post_init__(self) -> None:
-        self.names = (f"{PREFIX}0", f"{PREFIX}1")
-        self.ifaces = (f"{PREFIX}0-eth", f"{PREFIX}1-eth")
+        # at most 14 characters (pids reach 4194304): interface names have 15
+        self.names = (f"{PREFIX}{os.getpid()}-0", f"{PREFIX}{os.getpid()}-1")
+        self.ifaces = self.names
         self.made: list[str] = []
 
     @property
@@ -53,7 +75,8 @@ class TwoHosts:
         return RankNetwork(namespaces=self.names, interfaces=self.ifaces, master_addr=f"{SUBNET}.1")
 
     def __enter__(self) -> TwoHosts:
-        cleanup()  # a crashed run's leftovers would collide with these names
+        cleanup()  # what a crashed run left (this process's pid may be a dead run's)
+        _record(self.names, self.ifaces)
         try:
             for ns in self.names:
                 _run("ip", "netns", "add", ns)
@@ -76,20 +99,28 @@ class TwoHosts:
 
     def __exit__(self, *exc: object) -> None:
         for ns in reversed(self.made):  # deleting a namespace deletes its veth end and qdisc
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+            _call(["ip", "netns", "del", ns])
         self.made = []
 
 
+def _owner_alive(name: str) -> bool:
+    """Whether the emu run named in a namespace's name (``emu-v<pid>-<r>``) still runs."""
+    pid = name[len(PREFIX):].split("-")[0]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False  # an older emu's name, or this very process's (a leftover of its own)
+    return os.path.exists(f"/proc/{pid}")
+
+
 def cleanup() -> list[str]:
-    """Remove every namespace emu made (by name); returns what was removed."""
+    """Remove the namespaces emu runs that are gone left (by name); returns what was removed."""
     try:
-        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+        out = _call(["ip", "netns", "list"], timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
     gone = []
     for line in out.splitlines():
         name = line.split()[0] if line.strip() else ""
-        if name.startswith(PREFIX):
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+        if name.startswith(PREFIX) and not _owner_alive(name):
+            _call(["ip", "netns", "del", name])
             gone.append(name)
     return gone

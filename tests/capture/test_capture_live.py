@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -112,26 +113,73 @@ def test_failing_script_stops_every_rank(no_leftovers: Path) -> None:
     start = time.monotonic()
     result = CliRunner().invoke(cli, ["capture", "-o", str(no_leftovers / "o.json"),
                                       "--keep-kineto", str(no_leftovers), "--", "python", str(script)])
-    assert result.exit_code == 2
-    assert "rank 1 exited with code 1: rank 1 gives up" in result.stderr
+    assert result.exit_code == 1  # a run that failed, not bad input
+    assert f"rank 1 exited with code 1: rank 1 gives up (log: {no_leftovers / 'rank1.log'})" in result.stderr
     assert time.monotonic() - start < 60  # rank 0 was stopped, not waited for
 
 
-def test_ctrl_c_stops_every_rank(no_leftovers: Path) -> None:
+def test_crashed_rank_is_one_line_and_its_log_stays(tmp_path: Path) -> None:
+    script = tmp_path / "abort.py"
+    script.write_text("import os, sys, time\n"
+                      "if os.environ['RANK'] == '0':\n    print('about to abort', flush=True)\n    os.abort()\n"
+                      "time.sleep(120)\n")
+    proc = subprocess.run([sys.executable, "-m", "emu", "capture", "-o", str(tmp_path / "o.json"), "--", "python",
+                           str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "NO_COLOR": "1"})
+    assert proc.returncode == 1
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("emu: error: rank 0 was killed by SIGABRT: about to abort (log: ")
+    log = Path(line.rsplit("(log: ", 1)[1].rstrip(")"))
+    assert "about to abort" in log.read_text()  # the temporary folder of a failed capture stays
+    assert processes_mentioning(str(log.parent)) == []
+    shutil.rmtree(log.parent)
+
+
+def start_capture(script: Path, work: Path, runtime: Path) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """``emu capture`` of script in its own process group, once both ranks run."""
+    proc = subprocess.Popen([sys.executable, "-m", "emu", "capture", "-o", str(work / "o.json"),
+                             "--keep-kineto", str(work), "--", "python", str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, "NO_COLOR": "1", "XDG_RUNTIME_DIR": str(runtime)})
+    deadline = time.monotonic() + 60
+    ranks = f"emu.capture --out {work}"
+    while len(processes_mentioning(ranks)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = processes_mentioning(ranks)
+    if len(pids) != 2:
+        proc.kill()
+        raise AssertionError("the ranks did not start")
+    return proc, pids
+
+
+def test_ctrl_c_stops_every_rank(no_leftovers: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     script = no_leftovers / "slow.py"
     script.write_text("import time\ntime.sleep(120)\n")
-    proc = subprocess.Popen([sys.executable, "-m", "emu", "capture", "-o", str(no_leftovers / "o.json"),
-                             "--keep-kineto", str(no_leftovers), "--", "python", str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "NO_COLOR": "1"})
+    proc, _ = start_capture(script, no_leftovers, tmp_path_factory.mktemp("runtime"))
     try:
-        deadline = time.monotonic() + 60
-        ranks = f"emu.capture --out {no_leftovers}"
-        while len(processes_mentioning(ranks)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert len(processes_mentioning(ranks)) == 2, "the ranks did not start"
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
     assert proc.returncode == 130
-    assert b"interrupted" in err
+    assert err.decode().splitlines() == ["emu: interrupted"]  # one line, no traceback of any rank
+
+
+def test_ranks_die_with_a_killed_emu(no_leftovers: Path, tmp_path_factory: pytest.TempPathFactory,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from emu import lifetime
+
+    script = no_leftovers / "slow.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    runtime = tmp_path_factory.mktemp("runtime")
+    proc, ranks = start_capture(script, no_leftovers, runtime)
+    proc.kill()  # SIGKILL: emu runs no code of its own
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while processes_mentioning(str(no_leftovers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_mentioning(str(no_leftovers)) == [], "a rank outlived emu"
+    # the run's record names both ranks, for `emu clean`
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    (record,) = [rec for _, rec, _ in lifetime.leftovers() if rec.pid == proc.pid]
+    assert sorted(pid for pid, _ in record.children) == sorted(ranks)

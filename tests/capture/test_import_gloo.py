@@ -8,6 +8,7 @@ import json
 import pytest
 
 from emu.capture import import_kineto
+from emu.errors import KinetoError
 from emu.traces import CollKind, Dtype, Wait
 from tests.conftest import GLOO_COLLECTIVES, GLOO_MLP
 
@@ -85,3 +86,89 @@ def test_every_blocking_collective_is_waited(collectives) -> None:
             assert [w.ids for w in waits] == [(i,) for i in range(10)]
             assert all(w.blocked_us >= 0 for w in waits)
             assert it.compute_us + it.blocked_us == pytest.approx(it.measured_us, abs=0.01)
+
+
+# Capture never invents: a gloo file that lacks a size or a dtype is refused, naming the file,
+# rank, step and event; what the conversion reads is checked before it is read.
+
+def _raw(path) -> dict:
+    return json.loads(gzip.decompress(path.read_bytes()))
+
+
+def _event(doc: dict, name: str) -> dict:
+    return next(e for e in doc["traceEvents"] if e.get("name") == name)
+
+
+def _write(tmp_path, docs: list[dict]) -> list:
+    paths = []
+    for rank, doc in enumerate(docs):
+        paths.append(tmp_path / f"rank{rank}.json")
+        paths[-1].write_text(json.dumps(doc))
+    return paths
+
+
+RECORD_SHAPES = "re-record with torch.profiler.profile(record_shapes=True)"
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda d: _event(d, "gloo:all_reduce")["args"].pop("Input type"),
+     "rank 0: step 2: event 'gloo:all_reduce' at ts 5111905414368.316: argument 'Input type' is missing: the "
+     f"element type, and so the bytes, of the c10d::allreduce_ are unknown, and emu will not guess them; {RECORD_SHAPES}"),
+    (lambda d: _event(d, "gloo:all_reduce")["args"].update({"Input type": ["complex"]}),
+     "rank 0: step 2: event 'gloo:all_reduce' at ts 5111905414368.316: argument 'Input type' is 'complex', a "
+     "dtype emu does not know; known: BFloat16,"),
+    (lambda d: _event(d, "c10d::allreduce_")["args"].pop("Input Dims"),
+     "rank 0: step 2: event 'c10d::allreduce_' at ts 5111905406028.791: argument 'Input Dims' is missing: its "
+     f"size is unknown, and emu will not invent it; {RECORD_SHAPES}"),
+    (lambda d: _event(d, "c10d::allreduce_")["args"].update({"Input Dims": [[[-1]]]}),
+     "rank 0: event 'c10d::allreduce_' at ts 5111905406028.791: field 'args.Input Dims' is [[[-1]]], not a list "
+     "of shapes (lists of sizes >= 0) as this event records them; the file is corrupted"),
+    (lambda d: _event(d, "c10d::allreduce_")["args"].update({"Input Dims": [7]}),
+     "rank 0: event 'c10d::allreduce_' at ts 5111905406028.791: field 'args.Input Dims' is [7], not a list"),
+    (lambda d: _event(d, "c10d::allreduce_").update(tid=[1]),
+     "rank 0: event 'c10d::allreduce_' at ts 5111905406028.791: fields 'pid' and 'tid' must be integers or "
+     "strings, got 3577 and [1]; the file is corrupted"),
+    (lambda d: _event(d, "c10d::allreduce_").update(args=["x"]),
+     "rank 0: event 'c10d::allreduce_' at ts 5111905406028.791: field 'args' must be an object, got ['x']; the "
+     "file is corrupted"),
+    (lambda d: _event(d, "c10d::allreduce_").update(ts=True),
+     "rank 0: event 'c10d::allreduce_' at ts True: field 'ts' is True, not a time in microseconds in "
+     "-10000000000000000..10000000000000000; the file is corrupted"),
+    (lambda d: d["distributedInfo"].update(pg_config=[{"pg_name": "0", "ranks": [0, 5]}]),
+     "field 'distributedInfo.pg_config' lists ranks [0, 5] of group '0'; ranks are integers below the world "
+     "size 2"),
+])
+def test_what_a_gloo_file_lacks_or_garbles_is_refused(tmp_path, change, expected: str) -> None:
+    doc = _raw(GLOO_COLLECTIVES / "rank0.json.gz")
+    change(doc)
+    (path,) = _write(tmp_path, [doc])
+    with pytest.raises(KinetoError) as err:
+        import_kineto([path])
+    assert str(err.value).startswith(f"{path}: {expected}"), str(err.value)
+
+
+def test_a_bucket_copy_whose_shape_is_not_one_tensor_is_refused(tmp_path) -> None:
+    # the conversion reads it as the bucket's parameter shapes; a list of shapes once crashed it
+    doc = _raw(GLOO_MLP / "rank0.json.gz")
+    _event(doc, "torch.distributed.ddp.reducer::copy_bucket_to_grad")["args"]["Input Dims"] = [[[2048, 1024]], []]
+    (path,) = _write(tmp_path, [doc])
+    with pytest.raises(KinetoError) as err:
+        import_kineto([path])
+    assert str(err.value) == (
+        f"{path}: rank 0: event 'torch.distributed.ddp.reducer::copy_bucket_to_grad' at ts 5111911773880.961: "
+        "field 'args.Input Dims' is [[[2048, 1024]], []], not a list of shapes (lists of sizes >= 0) as this "
+        "event records them; the file is corrupted")
+
+
+def test_files_without_process_groups_still_import(tmp_path, collectives) -> None:
+    # older PyTorch records no pg_config: nothing the conversion needs
+    docs = [_raw(GLOO_COLLECTIVES / f"rank{r}.json.gz") for r in (0, 1)]
+    for doc in docs:
+        del doc["distributedInfo"]["pg_config"]
+    trace = import_kineto(_write(tmp_path, docs))
+    assert trace.ranks == collectives.ranks and trace.meta.gaps == ()
+
+
+def test_gloo_imports_record_no_gaps(collectives) -> None:
+    # gloo's executions give every completion: nothing is missing
+    assert collectives.meta.gaps == () and import_kineto([GLOO_MLP]).meta.gaps == ()

@@ -106,6 +106,7 @@ def test_straggler_specs() -> None:
     assert Straggler.parse("lognormal:0.2") == Straggler(sigma=0.2)
 
 
+@pytest.mark.slow  # wall-clock calibration probes: paced replays (about 30 s)
 def test_auto_calibration(no_children) -> None:
     mlp = load_trace(sample_path("mlp"))
     r = replay(mlp, ReplayConfig(workers=2, fabric="ina", iters=1, clock=Clock.WALL))

@@ -1,8 +1,15 @@
-"""emu validate: the link fit, the error arithmetic, and one real case end to end."""
+"""emu validate: the link fit, the error arithmetic, one real case end to end, and what a
+validation keeps when a real run crashes or the validation is interrupted."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +17,33 @@ from emu.traces import Coll, CollKind, Dtype, Iteration, RankProgram, Source, Tr
 from emu.validate import Setting, fit_link, run_validation
 from emu.validate.core import CaseKind, _case, _summary
 from emu.validate.netns import available
+from tests.conftest import processes_mentioning
+
+# Rank 1 of every rank process (real run or capture) whose command line holds
+# EMU_TEST_CRASH_ON aborts as it starts: a real process that really dies of SIGABRT, as
+# gloo's abort did. Python imports sitecustomize from PYTHONPATH, which the ranks inherit.
+CRASHER = """
+import os, sys
+argv = " ".join(sys.orig_argv)
+if os.environ.get("RANK") == "1" and "emu.capture" in argv and os.environ["EMU_TEST_CRASH_ON"] in argv:
+    with open(os.environ["EMU_TEST_CRASHES"], "a") as fh:
+        fh.write(argv + "\\n")
+    print("crashing on purpose", file=sys.stderr, flush=True)
+    os.abort()
+"""
+CRASHING = Setting("unshaped/3.5MB", None, 3.5)
+
+
+@pytest.fixture
+def crashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Rank processes of the CRASHING setting abort; returns the file listing each crash."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(CRASHER)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv("EMU_TEST_CRASHES", str(tmp_path / "crashes.txt"))
+    monkeypatch.setenv("EMU_TEST_CRASH_ON", "--bucket-cap-mb 3.5")  # CRASHING's runs
+    return tmp_path / "crashes.txt"
 
 
 def trace_with(times: dict[int, float], overlapping: bool = False) -> Trace:
@@ -72,6 +106,7 @@ def test_a100_calibrated_case(no_children) -> None:
     assert abs(case.error_pct) < 2.0
 
 
+@pytest.mark.slow  # a real validation case: two real runs, a capture, replays (about 30 s)
 def test_one_real_case(no_children) -> None:
     setting = Setting("300Mbit/25MB", 300e6, 25) if available() is None else Setting("unshaped/25MB", None, 25)
     report = run_validation(models=("mlp",), settings=(setting,), steps=3, a100_trace=None)
@@ -82,3 +117,75 @@ def test_one_real_case(no_children) -> None:
         netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert "emu-v" not in netns  # every namespace it made, it removed
         assert abs(case.error_pct) < 15  # the link dominates at 300 Mbit/s; FIDELITY.md has the real figures
+
+
+def test_crashed_run_is_retried_once_then_recorded(crashes: Path, tmp_path: Path, no_children) -> None:
+    report_file = tmp_path / "report.json"
+    report = run_validation(models=("mlp",), settings=(CRASHING,), steps=3, a100_trace=None, keep=tmp_path / "keep",
+                            report_path=report_file)
+    assert len(crashes.read_text().splitlines()) == 2  # the first real run, and its one retry
+    assert report.cases == () and len(report.failures) == 1
+    (failure,) = report.failures
+    assert failure.name == "mlp unshaped/3.5MB"
+    assert failure.error.startswith("real run a failed twice") and "rank 1 was killed by SIGABRT: crashing on purpose" in failure.error
+    log = Path(failure.error.rsplit("(log: ", 1)[1].rstrip(")"))
+    assert log.parent.parent == tmp_path / "keep" / "runs"
+    assert "crashing on purpose" in log.read_text()  # the log the message names is still there
+    assert any("failed and ran again" in n for n in report.notes)
+    saved = json.loads(report_file.read_text())
+    assert saved["complete"] is True and saved["cases"] == []
+    assert saved["failed"] == [{"name": failure.name, "error": failure.error}]
+    assert saved["summary"]["failed_cases"] == 1
+    assert processes_mentioning(str(log.parent)) == []
+
+
+def test_validation_with_a_failed_case_exits_1(crashes: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMU_TEST_CRASH_ON", "--model mlp")  # every mlp case; the A100 case has no run
+    proc = subprocess.run([sys.executable, "-m", "emu", "validate", "--quick", "--steps", "3", "--keep",
+                           str(tmp_path / "keep")], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NO_COLOR": "1"})
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("emu: error: 2 of 3 cases failed (mlp unshaped/25MB, mlp 300Mbit")
+    assert proc.stdout.count("│ failed ") == 2 and "a100-nccl" in proc.stdout
+    assert "failed: mlp unshaped/25MB: real run a failed twice" in proc.stdout
+    saved = json.loads((tmp_path / "keep" / "report.json").read_text())  # --keep's default report
+    assert saved["complete"] is True and len(saved["cases"]) == 1 and len(saved["failed"]) == 2
+
+
+@pytest.mark.slow
+def test_other_cases_complete_after_a_failed_one(crashes: Path, tmp_path: Path, no_children) -> None:
+    good = Setting("unshaped/25MB", None, 25)
+    report = run_validation(models=("mlp",), settings=(CRASHING, good), steps=3, a100_trace=None,
+                            keep=tmp_path / "keep", report_path=tmp_path / "report.json")
+    assert [f.name for f in report.failures] == ["mlp unshaped/3.5MB"]
+    assert [c.name for c in report.cases] == ["mlp unshaped/25MB"] and report.cases[0].predicted_us > 0
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["complete"] is True and len(saved["cases"]) == 1 and len(saved["failed"]) == 1
+
+
+@pytest.mark.slow
+def test_interrupted_validation_keeps_finished_cases(no_leftovers: Path) -> None:
+    report = no_leftovers / "report.json"
+    proc = subprocess.Popen([sys.executable, "-m", "emu", "validate", "--quick", "--steps", "3", "--report",
+                             str(report), "--keep", str(no_leftovers / "keep")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, "NO_COLOR": "1"})
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            if report.exists() and json.loads(report.read_text())["cases"]:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()[1].decode()
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    lines = err.decode().splitlines()
+    assert lines[-1] == "emu: interrupted" and "Traceback" not in err.decode()
+    saved = json.loads(report.read_text())
+    assert saved["complete"] is False and [c["name"] for c in saved["cases"]] == ["mlp unshaped/25MB"]
+    if available() is None:
+        assert "emu-v" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

@@ -194,12 +194,30 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     assert not [k for k in kids if Path(f"/proc/{k}").exists() and "Z" not in Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1][:3]]
 
 
-def test_dead_process_is_reported_and_the_rest_stopped(tmp_path: Path) -> None:
+def _switch_of(kids: list[int]) -> int:
+    """The child that bound the replay's switch socket (the hosts only connect to it)."""
+    bound = {}
+    for pid in kids:
+        for line in Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]:
+            fields = line.split()
+            if len(fields) == 8 and fields[-1].endswith("/switch"):
+                bound[fields[6]] = fields[-1]
+    for pid in kids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd)[8:-1] in bound:
+                    return pid
+    raise AssertionError("no child holds the switch socket")
+
+
+@pytest.mark.parametrize("victim", ["host", "switch"])
+def test_dead_process_is_reported_and_the_rest_stopped(tmp_path: Path, victim: str) -> None:
     proc = _replay_process(tmp_path)
     try:
         kids = _wait_children(proc.pid, 3)
         time.sleep(0.5)
-        os.kill(kids[-1], signal.SIGKILL)
+        switch = _switch_of(kids)
+        os.kill(switch if victim == "switch" else next(k for k in kids if k != switch), signal.SIGKILL)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
@@ -207,6 +225,7 @@ def test_dead_process_is_reported_and_the_rest_stopped(tmp_path: Path) -> None:
     lines = err.decode().strip().splitlines()
     assert len(lines) == 1, err
     assert lines[-1].startswith("emu: error: the replay process emu-") and "died" in lines[-1]
+    assert ("emu-switch" in lines[-1]) == (victim == "switch")
     time.sleep(0.2)
     assert processes_mentioning("emu replay transformer") == []
 

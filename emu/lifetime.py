@@ -48,10 +48,10 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
-def _die_with_parent(parent: int) -> None:
+def _die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
     libc = _libc()
     if libc is not None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     else:  # no parent-death signal here: a liveness check does its work
         import threading
         import time
@@ -59,7 +59,7 @@ def _die_with_parent(parent: int) -> None:
         def watch() -> None:
             while os.getppid() == parent:
                 time.sleep(0.5)
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), sig)
 
         threading.Thread(target=watch, daemon=True).start()
     if os.getppid() != parent:  # it died before the request took effect
@@ -70,11 +70,25 @@ def _quiet_exit(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+_PARENT_DIED = False
+
+
+def _parent_died(signum: int, frame: object) -> None:
+    global _PARENT_DIED
+    _PARENT_DIED = True
+    raise SystemExit(143)
+
+
 def as_child(parent: int) -> None:
-    """Make a forked child die with ``parent``, ignore SIGINT, and end quietly on SIGTERM."""
+    """Make a forked child die with ``parent``, ignore SIGINT, and end quietly on SIGTERM.
+
+    The parent-death signal is SIGUSR2, not SIGTERM, so that the child knows which happened: it
+    comes while the dying parent may still look alive (its other threads not yet gone, the child
+    not yet handed to init)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _quiet_exit)
-    _die_with_parent(parent)
+    signal.signal(signal.SIGUSR2, _parent_died)
+    _die_with_parent(parent, signal.SIGUSR2)
 
 
 def child_preexec() -> None:
@@ -88,10 +102,9 @@ def child_preexec() -> None:
 
 
 def parent_alive(parent: int) -> bool:
-    """Whether ``parent`` still runs. Its death signal comes when its main thread exits, possibly
-    before its other threads (zmq's) do and the kernel hands the child to init: a parent whose
-    main thread is a zombie counts as dead."""
-    if os.getppid() != parent:
+    """Whether ``parent`` still runs: not if its death signal came (``as_child``), if the child was
+    handed to another process, or if the parent's main thread is a zombie."""
+    if _PARENT_DIED or os.getppid() != parent:
         return False
     try:
         state = Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[0]

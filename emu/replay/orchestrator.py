@@ -9,12 +9,10 @@ terminated, then killed, and the folder removed.
 from __future__ import annotations
 
 import contextlib
-import math
 import multiprocessing
 import os
 import resource
 import shutil
-import statistics
 import tempfile
 import time
 import traceback
@@ -22,35 +20,25 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
-import numpy as np
 import zmq
 
-import emu
 from emu import lifetime
 from emu.emulator import physics
-from emu.emulator.wire import agg_wire_bytes
 from emu.errors import ConfigError, RunFailed
 from emu.replay.config import REAL_BYTES_PER_ITERATION, Clock, ReplayConfig
 from emu.replay.host import HostSetup
 from emu.replay.hostloop import host_main
-from emu.replay.lag import LagHistogram
 from emu.replay.messages import Failed, HostResult, Message, Progress, Ready, Start, Stop, SwitchResult, decode, encode
 from emu.replay.programs import plan_programs
 from emu.replay.report import (
-    REPORT_VERSION,
-    EmulatorReport,
-    FabricReport,
-    IterationReport,
     ReplayReport,
-    Summary,
-    Verification,
     write_chrome_trace,
 )
+from emu.replay.results import LAG_TOLERANCE, build_report
 from emu.replay.switchd import SwitchSetup, switch_main
 from emu.traces.model import Trace
 
 START_DELAY_S = 0.05
-LAG_TOLERANCE = 0.01  # of the median iteration: docs/design.md's bar for a trustworthy run
 READY_TIMEOUT_S = 60.0
 
 
@@ -250,7 +238,7 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
         cpu = (usage1.ru_utime + usage1.ru_stime - usage0.ru_utime - usage0.ru_stime
                + self1.ru_utime + self1.ru_stime - self0.ru_utime - self0.ru_stime)
         results += extra
-        report = _report(trace, trace_path, config, iters, results, switch_stats, wall_s, cpu, len(procs))
+        report = build_report(trace, trace_path, config, iters, results, switch_stats, wall_s, cpu, len(procs))
         report = replace(report, emulator=replace(report.emulator, run_s=run_s))
         if chrome_trace is not None:
             spans = {int(w): [tuple(s) for s in d.spans] for r in results for w, d in r.workers.items()}
@@ -263,7 +251,7 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
             hosts, switch = run.leftover_results(len(worker_hosts) + len(ps_hosts))
             wall_s = time.monotonic() - wall_start
             with contextlib.suppress(Exception):  # a partial report must never hide the failure
-                report = _report(trace, trace_path, config, iters, hosts, switch, wall_s, 0.0, len(procs))
+                report = build_report(trace, trace_path, config, iters, hosts, switch, wall_s, 0.0, len(procs))
                 exc.partial_report = replace(report, complete=False, reason=reason)  # type: ignore[union-attr]
         raise
     finally:
@@ -372,8 +360,22 @@ class _Run:
     def leftover_results(self, hosts: int) -> tuple[list[HostResult], SwitchResult]:
         """After a failure: ask every process still alive for what it measured (2 s at most)."""
         switch: SwitchResult | None = None
+        # the switch first: a host that stops leaves the switch unable to reach it
         with contextlib.suppress(Exception):
-            self.broadcast(Stop(), include_switch=True)
+            if "switch" in self.idents:
+                self.ctrl.send_multipart([self.idents["switch"], encode(Stop())])
+        deadline = time.monotonic() + 1.0
+        while switch is None and time.monotonic() < deadline:
+            try:
+                msg = self._recv(50)
+            except RunFailed:
+                continue
+            if isinstance(msg, SwitchResult):
+                switch = msg
+            elif isinstance(msg, HostResult):
+                self.results[msg.host] = msg
+        with contextlib.suppress(Exception):
+            self.broadcast(Stop())
         deadline = time.monotonic() + 2.0
         while (len(self.results) < hosts or switch is None) and time.monotonic() < deadline:
             try:
@@ -419,100 +421,6 @@ def _stop(procs: list) -> None:
         if p.is_alive():
             p.kill()
             p.join(5)
-
-
-def _report(trace: Trace, trace_path: str | None, config: ReplayConfig, iters: int,
-            results: list[HostResult], switch: SwitchResult, wall_s: float, cpu_s: float,
-            processes: int) -> ReplayReport:
-    records: dict[int, list[list[float]]] = {}
-    for r in results:
-        for w, d in r.workers.items():
-            records[int(w)] = d.iterations
-    # an iteration counts only once every worker finished it (a partial run's may not have)
-    if len(records) < config.workers:
-        iters = 0
-    iters = min([iters, *(len(rec) for rec in records.values())])
-    iterations = []
-    for i in range(iters):
-        rows = {w: rec[i] for w, rec in records.items() if i < len(rec)}
-        start = min(row[0] for row in rows.values())
-        crit = max(rows, key=lambda w: (rows[w][1], -w))
-        s, e, comp, blocked, comm = rows[crit]
-        iterations.append(IterationReport(index=i, emulated_us=e - start, compute_us=comp, comm_us=comm,
-                                          exposed_comm_us=blocked, critical_worker=crit,
-                                          start_offset_us=s - start))
-    times = [it.emulated_us for it in iterations]
-    median = statistics.median(times) if times else 0.0
-    batch = trace.meta.batch_size
-    bytes_sent = sum(r.bytes_sent for r in results)
-    summary = Summary(iteration_us_median=median, iteration_us_p99=float(np.percentile(times, 99)),
-                      throughput_samples_per_s=(batch * config.workers / (median / 1e6)) if batch and median else None,
-                      bytes_sent=bytes_sent) if times else None
-    elements = sum(r.verify_elements for r in results)
-    mismatches = sum(r.verify_mismatches for r in results)
-    verification = Verification(ok=mismatches == 0 and elements > 0, elements_checked=elements,
-                                mismatches=mismatches)
-    reordered = sum(r.reordered for r in results)
-    reorder_error = max((r.reorder_error_us for r in results), default=0.0)
-    if config.resolved_clock == Clock.SYNC:
-        # Order is guaranteed by construction; the links still count inversions, as a self-check.
-        lag_p99 = lag_max = None
-        trustworthy = reordered == 0
-        advice = None if trustworthy else (
-            f"{reordered} link hand-overs happened out of emulated-time order on the synchronized clock, "
-            "which should be impossible: please report it with this trace and command")
-    else:
-        lag = LagHistogram()
-        for r in results:
-            if r.lag:
-                lag.merge(LagHistogram.from_dict(r.lag))
-        lag_p99, lag_max = lag.quantile(0.99), lag.max_us
-        # docs/design.md: p99 lag within 1% of the iteration and nothing handled out of emulated order.
-        # A packet-level inversion is measured as the most it can shift an endpoint's times; it must
-        # stay within the same 1% (docs/design-notes.md).
-        trustworthy = lag_p99 <= LAG_TOLERANCE * median and reorder_error <= LAG_TOLERANCE * median
-        advice = None
-        if not trustworthy:
-            advice = (f"the emulator trailed the emulated schedule (p99 lag {lag_p99:.0f} us; out-of-order "
-                      f"hand-overs could shift times by up to {reorder_error:.0f} us) against a {median:.0f} us "
-                      f"iteration: raise --tdf (now {config.dilation:g}) or --payload-scale (now {config.scale}), "
-                      "or use the synchronized clock (--clock sync)")
-    stats = switch.stats
-    fallbacks: dict[str, int] = {}
-    for r in results:
-        for k, v in r.fallbacks.items():
-            fallbacks[k] = fallbacks.get(k, 0) + v
-    fabric = FabricReport(
-        name=config.fabric, packets=int(stats.get("packets", 0)),
-        retransmissions=sum(r.retransmissions for r in results),
-        duplicates=int(stats.get("duplicates", 0)), slots=config.real_slots, slots_emulated=config.emulated_slots,
-        results=int(stats.get("results", 0)), answered=int(stats.get("answered", 0)),
-        dropped=int(stats.get("dropped", 0)), lost=sum(r.lost for r in results),
-        packets_lost=sum(r.packets_lost for r in results), segments=switch.segments, fallbacks=fallbacks)
-    sync = config.resolved_clock == Clock.SYNC
-    emulator = EmulatorReport(
-        clock=config.resolved_clock.value, tdf=None if sync else config.dilation, payload_scale=config.scale,
-        lag_us_p99=lag_p99, lag_us_max=lag_max,
-        trustworthy=trustworthy, reordered=reordered, reorder_error_us=reorder_error, wall_s=wall_s,
-        cpu_percent=100.0 * cpu_s / wall_s / (os.cpu_count() or 1) if wall_s else 0.0,
-        processes=processes, events=sum(r.events for r in results), advice=advice,
-        windows=switch.windows if sync else None, real_bytes=float(sum(r.real_bytes for r in results)))
-    link = config.link
-    cfg = {"workers": config.workers, "fabric": config.fabric, "iters": iters,
-           "bandwidth_bps": None if math.isinf(link.bandwidth_bps) else link.bandwidth_bps,
-           "latency_us": link.latency_us, "loss": link.loss, "jitter_us": link.jitter_us,
-           "clock": config.resolved_clock.value, "tdf": None if sync else config.dilation,
-           "payload_scale": config.scale, "seed": config.seed,
-           "slots": config.emulated_slots, "elements": config.elements,
-           "packet_wire_bytes": agg_wire_bytes(config.elements), "rto_us": config.timeout_rto_us,
-           "processes": config.host_processes, "ps_shards": config.shards if config.network.parameter_server else None}
-    meta = trace.meta
-    trace_doc = {"path": trace_path, "model": meta.model, "source": meta.source.value,
-                 "world_size": meta.world_size, "backend": meta.backend, "params": meta.params,
-                 "batch_size": meta.batch_size, "iterations": trace.iterations}
-    return ReplayReport(report_version=REPORT_VERSION, emu_version=emu.__version__, config=cfg, trace=trace_doc,
-                        iterations=tuple(iterations), summary=summary, verification=verification,
-                        emulator=emulator, fabric=fabric)
 
 
 __all__ = ["ReplayError", "replay", "asdict"]

@@ -134,11 +134,24 @@ def terminate_as_interrupt() -> Iterator[None]:
 # -- records of runs, for emu clean -------------------------------------------------------------
 
 def runtime_dir() -> Path:
-    """Where runs record themselves: private to the user (mode 0700)."""
+    """Where runs record themselves: private to the user (mode 0700, owned by the user, not a
+    link: in a shared temporary folder another user must not be able to plant records)."""
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    path = Path(base) / f"emu-{os.getuid()}" / "runs"
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
+    top = Path(base) / f"emu-{os.getuid()}"
+    for path in (top, top / "runs"):
+        path.mkdir(exist_ok=True, mode=0o700, parents=path is top)
+        st = os.lstat(path)
+        if path.is_symlink() or st.st_uid != os.getuid():
+            raise OSError(f"{path} is not a private folder of this user")
+        if st.st_mode & 0o077:  # ours, but open to others (an older emu made it so): close it
+            os.chmod(path, 0o700)
+    return top / "runs"
+
+
+def _ours(item: Leftover) -> bool:
+    """Only what emu names its own: never a broad pattern, never a path a record could aim elsewhere."""
+    name = Path(item.name).name if item.what == "folder" else item.name
+    return item.what == "process" or name.startswith("emu-")
 
 
 def start_time(pid: int) -> int | None:
@@ -198,9 +211,13 @@ def recorded(command: str) -> Iterator[RunRecord]:
     if _CURRENT is not None:
         yield _CURRENT
         return
-    _prune()
-    rec = RunRecord(command)
-    rec.save()
+    try:
+        _prune()
+        rec = RunRecord(command)
+        rec.save()
+    except OSError:  # no private place to record in: run without a record (emu clean cannot help)
+        yield RunRecord(command, pid=-1, started=0)
+        return
     _CURRENT = rec
     try:
         yield rec
@@ -244,7 +261,7 @@ def leftovers() -> list[tuple[Path, RunRecord, list[Leftover]]]:
         left += [Leftover("folder", f) for f in rec.folders if Path(f).exists()]
         left += [Leftover("namespace", n) for n in rec.namespaces if Path(f"/run/netns/{n}").exists()]
         left += [Leftover("interface", i) for i in rec.interfaces if Path(f"/sys/class/net/{i}").exists()]
-        out.append((path, rec, left))
+        out.append((path, rec, [item for item in left if _ours(item)]))
     return out
 
 

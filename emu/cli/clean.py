@@ -18,9 +18,13 @@ def clean(dry_run: bool) -> None:
     folder); only what a record of a run that is no longer alive names is touched, each process
     checked by its start time so that a recycled pid is never hit.
     """
+    from emu.errors import ConfigError
     from emu.lifetime import clean as clean_up
 
-    found = clean_up(dry_run=dry_run)
+    try:
+        found = clean_up(dry_run=dry_run)
+    except OSError as exc:
+        raise ConfigError(f"cannot read emu's run records: {exc}") from None
     for item in found:
         out().print(f"{'would remove' if dry_run else 'removed'} {item.what} {item.name}", markup=False,
                     highlight=False, soft_wrap=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -64,3 +65,28 @@ def test_clean_leaves_live_runs_alone(tmp_path: Path, runtime: Path) -> None:
         assert json.loads(rec.path.read_text())["pid"] == running.pid
     finally:
         running.kill()
+
+
+def test_clean_touches_only_what_emu_names(tmp_path: Path, runtime: Path) -> None:
+    """A record naming something that is not emu's (a folder not called emu-*) is not obeyed."""
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    RunRecord("emu replay", pid=_dead_pid(), started=1, folders=[str(precious)]).save()
+    result = CliRunner().invoke(cli, ["clean"])
+    assert result.exit_code == 0 and precious.exists()
+
+
+def test_records_live_only_in_a_private_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = tmp_path / "shared"
+    base.mkdir()
+    mine = base / f"emu-{os.getuid()}"
+    mine.mkdir()
+    os.chmod(mine, 0o777)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
+    assert runtime_dir() == mine / "runs" and mine.stat().st_mode & 0o777 == 0o700  # ours: closed
+    mine.rename(base / "elsewhere")
+    mine.symlink_to(base / "elsewhere")  # as another user could have planted it
+    with pytest.raises(OSError, match="not a private folder"):
+        runtime_dir()
+    result = CliRunner().invoke(cli, ["clean"])
+    assert result.exit_code == 2 and "not a private folder" in result.stderr

@@ -89,6 +89,7 @@ def as_child(parent: int) -> None:
     signal.signal(signal.SIGTERM, _quiet_exit)
     signal.signal(signal.SIGUSR2, _parent_died)
     _die_with_parent(parent, signal.SIGUSR2)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)  # held by the parent across the fork
 
 
 def child_preexec() -> None:
@@ -99,6 +100,22 @@ def child_preexec() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent(os.getppid())
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
+
+
+_HELD = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while starting children: one that came between a fork and the
+    child's ``as_child`` or ``child_preexec`` would print a traceback from the child (or fail the
+    start); held, it reaches the parent when the start is done and the child ignores it."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def parent_alive(parent: int) -> bool:

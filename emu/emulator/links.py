@@ -117,6 +117,7 @@ class LinkArray:
         self.spec = spec
         self.rto_us = rto_us
         self.resent_packets = 0
+        self.resend_rounds = 0  # point-to-point resend rounds (each a timeout)
         self.endpoints = np.asarray(endpoints, dtype=np.int64)
         n = len(self.endpoints)
         self.free_us = np.zeros(n)
@@ -244,6 +245,7 @@ class LinkArray:
         lost = int(rng.binomial(packets, self.spec.loss))
         delay = extra = 0.0
         while lost:
+            self.resend_rounds += 1
             self.resent_packets += lost
             delay += self.rto_us
             extra += wire_bytes / packets * lost

@@ -56,6 +56,7 @@ class ScaledLoss:
         self._fates: OrderedDict[int, ChunkFate] = OrderedDict()
         self._delays: OrderedDict[int, float] = OrderedDict()
         self._cap = 4 * real_slots + 64  # chunks in flight span at most two passes of the pool
+        self.rounds = 0  # timeouts the emulated packets needed, over the chunks applied
 
     def fate(self, chunk: int, per: float) -> ChunkFate:
         """The fate of chunk ``chunk``'s ``per`` emulated packets (the same on every host)."""
@@ -105,6 +106,7 @@ class ScaledLoss:
         f = self.fate(chunk, per)
         if len(f.sub_chains):
             d[f.sub_chains] += self.rto_us * f.hits
+            self.rounds += int(f.hits.sum())
         got = float(d.max()) - before
         if last and len(f.sub_chains):
             # the collective's last row on this slot: nothing follows on the link to absorb

@@ -215,10 +215,11 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
         for s in setups:
             procs.append(fork.Process(target=_in_child, args=(host_main, parent, workdir, s),
                                       name=f"emu-host{s.index}", daemon=True))
-        for p in procs:
-            p.start()
-            if record is not None and p.pid is not None:
-                record.add_child(p.pid)
+        with lifetime.signals_held():
+            for p in procs:
+                p.start()
+                if record is not None and p.pid is not None:
+                    record.add_child(p.pid)
         ctx = zmq.Context()
         ctrl = ctx.socket(zmq.ROUTER)
         ctrl.setsockopt(zmq.LINGER, 0)
@@ -276,8 +277,8 @@ class _Run:
         return [(p, "switch" if p.name == "emu-switch" else int(p.name.removeprefix("emu-host")))
                 for p in self.procs if p.exitcode not in (None, 0)]
 
-    def _check_children(self) -> None:
-        dead = self._dead()
+    def _check_children(self, exclude: int | str | None = None) -> None:
+        dead = [(p, who) for p, who in self._dead() if who != exclude]
         if not dead:
             return
         p, who = dead[0]
@@ -306,10 +307,7 @@ class _Run:
             # name that death, the cause, when there is one
             deadline = time.monotonic() + 0.5
             while time.monotonic() < deadline:
-                others = [(p, who) for p, who in self._dead() if who != msg.host]
-                if others:
-                    p = others[0][0]
-                    raise ReplayError(f"the replay process {p.name} died (exit code {p.exitcode})")
+                self._check_children(exclude=msg.host)  # another's death (in its own words if it said any)
                 time.sleep(0.02)
             self._raise_failed(msg)
         if isinstance(msg, Ready):

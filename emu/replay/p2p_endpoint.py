@@ -47,6 +47,7 @@ class P2PEndpoint:
         self.m = cfg.workers
         self.check = Check()
         self.bytes_sent = 0.0
+        self.delivered = 0  # segments that reached their endpoint
         self.algs: dict[tuple[int, int], Algorithm] = {}
         self.runs: dict[tuple[int, int], CollRun] = {}
         self.early: dict[tuple[int, int], list[tuple[int, int, np.ndarray, float]]] = {}
@@ -153,6 +154,7 @@ class P2PEndpoint:
         packets, wire_bytes = self._wire(seg.emu_bytes)
         t, resent = self.down.receive_segment(self.index[dst], seg.first_us, seg.last_us, wire_bytes, packets)
         self.bytes_sent += round(wire_bytes + resent)
+        self.delivered += 1
         if dst in self.servers:
             replies = self.servers[dst].on_segment(dst, src, seq, segno, seg.values, seg.emu_bytes, t)
             self._queue(dst, replies, seg.dtype)

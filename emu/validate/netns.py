@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from emu.capture.launcher import RankNetwork
 from emu.errors import ConfigError
-from emu.lifetime import child_preexec, current
+from emu.lifetime import child_preexec, current, signals_held
 
 PREFIX = "emu-v"
 SUBNET = "10.213.0"
@@ -38,7 +38,8 @@ def available() -> str | None:
 
 
 def _call(cmd: list[str] | tuple[str, ...], timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=child_preexec)
+    with signals_held():
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=child_preexec)
 
 
 def _run(*cmd: str) -> None:

@@ -90,10 +90,11 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
 
 
 def test_no_progress_stops_with_a_clear_line(no_children) -> None:
-    """At 99% loss no collective completes: the replay stops after a stated number of timeouts of
-    emulated time (not the 30-minute wall-clock timeout), as a failed run."""
+    """At 99% loss no collective completes: the replay stops after a stated number of retransmission
+    timeouts (emulated events, not the 30-minute wall-clock timeout), as a failed run."""
     result = run("replay", "mlp", "--workers", "4", "--iters", "1", "--fabric", "ring", "--loss", "0.99")
-    assert_one_line_error(result, "no progress: all_reduce", "--loss 0.99", code=1)
+    assert_one_line_error(result, "no progress: ", "retransmission timeouts since a collective last completed",
+                          "--loss 0.99", code=1)
 
 
 def test_full_disk_keeps_the_old_report(tmp_path: Path, no_children) -> None:

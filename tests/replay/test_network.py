@@ -129,3 +129,13 @@ def test_bandwidth_units(text: str, bps: float) -> None:
 def test_bandwidth_refused(text: str) -> None:
     with pytest.raises(ConfigError, match="--bandwidth"):
         parse_bandwidth(text)
+
+
+def test_waiting_for_a_straggler_is_not_a_stall(no_children) -> None:
+    """No progress is counted in timeouts, not time: a worker whose collective waits for a peer 50
+    times slower, with loss, is not stopped."""
+    mlp = load_trace(sample_path("mlp"))
+    r = replay(mlp, ReplayConfig(workers=4, fabric="ring", iters=1, payload_scale=64, link=LinkSpec(loss=0.05),
+                                 stragglers=(Straggler.parse("1:50"),)))
+    assert r.verification.ok and r.iterations[0].critical_worker == 1
+    assert r.iterations[0].emulated_us > 40 * r.iterations[0].comm_us

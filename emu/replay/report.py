@@ -86,6 +86,10 @@ class FabricReport:
     segments: int
     fallbacks: dict[str, int] = field(default_factory=dict)
     packets_lost: int = 0  # emulated packets lost on any link, every kind; each is resent
+    # packets the switch dropped unapplied (docs/protocol.md): always 0 between emu's own workers
+    invalid: int = 0
+    malformed: int = 0
+    stale: int = 0
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,9 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
         duplicates=int(stats.get("duplicates", 0)), slots=config.real_slots, slots_emulated=config.emulated_slots,
         results=int(stats.get("results", 0)), answered=int(stats.get("answered", 0)),
         dropped=int(stats.get("dropped", 0)), lost=sum(r.lost for r in results),
-        packets_lost=sum(r.packets_lost for r in results), segments=switch.segments, fallbacks=fallbacks)
+        packets_lost=sum(r.packets_lost for r in results), segments=switch.segments, fallbacks=fallbacks,
+        invalid=int(stats.get("invalid", 0)), malformed=int(stats.get("malformed", 0)),
+        stale=int(stats.get("stale", 0)))
     sync = config.resolved_clock == Clock.SYNC
     emulator = EmulatorReport(
         clock=config.resolved_clock.value, tdf=None if sync else config.dilation, payload_scale=config.scale,

@@ -43,6 +43,8 @@ def test_report_and_chrome_trace(tmp_path: Path, no_children) -> None:
     assert doc["emulator"]["clock"] == "sync" and doc["emulator"]["trustworthy"] is True
     assert doc["emulator"]["tdf"] is None and doc["emulator"]["lag_us_p99"] is None
     assert {"packets", "retransmissions", "duplicates", "slots"} <= doc["fabric"].keys()
+    assert doc["complete"] is True and doc["reason"] is None
+    assert doc["fabric"]["invalid"] == doc["fabric"]["malformed"] == doc["fabric"]["stale"] == 0
     trace = json.loads(chrome.read_text())
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert {e["tid"] for e in spans} == {0, 1, 2, 3}

@@ -198,7 +198,7 @@ class RunRecord:
 
     @property
     def path(self) -> Path:
-        return runtime_dir() / f"{self.pid}.json"
+        return runtime_dir() / f"{self.pid}-{self.started}.json"  # a reused pid gets its own record
 
     def save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
@@ -207,11 +207,13 @@ class RunRecord:
 
     def add_child(self, pid: int) -> None:
         self.children.append([pid, start_time(pid) or 0])
-        self.save()
+        with contextlib.suppress(OSError):  # best effort: a full disk must not fail the run
+            self.save()
 
     def add_folder(self, folder: str) -> None:
         self.folders.append(folder)
-        self.save()
+        with contextlib.suppress(OSError):
+            self.save()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -301,15 +303,26 @@ def clean(dry_run: bool = False) -> list[Leftover]:
         if dry_run:
             continue
         for item in left:
-            if item.what == "process":
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(item.name), signal.SIGKILL)
-            elif item.what == "folder":
-                shutil.rmtree(item.name, ignore_errors=True)
-            elif item.what == "namespace":
-                subprocess.run(["ip", "netns", "del", item.name], capture_output=True, timeout=30)
-            elif item.what == "interface":
-                subprocess.run(["ip", "link", "del", item.name], capture_output=True, timeout=30)
-        with contextlib.suppress(OSError):
-            path.unlink()
+            try:
+                if item.what == "process":
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(item.name), signal.SIGKILL)
+                elif item.what == "folder":
+                    shutil.rmtree(item.name, ignore_errors=True)
+                elif item.what == "namespace":
+                    subprocess.run(["ip", "netns", "del", item.name], capture_output=True, timeout=30)
+                elif item.what == "interface":
+                    subprocess.run(["ip", "link", "del", item.name], capture_output=True, timeout=30)
+            except (OSError, subprocess.SubprocessError):
+                pass  # what is still there keeps its record, for the next try
+        if not [item for _, _, rest in [_recheck(path)] for item in rest]:
+            with contextlib.suppress(OSError):
+                path.unlink()
     return found
+
+
+def _recheck(path: Path) -> tuple[Path, RunRecord | None, list[Leftover]]:
+    for p, rec, left in leftovers():
+        if p == path:
+            return p, rec, left
+    return path, None, []

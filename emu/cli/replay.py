@@ -106,8 +106,12 @@ def replay(trace_arg: str, workers: int, fabric: str, bandwidth: str, latency: s
         except (EmuError, KeyboardInterrupt, Terminated) as exc:
             partial = getattr(exc, "partial_report", None)
             if partial is not None and out_path is not None:
-                partial.save(out_path)
-                err().print(f"wrote {out_path} (partial: complete is false)", markup=False, highlight=False)
+                try:
+                    partial.save(out_path)
+                    note = "" if partial.complete else " (partial: complete is false)"
+                    err().print(f"wrote {out_path}{note}", markup=False, highlight=False)
+                except EmuError as save_error:  # the run's own failure is what the exit code says
+                    err().print(f"emu: {save_error}", markup=False, highlight=False)
             raise
         reports.append(report)
         if out_path is not None:

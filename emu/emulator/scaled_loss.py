@@ -17,7 +17,7 @@ whatever the process layout. For each chunk:
   bytes cross the link again;
 - which positions of the row were hit (a position is lost if any worker's packet or
   result there was), hence which sub-chains; each hit costs a timeout per round until a
-  round goes through all ``2N`` link directions (geometric, success ``(1-p)**2N``);
+  retry goes through the worker's two link directions (geometric, success ``(1-p)**2``);
 - ``D``: per real slot, how far each of its ``G`` sub-chains is behind the row (a timeout
   per loss, accumulated along the chain). The row's results reach the workers when its
   slowest sub-chain's do: ``delay(chunk)`` is the growth of ``max(D)`` at that chunk, so a
@@ -57,6 +57,7 @@ class ScaledLoss:
         self._delays: OrderedDict[int, float] = OrderedDict()
         self._cap = 4 * real_slots + 64  # chunks in flight span at most two passes of the pool
         self.rounds = 0  # timeouts the emulated packets needed, over the chunks applied
+        self.positions = 0  # emulated packet positions of the chunks applied
 
     def fate(self, chunk: int, per: float) -> ChunkFate:
         """The fate of chunk ``chunk``'s ``per`` emulated packets (the same on every host)."""
@@ -104,6 +105,7 @@ class ScaledLoss:
             self.slot_coll[slot] = coll
         before = float(d.max())
         f = self.fate(chunk, per)
+        self.positions += max(1, int(round(per)))
         if len(f.sub_chains):
             d[f.sub_chains] += self.rto_us * f.hits
             self.rounds += int(f.hits.sum())

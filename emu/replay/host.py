@@ -93,7 +93,9 @@ class Host:
         self.measure_lag = False
         self._advances = 0
         self._retx_events = 0
-        self._progress_mark = (0, 0)  # timeouts and deliveries when a collective last completed
+        # timeouts, deliveries, and (payload scale) emulated timeouts and positions when a collective
+        # last completed here
+        self._progress_mark = (0, 0, 0, 0)
         endpoints = np.asarray(setup.endpoints, dtype=np.int64)
         index = {int(e): i for i, e in enumerate(endpoints)}
         # one uplink and one downlink per endpoint, shared by its aggregation and point-to-point traffic
@@ -125,12 +127,17 @@ class Host:
         heapq.heappush(self.heap, (t, _RETX, local, slot, lost))
 
     def _completed(self, w: int, run: CollRun, t: float) -> None:
-        self._progress_mark = (self._timeouts(), self._deliveries())
+        self._progress_mark = (self._timeouts(), self._deliveries(), *self._scaled())
         self.workers[w].completed(run, t)
 
     def _timeouts(self) -> int:
-        scaled = self.ina.scaled.rounds if self.ina.scaled is not None else 0
-        return self._retx_events + scaled + self.up.resend_rounds + self.down.resend_rounds
+        return self._retx_events + self.up.resend_rounds + self.down.resend_rounds
+
+    def _scaled(self) -> tuple[int, int]:
+        """Payload scale's emulated timeouts and packet positions: per chunk, the same on every
+        host, so their ratio does not depend on how workers are spread over processes."""
+        s = self.ina.scaled
+        return (s.rounds, s.positions) if s is not None else (0, 0)
 
     def _deliveries(self) -> int:
         return self.ina.delivered + self.p2p.delivered
@@ -241,7 +248,12 @@ class Host:
     def _check_progress(self) -> None:
         timeouts = self._timeouts() - self._progress_mark[0]
         delivered = self._deliveries() - self._progress_mark[1]
-        if timeouts <= STALL_TIMEOUTS or timeouts <= STALL_RATIO * max(1, delivered):
+        rounds, positions = (a - b for a, b in zip(self._scaled(), self._progress_mark[2:], strict=True))
+        if timeouts > STALL_TIMEOUTS and timeouts > STALL_RATIO * max(1, delivered):
+            pass
+        elif rounds > STALL_TIMEOUTS and rounds > STALL_RATIO * max(1, positions):
+            timeouts, delivered = rounds, positions
+        else:
             return
         pending = sorted([*self.ina.runs.values(), *self.p2p.runs.values()], key=lambda r: r.seq)
         what = (f"{pending[0].op.kind.value} #{pending[0].seq} ({pending[0].op.bytes / 1e6:.3g} MB) and "

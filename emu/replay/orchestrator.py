@@ -28,7 +28,19 @@ from emu.errors import ConfigError, RunFailed
 from emu.replay.config import REAL_BYTES_PER_ITERATION, Clock, ReplayConfig
 from emu.replay.host import HostSetup
 from emu.replay.hostloop import host_main
-from emu.replay.messages import Failed, HostResult, Message, Progress, Ready, Start, Stop, SwitchResult, decode, encode
+from emu.replay.messages import (
+    MAX_CONTROL,
+    Failed,
+    HostResult,
+    Message,
+    Progress,
+    Ready,
+    Start,
+    Stop,
+    SwitchResult,
+    decode,
+    encode,
+)
 from emu.replay.programs import plan_programs
 from emu.replay.report import (
     ReplayReport,
@@ -163,6 +175,8 @@ def _in_child(target: Callable[[Any], None], parent: int, workdir: str, setup: A
         # the process reported its failure on the control socket; the orchestrator prints it
         if os.environ.get("EMU_DEBUG") == "1":
             traceback.print_exc()
+        if not lifetime.parent_alive(parent):
+            shutil.rmtree(workdir, ignore_errors=True)
         os._exit(1)
     finally:
         if not lifetime.parent_alive(parent):
@@ -182,6 +196,10 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
     endpoint_host = [h for h, (a, b) in enumerate(worker_hosts) for _ in range(a, b)]
     endpoint_host += [len(worker_hosts) + h for h, (a, b) in enumerate(ps_hosts) for _ in range(a, b)]
     workdir = tempfile.mkdtemp(prefix="emu-replay-")
+    if len(workdir) + len("/control") > getattr(zmq, "IPC_PATH_MAX_LEN", 107):
+        # a deep $TMPDIR makes socket paths longer than the kernel allows: a short folder instead
+        shutil.rmtree(workdir, ignore_errors=True)
+        workdir = tempfile.mkdtemp(prefix="emu-replay-", dir="/tmp")
     record = lifetime.current()
     if record is not None:
         record.add_folder(workdir)
@@ -223,6 +241,7 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
         ctx = zmq.Context()
         ctrl = ctx.socket(zmq.ROUTER)
         ctrl.setsockopt(zmq.LINGER, 0)
+        ctrl.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL)  # bounded before it is in memory
         ctrl.bind(control_addr)
         run = _Run(ctrl, procs, config, len(setups))
         run.wait_ready()
@@ -241,9 +260,14 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
         results += extra
         report = build_report(trace, trace_path, config, iters, results, switch_stats, wall_s, cpu, len(procs))
         report = replace(report, emulator=replace(report.emulator, run_s=run_s))
+        run.started = False  # finished: a failure from here on is not a partial run
         if chrome_trace is not None:
             spans = {int(w): [tuple(s) for s in d.spans] for r in results for w, d in r.workers.items()}
-            write_chrome_trace(spans, chrome_trace)
+            try:
+                write_chrome_trace(spans, chrome_trace)
+            except RunFailed as exc:
+                exc.partial_report = report  # type: ignore[attr-defined]  # the run itself is complete
+                raise
         return report, run_s
     except (RunFailed, KeyboardInterrupt, lifetime.Terminated) as exc:
         if run is not None and run.started:
@@ -256,11 +280,12 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
                 exc.partial_report = replace(report, complete=False, reason=reason)  # type: ignore[union-attr]
         raise
     finally:
-        _stop(procs)
-        if ctx is not None:
-            ctx.destroy(linger=0)
-        stack.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        with lifetime.signals_held():  # a second Ctrl-C must not cut the cleanup short
+            _stop(procs)
+            if ctx is not None:
+                ctx.destroy(linger=0)
+            stack.close()
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 class _Run:
@@ -271,6 +296,7 @@ class _Run:
         self.poller.register(ctrl, zmq.POLLIN)
         self.started = False
         self.results: dict[int, HostResult] = {}
+        self.pending: list[Message] = []  # read while looking for a dead process's last words
 
     def _dead(self) -> list[tuple[Any, int | str]]:
         """Processes that ended with an error, each with its name on the control socket."""
@@ -289,6 +315,8 @@ class _Run:
             msg = decode(data)
             if isinstance(msg, Failed) and msg.host == who:
                 self._raise_failed(msg)
+            if not isinstance(msg, Failed):
+                self.pending.append(msg)
         raise ReplayError(f"the replay process {p.name} died (exit code {p.exitcode})")
 
     @staticmethod
@@ -298,6 +326,8 @@ class _Run:
         raise ReplayError(f"replay process {msg.host} failed: {msg.error}")
 
     def _recv(self, timeout_ms: int) -> Message | None:
+        if self.pending:
+            return self.pending.pop(0)
         if not self.poller.poll(timeout_ms):
             return None
         ident, data = self.ctrl.recv_multipart()

@@ -128,7 +128,7 @@ def write_atomic(path: str | os.PathLike[str], text: str, what: str) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
         os.replace(tmp, path)
         tmp = None
     except OSError as exc:
@@ -137,6 +137,12 @@ def write_atomic(path: str | os.PathLike[str], text: str, what: str) -> Path:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def check_writable(path: str | os.PathLike[str], option: str) -> None:

@@ -29,7 +29,6 @@ from emu.replay.config import REAL_BYTES_PER_ITERATION, Clock, ReplayConfig
 from emu.replay.host import HostSetup
 from emu.replay.hostloop import host_main
 from emu.replay.messages import (
-    MAX_CONTROL,
     Failed,
     HostResult,
     Message,
@@ -241,7 +240,6 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
         ctx = zmq.Context()
         ctrl = ctx.socket(zmq.ROUTER)
         ctrl.setsockopt(zmq.LINGER, 0)
-        ctrl.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL)  # bounded before it is in memory
         ctrl.bind(control_addr)
         run = _Run(ctrl, procs, config, len(setups))
         run.wait_ready()

@@ -276,12 +276,17 @@ def leftovers() -> list[tuple[Path, RunRecord, list[Leftover]]]:
             continue
         if _alive(rec.pid, rec.started):
             continue  # still running: not ours to clean
-        left = [Leftover("process", str(pid)) for pid, st in rec.children if _alive(pid, st)]
-        left += [Leftover("folder", f) for f in rec.folders if Path(f).exists()]
-        left += [Leftover("namespace", n) for n in rec.namespaces if Path(f"/run/netns/{n}").exists()]
-        left += [Leftover("interface", i) for i in rec.interfaces if Path(f"/sys/class/net/{i}").exists()]
-        out.append((path, rec, [item for item in left if _ours(item)]))
+        out.append((path, rec, _left(rec)))
     return out
+
+
+def _left(rec: RunRecord) -> list[Leftover]:
+    """What of a record's processes, folders, namespaces and interfaces is still there (and emu's)."""
+    left = [Leftover("process", str(pid)) for pid, st in rec.children if _alive(pid, st)]
+    left += [Leftover("folder", f) for f in rec.folders if Path(f).exists()]
+    left += [Leftover("namespace", n) for n in rec.namespaces if Path(f"/run/netns/{n}").exists()]
+    left += [Leftover("interface", i) for i in rec.interfaces if Path(f"/sys/class/net/{i}").exists()]
+    return [item for item in left if _ours(item)]
 
 
 def _prune() -> None:
@@ -298,7 +303,7 @@ def clean(dry_run: bool = False) -> list[Leftover]:
     import subprocess
 
     found: list[Leftover] = []
-    for path, _rec, left in leftovers():
+    for path, rec, left in leftovers():
         found += left
         if dry_run:
             continue
@@ -315,14 +320,7 @@ def clean(dry_run: bool = False) -> list[Leftover]:
                     subprocess.run(["ip", "link", "del", item.name], capture_output=True, timeout=30)
             except (OSError, subprocess.SubprocessError):
                 pass  # what is still there keeps its record, for the next try
-        if not [item for _, _, rest in [_recheck(path)] for item in rest]:
+        if not _left(rec):
             with contextlib.suppress(OSError):
                 path.unlink()
     return found
-
-
-def _recheck(path: Path) -> tuple[Path, RunRecord | None, list[Leftover]]:
-    for p, rec, left in leftovers():
-        if p == path:
-            return p, rec, left
-    return path, None, []

@@ -249,11 +249,9 @@ class Host:
         timeouts = self._timeouts() - self._progress_mark[0]
         delivered = self._deliveries() - self._progress_mark[1]
         rounds, positions = (a - b for a, b in zip(self._scaled(), self._progress_mark[2:], strict=True))
-        if timeouts > STALL_TIMEOUTS and timeouts > STALL_RATIO * max(1, delivered):
-            pass
-        elif rounds > STALL_TIMEOUTS and rounds > STALL_RATIO * max(1, positions):
-            timeouts, delivered = rounds, positions
-        else:
+        if rounds > STALL_TIMEOUTS and rounds > STALL_RATIO * max(1, positions):
+            timeouts, delivered = rounds, positions  # payload scale: emulated timeouts per emulated packet
+        elif not (timeouts > STALL_TIMEOUTS and timeouts > STALL_RATIO * max(1, delivered)):
             return
         pending = sorted([*self.ina.runs.values(), *self.p2p.runs.values()], key=lambda r: r.seq)
         what = (f"{pending[0].op.kind.value} #{pending[0].seq} ({pending[0].op.bytes / 1e6:.3g} MB) and "

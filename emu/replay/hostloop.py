@@ -35,7 +35,7 @@ from emu.emulator.transport import (
 )
 from emu.replay.config import Clock
 from emu.replay.host import Host, HostSetup
-from emu.replay.messages import Progress, Ready, Start, Stop, decode, encode, failure
+from emu.replay.messages import Progress, Ready, Start, Stop, connect_control, decode, encode, failure
 
 PROGRESS_S = 0.2
 POLL_MS = 100
@@ -44,9 +44,7 @@ POLL_MS = 100
 def host_main(setup: HostSetup) -> None:
     """Entry of a forked host process; it returns when the orchestrator says stop."""
     ctx = zmq.Context()
-    ctrl = ctx.socket(zmq.DEALER)
-    ctrl.setsockopt(zmq.LINGER, 0)
-    ctrl.connect(setup.control_addr)
+    ctrl = connect_control(ctx, setup.control_addr)
     data = ctx.socket(zmq.DEALER)
     data.setsockopt(zmq.LINGER, 2000)
     data.setsockopt(zmq.IDENTITY, f"h{setup.index}".encode())

@@ -15,6 +15,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Union
 
+import zmq
+
 from emu.emulator.transport import FrameError
 from emu.errors import EmuError
 
@@ -84,6 +86,14 @@ class SwitchResult:
     stats: dict[str, int]  # AggregationSwitch's counters (empty when it only forwards)
     segments: int  # point-to-point segments forwarded
     windows: int | None = None  # rounds of the synchronized clock
+
+
+def connect_control(ctx: zmq.Context, address: str) -> zmq.Socket:
+    """A replay process's control socket to the orchestrator."""
+    ctrl = ctx.socket(zmq.DEALER)
+    ctrl.setsockopt(zmq.LINGER, 0)
+    ctrl.connect(address)
+    return ctrl
 
 
 def failure(host: Who, exc: BaseException) -> Failed:

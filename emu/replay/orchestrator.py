@@ -168,18 +168,19 @@ def _in_child(target: Callable[[Any], None], parent: int, workdir: str, setup: A
     """A replay process: dies with the orchestrator, leaves Ctrl-C to it, and if the orchestrator
     was killed, removes the private socket folder on its way out."""
     lifetime.as_child(parent)
+    failed = False
     try:
         target(setup)
     except Exception:
         # the process reported its failure on the control socket; the orchestrator prints it
+        failed = True
         if os.environ.get("EMU_DEBUG") == "1":
             traceback.print_exc()
-        if not lifetime.parent_alive(parent):
-            shutil.rmtree(workdir, ignore_errors=True)
-        os._exit(1)
     finally:
         if not lifetime.parent_alive(parent):
             shutil.rmtree(workdir, ignore_errors=True)
+    if failed:
+        os._exit(1)  # without multiprocessing's traceback
 
 
 def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,

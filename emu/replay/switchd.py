@@ -35,7 +35,7 @@ from emu.emulator.transport import (
     segment_first_us,
 )
 from emu.emulator.wire import P2P_HEADER
-from emu.replay.messages import Ready, Stop, SwitchResult, decode, encode, failure
+from emu.replay.messages import Ready, Stop, SwitchResult, connect_control, decode, encode, failure
 
 HELLO_TIMEOUT_S = 60.0
 
@@ -56,9 +56,7 @@ class SwitchSetup:
 
 def switch_main(setup: SwitchSetup) -> None:
     ctx = zmq.Context()
-    ctrl = ctx.socket(zmq.DEALER)
-    ctrl.setsockopt(zmq.LINGER, 0)
-    ctrl.connect(setup.control_addr)
+    ctrl = connect_control(ctx, setup.control_addr)
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     router.setsockopt(zmq.SNDHWM, 0)

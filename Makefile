@@ -25,6 +25,9 @@ demo: install
 	$(BIN)/emu capture --model mlp --iters 3 --bucket-cap-mb 4 -o $(DEMO)/mlp.json.gz
 	$(BIN)/emu inspect $(DEMO)/mlp.json.gz
 	$(BIN)/emu replay $(DEMO)/mlp.json.gz --workers 8 --fabric ina,ring --report $(DEMO)/replay.json
+	@echo "At 100 Gb/s the communication hides behind compute. At 10 Gb/s it does not:"
+	$(BIN)/emu sweep $(DEMO)/mlp.json.gz --workers 8,64 --fabric ina,ring --bandwidth 10Gbps \
+		--iters 1 --payload-scale 64 --out $(DEMO)/study
 
 test: install
 	$(BIN)/ruff check --quiet emu tests benchmarks examples

@@ -16,8 +16,14 @@ def err() -> Console:
 
 
 def out() -> Console:
-    # Not cached: click's test runner swaps sys.stdout per invocation.
-    return Console()
+    # Not cached: click's test runner swaps sys.stdout per invocation. Written to a file or a CI log,
+    # a table keeps its rows whole instead of wrapping at rich's default of 80 columns.
+    import os
+
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=200)
+    return console
 
 
 def human_bytes(n: float) -> str:
@@ -26,6 +32,16 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
+
+
+def human_bandwidth(bps: float | None) -> str:
+    """A link rate as people write it (None: an ideal link)."""
+    if bps is None or bps == float("inf"):
+        return "ideal links"
+    for unit, scale in (("Tbps", 1e12), ("Gbps", 1e9), ("Mbps", 1e6), ("kbps", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:g} {unit}"
+    return f"{bps:g} bps"
 
 
 def ms(us: float | None) -> str:

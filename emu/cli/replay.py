@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from emu.cli import cli
-from emu.cli.output import Progress, err, human_bytes, ms, out
+from emu.cli.output import Progress, err, human_bandwidth, human_bytes, ms, out
 from emu.errors import CheckFailed, ConfigError, EmuError
 
 
@@ -23,6 +23,8 @@ def _trace_path(text: str) -> Path:
 @cli.command()
 @click.argument("trace_arg", metavar="TRACE")
 @click.option("--workers", "-w", type=int, default=8, show_default=True, help="Fake workers.")
+@click.option("--network", "network", type=click.Path(dir_okay=False),
+              help="A network design file (TOML: fabric, [link], [switch]); flags typed beside it win.")
 @click.option("--fabric", default="ina", show_default=True,
               help="ina, ring or ps; a comma-separated list replays each and compares them.")
 @click.option("--bandwidth", default="100Gbps", show_default=True, help="Link bandwidth, e.g. 10Gbps, 400Gbit.")
@@ -52,7 +54,8 @@ def _trace_path(text: str) -> Path:
 @click.option("--chrome-trace", type=click.Path(dir_okay=False, path_type=Path),
               help="Write every worker's spans in emulated time (Perfetto / chrome://tracing).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report(s) as JSON on stdout.")
-def replay(trace_arg: str, workers: int, fabric: str, bandwidth: str, latency: str, loss: float, jitter: str,
+@click.pass_context
+def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None, fabric: str, bandwidth: str, latency: str, loss: float, jitter: str,
            iters: int | None, clock: str | None, tdf: str | None, payload_scale: str, stragglers: tuple[str, ...], seed: int,
            slots: int | None, elements: str,
            processes: int | None, ps_shards: int | None, timeout: float, report_path: Path | None,
@@ -64,6 +67,7 @@ def replay(trace_arg: str, workers: int, fabric: str, bandwidth: str, latency: s
       emu replay t.json.gz --workers 64 --fabric ina --bandwidth 100Gbps --report r.json
     """
     import json
+    from dataclasses import replace
 
     from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us
     from emu.lifetime import Terminated
@@ -75,6 +79,15 @@ def replay(trace_arg: str, workers: int, fabric: str, bandwidth: str, latency: s
 
     path = _trace_path(trace_arg)
     trace = load_trace(path)
+    design = None
+    given: frozenset[str] = frozenset()
+    if network is not None:
+        from emu.replay.design import FLAG_KEYS, load_design
+
+        design = load_design(network)
+        given = frozenset(key for name, key in FLAG_KEYS.items() if _typed(ctx, name))
+        if design.fabric is not None and "fabric" not in given:
+            fabric = design.fabric
     fabrics = [f.strip() for f in fabric.split(",") if f.strip()]
     if not fabrics:
         raise ConfigError("--fabric needs at least one of: ina, ring, ps")
@@ -96,6 +109,8 @@ def replay(trace_arg: str, workers: int, fabric: str, bandwidth: str, latency: s
                               tdf=None if tdf is None else _auto(tdf, float, "--tdf"), payload_scale=_auto(payload_scale, int, "--payload-scale"),
                               stragglers=tuple(Straggler.parse(x) for x in stragglers), seed=seed, slots=slots,
                               elements=int(elements), processes=processes, ps_shards=ps_shards, timeout_s=timeout)
+        if design is not None:
+            config = replace(design.overlay(config, given | {"fabric"}), design_file=network, design_name=design.name)
         config.check()
         chrome = None if chrome_trace is None else target(chrome_trace, name) or chrome_trace
         out_path = None if report_path is None else target(report_path, name) or report_path
@@ -133,7 +148,7 @@ def _table(reports, path: Path) -> None:
 
     first = reports[0]
     t = Table(title=f"{path.name}: {first.config['workers']} workers, "
-                    f"{_bw(first.config['bandwidth_bps'])}, {first.config['latency_us']:g} us")
+                    f"{human_bandwidth(first.config['bandwidth_bps'])}, {first.config['latency_us']:g} us")
     t.add_column("")
     for r in reports:
         t.add_column(r.config["fabric"], justify="right")
@@ -166,6 +181,12 @@ def _table(reports, path: Path) -> None:
                         highlight=False, soft_wrap=True)
 
 
+def _typed(ctx: click.Context, name: str) -> bool:
+    """Whether the user gave this option (a typed flag wins over a design file)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+
+
 def _auto(text: str, kind, option: str):
     if text.strip().lower() == "auto":
         return None
@@ -179,12 +200,3 @@ def _median(values: list[float]) -> float:
     import statistics
 
     return statistics.median(values) if values else 0.0
-
-
-def _bw(bps: float | None) -> str:
-    if bps is None:
-        return "ideal links"
-    for unit, scale in (("Tbps", 1e12), ("Gbps", 1e9), ("Mbps", 1e6)):
-        if bps >= scale:
-            return f"{bps / scale:g} {unit}"
-    return f"{bps:g} bps"

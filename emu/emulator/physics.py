@@ -12,12 +12,21 @@ to a store-and-forward switch, and ``S`` the bytes on the wire (headers included
 ``ina_detail_us`` adds what emu's protocol adds on top: the exponent round (one window
 of header-only packets and a round trip; their results stream back under the data) and
 the last packet's store and forward.
+
+``collective_time_us`` gives every collective kind on every software fabric (docs/physics.md,
+"Predictions"): the INA stream, and the point-to-point algorithms of ``emu.emulator.p2p`` solved
+from their send orders and the links' FIFOs, segment by segment.
 """
 
 from __future__ import annotations
 
+import math
+
+from emu.emulator.fabric import AllReduce
 from emu.emulator.links import LinkSpec
-from emu.emulator.wire import MTU, agg_wire_bytes, p2p_wire_bytes
+from emu.emulator.p2p import SEG_ELEMENTS
+from emu.emulator.wire import FRAME_OVERHEAD, MTU, P2P_HEADER, agg_wire_bytes, p2p_packets, p2p_wire_bytes
+from emu.traces.model import CollKind
 
 
 def ina_wire_bytes(count: int, elements: int = 64) -> float:
@@ -80,3 +89,156 @@ def ina_loss_extra_us(count: int, link: LinkSpec, workers: int, pool: int, rto_u
         j += 1
     resent = float(link.serialization_us(ina_wire_bytes(count, elements))) * p / (1 - p)
     return resent + rto_us * expected_max
+
+
+# -- every collective on every software fabric (docs/physics.md, "Predictions") ------------------
+#
+# Point-to-point collectives move segments (emu.emulator.p2p): a collective's tensor is cut into
+# ``parts`` chunks and each chunk into ``g`` segments of at most SEG_ELEMENTS real elements (with
+# payload scale R, ceil(count / R) real elements stand for ``count``), each segment ``w`` wire
+# bytes in ``n`` packets. A segment leaves its uplink in ``s = w / B`` and reaches the other
+# endpoint ``h = s / n + 2 L`` after it left (the switch forwards packet by packet: the last
+# packet's store and forward, two latencies). The closed forms below solve the links' FIFO
+# recurrences for the send orders of emu's algorithms, every worker starting at once.
+
+
+def expected_rounds(packets: int, loss: float) -> float:
+    """Expected resend rounds (each a timeout) until every one of ``packets`` got through a link
+    that loses each with ``loss``: E[max of geometric tries - 1] = sum_j 1 - (1 - p**j)**n."""
+    if loss <= 0:
+        return 0.0
+    total, j = 0.0, 1
+    while True:
+        term = 1 - (1 - loss**j) ** packets
+        total += term
+        if term < 1e-12 or j > 1000:
+            return total
+        j += 1
+
+
+class _Segments:
+    """The segments of one chunk of a point-to-point collective, and their times on a link."""
+
+    def __init__(self, count: int, itemsize: int, parts: int, link: LinkSpec, rto_us: float,
+                 payload_scale: int) -> None:
+        real = -(-count // payload_scale) if count else 0
+        real_chunk = -(-real // parts)  # the largest chunk (Layout.chunk_range)
+        self.g = max(1, -(-real_chunk // SEG_ELEMENTS))
+        payload = count * itemsize / parts / self.g
+        self.n = p2p_packets(int(math.ceil(payload)))
+        wire = payload + self.n * (FRAME_OVERHEAD + P2P_HEADER.itemsize)
+        p = link.loss
+        # loss: the resent packets' bytes take their share of the link (p / (1-p) more on average),
+        # and the segment's last packet waits for its timeouts on both links (one chain's expectation)
+        self.s = float(link.serialization_us(wire)) / (1 - p)
+        self.h = (float(link.serialization_us(wire)) / self.n + 2 * link.latency_us
+                  + 2 * rto_us * expected_rounds(self.n, p))
+
+
+def ring_pipelined_us(count: int, itemsize: int, workers: int, link: LinkSpec, steps: int,
+                      rto_us: float = 0.0, payload_scale: int = 1) -> float:
+    """``steps`` ring steps (all_reduce 2(M-1), reduce_scatter and all_gather M-1) of chunks of
+    ``count / M`` elements, each forwarded segment by segment as it arrives.
+
+    Every uplink carries ``steps x g`` segments in step order; step k's segment i is ready ``h``
+    after step k-1's segment i left the left neighbour. The last segment arrives at
+    ``max(K g s + h, K (s + h) + (g-1) s)``: link-bound when ``h <= (g-1) s`` (the steps
+    pipeline), else every step waits for its first segment."""
+    if workers < 2:
+        return 0.0
+    seg = _Segments(count, itemsize, workers, link, rto_us, payload_scale)
+    k, g, s, h = steps, seg.g, seg.s, seg.h
+    return max(k * g * s + h, k * (s + h) + (g - 1) * s)
+
+
+def tree_broadcast_us(count: int, itemsize: int, workers: int, link: LinkSpec, rto_us: float = 0.0,
+                      payload_scale: int = 1) -> float:
+    """Binomial-tree broadcast (p2p.Tree): the root sends each segment to its ``d = bit_length(M-1)``
+    children in turn, so segments leave it every ``d s``; a node forwards each segment to its
+    children (fewer than d) as it arrives. Worker ``v`` (relative to the root) is reached through
+    its bits from the lowest up, one hop per bit, and is its parent's child number
+    (next bit - this bit - 1): its last segment arrives at
+    ``(g-1) d s + (hb(v) + 1) s + popcount(v) h``, hb the highest bit; the time is the largest over
+    ``v < M`` (the candidates: M-1, and M-1 with one set bit cleared and all below it set)."""
+    if workers < 2:
+        return 0.0
+    seg = _Segments(count, itemsize, 1, link, rto_us, payload_scale)
+    top = workers - 1
+    d = top.bit_length()
+    candidates = [top] + [(top & ~(1 << b)) | ((1 << b) - 1) for b in range(d) if top >> b & 1]
+    reach = max((v.bit_length()) * seg.s + bin(v).count("1") * seg.h for v in candidates if v > 0)
+    return (seg.g - 1) * d * seg.s + reach
+
+
+def all_to_all_us(count: int, itemsize: int, workers: int, link: LinkSpec, rto_us: float = 0.0,
+                  payload_scale: int = 1) -> float:
+    """Direct exchange (p2p.AllToAll): every worker sends chunk j to worker j, in order of j. Worker
+    M-1 is everyone's last destination: all M-1 chunks reach its downlink at once, after the
+    senders' other M-2 chunks: ``(M-2) g s + (M-1) g s + h``."""
+    if workers < 2:
+        return 0.0
+    seg = _Segments(count, itemsize, workers, link, rto_us, payload_scale)
+    return (2 * workers - 3) * seg.g * seg.s + seg.h
+
+
+def send_recv_us(count: int, itemsize: int, link: LinkSpec, rto_us: float = 0.0, payload_scale: int = 1) -> float:
+    """One tensor from sender to receiver: ``g s + h`` (the sender is done when it starts)."""
+    seg = _Segments(count, itemsize, 1, link, rto_us, payload_scale)
+    return seg.g * seg.s + seg.h
+
+
+def barrier_us(workers: int, link: LinkSpec, rto_us: float = 0.0) -> float:
+    """Dissemination barrier (p2p.Barrier): ceil(log2 M) rounds of one header-only packet each."""
+    rounds = max(0, (workers - 1).bit_length())
+    seg = _Segments(0, 1, 1, link, rto_us, 1)
+    return rounds * (seg.s + seg.h)
+
+
+def ps_all_reduce_us(count: int, itemsize: int, workers: int, shards: int, link: LinkSpec,
+                     rto_us: float = 0.0, payload_scale: int = 1) -> float:
+    """Parameter server (p2p.PSClient, PSServer): every worker pushes chunk j of ``count / P`` to shard
+    j, in order of j; shard j's downlink takes the M workers' copies of each segment (``M s``), the
+    shard sums a segment once all M are in and sends it to the M workers in turn (``M s`` on its
+    uplink). The last shard starts receiving ``(P-1) g s`` in, so the last worker has the last sum at
+    ``(P-1) g s + M g s + M s + 2 h``: about 2 S/B with many segments per chunk, 3 S/B with one
+    (each shard stores and forwards whole segments)."""
+    seg = _Segments(count, itemsize, shards, link, rto_us, payload_scale)
+    g, s, h = seg.g, seg.s, seg.h
+    return (shards - 1) * g * s + workers * g * s + workers * s + 2 * h
+
+
+def collective_time_us(kind: CollKind, count: int, itemsize: int, is_float: bool, workers: int, link: LinkSpec,
+                       fabric: AllReduce, elements: int = 64, slots: int = 4096, rto_us: float = 0.0,
+                       ps_shards: int | None = None, payload_scale: int = 1) -> float:
+    """The time of one collective alone on the links, from its start on every worker to the last
+    worker's completion, as emu's emulated network runs it on ``fabric`` (docs/physics.md).
+
+    An all_reduce of floats runs on the fabric's mechanism (the INA stream, a ring, a parameter
+    server with ``ps_shards`` shards, default M); an all_reduce of integers on ``ina`` falls back to
+    the ring (the switch sums only fixed point from floats), on ``ps`` it goes to the shards; every
+    other kind runs point to point whatever the fabric. ``payload_scale``: R of the replay (it sets
+    the segments' sizes). Loss: INA's tail formula; point to point, resent bytes and one chain's
+    expected timeouts per hop (a lower bound)."""
+    m = workers
+    if kind == CollKind.ALL_REDUCE:
+        if fabric == AllReduce.STREAM and is_float:  # a worker alone still streams through the switch
+            if count == 0:
+                return 0.0
+            t = ina_detail_us(count, link, elements, slots)
+            if link.loss > 0:
+                t += ina_loss_extra_us(count, link, m, slots, rto_us, elements)
+            return t
+        if fabric == AllReduce.SERVER:
+            return ps_all_reduce_us(count, itemsize, m, ps_shards or m, link, rto_us, payload_scale)
+        return ring_pipelined_us(count, itemsize, m, link, 2 * (m - 1), rto_us, payload_scale)
+    if kind in (CollKind.REDUCE_SCATTER, CollKind.ALL_GATHER):
+        return ring_pipelined_us(count, itemsize, m, link, m - 1, rto_us, payload_scale)
+    if kind == CollKind.BROADCAST:
+        return tree_broadcast_us(count, itemsize, m, link, rto_us, payload_scale)
+    if kind == CollKind.ALL_TO_ALL:
+        return all_to_all_us(count, itemsize, m, link, rto_us, payload_scale)
+    if kind in (CollKind.SEND, CollKind.RECV):
+        return send_recv_us(count, itemsize, link, rto_us, payload_scale)
+    if kind == CollKind.BARRIER:
+        return barrier_us(m, link, rto_us)
+    raise ValueError(f"unknown collective kind {kind!r}")

@@ -74,6 +74,18 @@ class Straggler:
         raise ConfigError(f"--straggler {text!r}: give WORKERS:FACTOR (3,7:1.5), random:FRACTION:FACTOR "
                           "(random:0.05:2) or lognormal:SIGMA (lognormal:0.1)")
 
+    @property
+    def text(self) -> str:
+        """The canonical form ``parse`` reads back (reports and pairing keys record this)."""
+        tail = f":{self.sigma!r}" if self.sigma else ""
+        if self.workers:
+            return f"{','.join(str(w) for w in self.workers)}:{self.factor!r}{tail}"
+        if self.fraction:
+            return f"random:{self.fraction!r}:{self.factor!r}{tail}"
+        if self.factor == 1.0:
+            return f"lognormal:{self.sigma!r}"
+        return f"random:1.0:{self.factor!r}{tail}"  # every worker
+
     def check(self, workers: int) -> None:
         if not (0 < self.factor <= 1e6 and 0 <= self.sigma <= 10 and 0 <= self.fraction <= 1):
             raise ConfigError("--straggler: the factor must be in (0, 1e6], sigma in [0, 10], the fraction in [0, 1]")
@@ -121,6 +133,11 @@ class ReplayConfig:
     clock: Clock | None = None
     """sync or wall; default: sync, or wall where the fabric cannot be synchronized (bmv2) or a
     dilation was given."""
+    design_file: str | None = None
+    """The network design file (``--network``) the fabric, link and switch came from, if any; a label
+    for the report (the values themselves are the fields above)."""
+    design_name: str | None = None
+    """The design's ``name`` (tables and plots), if it gave one."""
 
     def check(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS_SOFTWARE:

@@ -19,7 +19,8 @@ from typing import Any
 
 from emu.errors import ConfigError, RunFailed
 
-REPORT_VERSION = 1
+# 2: trace.sha256, config.stragglers and config.design added (CHANGELOG.md); no meaning changed
+REPORT_VERSION = 2
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import numpy as np
 import emu
 from emu.emulator.wire import agg_wire_bytes
 from emu.replay.config import Clock, ReplayConfig
+from emu.replay.design import resolved_design
 from emu.replay.lag import LagHistogram
 from emu.replay.messages import HostResult, SwitchResult
 from emu.replay.report import (
@@ -29,6 +30,7 @@ from emu.replay.report import (
     Summary,
     Verification,
 )
+from emu.traces.io import trace_digest
 from emu.traces.model import Trace
 
 LAG_TOLERANCE = 0.01  # of the median iteration: docs/design.md's bar for a trustworthy run
@@ -120,11 +122,12 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
            "payload_scale": config.scale, "seed": config.seed,
            "slots": config.emulated_slots, "elements": config.elements,
            "packet_wire_bytes": agg_wire_bytes(config.elements), "rto_us": config.timeout_rto_us,
-           "processes": config.host_processes, "ps_shards": config.shards if config.network.parameter_server else None}
+           "processes": config.host_processes, "ps_shards": config.shards if config.network.parameter_server else None,
+           "stragglers": [st.text for st in config.stragglers] or None, "design": resolved_design(config)}
     meta = trace.meta
     trace_doc = {"path": trace_path, "model": meta.model, "source": meta.source.value,
                  "world_size": meta.world_size, "backend": meta.backend, "params": meta.params,
-                 "batch_size": meta.batch_size, "iterations": trace.iterations}
+                 "batch_size": meta.batch_size, "iterations": trace.iterations, "sha256": trace_digest(trace)}
     return ReplayReport(report_version=REPORT_VERSION, emu_version=emu.__version__, config=cfg, trace=trace_doc,
                         iterations=tuple(iterations), summary=summary, verification=verification,
                         emulator=emulator, fabric=fabric)

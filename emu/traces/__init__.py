@@ -4,7 +4,7 @@ This package imports nothing else of emu (but the leaf ``emu.errors``): every
 other part builds on it.
 """
 
-from emu.traces.io import LOADERS, SCHEMA_VERSION, load_trace, save_trace, trace_to_dict
+from emu.traces.io import LOADERS, SCHEMA_VERSION, load_trace, save_trace, trace_digest, trace_sha256, trace_to_dict
 from emu.traces.model import (
     Coll,
     CollKind,
@@ -25,6 +25,7 @@ from emu.traces.validate import validate_trace
 __all__ = [
     "LOADERS", "MODELS", "SCHEMA_VERSION", "SAMPLES", "Coll", "CollKind", "CollStats", "Compute", "Dtype",
     "Iteration", "Op", "RankProgram", "Source", "Trace", "TraceMeta", "TraceSummary", "Wait",
-    "iteration_comm_us", "load_trace", "sample_path", "save_trace", "summarize", "trace_to_dict",
+    "iteration_comm_us", "load_trace", "sample_path", "save_trace", "summarize", "trace_digest", "trace_sha256",
+    "trace_to_dict",
     "validate_trace",
 ]

@@ -276,6 +276,20 @@ def trace_to_dict(trace: Trace) -> dict[str, Any]:
     }
 
 
+def trace_digest(trace: Trace) -> str:
+    """The hex sha256 of a trace's canonical JSON: the same for the same content whatever the file's
+    compression, key order or path (how ``emu check`` pairs reports of one trace)."""
+    import hashlib
+
+    text = json.dumps(trace_to_dict(trace), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def trace_sha256(path: str | os.PathLike[str]) -> str:
+    """``trace_digest`` of the trace file at ``path`` (loaded and checked first)."""
+    return trace_digest(load_trace(path))
+
+
 def _us(value: float) -> float:
     # Nanosecond resolution is all a profiler gives; more digits only bloat files.
     return round(value, 3)

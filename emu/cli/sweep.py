@@ -1,0 +1,175 @@
+"""``emu sweep``: replay a grid of traces and network designs; and the grid options ``emu predict``
+shares with it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from emu.cli import cli
+from emu.cli.output import Progress, err, human_bandwidth, ms, out
+
+
+def grid_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The options of a grid: comma lists are axes (emu.study.grid)."""
+    options = [
+        click.argument("traces", nargs=-1, required=True, metavar="TRACE..."),
+        click.option("--workers", "-w", default="8", show_default=True, help="Worker counts, e.g. 8,64,512."),
+        click.option("--network", "networks", multiple=True, type=click.Path(dir_okay=False),
+                     help="A network design file (TOML); repeat for an axis of designs."),
+        click.option("--fabric", default="ina", show_default=True, help="Fabrics, e.g. ina,ring,ps."),
+        click.option("--bandwidth", default="100Gbps", show_default=True, help="Link bandwidths, e.g. 25Gbps,100Gbps."),
+        click.option("--latency", default="5us", show_default=True, help="One-way link latencies, e.g. 1us,5us."),
+        click.option("--loss", default="0", show_default=True, help="Loss probabilities per link, e.g. 0,0.001."),
+        click.option("--jitter", default="0us", show_default=True, help="Uniform extra delay per packet, up to this."),
+        click.option("--straggler", "stragglers", multiple=True,
+                     help="Slow compute (emu replay --straggler); repeat for an axis."),
+        click.option("--iters", type=int, help="Iterations per point (default: the trace's)."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Seed of payload, loss and jitter."),
+        click.option("--slots", type=int, help="INA slot pool (default: 2x the bandwidth-delay product)."),
+        click.option("--elements", type=click.Choice(["64", "256"]), default="64", show_default=True,
+                     help="int32 elements per aggregation packet."),
+        click.option("--ps-shards", type=int, help="Parameter-server shards (default: one per worker)."),
+        click.option("--payload-scale", default="auto", show_default=True,
+                     help="Packets on the emulated wire per packet really sent, or auto (emu replay)."),
+        click.option("--timeout", type=float, default=1800.0, show_default=True, help="Seconds per point."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def build_grid(ctx: click.Context, params: dict[str, Any]):
+    """The grid the options describe, and every point of it (checked before anything runs)."""
+    from emu.cli.replay import _auto, _trace_path, _typed
+    from emu.emulator.links import LinkSpec, parse_duration_us
+    from emu.replay.config import ReplayConfig
+    from emu.replay.design import FLAG_KEYS
+    from emu.study.grid import Grid, float_axis, int_axis, points, text_axis
+
+    def typed(name: str) -> bool:
+        return _typed(ctx, name)
+
+    traces = tuple(str(_trace_path(t)) for t in params["traces"])
+    base = ReplayConfig(link=LinkSpec(jitter_us=parse_duration_us(params["jitter"], "--jitter")),
+                        iters=params["iters"], seed=params["seed"], slots=params["slots"],
+                        elements=int(params["elements"]), ps_shards=params["ps_shards"],
+                        payload_scale=_auto(params["payload_scale"], int, "--payload-scale"), timeout_s=params["timeout"])
+    given = frozenset(key for name, key in FLAG_KEYS.items() if typed(name))
+    networks = tuple(params["networks"])
+    # Without a design file an untyped axis takes its flag's default; with one, the file's value.
+    def axis(name: str, parse, text: str) -> tuple:
+        return parse(text, f"--{name}") if typed(name) or not networks else (None,)
+
+    grid = Grid(traces=traces, workers=int_axis(params["workers"], "--workers"),
+                fabrics=axis("fabric", text_axis, params["fabric"]),
+                bandwidths=axis("bandwidth", text_axis, params["bandwidth"]),
+                latencies=axis("latency", text_axis, params["latency"]),
+                losses=axis("loss", float_axis, params["loss"]),
+                networks=networks or (None,), stragglers=tuple(params["stragglers"]) or (None,),
+                base=base, given=given)
+    return grid, points(grid)
+
+
+@cli.command()
+@grid_options
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Folder of the study: one report per point, results.csv, results.json, plots/. "
+                   "Run again to resume.")
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+@click.option("--no-predict", is_flag=True, help="Skip the analytic estimate beside each point.")
+@click.pass_context
+def sweep(ctx: click.Context, out_dir: Path, no_plots: bool, no_predict: bool, **params: Any) -> None:
+    """Replay TRACE... over a grid: every comma list is an axis.
+
+    \b
+      emu sweep mlp --workers 8,64 --fabric ina,ring --bandwidth 10Gbps --out study
+      emu sweep mlp transformer --network a.toml --network b.toml --workers 8,64 --out study
+    """
+    from emu.replay.report import check_writable
+    from emu.study.sweep import Status, run_sweep
+
+    _grid, pts = build_grid(ctx, params)
+    check_writable(out_dir / "results.json", "--out")
+    err().print(f"sweep: {len(pts)} points into {out_dir}", markup=False, highlight=False)
+
+    def done(i: int, point, row) -> None:
+        what = {Status.REPLAYED: f"{ms(row.iteration_us_median)} ms", Status.FAILED: f"FAILED ({row.reason})",
+                Status.ESTIMATE: f"{ms(row.iteration_us_median)} ms (analytic estimate)"}[row.status]
+        resumed = " (resumed)" if row.status == Status.REPLAYED and row.attempts == 0 else ""
+        err().print(f"[{i + 1}/{len(pts)}] {point.slug}: {what}{resumed}", markup=False, highlight=False,
+                    soft_wrap=True)
+
+    with Progress(f"sweep ({len(pts)} points)") as bar:
+        result = run_sweep(pts, out_dir, with_prediction=not no_predict, on_point=done,
+                           on_start=lambda i, p: bar.status(f"{i + 1}/{len(pts)} {p.slug}"),
+                           on_progress=bar.update)
+    rows = list(result.rows)
+    _table(rows)
+    for line in _speedups(rows):
+        out().print(line, markup=False, highlight=False, soft_wrap=True)
+    if not no_plots:
+        from emu.study.plots import write_plots
+
+        files = write_plots(out_dir, rows)
+        err().print(f"wrote {out_dir / 'results.csv'}, {out_dir / 'results.json'} and {len(files)} plots in "
+                    f"{out_dir / 'plots'}", markup=False, highlight=False, soft_wrap=True)
+    failed = [r for r in rows if r.status == Status.FAILED or r.verification_ok is False]
+    if failed:
+        from emu.errors import CheckFailed
+
+        raise CheckFailed(f"{len(failed)} of {len(rows)} points failed or did not verify: see results.csv "
+                          "and the logs in points/ (run again to retry them)")
+
+
+def split_axes(rows: list, get) -> tuple[dict, list[str]]:
+    """The axes that vary between rows (columns: name -> cell function) and, as "name value" texts,
+    those that do not (for the title). ``get(row, axis)`` reads an axis of a row."""
+    axes = {"trace": lambda r: get(r, "trace"), "design": lambda r: get(r, "design") or "-",
+            "fabric": lambda r: get(r, "fabric"), "workers": lambda r: str(get(r, "workers")),
+            "bandwidth": lambda r: human_bandwidth(get(r, "bandwidth_bps")),
+            "latency": lambda r: f"{get(r, 'latency_us'):g} us", "loss": lambda r: f"{get(r, 'loss'):g}",
+            "stragglers": lambda r: get(r, "stragglers") or "-"}
+    shown = {k: fn for k, fn in axes.items() if k in ("fabric", "workers") or len({fn(r) for r in rows}) > 1}
+    fixed = [f"{k} {fn(rows[0])}" for k, fn in axes.items() if k not in shown and fn(rows[0]) != "-"] if rows else []
+    return shown, fixed
+
+
+def _table(rows) -> None:
+    from rich.table import Table
+
+    from emu.study.sweep import Status
+
+    shown, fixed = split_axes(rows, getattr)
+    t = Table(title="sweep: median iteration" + (f" ({', '.join(fixed)})" if fixed else ""))
+    for name in shown:
+        t.add_column(name, justify="right" if name == "workers" else "left")
+    ref = next((r.speedup_over for r in rows if r.speedup_over), None)
+    for name in ("ms", "predicted", "error", f"vs {ref}" if ref else "speedup", "efficiency", "source"):
+        t.add_column(name, justify="left" if name == "source" else "right")
+    for r in rows:
+        t.add_row(*[fn(r) for fn in shown.values()],
+                  ms(r.iteration_us_median), "-" if r.status == Status.ESTIMATE else ms(r.predicted_us),
+                  "-" if r.predict_error is None else f"{100 * r.predict_error:+.1f}%",
+                  "-" if r.speedup is None else f"{r.speedup:.2f}x" + (" (est.)" if r.speedup_estimated else ""),
+                  "-" if r.scaling_efficiency is None else f"{100 * r.scaling_efficiency:.0f}%",
+                  {Status.REPLAYED: "replay" if r.verification_ok else "replay, VERIFICATION FAILED",
+                   Status.ESTIMATE: "estimate", Status.FAILED: "FAILED"}[r.status])
+    out().print(t)
+
+
+def _speedups(rows) -> list[str]:
+    """One line per fabric and setting: how much faster it is than the reference, by workers."""
+    lines: dict[tuple, list[str]] = {}
+    for r in rows:
+        if r.speedup is None or r.fabric == r.speedup_over:
+            continue
+        where = (r.trace, r.design or r.fabric, r.speedup_over, human_bandwidth(r.bandwidth_bps), r.latency_us,
+                 r.loss, r.stragglers)
+        est = " (against an analytic estimate)" if r.speedup_estimated else ""
+        lines.setdefault(where, []).append(f"{r.speedup:.2f}x at {r.workers} workers{est}")
+    return [f"{trace}: {name} over {ref} at {bw}: {', '.join(parts)}"
+            for (trace, name, ref, bw, *_), parts in lines.items()]

@@ -1,0 +1,390 @@
+"""Network design files: the TOML a user passes as ``--network design.toml``.
+
+This module owns the design file's keys and their meaning (docs/design.md, "Network design
+files"): reading and checking a file (``load_design``, ``parse_design``), laying a design over a
+replay's configuration with the flags a user typed winning (``NetworkDesign.overlay``), the
+design as a run resolved it for the report (``resolved_design``), and writing one back as TOML
+(``dump_design``). Every refusal is one ConfigError line naming the file, the dotted key and the
+fix. Later issues add their keys here (``[topology]`` is reserved until then).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from emu.emulator import fabric as fabrics
+from emu.emulator.links import parse_bandwidth, parse_duration_us
+from emu.emulator.wire import ELEMENTS_ALLOWED
+from emu.errors import ConfigError
+from emu.replay.config import ReplayConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, packaged before it joined the standard library
+    import tomli as tomllib
+
+# A design is a few lines; anything this large is the wrong file, and reading it whole would be
+# the only cost a mistyped path could impose.
+MAX_DESIGN_BYTES = 1 << 20
+MAX_SLOTS = 1 << 24  # the --slots bound (ReplayConfig.check)
+
+# The dotted keys a design may set that map to the configuration, in the order they are written.
+KEYS: tuple[str, ...] = ("fabric", "link.bandwidth", "link.latency", "link.loss", "link.jitter",
+                         "switch.slots", "switch.elements")
+# The replay flags (click's parameter names) that set the same things: a flag the user typed wins.
+FLAG_KEYS: dict[str, str] = {"fabric": "fabric", "bandwidth": "link.bandwidth", "latency": "link.latency",
+                             "loss": "link.loss", "jitter": "link.jitter", "slots": "switch.slots",
+                             "elements": "switch.elements"}
+_LABELS = ("name", "description")
+_TABLES = {"link": ("bandwidth", "latency", "loss", "jitter"), "switch": ("slots", "elements")}
+_RESERVED = "topology"
+_ALLOWED = (*_LABELS, "fabric", *_TABLES)
+_EXAMPLE = "examples/designs/ina-100g.toml"
+
+
+@dataclass(frozen=True)
+class NetworkDesign:
+    """A parsed design; every value None where the file does not set it (the flag's default holds)."""
+
+    path: str | None = None
+    """The file it came from (or the source name given to parse_design)."""
+    name: str | None = None
+    """A label for tables and plots."""
+    description: str | None = None
+    fabric: str | None = None
+    bandwidth_bps: float | None = None
+    """math.inf for an ideal link."""
+    latency_us: float | None = None
+    loss: float | None = None
+    jitter_us: float | None = None
+    slots: int | None = None
+    elements: int | None = None
+
+    def value(self, key: str) -> Any:
+        """The value the design gives dotted ``key`` (one of KEYS), None where unset."""
+        return getattr(self, _FIELDS[key])
+
+    def overlay(self, config: ReplayConfig, given: frozenset[str]) -> ReplayConfig:
+        """``config`` with every key this design sets replaced, except the dotted keys in ``given``
+        (the flags the user typed: flags win over the design, the design over the defaults).
+
+        ``given`` holds keys of KEYS (FLAG_KEYS maps flag names to them); any other is a caller's
+        mistake that would silently lose a flag, so it raises ValueError. The caller runs
+        ``config.check()`` on the result.
+        """
+        unknown = sorted(set(given) - set(KEYS))
+        if unknown:
+            raise ValueError(f"overlay: {unknown} are not design keys (one of {KEYS})")
+        take = {key: self.value(key) for key in KEYS if key not in given and self.value(key) is not None}
+        link = {_FIELDS[k]: v for k, v in take.items() if k.startswith("link.")}
+        top: dict[str, Any] = {}
+        if "fabric" in take:
+            top["fabric"] = take["fabric"]
+        if "switch.slots" in take:
+            top["slots"] = take["switch.slots"]
+        if "switch.elements" in take:
+            top["elements"] = take["switch.elements"]
+        if link:
+            top["link"] = dataclasses.replace(config.link, **link)
+        return dataclasses.replace(config, **top) if top else config
+
+
+_FIELDS = {"fabric": "fabric", "link.bandwidth": "bandwidth_bps", "link.latency": "latency_us",
+           "link.loss": "loss", "link.jitter": "jitter_us", "switch.slots": "slots",
+           "switch.elements": "elements"}
+
+
+def load_design(path: str | os.PathLike) -> NetworkDesign:
+    """Read and check the design file at ``path`` (ConfigError naming it for anything wrong)."""
+    name = os.fsdecode(path)
+    try:
+        with open(name, "rb") as f:
+            # one byte past the bound tells a too-large file without reading all of it
+            data = f.read(MAX_DESIGN_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"{name}: no such file: give the path of a network design (a .toml file such as "
+                          f"{_EXAMPLE})") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{name}: is a directory: give a design file in it (a .toml file such as "
+                          f"{_EXAMPLE})") from None
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read it ({exc.strerror or type(exc).__name__}): give a readable "
+                          "design file") from None
+    if len(data) > MAX_DESIGN_BYTES:
+        raise ConfigError(f"{name}: larger than {MAX_DESIGN_BYTES} bytes, and a network design is a few lines: "
+                          "give the design's .toml file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{name}: not UTF-8 text (byte {exc.start}): save the design as UTF-8") from None
+    return parse_design(text, name)
+
+
+def parse_design(text: str, source: str) -> NetworkDesign:
+    """Check a design's TOML ``text``; ``source`` names it in every message."""
+    if len(text) > MAX_DESIGN_BYTES:
+        raise ConfigError(f"{source}: larger than {MAX_DESIGN_BYTES} characters, and a network design is a few "
+                          "lines: give the design's .toml file")
+    try:
+        doc = tomllib.loads(text.removeprefix("\ufeff"))  # editors on Windows begin UTF-8 with a BOM
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {_one_line(str(exc))}: fix the syntax there (values that "
+                          'are text need quotes: bandwidth = "100Gbps")') from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nests arrays or tables too deeply: a design is a few keys in [link] and "
+                          "[switch]") from None
+    except ValueError:  # an integer past Python's limit on digits (4300): no design value is near it
+        raise ConfigError(f"{source}: holds an integer of thousands of digits: give values of ordinary size "
+                          "(switch.slots = 4096)") from None
+    return _design(doc, source)
+
+
+def _design(doc: dict[str, Any], source: str) -> NetworkDesign:
+    _refuse_unknown(doc, source)
+    values: dict[str, Any] = {"path": source}
+    for label in _LABELS:
+        if label in doc:
+            values[label] = _label(doc[label], source, label)
+    if "fabric" in doc:
+        values["fabric"] = _fabric(doc["fabric"], source)
+    for table, keys in _TABLES.items():
+        sub = doc.get(table, {})
+        for key in keys:
+            if key in sub:
+                dotted = f"{table}.{key}"
+                values[_FIELDS[dotted]] = _CHECKS[dotted](sub[key], source, dotted)
+    return NetworkDesign(**values)
+
+
+def _refuse_unknown(doc: dict[str, Any], source: str) -> None:
+    if _RESERVED in doc:
+        raise ConfigError(f"{source}: [{_RESERVED}] is not supported yet: this emu models one switch with one "
+                          "port per worker, and the topology keys arrive with the topology work; remove the "
+                          f"[{_RESERVED}] table")
+    for key in doc:
+        if key not in _ALLOWED:
+            raise ConfigError(f"{source}: unknown key {_key(key)}{_closest(key, None)}: a design takes "
+                              "name, description, fabric, [link] and [switch]")
+    for table, keys in _TABLES.items():
+        if table not in doc:
+            continue
+        sub = doc[table]
+        if not isinstance(sub, dict):
+            raise ConfigError(f"{source}: {table} = {_show(sub)} is {_kind(sub)}: write a [{table}] table "
+                              f"with its keys ({', '.join(keys)})")
+        for key in sub:
+            if key not in keys:
+                dotted = f"{table}.{_key(key)}"
+                raise ConfigError(f"{source}: unknown key {dotted}{_closest(key, table)}: [{table}] takes "
+                                  f"{', '.join(keys)}")
+
+
+def _closest(key: str, table: str | None) -> str:
+    """' (did you mean X?)' for the allowed key nearest to a mistyped one, or ''."""
+    dotted = [f"{t}.{k}" for t, ks in _TABLES.items() for k in ks]
+    if table is None:
+        pool = [*_ALLOWED, *dotted]
+        candidates = {k.lower(): k for k in pool}
+        # a key of a table written at the top (bandwidth instead of [link] bandwidth)
+        leaf = [d for d in dotted if d.split(".")[1] == key.lower()]
+    else:
+        candidates = {k: f"{table}.{k}" for k in _TABLES[table]}
+        # a key of the other table (link.slots instead of switch.slots)
+        leaf = [d for d in dotted if d.split(".")[1] == key.lower() and not d.startswith(table + ".")]
+    best = leaf or [candidates[m] for m in difflib.get_close_matches(key.lower(), list(candidates), n=1)]
+    return f" (did you mean {best[0]}?)" if best else ""
+
+
+def _label(value: Any, source: str, key: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{source}: {key} = {_show(value)} is {_kind(value)}: give a string such as "
+                          f'{key} = "ina-100g"')
+    # the name labels table rows and plot legends, where a control character would break the line
+    if key == "name" and any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ConfigError(f"{source}: name = {_show(value)} holds a control character: give one line of text")
+    return value
+
+
+def _fabric(value: Any, source: str) -> str:
+    known = fabrics.names()
+    if not isinstance(value, str):
+        raise ConfigError(f'{source}: fabric = {_show(value)} is {_kind(value)}: give a fabric\'s name as a '
+                          f'string, one of {", ".join(known)} (fabric = "ina")')
+    if value not in known:
+        near = difflib.get_close_matches(value.lower(), known, n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise ConfigError(f"{source}: fabric = {_show(value)} is not a fabric{hint}: give one of {', '.join(known)}")
+    return value
+
+
+def _bandwidth(value: Any, source: str, key: str) -> float:
+    if not isinstance(value, str):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise ConfigError(f'{source}: {key} = {_show(value)} has no unit: give a string like "100Gbps" '
+                              '(b = bits, B = bytes: "12.5GBps")')
+        raise ConfigError(f'{source}: {key} = {_show(value)} is {_kind(value)}: give a string like "100Gbps"')
+    try:
+        return parse_bandwidth(value)
+    except ConfigError:
+        raise ConfigError(f'{source}: {key} = {_show(value)}: give a rate with a unit from 1kbps to 100Tbps, '
+                          'e.g. "100Gbps", "400Gbit", "12.5GBps" (b = bits, B = bytes), or "ideal"') from None
+
+
+def _duration(value: Any, source: str, key: str) -> float:
+    if not isinstance(value, str):
+        why = "has no unit" if isinstance(value, (int, float)) and not isinstance(value, bool) else f"is {_kind(value)}"
+        raise ConfigError(f'{source}: {key} = {_show(value)} {why}: give a string like "5us" (ns, us, ms or s)')
+    try:
+        return parse_duration_us(value, key)
+    except ConfigError:
+        raise ConfigError(f'{source}: {key} = {_show(value)}: give a duration with a unit, at most a day, '
+                          'e.g. "5us", "1ms", "0us"') from None
+
+
+def _loss(value: Any, source: str, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{source}: {key} = {_show(value)} is {_kind(value)}: give a number such as 0.01 "
+                          "(a probability, not a percentage)")
+    if not 0 <= value < 1:  # NaN fails this too
+        raise ConfigError(f"{source}: {key} = {_show(value)}: give a probability in [0, 1), such as 0.01")
+    return float(value)
+
+
+def _whole(allowed: str, ok: Callable[[int], bool], example: int) -> Callable[[Any, str, str], int]:
+    def check(value: Any, source: str, key: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{source}: {key} = {_show(value)} is {_kind(value)}: give a whole number such "
+                              f"as {example}")
+        if not ok(value):
+            raise ConfigError(f"{source}: {key} = {_show(value)}: give {allowed}")
+        return value
+    return check
+
+
+_CHECKS: dict[str, Callable[[Any, str, str], Any]] = {
+    "link.bandwidth": _bandwidth, "link.latency": _duration, "link.loss": _loss, "link.jitter": _duration,
+    "switch.slots": _whole(f"1..{MAX_SLOTS}", lambda v: 1 <= v <= MAX_SLOTS, 4096),
+    "switch.elements": _whole(" or ".join(map(str, ELEMENTS_ALLOWED)), lambda v: v in ELEMENTS_ALLOWED, 64),
+}
+
+
+def _kind(value: Any) -> str:
+    """The TOML type of a parsed value, with its article."""
+    if isinstance(value, bool):
+        return "a boolean"
+    for types, name in ((str, "a string"), (int, "an integer"), (float, "a float"), (list, "an array"),
+                        (dict, "a table")):
+        if isinstance(value, types):
+            return name
+    return f"a {type(value).__name__}"  # datetime, date, time
+
+
+def _show(value: Any) -> str:
+    """A value for a one-line message: short, and safe for integers too long to print."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"(an integer of {value.bit_length()} bits)"
+    if isinstance(value, (list, dict)):
+        return "[...]" if isinstance(value, list) else "{...}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _key(key: str) -> str:
+    """A key as TOML writes it: bare where it can be, else quoted (shortened for a message)."""
+    bare = key and all(c.isascii() and (c.isalnum() or c in "-_") for c in key)
+    return key if bare and len(key) <= 60 else _show(key)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def resolved_design(config: ReplayConfig, design: NetworkDesign | None = None) -> dict[str, Any]:
+    """The design a run used, defaults filled in, for the report (bandwidth None: an ideal link).
+    Without ``design``, the file and name are those the configuration records."""
+    link = config.link
+    return {"file": design.path if design else config.design_file,
+            "name": design.name if design else config.design_name,
+            "fabric": config.fabric,
+            "link": {"bandwidth_bps": None if math.isinf(link.bandwidth_bps) else link.bandwidth_bps,
+                     "latency_us": link.latency_us, "loss": link.loss, "jitter_us": link.jitter_us},
+            "switch": {"slots": config.emulated_slots, "elements": config.elements}}
+
+
+def dump_design(design: dict[str, Any] | ReplayConfig | NetworkDesign) -> str:
+    """TOML text of a design: a resolved one (``resolved_design``'s dict), a configuration's, or a
+    parsed design (its set keys only). ``parse_design`` of the text gives the same values back."""
+    if isinstance(design, ReplayConfig):
+        design = resolved_design(design, None)
+    if isinstance(design, dict):
+        design = _from_resolved(design)
+    lines = ["# emu network design" + (f" (resolved from {_show(design.path)})" if design.path else "")]
+    for key in ("name", "description", "fabric"):
+        if getattr(design, key) is not None:
+            lines.append(f"{key} = {_toml_string(getattr(design, key))}")
+    for table, keys in _TABLES.items():
+        body = [f"{key} = {_toml_value(f'{table}.{key}', design.value(f'{table}.{key}'))}"
+                for key in keys if design.value(f"{table}.{key}") is not None]
+        if body:
+            lines += ["", f"[{table}]", *body]
+    return "\n".join(lines) + "\n"
+
+
+_UNSET = object()  # the resolved dict's None bandwidth means ideal, so absence needs its own mark
+
+
+def _from_resolved(doc: dict[str, Any]) -> NetworkDesign:
+    link, switch = doc.get("link") or {}, doc.get("switch") or {}
+    bandwidth = link.get("bandwidth_bps", _UNSET)
+    return NetworkDesign(path=doc.get("file"), name=doc.get("name"), description=doc.get("description"),
+                         fabric=doc.get("fabric"),
+                         bandwidth_bps=None if bandwidth is _UNSET else math.inf if bandwidth is None else bandwidth,
+                         latency_us=link.get("latency_us"), loss=link.get("loss"), jitter_us=link.get("jitter_us"),
+                         slots=switch.get("slots"), elements=switch.get("elements"))
+
+
+def _toml_value(key: str, value: Any) -> str:
+    if key == "link.bandwidth":
+        return _toml_string(_rate(float(value)))
+    if key in ("link.latency", "link.jitter"):
+        return _toml_string(f"{_number(float(value))}us")
+    if key == "link.loss":
+        return repr(float(value))  # Python's repr of a finite float is a TOML float, read back exactly
+    return str(int(value))
+
+
+def _rate(bps: float) -> str:
+    """The bandwidth in the largest unit that parse_bandwidth reads back to the same float."""
+    if math.isinf(bps):
+        return "ideal"
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        mantissa = bps / scale
+        if mantissa >= 1 and float(repr(mantissa)) * scale == bps:
+            return f"{_number(mantissa)}{unit}bps"
+    return f"{_number(bps)}bps"
+
+
+def _number(x: float) -> str:
+    """repr without a trailing '.0' (100Gbps, not 100.0Gbps); either reads back the same float."""
+    text = repr(x)
+    return text[:-2] if text.endswith(".0") else text
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string: quotes, backslashes and control characters escaped."""
+    out = []
+    for c in text:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif ord(c) < 32 or ord(c) == 127:
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'

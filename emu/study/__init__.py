@@ -1,0 +1,1 @@
+"""What-if studies and regression checks built on replay: sweeps, predictions, comparisons."""

@@ -1,0 +1,123 @@
+"""The PNG plots of a sweep (matplotlib, headless): per trace, iteration time, speedup and scaling
+efficiency against workers, and the compute / exposed communication breakdown of every point.
+
+Replayed points are solid lines with filled markers; analytic estimates (points emu does not
+replay) are dashed with hollow markers and say "estimate" in the legend, so the two are never
+mixed silently. Failed points are left out (results.csv lists them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from emu.study.grid import bandwidth_label
+from emu.study.sweep import Row, Status
+
+PLOTS = ("iteration", "speedup", "efficiency", "breakdown")
+
+
+def write_plots(out: Path, rows: list[Row]) -> list[Path]:
+    """Write every plot under ``out/plots``; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on CI machines and servers
+    import matplotlib.pyplot as plt
+
+    folder = out / "plots"
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for trace in dict.fromkeys(r.trace for r in rows):
+        mine = [r for r in rows if r.trace == trace and r.comparable]
+        if not mine:
+            continue
+        series = _series(mine)
+        estimate = lambda r: r.status == Status.ESTIMATE  # noqa: E731
+        for name, ylabel, value, estimated in (
+                ("iteration", "iteration time (ms)", lambda r: r.iteration_us_median / 1000, estimate),
+                ("speedup", f"speedup over {mine[0].speedup_over or 'the reference'}", lambda r: r.speedup,
+                 lambda r: bool(r.speedup_estimated)),
+                ("efficiency", "scaling efficiency (iteration at fewest workers / this)",
+                 lambda r: r.scaling_efficiency, estimate)):
+            fig, ax = plt.subplots(figsize=(7, 4.5))
+            _lines(ax, series, value, estimated)
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(bottom=0)  # differences read at their true size
+            ax.set_xlabel("workers")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{trace}: {ylabel}")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+            written.append(_save(fig, folder / f"{trace}-{name}.png", plt))
+        written.append(_breakdown(plt, folder / f"{trace}-breakdown.png", trace, mine))
+    return written
+
+
+def _series(rows: list[Row]) -> dict[str, list[Row]]:
+    """Rows grouped into lines over workers, each named by the axes that vary in this trace."""
+    axes = {"design": lambda r: r.design, "fabric": lambda r: r.fabric,
+            "bw": lambda r: bandwidth_label(r.bandwidth_bps), "lat": lambda r: f"{r.latency_us:g}us",
+            "loss": lambda r: f"loss {r.loss:g}", "strag": lambda r: r.stragglers}
+    varying = [fn for fn in axes.values() if len({fn(r) for r in rows}) > 1] or [axes["fabric"]]
+    lines: dict[str, list[Row]] = {}
+    for r in rows:
+        name = " ".join(str(fn(r)) for fn in varying if fn(r))
+        lines.setdefault(name, []).append(r)
+    return {k: sorted(v, key=lambda r: r.workers) for k, v in lines.items()}
+
+
+def _lines(ax, series: dict[str, list[Row]], value: Callable[[Row], float | None],
+           estimated: Callable[[Row], bool]) -> None:
+    for i, (name, rows) in enumerate(series.items()):
+        color = f"C{i % 10}"
+        real = [(r.workers, value(r)) for r in rows if not estimated(r) and value(r) is not None]
+        est = [(r.workers, value(r)) for r in rows if estimated(r) and value(r) is not None]
+        if real:
+            ax.plot([w for w, _ in real], [v for _, v in real], "-o", color=color, label=f"{name} (replayed)")
+        if est:
+            # joined to the last replayed point before them, so the line reads on, dashed
+            before = [p for p in real if p[0] < est[0][0]][-1:]
+            joined = before + est
+            ax.plot([w for w, _ in joined], [v for _, v in joined], "--", color=color)
+            ax.plot([w for w, _ in est], [v for _, v in est], "o", color=color, markerfacecolor="none", label=f"{name} (analytic estimate)")
+
+
+def _breakdown(plt, path: Path, trace: str, rows: list[Row]) -> Path:
+    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(rows) + 2), 4.5))
+    labels, compute, exposed, hatches = [], [], [], []
+    for r in rows:
+        labels.append(f"{r.design or r.fabric} x{r.workers} {bandwidth_label(r.bandwidth_bps)}"
+                      + (" (est.)" if r.status == Status.ESTIMATE else ""))
+        compute.append((r.compute_us or 0) / 1000)
+        exposed.append((r.exposed_comm_us or 0) / 1000)
+        hatches.append("//" if r.status == Status.ESTIMATE else "")
+    x = range(len(rows))
+    bars_c = ax.bar(x, compute, color="C0", label="compute")
+    bars_e = ax.bar(x, exposed, bottom=compute, color="C3", label="exposed communication")
+    for bars in (bars_c, bars_e):
+        for bar, hatch in zip(bars, hatches, strict=True):
+            bar.set_hatch(hatch)
+    ax.set_xticks(list(x), labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("ms per iteration (critical worker)")
+    ax.set_title(f"{trace}: compute and exposed communication" + (" (hatched: analytic estimate)"
+                                                                  if any(hatches) else ""))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path, plt)
+
+
+def _save(fig, path: Path, plt) -> Path:
+    import os
+    import tempfile
+
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, path)  # whole or not at all
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path

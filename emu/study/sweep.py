@@ -1,0 +1,294 @@
+"""``emu sweep``: one replay per point of a grid, resumable, with the analytic estimate beside each.
+
+The output folder holds one report per point (``points/SLUG.json``), a log for each point that
+failed (``points/SLUG.log``), and the study's tables (``results.csv``, ``results.json``), rewritten
+whole after every point so that an interrupted sweep leaves tables of what it finished. Run again
+with the same ``--out``, a sweep skips the points whose complete report is there.
+
+A point emu refuses to replay (a real ring or parameter server past its worker limit) gets the
+analytic estimate (``emu.study.predict``) instead, labelled ``estimate`` in every table and plot.
+A point whose replay fails (a process died, the time ran out) is tried once more, then recorded
+as ``failed`` with its log; the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import csv
+import enum
+import io
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import emu
+from emu.errors import ConfigError, RunFailed
+from emu.replay.report import ReplayReport, write_atomic
+from emu.study.grid import Point
+from emu.traces.io import load_trace
+from emu.traces.model import Trace
+
+RETRIES = 1  # a crashed point is tried once more (docs/reliability.md)
+RESULTS_VERSION = 1
+
+
+class Status(str, enum.Enum):
+    """Where a row's numbers come from."""
+
+    REPLAYED = "replayed"  # an emulation through the fabric
+    ESTIMATE = "estimate"  # the closed form only: emu does not replay this point (docs/physics.md)
+    FAILED = "failed"  # the replay failed twice; see the log
+
+
+@dataclass(frozen=True)
+class Row:
+    """One point of a study, as results.csv and results.json hold it. Times in microseconds."""
+
+    trace: str
+    design: str | None
+    fabric: str
+    workers: int
+    bandwidth_bps: float | None
+    latency_us: float
+    loss: float
+    stragglers: str
+    status: Status
+    iteration_us_median: float | None
+    iteration_us_p99: float | None
+    compute_us: float | None  # medians over iterations, of the critical worker
+    comm_us: float | None
+    exposed_comm_us: float | None
+    predicted_us: float | None  # the analytic estimate of the median iteration
+    predict_error: float | None  # (replayed - predicted) / predicted
+    speedup: float | None = None  # the reference fabric's iteration over this one's, same other axes
+    speedup_over: str | None = None
+    speedup_estimated: bool | None = None  # an analytic estimate is on one side of the speedup
+    scaling_efficiency: float | None = None  # iteration at the fewest workers over this one's
+    verification_ok: bool | None = None
+    trustworthy: bool | None = None
+    complete: bool | None = None
+    wall_s: float | None = None
+    attempts: int = 0
+    report: str | None = None
+    log: str | None = None
+    reason: str | None = None
+    slug: str = ""
+
+    @property
+    def comparable(self) -> bool:
+        """Its time can be set beside others' (a failed point's cannot)."""
+        return self.iteration_us_median is not None
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    rows: tuple[Row, ...]
+    out: Path
+    skipped: int  # points resumed from an earlier run
+
+
+def refusal(point: Point) -> str | None:
+    """Why emu does not replay this point (and estimates it instead), or None."""
+    config = point.config
+    limit = config.network.p2p_worker_limit
+    if limit is not None and config.workers > limit:
+        return (f"a real {config.fabric} of {config.workers} workers (more than {limit}) is not replayed: "
+                "analytic estimate")
+    return None
+
+
+class TraceCache:
+    def __init__(self) -> None:
+        self._traces: dict[str, Trace] = {}
+
+    def get(self, path: str) -> Trace:
+        if path not in self._traces:
+            self._traces[path] = load_trace(path)
+        return self._traces[path]
+
+
+def run_sweep(points: list[Point], out: Path, *, with_prediction: bool = True,
+              on_point: Callable[[int, Point, Row], None] | None = None,
+              on_start: Callable[[int, Point], None] | None = None,
+              on_progress: Callable[[float], None] | None = None,
+              on_status: Callable[[str], None] | None = None) -> SweepResult:
+    """Replay every point into ``out`` (resuming what is there) and write the study's tables."""
+    from emu.replay import replay
+
+    folder = out / "points"
+    folder.mkdir(parents=True, exist_ok=True)
+    traces = TraceCache()
+    rows: list[Row] = []
+    skipped = 0
+    try:
+        for i, point in enumerate(points):
+            if on_start is not None:
+                on_start(i, point)
+            why = refusal(point)
+            prediction = _predict(traces.get(point.trace), point) if with_prediction or why else None
+            predicted = None if prediction is None else prediction.iteration_us_median
+            done = _finished(folder / f"{point.slug}.json")
+            if done is not None:
+                skipped += 1
+                row = _replayed(point, done, predicted, folder / f"{point.slug}.json", attempts=0)
+            elif why is not None:
+                row = _estimate(point, prediction, why)
+            else:
+                row = _replay_point(replay, traces.get(point.trace), point, folder, predicted, on_status)
+            rows.append(row)
+            write_results(out, derive(rows))
+            if on_progress is not None:
+                on_progress((i + 1) / len(points))
+            if on_point is not None:
+                on_point(i, point, row)
+    finally:  # an interrupted sweep leaves the tables of what it finished
+        if rows:
+            write_results(out, derive(rows))
+    return SweepResult(rows=tuple(derive(rows)), out=out, skipped=skipped)
+
+
+def _replay_point(replay, trace: Trace, point: Point, folder: Path, predicted: float | None,
+                  on_status: Callable[[str], None] | None) -> Row:
+    log: list[str] = []
+    path = folder / f"{point.slug}.json"
+    log_path = folder / f"{point.slug}.log"
+
+    def status(text: str) -> None:
+        log.append(f"{time.strftime('%H:%M:%S')} {text}")
+        if on_status is not None:
+            on_status(text)
+
+    for attempt in range(1, RETRIES + 2):
+        status(f"attempt {attempt}: {point.slug}")
+        try:
+            report = replay(trace, point.config, trace_path=point.trace, on_status=status)
+        except ConfigError:
+            raise  # bad input is the user's to fix, not a crash to retry
+        except RunFailed as exc:
+            status(f"attempt {attempt} failed: {exc}")
+            partial: ReplayReport | None = getattr(exc, "partial_report", None)
+            if partial is not None:
+                log.append(json.dumps({"partial_report": partial.to_dict()}, default=str)[:200_000])
+            continue
+        report.save(path)
+        log_path.unlink(missing_ok=True)  # an earlier run's failure is no longer the story
+        return _replayed(point, report.to_dict(), predicted, path, attempts=attempt)
+    write_atomic(log_path, "\n".join(log) + "\n", "the point's log")
+    reason = next((line.split(": ", 1)[1] for line in reversed(log) if " failed: " in line), "failed")
+    return _base(point, Status.FAILED, predicted, reason=reason, log=str(log_path), attempts=RETRIES + 1)
+
+
+def _finished(path: Path) -> dict[str, Any] | None:
+    """An earlier run's complete report of this point, or None (absent, partial or unreadable)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not doc.get("complete") or not isinstance(doc.get("summary"), dict):
+        return None
+    return doc
+
+
+def _predict(trace: Trace, point: Point):
+    from emu.study.predict import predict
+
+    try:
+        return predict(trace, point.config)
+    except ConfigError:
+        return None  # what the closed form cannot express; the replay still runs
+
+
+def _base(point: Point, status: Status, predicted: float | None, **extra: Any) -> Row:
+    c = point.config
+    link = c.link
+    doc: dict[str, Any] = dict(
+        trace=point.label, design=point.design, fabric=c.fabric, workers=c.workers,
+        bandwidth_bps=None if link.bandwidth_bps == float("inf") else link.bandwidth_bps,
+        latency_us=link.latency_us, loss=link.loss, stragglers=" ".join(s.text for s in c.stragglers),
+        status=status, iteration_us_median=None, iteration_us_p99=None, compute_us=None, comm_us=None,
+        exposed_comm_us=None, predicted_us=predicted, predict_error=None, slug=point.slug)
+    doc.update(extra)
+    return Row(**doc)
+
+
+def _estimate(point: Point, prediction, why: str) -> Row:
+    if prediction is None:
+        return _base(point, Status.FAILED, None, reason=f"{why}, but the closed form cannot express this trace")
+    p = prediction
+    return _base(point, Status.ESTIMATE, p.iteration_us_median, iteration_us_median=p.iteration_us_median,
+                 iteration_us_p99=p.iteration_us_p99, compute_us=p.compute_us, comm_us=p.comm_us,
+                 exposed_comm_us=p.exposed_comm_us, reason=why)
+
+
+def _replayed(point: Point, doc: dict[str, Any], predicted: float | None, path: Path, attempts: int) -> Row:
+    summary = doc["summary"]
+    its = doc.get("iterations") or []
+
+    def med(key: str) -> float | None:
+        return statistics.median(it[key] for it in its) if its else None
+
+    median = summary["iteration_us_median"]
+    emulator = doc.get("emulator") or {}
+    return _base(point, Status.REPLAYED, predicted, iteration_us_median=median,
+                 iteration_us_p99=summary["iteration_us_p99"], compute_us=med("compute_us"), comm_us=med("comm_us"),
+                 exposed_comm_us=med("exposed_comm_us"),
+                 predict_error=(median - predicted) / predicted if predicted else None,
+                 verification_ok=(doc.get("verification") or {}).get("ok"), trustworthy=emulator.get("trustworthy"),
+                 complete=doc.get("complete"), wall_s=emulator.get("wall_s"), attempts=attempts, report=str(path))
+
+
+def derive(rows: list[Row]) -> list[Row]:
+    """Fill speedup (over ring where the grid has it, else the first fabric) and scaling efficiency
+    (the iteration at the fewest workers over this one: 1.0 is perfect weak scaling)."""
+    fabrics = list(dict.fromkeys(r.fabric for r in rows))
+    ref = "ring" if "ring" in fabrics else fabrics[0] if fabrics else None
+
+    def others(r: Row, *, fabric: bool, workers: bool) -> tuple:
+        return (r.trace, r.design if not fabric else None, r.fabric if not fabric else None,
+                r.workers if not workers else None, r.bandwidth_bps, r.latency_us, r.loss, r.stragglers)
+
+    by_fabric = {others(r, fabric=True, workers=False) + (r.fabric,): r for r in rows if r.comparable}
+    fewest: dict[tuple, Row] = {}
+    for r in rows:
+        if r.comparable:
+            k = others(r, fabric=False, workers=True)
+            if k not in fewest or r.workers < fewest[k].workers:
+                fewest[k] = r
+    out = []
+    for r in rows:
+        if not r.comparable:
+            out.append(r)
+            continue
+        base = by_fabric.get(others(r, fabric=True, workers=False) + (ref,))
+        small = fewest[others(r, fabric=False, workers=True)]
+        out.append(replace(
+            r, speedup=base.iteration_us_median / r.iteration_us_median if base and r.iteration_us_median else None,
+            speedup_over=ref if base else None,
+            speedup_estimated=(Status.ESTIMATE in (r.status, base.status)) if base else None,
+            scaling_efficiency=small.iteration_us_median / r.iteration_us_median if r.iteration_us_median else None))
+    return out
+
+
+COLUMNS = [f.name for f in fields(Row)]
+
+
+def write_results(out: Path, rows: list[Row]) -> None:
+    """results.csv and results.json, each written whole (docs/what-if.md lists the columns)."""
+    docs = [_row_doc(r) for r in rows]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for d in docs:
+        writer.writerow({k: "" if v is None else v for k, v in d.items()})
+    write_atomic(out / "results.csv", buf.getvalue(), "the sweep's table")
+    doc = {"results_version": RESULTS_VERSION, "emu_version": emu.__version__, "points": docs}
+    write_atomic(out / "results.json", json.dumps(doc, indent=1) + "\n", "the sweep's results")
+
+
+def _row_doc(row: Row) -> dict[str, Any]:
+    doc = asdict(row)
+    doc["status"] = row.status.value
+    return doc

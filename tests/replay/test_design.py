@@ -1,0 +1,345 @@
+"""Network design files (emu/replay/design.py): every refusal names the file, the key and the fix;
+a design lays over the defaults and under the flags; what a run used writes back as a design that
+reads back the same; and fuzzing: whatever the text, a design or one ConfigError line."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from emu.emulator import fabric as fabrics
+from emu.emulator.links import LinkSpec
+from emu.errors import ConfigError
+from emu.replay.config import ReplayConfig
+from emu.replay.design import (
+    FLAG_KEYS,
+    KEYS,
+    MAX_DESIGN_BYTES,
+    NetworkDesign,
+    dump_design,
+    load_design,
+    parse_design,
+    resolved_design,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "designs"
+# Deterministic (the same inputs on every run, so a failure reproduces) and quick.
+FAST = settings(max_examples=200, deadline=None, database=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def refused(text: str, *parts: str, source: str = "d.toml") -> str:
+    """The one-line message parse_design gives ``text``, checked to hold the file and ``parts``."""
+    with pytest.raises(ConfigError) as info:
+        parse_design(text, source)
+    msg = str(info.value)
+    assert msg.startswith(f"{source}: ") and "\n" not in msg, msg
+    for part in parts:
+        assert part in msg, (part, msg)
+    return msg
+
+
+# ---- the examples and a plain design ----
+
+@pytest.mark.parametrize("name", ["ina-100g.toml", "ring-100g.toml", "ina-25g-lossy.toml"])
+def test_examples_parse_and_check(name: str) -> None:
+    path = EXAMPLES / name
+    assert path.read_text().startswith("# "), "each example opens with a comment header line"
+    design = load_design(path)
+    assert design.path == str(path) and design.name == name.removesuffix(".toml") and design.fabric
+    design.overlay(ReplayConfig(), frozenset()).check()
+
+
+def test_examples_values() -> None:
+    lossy = load_design(EXAMPLES / "ina-25g-lossy.toml")
+    assert (lossy.fabric, lossy.bandwidth_bps, lossy.loss, lossy.jitter_us) == ("ina", 25e9, 0.001, 2.0)
+    assert load_design(EXAMPLES / "ring-100g.toml").fabric == "ring"
+
+
+def test_every_key() -> None:
+    d = parse_design('name = "n"\ndescription = "d"\nfabric = "ps"\n[link]\nbandwidth = "12.5GBps"\n'
+                     'latency = "1ms"\nloss = 0.01\njitter = "500ns"\n[switch]\nslots = 8192\nelements = 256\n',
+                     "x.toml")
+    assert d == NetworkDesign(path="x.toml", name="n", description="d", fabric="ps", bandwidth_bps=100e9,
+                              latency_us=1000.0, loss=0.01, jitter_us=0.5, slots=8192, elements=256)
+    assert [d.value(k) for k in KEYS] == ["ps", 100e9, 1000.0, 0.01, 0.5, 8192, 256]
+
+
+def test_empty_and_partial() -> None:
+    assert parse_design("", "e.toml") == NetworkDesign(path="e.toml")
+    assert parse_design("\ufeff# only a comment\n[link]\n", "e.toml") == NetworkDesign(path="e.toml")
+    d = parse_design('link.bandwidth = "ideal"\nswitch.elements = 64\n', "e.toml")
+    assert d.bandwidth_bps == math.inf and d.elements == 64 and d.latency_us is None
+    assert parse_design("[link]\nloss = 0\n", "e.toml").loss == 0.0
+
+
+# ---- refusals: file, key, fix ----
+
+def test_unknown_keys_suggest_the_closest() -> None:
+    refused('[link]\nbandwith = "1Gbps"\n', "link.bandwith", "did you mean link.bandwidth?",
+            "bandwidth, latency, loss, jitter")
+    refused('bandwidth = "1Gbps"\n', "unknown key bandwidth", "did you mean link.bandwidth?", "[link]")
+    refused("[link]\nslots = 4\n", "link.slots", "did you mean switch.slots?")
+    refused('fabrik = "ina"\n', "fabrik", "did you mean fabric?")
+    refused("[swich]\nslots = 4\n", "swich", "did you mean switch?")
+    refused("[switch.extra]\na = 1\n", "switch.extra", "slots, elements")
+    refused('"a b" = 1\n', "'a b'", "name, description, fabric, [link] and [switch]")
+
+
+def test_topology_is_reserved() -> None:
+    refused("[topology]\nworkers_per_node = 8\n", "[topology]", "one switch with one port per worker",
+            "topology work", "remove")
+    refused("topology = 1\n", "[topology]")
+
+
+def test_wrong_types() -> None:
+    refused("[link]\nbandwidth = 100\n", "link.bandwidth = 100", "no unit", 'give a string like "100Gbps"')
+    refused("[link]\nbandwidth = true\n", "link.bandwidth", "a boolean", '"100Gbps"')
+    refused('[link]\nloss = "1%"\n', "link.loss = '1%'", "a string", "give a number such as 0.01")
+    refused("[link]\nloss = true\n", "link.loss", "a boolean", "0.01")
+    refused("[link]\nlatency = 5\n", "link.latency = 5", "no unit", '"5us"')
+    refused("[link]\njitter = [1]\n", "link.jitter", "an array", '"5us"')
+    refused("[switch]\nslots = 4096.0\n", "switch.slots = 4096.0", "a float", "whole number such as 4096")
+    refused('[switch]\nelements = "64"\n', "switch.elements", "a string", "whole number")
+    refused("fabric = 1\n", "fabric = 1", "an integer", "ina")
+    refused("name = 1979-05-27\n", "name = datetime.date(1979, 5, 27)", "a date", "give a string")
+    refused('link = "fast"\n', "link = 'fast'", "a string", "write a [link] table")
+    refused('[[switch]]\nslots = 1\n', "switch = [...]", "an array", "[switch] table")
+    refused('name = "a\\nb"\n', "name", "control character", "one line")
+
+
+def test_out_of_range() -> None:
+    refused('[link]\nbandwidth = "0Gbps"\n', "link.bandwidth = '0Gbps'", "1kbps to 100Tbps", "ideal")
+    refused('[link]\nbandwidth = "fast"\n', "link.bandwidth = 'fast'", '"100Gbps"')
+    refused('[link]\nlatency = "2d"\n', "link.latency = '2d'", "a duration with a unit", '"5us"')
+    refused('[link]\njitter = "90000s"\n', "link.jitter", "at most a day")
+    for loss in ("1.0", "-0.1", "nan", "inf", "1"):
+        refused(f"[link]\nloss = {loss}\n", "link.loss", "[0, 1)")
+    for slots in ("0", "16777217", "-1", "9" * 100):
+        refused(f"[switch]\nslots = {slots}\n", "switch.slots", "1..16777216")
+    refused("[switch]\nelements = 128\n", "switch.elements = 128", "64 or 256")
+    refused('fabric = "inaa"\n', "fabric = 'inaa'", "did you mean ina?", "ring")
+
+
+def test_syntax_errors_and_sizes() -> None:
+    refused("[link]\nbandwidth = 100Gbps\n", "not valid TOML", "line 2, column", "need quotes")
+    refused("a = " + "[" * 5000, "too deeply")
+    refused("[switch]\nslots = " + "9" * 5000 + "\n", "thousands of digits", "ordinary size")
+    refused("# " + "x" * MAX_DESIGN_BYTES, "larger than", "a few lines")
+
+
+def test_file_problems(tmp_path: Path) -> None:
+    def message(path: Any) -> str:
+        with pytest.raises(ConfigError) as info:
+            load_design(path)
+        msg = str(info.value)
+        assert msg.startswith(f"{os.fspath(path)}: ") and "\n" not in msg, msg
+        return msg
+
+    assert "no such file" in message(tmp_path / "missing.toml")
+    assert "is a directory" in message(tmp_path)
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes('name = "caf\xe9"\n'.encode("latin-1"))
+    assert "not UTF-8" in message(bad) and "save the design as UTF-8" in message(bad)
+    big = tmp_path / "big.toml"
+    big.write_bytes(b"#" * (MAX_DESIGN_BYTES + 1))
+    assert "larger than" in message(big)
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[link\n")
+    assert "not valid TOML" in message(str(broken))
+    good = tmp_path / "good.toml"
+    good.write_text('fabric = "ring"\n')
+    assert load_design(str(good)).fabric == "ring" and load_design(good).path == str(good)
+
+
+# ---- overlay: design over defaults, flags over design ----
+
+DESIGN = NetworkDesign(path="d.toml", fabric="ring", bandwidth_bps=25e9, latency_us=10.0, loss=0.01,
+                       jitter_us=1.0, slots=1024, elements=256)
+
+
+def test_overlay_design_over_defaults() -> None:
+    config = DESIGN.overlay(ReplayConfig(workers=4), frozenset())
+    assert config.workers == 4 and config.fabric == "ring" and (config.slots, config.elements) == (1024, 256)
+    assert config.link == LinkSpec(bandwidth_bps=25e9, latency_us=10.0, loss=0.01, jitter_us=1.0)
+    config.check()
+
+
+def test_overlay_flags_win() -> None:
+    typed = ReplayConfig(fabric="ps", link=LinkSpec(bandwidth_bps=1e9, loss=0.2), slots=64)
+    config = DESIGN.overlay(typed, frozenset({"fabric", "link.bandwidth", "link.loss", "switch.slots"}))
+    assert (config.fabric, config.link.bandwidth_bps, config.link.loss, config.slots) == ("ps", 1e9, 0.2, 64)
+    assert (config.link.latency_us, config.link.jitter_us, config.elements) == (10.0, 1.0, 256)
+    everything = DESIGN.overlay(typed, frozenset(KEYS))
+    assert everything == typed
+
+
+def test_overlay_unset_keys_keep_the_config() -> None:
+    config = ReplayConfig(link=LinkSpec(latency_us=7.0))
+    assert NetworkDesign().overlay(config, frozenset()) is config
+    assert NetworkDesign(loss=0.1).overlay(config, frozenset()).link == LinkSpec(latency_us=7.0, loss=0.1)
+    with pytest.raises(ValueError):
+        DESIGN.overlay(config, frozenset({"bandwidth"}))  # a flag name, not a key: a caller's mistake
+    assert set(FLAG_KEYS.values()) == set(KEYS)
+
+
+# ---- resolved_design and dump_design ----
+
+def test_resolved_design() -> None:
+    config = DESIGN.overlay(ReplayConfig(), frozenset())
+    assert resolved_design(config, DESIGN) == {
+        "file": "d.toml", "name": None, "fabric": "ring",
+        "link": {"bandwidth_bps": 25e9, "latency_us": 10.0, "loss": 0.01, "jitter_us": 1.0},
+        "switch": {"slots": 1024, "elements": 256}}
+    ideal = resolved_design(ReplayConfig(link=LinkSpec(bandwidth_bps=math.inf)), None)
+    assert ideal["file"] is None and ideal["link"]["bandwidth_bps"] is None
+    assert ideal["switch"] == {"slots": ReplayConfig().emulated_slots, "elements": 64}
+
+
+def test_dump_round_trip_of_a_run() -> None:
+    config = ReplayConfig(fabric="ps", link=LinkSpec(bandwidth_bps=math.inf, latency_us=0.1, loss=1e-5))
+    for source in (config, resolved_design(config, None)):
+        text = dump_design(source)
+        back = parse_design(text, "saved.toml")
+        # the same run, its pool now fixed at the size it had
+        assert back.overlay(ReplayConfig(), frozenset()) == dataclasses.replace(config, slots=config.emulated_slots)
+        assert 'bandwidth = "ideal"' in text and 'fabric = "ps"' in text
+
+
+def test_dump_keeps_labels() -> None:
+    design = NetworkDesign(path="p.toml", name='a "quoted" \\ name', description="two\nlines\ttab\x7f",
+                           loss=0.5)
+    back = parse_design(dump_design(design), "p.toml")
+    assert back == design
+    assert dump_design(NetworkDesign()) == "# emu network design\n"
+
+
+# ---- fuzzing ----
+
+@FAST
+@given(st.text(max_size=300)
+       | st.lists(st.sampled_from(['fabric = "ina"', "[link]", "[switch]", 'bandwidth = "1Gbps"', "loss = 0.5",
+                                   "slots = 7", "elements = 256", "[topology]", "= 1", '"', "[", "]", "{",
+                                   'latency = "1 ms"', "jitter = 3", "x.y = 1", "name = 'n'", "\x00", "\ufeff"]),
+                  max_size=12).map("\n".join))
+def test_fuzz_any_text(text: str) -> None:
+    try:
+        parse_design(text, "f.toml")
+    except ConfigError as exc:
+        assert str(exc).startswith("f.toml: ") and "\n" not in str(exc)
+
+
+def toml_value(value: Any) -> str:
+    """A value as a TOML inline value (tables inline), for documents of any shape."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf") if math.isinf(value) else repr(value)
+    if isinstance(value, (int, datetime.date, datetime.time)):
+        return value.isoformat() if not isinstance(value, int) else str(value)
+    if isinstance(value, str):
+        return toml_string(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(map(toml_value, value)) + "]"
+    return "{" + ", ".join(f"{toml_string(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
+
+
+def toml_string(text: str) -> str:
+    return '"' + "".join(f"\\u{ord(c):04x}" if ord(c) < 32 or c in '"\\\x7f' else c for c in text) + '"'
+
+
+def toml_document(doc: dict[str, Any]) -> str:
+    """Top-level scalars first, then each table as [table] (its own tables inline)."""
+    lines = [f"{toml_string(k)} = {toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
+    for k, v in doc.items():
+        if isinstance(v, dict):
+            lines += [f"[{toml_string(k)}]", *(f"{toml_string(kk)} = {toml_value(vv)}" for kk, vv in v.items())]
+    return "\n".join(lines) + "\n"
+
+
+KEY_NAMES = st.sampled_from(["fabric", "name", "description", "link", "switch", "topology", "bandwidth",
+                             "latency", "loss", "jitter", "slots", "elements"]) | st.text(max_size=8)
+toml_scalars = (st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
+                | st.sampled_from(["ina", "ring", "100Gbps", "ideal", "5us", "0", 64, 256, 4096, 0.5, 1 << 24])
+                | st.dates() | st.datetimes(timezones=st.none()) | st.times())
+toml_values = st.recursive(toml_scalars, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(KEY_NAMES, inner, max_size=3), max_leaves=8)
+
+
+@FAST
+@given(st.dictionaries(KEY_NAMES, toml_values, max_size=5))
+def test_fuzz_toml_documents(doc: dict[str, Any]) -> None:
+    text = toml_document(doc)
+    try:
+        parse_design(text, "f.toml")
+    except ConfigError as exc:
+        assert str(exc).startswith("f.toml: ") and "\n" not in str(exc), str(exc)
+
+
+UNITS = {"bps": 1.0, "kbps": 1e3, "Mbps": 1e6, "Gbps": 1e9, "Tbps": 1e12, "GBps": 8e9, "Gbit": 1e9}
+NAME_CHARS = st.characters(blacklist_categories=("Cc", "Cs"))  # one line: what a name may hold
+TIMES = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
+
+
+@st.composite
+def rate(draw: st.DrawFn) -> tuple[str, float]:
+    if draw(st.booleans()) and draw(st.booleans()):
+        return "ideal", math.inf
+    unit = draw(st.sampled_from(sorted(UNITS)))
+    scale = 8.0 if unit[1:].startswith("B") else 1.0  # parse_bandwidth's order: number, prefix, bits
+    prefix = UNITS[unit] / scale
+    n = draw(st.integers(max(1, math.ceil(1e3 / UNITS[unit])), int(1e14 // UNITS[unit])))
+    return f"{n}{unit}", float(n) * prefix * scale
+
+
+@st.composite
+def duration(draw: st.DrawFn) -> tuple[str, float]:
+    unit = draw(st.sampled_from(sorted(TIMES)))
+    n = draw(st.integers(0, int(86400e6 / TIMES[unit])))
+    return f"{n}{unit}", float(n) * TIMES[unit]
+
+
+@FAST
+@given(st.fixed_dictionaries({}, optional={
+    "fabric": st.sampled_from(fabrics.names()), "name": st.text(NAME_CHARS, max_size=10),
+    "link.bandwidth": rate(), "link.latency": duration(), "link.jitter": duration(),
+    "link.loss": st.floats(0, 1, exclude_max=True), "switch.slots": st.integers(1, 1 << 24),
+    "switch.elements": st.sampled_from([64, 256])}))
+def test_fuzz_valid_designs_parse_to_their_values(values: dict[str, Any]) -> None:
+    lines, tables = [], {"link": [], "switch": []}
+    for key, value in values.items():
+        text = value[0] if isinstance(value, tuple) else value
+        line = f"{toml_string(text) if isinstance(text, str) else toml_value(text)}"
+        if "." in key:
+            tables[key.split(".")[0]].append(f"{key.split('.')[1]} = {line}")
+        else:
+            lines.append(f"{key} = {line}")
+    for table, body in tables.items():
+        if body:
+            lines += [f"[{table}]", *body]
+    design = parse_design("\n".join(lines), "v.toml")
+    for key in KEYS:
+        want = values.get(key)
+        assert design.value(key) == (want[1] if isinstance(want, tuple) else want), key
+    assert design.name == values.get("name")
+    assert parse_design(dump_design(design), "v.toml") == design
+
+
+@FAST
+@given(st.builds(NetworkDesign, path=st.none(), name=st.none() | st.text(NAME_CHARS, max_size=8),
+                 description=st.none() | st.text(max_size=20),
+                 fabric=st.none() | st.sampled_from(fabrics.names()),
+                 bandwidth_bps=st.none() | st.just(math.inf) | st.floats(1e3, 1e14),
+                 latency_us=st.none() | st.floats(0, 86400e6), loss=st.none() | st.floats(0, 1, exclude_max=True),
+                 jitter_us=st.none() | st.floats(0, 86400e6), slots=st.none() | st.integers(1, 1 << 24),
+                 elements=st.none() | st.sampled_from([64, 256])))
+def test_fuzz_dump_round_trip(design: NetworkDesign) -> None:
+    assert parse_design(dump_design(design), "r.toml") == NetworkDesign(**{**design.__dict__, "path": "r.toml"})

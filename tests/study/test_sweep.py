@@ -1,0 +1,188 @@
+"""emu sweep: a real small grid into a folder (tables, reports, plots), resume, retries, estimates."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from emu.cli import cli
+from emu.errors import RunFailed
+from emu.study import sweep as sweep_mod
+from emu.traces import sample_path
+
+# mlp at payload scale 64: one iteration replays in about a second per point
+FAST = ["--iters", "1", "--payload-scale", "64", "--bandwidth", "10Gbps"]
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, ["sweep", *args], catch_exceptions=False)
+
+
+def rows(out: Path) -> list[dict]:
+    with open(out / "results.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("study")
+    result = run("mlp", "--workers", "2,4", "--fabric", "ina,ring", *FAST, "--out", str(out))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_sweep_writes_tables_reports_and_plots(study: Path) -> None:
+    table = rows(study)
+    assert [(r["fabric"], r["workers"]) for r in table] == [("ina", "2"), ("ina", "4"), ("ring", "2"), ("ring", "4")]
+    for r in table:
+        assert r["status"] == "replayed" and r["verification_ok"] == "True" and r["trustworthy"] == "True"
+        report = json.loads(Path(r["report"]).read_text())
+        assert report["summary"]["iteration_us_median"] == pytest.approx(float(r["iteration_us_median"]))
+        assert report["config"]["workers"] == int(r["workers"]) and report["config"]["fabric"] == r["fabric"]
+        assert float(r["predicted_us"]) > 0  # the closed form beside every replayed point
+        assert float(r["predict_error"]) == pytest.approx(
+            (float(r["iteration_us_median"]) - float(r["predicted_us"])) / float(r["predicted_us"]))
+    by = {(r["fabric"], r["workers"]): float(r["iteration_us_median"]) for r in table}
+    ina4 = next(r for r in table if r["fabric"] == "ina" and r["workers"] == "4")
+    assert ina4["speedup_over"] == "ring"
+    assert float(ina4["speedup"]) == pytest.approx(by[("ring", "4")] / by[("ina", "4")])
+    assert float(ina4["scaling_efficiency"]) == pytest.approx(by[("ina", "2")] / by[("ina", "4")])
+    doc = json.loads((study / "results.json").read_text())
+    assert doc["results_version"] == 1 and len(doc["points"]) == 4
+    for name in ("iteration", "speedup", "efficiency", "breakdown"):
+        png = study / "plots" / f"mlp-{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_sweep_resumes_finished_points(study: Path, monkeypatch) -> None:
+    before = rows(study)
+    victim = Path(before[1]["report"])
+    victim.unlink()
+    calls = []
+    real = sweep_mod._replay_point
+
+    def counted(replay, trace, point, *args):
+        calls.append(point.slug)
+        return real(replay, trace, point, *args)
+
+    monkeypatch.setattr(sweep_mod, "_replay_point", counted)
+    result = run("mlp", "--workers", "2,4", "--fabric", "ina,ring", *FAST, "--out", str(study))
+    assert result.exit_code == 0, result.output
+    assert calls == [victim.stem]  # only the missing point ran again
+    after = rows(study)
+    assert [r["iteration_us_median"] for r in after] == [r["iteration_us_median"] for r in before]
+    assert "(resumed)" in result.output
+
+
+def test_point_past_the_limit_is_an_estimate_labelled_as_such(tmp_path: Path, monkeypatch) -> None:
+    from emu.emulator import fabric
+
+    monkeypatch.setattr(fabric.Ring, "p2p_worker_limit", 2)
+    result = run("mlp", "--workers", "2,4", "--fabric", "ring", *FAST, "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    table = rows(tmp_path)
+    assert [r["status"] for r in table] == ["replayed", "estimate"]
+    est = table[1]
+    assert est["report"] == "" and "analytic estimate" in est["reason"]
+    assert float(est["iteration_us_median"]) == pytest.approx(float(est["predicted_us"]))
+    assert "estimate" in result.output
+    assert not list((tmp_path / "points").glob("*w4*.json"))  # nothing pretends to be a replay
+
+
+def test_crashed_point_is_retried_once_then_recorded_failed(tmp_path: Path, monkeypatch) -> None:
+    import emu.replay
+
+    attempts = []
+
+    def crash(trace, config, **kw):
+        attempts.append(config.workers)
+        raise RunFailed("worker host 0 died (exit code -9)")
+
+    monkeypatch.setattr(emu.replay, "replay", crash)
+    result = run("mlp", "--workers", "2", *FAST, "--out", str(tmp_path))
+    assert result.exit_code == 1
+    assert attempts == [2, 2]
+    (row,) = rows(tmp_path)
+    assert row["status"] == "failed" and row["attempts"] == "2" and "died" in row["reason"]
+    log = Path(row["log"]).read_text()
+    assert log.count("died (exit code -9)") == 2 and "attempt 2" in log
+
+
+def test_flaky_point_succeeds_on_its_retry(tmp_path: Path, monkeypatch) -> None:
+    import emu.replay
+
+    real = emu.replay.replay
+    attempts = []
+
+    def flaky(trace, config, **kw):
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise RunFailed("the switch process died")
+        return real(trace, config, **kw)
+
+    monkeypatch.setattr(emu.replay, "replay", flaky)
+    result = run("mlp", "--workers", "2", *FAST, "--out", str(tmp_path), "--no-plots")
+    assert result.exit_code == 0, result.output
+    (row,) = rows(tmp_path)
+    assert row["status"] == "replayed" and row["attempts"] == "2"
+    assert not list((tmp_path / "points").glob("*.log"))
+
+
+def test_interrupted_sweep_keeps_the_finished_points(tmp_path: Path, monkeypatch) -> None:
+    import emu.replay
+
+    real = emu.replay.replay
+    done = []
+
+    def interrupted(trace, config, **kw):
+        if done:
+            raise KeyboardInterrupt
+        done.append(1)
+        return real(trace, config, **kw)
+
+    monkeypatch.setattr(emu.replay, "replay", interrupted)
+    result = CliRunner().invoke(cli, ["sweep", "mlp", "--workers", "2,4", *FAST, "--out", str(tmp_path)])
+    assert result.exit_code == 130
+    (row,) = rows(tmp_path)
+    assert row["workers"] == "2" and row["status"] == "replayed"
+
+
+def test_design_files_are_an_axis_and_typed_flags_win(tmp_path: Path) -> None:
+    a = tmp_path / "a.toml"
+    a.write_text('name = "fast"\nfabric = "ina"\n[link]\nbandwidth = "100Gbps"\n')
+    b = tmp_path / "b.toml"
+    b.write_text('name = "slow-ring"\nfabric = "ring"\n[link]\nbandwidth = "10Gbps"\nlatency = "20us"\n')
+    out = tmp_path / "out"
+    result = run("mlp", "--network", str(a), "--network", str(b), "--workers", "2", "--latency", "1us",
+                 "--iters", "1", "--payload-scale", "64", "--out", str(out), "--no-plots")
+    assert result.exit_code == 0, result.output
+    table = rows(out)
+    assert [(r["design"], r["fabric"], float(r["bandwidth_bps"]), float(r["latency_us"])) for r in table] == [
+        ("fast", "ina", 100e9, 1.0), ("slow-ring", "ring", 10e9, 1.0)]
+    design = json.loads(Path(table[1]["report"]).read_text())["config"]["design"]
+    assert design["file"] == str(b) and design["name"] == "slow-ring" and design["link"]["latency_us"] == 1.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workers", "8,,64"], "--workers"),
+    (["--workers", "8,x"], "not a whole number"),
+    (["--fabric", "ina,nope"], "nope"),
+    (["--loss", "0,2"], "--loss"),
+    (["--bandwidth", "10Gbps,fast"], "fast"),
+])
+def test_bad_grid_is_refused_before_anything_runs(tmp_path: Path, args: list[str], message: str) -> None:
+    result = run("mlp", *args, "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_sweep_of_two_traces_labels_them(tmp_path: Path) -> None:
+    result = run("mlp", str(sample_path("cnn")), "--workers", "2", "--iters", "1", "--payload-scale", "64",
+                 "--out", str(tmp_path), "--no-plots", "--no-predict")
+    assert result.exit_code == 0, result.output
+    assert [r["trace"] for r in rows(tmp_path)] == ["mlp", "cnn"]

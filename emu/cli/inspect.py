@@ -19,8 +19,10 @@ def inspect(trace_path: Path, as_json: bool) -> None:
     """Summarize a trace: ranks, iterations, step and compute time, collectives, overlap."""
     from rich.table import Table
 
+    from emu.cli.options import trace_path as resolve
     from emu.traces import load_trace, summarize
 
+    trace_path = resolve(str(trace_path))  # a shipped sample's name works too, as in replay
     s = summarize(load_trace(trace_path))
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(s), indent=2))

@@ -35,13 +35,10 @@ def human_bytes(n: float) -> str:
 
 
 def human_bandwidth(bps: float | None) -> str:
-    """A link rate as people write it (None: an ideal link)."""
-    if bps is None or bps == float("inf"):
-        return "ideal links"
-    for unit, scale in (("Tbps", 1e12), ("Gbps", 1e9), ("Mbps", 1e6), ("kbps", 1e3)):
-        if bps >= scale:
-            return f"{bps / scale:g} {unit}"
-    return f"{bps:g} bps"
+    """A link rate for a table ('25 Gbps'; 'ideal' for an infinite link, None in reports)."""
+    from emu.emulator.links import format_bandwidth
+
+    return format_bandwidth(bps, " ")
 
 
 def ms(us: float | None) -> str:

@@ -23,10 +23,8 @@ def predict(ctx: click.Context, as_json: bool, **params: Any) -> None:
       emu predict mlp --workers 8,64,512 --fabric ina,ring --bandwidth 25Gbps,100Gbps
     """
     from emu.study.predict import predict as estimate
-    from emu.study.sweep import TraceCache
 
-    _grid, pts = build_grid(ctx, params)
-    traces = TraceCache()
+    pts, traces = build_grid(ctx, params)
     rows = []
     for p in pts:
         e = estimate(traces.get(p.trace), p.config)
@@ -52,5 +50,6 @@ def predict(ctx: click.Context, as_json: bool, **params: Any) -> None:
         t.add_row(*[fn(r) for fn in shown.values()], ms(r["iteration_us_median"]), ms(r["compute_us"]),
                   ms(r["exposed_comm_us"]))
     out().print(t)
-    if rows:
-        err().print(f"method: {rows[0]['method']}", markup=False, highlight=False, soft_wrap=True)
+    err().print("each collective's closed-form time (docs/physics.md, \"Predictions\") on the trace's schedule of "
+                "compute, issues and waits; queueing between overlapping collectives, jitter, stragglers' noise and "
+                "point-to-point loss beyond one chain's expectation are left out (--json gives each point's method)", markup=False, highlight=False, soft_wrap=True)

@@ -7,17 +7,9 @@ from pathlib import Path
 import click
 
 from emu.cli import cli
+from emu.cli.options import auto, trace_path, typed
 from emu.cli.output import Progress, err, human_bandwidth, human_bytes, ms, out
 from emu.errors import CheckFailed, ConfigError, EmuError
-
-
-def _trace_path(text: str) -> Path:
-    from emu.traces import SAMPLES, sample_path
-
-    path = Path(text)
-    if not path.exists() and text in SAMPLES:
-        return sample_path(text)
-    return path
 
 
 @cli.command()
@@ -77,7 +69,7 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
     from emu.replay.report import check_writable
     from emu.traces import load_trace
 
-    path = _trace_path(trace_arg)
+    path = trace_path(trace_arg)
     trace = load_trace(path)
     design = None
     given: frozenset[str] = frozenset()
@@ -85,7 +77,7 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
         from emu.replay.design import FLAG_KEYS, load_design
 
         design = load_design(network)
-        given = frozenset(key for name, key in FLAG_KEYS.items() if _typed(ctx, name))
+        given = frozenset(key for name, key in FLAG_KEYS.items() if typed(ctx, name))
         if design.fabric is not None and "fabric" not in given:
             fabric = design.fabric
     fabrics = [f.strip() for f in fabric.split(",") if f.strip()]
@@ -106,7 +98,7 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
     for name in fabrics:
         config = ReplayConfig(workers=workers, fabric=name, link=link, iters=iters,
                               clock=Clock(clock) if clock else (Clock.WALL if tdf is not None else None),
-                              tdf=None if tdf is None else _auto(tdf, float, "--tdf"), payload_scale=_auto(payload_scale, int, "--payload-scale"),
+                              tdf=None if tdf is None else auto(tdf, float, "--tdf"), payload_scale=auto(payload_scale, int, "--payload-scale"),
                               stragglers=tuple(Straggler.parse(x) for x in stragglers), seed=seed, slots=slots,
                               elements=int(elements), processes=processes, ps_shards=ps_shards, timeout_s=timeout)
         if design is not None:
@@ -179,21 +171,6 @@ def _table(reports, path: Path) -> None:
         if r.emulator.advice:
             err().print(f"{r.config['fabric']}: not trustworthy: {r.emulator.advice}", markup=False,
                         highlight=False, soft_wrap=True)
-
-
-def _typed(ctx: click.Context, name: str) -> bool:
-    """Whether the user gave this option (a typed flag wins over a design file)."""
-    source = ctx.get_parameter_source(name)
-    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
-
-
-def _auto(text: str, kind, option: str):
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        return kind(text)
-    except ValueError:
-        raise ConfigError(f"{option} {text!r}: give a number or auto") from None
 
 
 def _median(values: list[float]) -> float:

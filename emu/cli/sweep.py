@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from emu.cli import cli
 from emu.cli.output import Progress, err, human_bandwidth, ms, out
+
+if TYPE_CHECKING:
+    from emu.study.grid import Point, TraceCache
+    from emu.study.sweep import Row
 
 
 def grid_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -42,36 +46,34 @@ def grid_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def build_grid(ctx: click.Context, params: dict[str, Any]):
-    """The grid the options describe, and every point of it (checked before anything runs)."""
-    from emu.cli.replay import _auto, _trace_path, _typed
+def build_grid(ctx: click.Context, params: dict[str, Any]) -> tuple[list[Point], TraceCache]:
+    """Every point of the grid the options describe (checked before anything runs), and the traces."""
+    from emu.cli.options import auto, trace_path, typed
     from emu.emulator.links import LinkSpec, parse_duration_us
     from emu.replay.config import ReplayConfig
     from emu.replay.design import FLAG_KEYS
-    from emu.study.grid import Grid, float_axis, int_axis, points, text_axis
+    from emu.study.grid import Grid, TraceCache, float_axis, int_axis, points, text_axis, unique
 
-    def typed(name: str) -> bool:
-        return _typed(ctx, name)
-
-    traces = tuple(str(_trace_path(t)) for t in params["traces"])
+    traces = unique([str(trace_path(t)) for t in params["traces"]])
     base = ReplayConfig(link=LinkSpec(jitter_us=parse_duration_us(params["jitter"], "--jitter")),
                         iters=params["iters"], seed=params["seed"], slots=params["slots"],
                         elements=int(params["elements"]), ps_shards=params["ps_shards"],
-                        payload_scale=_auto(params["payload_scale"], int, "--payload-scale"), timeout_s=params["timeout"])
-    given = frozenset(key for name, key in FLAG_KEYS.items() if typed(name))
+                        payload_scale=auto(params["payload_scale"], int, "--payload-scale"), timeout_s=params["timeout"])
+    given = frozenset(key for name, key in FLAG_KEYS.items() if typed(ctx, name))
     networks = tuple(params["networks"])
     # Without a design file an untyped axis takes its flag's default; with one, the file's value.
     def axis(name: str, parse, text: str) -> tuple:
-        return parse(text, f"--{name}") if typed(name) or not networks else (None,)
+        return parse(text, f"--{name}") if typed(ctx, name) or not networks else (None,)
 
     grid = Grid(traces=traces, workers=int_axis(params["workers"], "--workers"),
                 fabrics=axis("fabric", text_axis, params["fabric"]),
                 bandwidths=axis("bandwidth", text_axis, params["bandwidth"]),
                 latencies=axis("latency", text_axis, params["latency"]),
                 losses=axis("loss", float_axis, params["loss"]),
-                networks=networks or (None,), stragglers=tuple(params["stragglers"]) or (None,),
+                networks=unique(list(networks)) or (None,), stragglers=unique(list(params["stragglers"])) or (None,),
                 base=base, given=given)
-    return grid, points(grid)
+    cache = TraceCache()
+    return points(grid, cache), cache
 
 
 @cli.command()
@@ -92,7 +94,7 @@ def sweep(ctx: click.Context, out_dir: Path, no_plots: bool, no_predict: bool, *
     from emu.replay.report import check_writable
     from emu.study.sweep import Status, run_sweep
 
-    _grid, pts = build_grid(ctx, params)
+    pts, traces = build_grid(ctx, params)
     check_writable(out_dir / "results.json", "--out")
     err().print(f"sweep: {len(pts)} points into {out_dir}", markup=False, highlight=False)
 
@@ -104,7 +106,7 @@ def sweep(ctx: click.Context, out_dir: Path, no_plots: bool, no_predict: bool, *
                     soft_wrap=True)
 
     with Progress(f"sweep ({len(pts)} points)") as bar:
-        result = run_sweep(pts, out_dir, with_prediction=not no_predict, on_point=done,
+        result = run_sweep(pts, out_dir, traces, with_prediction=not no_predict, on_point=done,
                            on_start=lambda i, p: bar.status(f"{i + 1}/{len(pts)} {p.slug}"),
                            on_progress=bar.update)
     rows = list(result.rows)
@@ -125,7 +127,7 @@ def sweep(ctx: click.Context, out_dir: Path, no_plots: bool, no_predict: bool, *
                           "and the logs in points/ (run again to retry them)")
 
 
-def split_axes(rows: list, get) -> tuple[dict, list[str]]:
+def split_axes(rows: list[Any], get: Callable[[Any, str], Any]) -> tuple[dict[str, Callable[[Any], str]], list[str]]:
     """The axes that vary between rows (columns: name -> cell function) and, as "name value" texts,
     those that do not (for the title). ``get(row, axis)`` reads an axis of a row."""
     axes = {"trace": lambda r: get(r, "trace"), "design": lambda r: get(r, "design") or "-",
@@ -138,7 +140,7 @@ def split_axes(rows: list, get) -> tuple[dict, list[str]]:
     return shown, fixed
 
 
-def _table(rows) -> None:
+def _table(rows: list[Row]) -> None:
     from rich.table import Table
 
     from emu.study.sweep import Status
@@ -161,15 +163,17 @@ def _table(rows) -> None:
     out().print(t)
 
 
-def _speedups(rows) -> list[str]:
-    """One line per fabric and setting: how much faster it is than the reference, by workers."""
+def _speedups(rows: list[Row]) -> list[str]:
+    """One line per fabric (or design) and setting: how much faster it is than the reference, by
+    workers; the setting names every axis that varies in the study besides fabric and workers."""
+    shown, _ = split_axes(rows, getattr)
+    setting = [fn for name, fn in shown.items() if name not in ("fabric", "workers", "design")]
     lines: dict[tuple, list[str]] = {}
     for r in rows:
         if r.speedup is None or r.fabric == r.speedup_over:
             continue
-        where = (r.trace, r.design or r.fabric, r.speedup_over, human_bandwidth(r.bandwidth_bps), r.latency_us,
-                 r.loss, r.stragglers)
+        where = (r.design or r.fabric, r.speedup_over, *(fn(r) for fn in setting))
         est = " (against an analytic estimate)" if r.speedup_estimated else ""
         lines.setdefault(where, []).append(f"{r.speedup:.2f}x at {r.workers} workers{est}")
-    return [f"{trace}: {name} over {ref} at {bw}: {', '.join(parts)}"
-            for (trace, name, ref, bw, *_), parts in lines.items()]
+    return [f"{name} over {ref}" + (f" ({', '.join(rest)})" if rest else "") + f": {', '.join(parts)}"
+            for (name, ref, *rest), parts in lines.items()]

@@ -45,6 +45,17 @@ def parse_bandwidth(text: str) -> float:
     return value
 
 
+def format_bandwidth(bps: float | None, sep: str = "") -> str:
+    """A link rate as people write it, ``parse_bandwidth`` reads back (to ``%g``'s digits):
+    '25Gbps'; 'ideal' for an infinite link (None in reports)."""
+    if bps is None or bps == math.inf:
+        return "ideal"
+    for unit, scale in (("Tbps", 1e12), ("Gbps", 1e9), ("Mbps", 1e6), ("kbps", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:g}{sep}{unit}"
+    return f"{bps:g}{sep}bps"
+
+
 def parse_duration_us(text: str, option: str = "--latency") -> float:
     """'5us', '1ms', '0', '2.5 µs', '1s' -> microseconds (at most a day)."""
     t = text.strip().lower().replace(" ", "").replace("µ", "u")

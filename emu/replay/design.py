@@ -2,10 +2,10 @@
 
 This module owns the design file's keys and their meaning (docs/design.md, "Network design
 files"): reading and checking a file (``load_design``, ``parse_design``), laying a design over a
-replay's configuration with the flags a user typed winning (``NetworkDesign.overlay``), the
-design as a run resolved it for the report (``resolved_design``), and writing one back as TOML
-(``dump_design``). Every refusal is one ConfigError line naming the file, the dotted key and the
-fix. Later issues add their keys here (``[topology]`` is reserved until then).
+replay's configuration with the flags a user typed winning (``NetworkDesign.overlay``), and the
+design as a run resolved it for the report (``resolved_design``). Every refusal is one ConfigError
+line naming the file, the dotted key and the fix. Later issues add their keys here (``[topology]``
+is reserved until then).
 """
 
 from __future__ import annotations
@@ -316,75 +316,3 @@ def resolved_design(config: ReplayConfig, design: NetworkDesign | None = None) -
             "link": {"bandwidth_bps": None if math.isinf(link.bandwidth_bps) else link.bandwidth_bps,
                      "latency_us": link.latency_us, "loss": link.loss, "jitter_us": link.jitter_us},
             "switch": {"slots": config.emulated_slots, "elements": config.elements}}
-
-
-def dump_design(design: dict[str, Any] | ReplayConfig | NetworkDesign) -> str:
-    """TOML text of a design: a resolved one (``resolved_design``'s dict), a configuration's, or a
-    parsed design (its set keys only). ``parse_design`` of the text gives the same values back."""
-    if isinstance(design, ReplayConfig):
-        design = resolved_design(design, None)
-    if isinstance(design, dict):
-        design = _from_resolved(design)
-    lines = ["# emu network design" + (f" (resolved from {_show(design.path)})" if design.path else "")]
-    for key in ("name", "description", "fabric"):
-        if getattr(design, key) is not None:
-            lines.append(f"{key} = {_toml_string(getattr(design, key))}")
-    for table, keys in _TABLES.items():
-        body = [f"{key} = {_toml_value(f'{table}.{key}', design.value(f'{table}.{key}'))}"
-                for key in keys if design.value(f"{table}.{key}") is not None]
-        if body:
-            lines += ["", f"[{table}]", *body]
-    return "\n".join(lines) + "\n"
-
-
-_UNSET = object()  # the resolved dict's None bandwidth means ideal, so absence needs its own mark
-
-
-def _from_resolved(doc: dict[str, Any]) -> NetworkDesign:
-    link, switch = doc.get("link") or {}, doc.get("switch") or {}
-    bandwidth = link.get("bandwidth_bps", _UNSET)
-    return NetworkDesign(path=doc.get("file"), name=doc.get("name"), description=doc.get("description"),
-                         fabric=doc.get("fabric"),
-                         bandwidth_bps=None if bandwidth is _UNSET else math.inf if bandwidth is None else bandwidth,
-                         latency_us=link.get("latency_us"), loss=link.get("loss"), jitter_us=link.get("jitter_us"),
-                         slots=switch.get("slots"), elements=switch.get("elements"))
-
-
-def _toml_value(key: str, value: Any) -> str:
-    if key == "link.bandwidth":
-        return _toml_string(_rate(float(value)))
-    if key in ("link.latency", "link.jitter"):
-        return _toml_string(f"{_number(float(value))}us")
-    if key == "link.loss":
-        return repr(float(value))  # Python's repr of a finite float is a TOML float, read back exactly
-    return str(int(value))
-
-
-def _rate(bps: float) -> str:
-    """The bandwidth in the largest unit that parse_bandwidth reads back to the same float."""
-    if math.isinf(bps):
-        return "ideal"
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        mantissa = bps / scale
-        if mantissa >= 1 and float(repr(mantissa)) * scale == bps:
-            return f"{_number(mantissa)}{unit}bps"
-    return f"{_number(bps)}bps"
-
-
-def _number(x: float) -> str:
-    """repr without a trailing '.0' (100Gbps, not 100.0Gbps); either reads back the same float."""
-    text = repr(x)
-    return text[:-2] if text.endswith(".0") else text
-
-
-def _toml_string(text: str) -> str:
-    """A TOML basic string: quotes, backslashes and control characters escaped."""
-    out = []
-    for c in text:
-        if c in '"\\':
-            out.append("\\" + c)
-        elif ord(c) < 32 or ord(c) == 127:
-            out.append(f"\\u{ord(c):04x}")
-        else:
-            out.append(c)
-    return '"' + "".join(out) + '"'

@@ -150,7 +150,7 @@ class FakeWorker:
             return False
         rec = s.records[-1]
         rec.end_us = s.t
-        rec.comm_us = _union((r.issue_us, r.end_us) for r in s.colls.values())
+        rec.comm_us = union_us((r.issue_us, r.end_us) for r in s.colls.values())
         s.it += 1
         s.op = 0
         s.colls = {}
@@ -177,7 +177,8 @@ class FakeWorker:
             self._resume_at(self, max([s.t] + [r.end_us for r in s.colls.values()]))
 
 
-def _union(spans) -> float:
+def union_us(spans) -> float:
+    """The total length of the union of (start, end) intervals."""
     total, end = 0.0, float("-inf")
     for a, b in sorted(spans):
         if b > end:

@@ -67,6 +67,7 @@ class Comparison:
     points: tuple[PointResult, ...]  # failures first, then by |change| descending
     # points on one side only whose trace the other side has under another configuration
     unpaired_by_config: int = 0
+    one_per_trace: bool = True  # each side holds one report per trace: --ignore-config could pair them
 
     @property
     def failures(self) -> tuple[PointResult, ...]:
@@ -85,8 +86,10 @@ class Comparison:
             return f"{len(self.points)} point(s) ok{faster} ({tol})"
         kinds = ", ".join(f"{n} {_PLURAL[v] if n > 1 else v.value.lower()}"
                           for v, n in counts.items() if v.failed and n)
-        hint = (f"; {self.unpaired_by_config} of them have their trace on the other side under another "
-                "configuration: --ignore-config pairs by trace alone" if self.unpaired_by_config else "")
+        hint = ""
+        if self.unpaired_by_config:
+            hint = (f"; {self.unpaired_by_config} of them have their trace on the other side under another "
+                    "configuration" + (": --ignore-config pairs by trace alone" if self.one_per_trace else ""))
         return f"{len(self.failures)} of {len(self.points)} point(s) failed: {kinds} ({tol}){hint}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -127,18 +130,20 @@ def compare(current: Sequence[LoadedReport], baseline: Sequence[LoadedReport], t
     # each side by trace alone, to say why a point is unpaired (built once: a sweep has thousands)
     alone = cur.keys() ^ base.keys()
     cur_traces, base_traces = (_by_trace(cur), _by_trace(base)) if alone else ({}, {})
+    # --ignore-config can pair these sides only if each holds one report per trace (not a sweep's folder)
+    one_per_trace = len(cur_traces) == len(cur) and len(base_traces) == len(base) if alone else True
     points = []
     for key in sorted(cur.keys() | base.keys()):
         c, b = cur.get(key), base.get(key)
         if c is not None and b is not None:
             points.append(_judge(key, c, b, tolerance, ignore_config))
         elif b is not None:
-            points.append(_alone(key, b, Verdict.MISSING, cur_traces))
+            points.append(_alone(key, b, Verdict.MISSING, cur_traces, one_per_trace))
         elif c is not None:
-            points.append(_alone(key, c, Verdict.NEW, base_traces))
+            points.append(_alone(key, c, Verdict.NEW, base_traces, one_per_trace))
     unpaired = sum(1 for p in points if p.verdict in (Verdict.MISSING, Verdict.NEW) and p.detail)
     return Comparison(tolerance=tolerance, ignore_config=ignore_config, points=_ordered(_unique_labels(points)),
-                      unpaired_by_config=unpaired)
+                      unpaired_by_config=unpaired, one_per_trace=one_per_trace)
 
 
 def check(current: str | os.PathLike[str], baseline: str | os.PathLike[str], tolerance: float = DEFAULT_TOLERANCE,
@@ -208,14 +213,16 @@ def _judge(key: str, cur: LoadedReport, base: LoadedReport, tolerance: float, ig
                        current_path=str(cur.path))
 
 
-def _alone(key: str, report: LoadedReport, verdict: Verdict, other_side: dict[str, LoadedReport]) -> PointResult:
+def _alone(key: str, report: LoadedReport, verdict: Verdict, other_side: dict[str, LoadedReport],
+           hint: bool) -> PointResult:
     # The usual cause: the same trace under another configuration (a changed design); say what differs.
     other = other_side.get(point_key(report.doc, ignore_config=True))
     detail = ""
     if other is not None:
         old, new = (report, other) if verdict == Verdict.MISSING else (other, report)
         side = "current" if verdict == Verdict.MISSING else "the baseline"
-        detail = f"{side} has this trace with {', '.join(_differences(old, new))}; --ignore-config pairs by trace"
+        detail = f"{side} has this trace with {', '.join(_differences(old, new))}" + (
+            "; --ignore-config pairs by trace" if hint else "")
     us = _median(report)
     where = str(report.path)
     return PointResult(key=key, label=point_label(report.doc), baseline_us=us if verdict == Verdict.MISSING else None,

@@ -18,12 +18,16 @@ import itertools
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
-from emu.emulator.links import parse_bandwidth, parse_duration_us
+from emu.emulator.links import format_bandwidth, parse_bandwidth, parse_duration_us
 from emu.errors import ConfigError
 from emu.replay.config import ReplayConfig, Straggler
 from emu.replay.design import NetworkDesign, load_design
+from emu.traces.io import load_trace, trace_digest
+from emu.traces.model import Trace
 
+T = TypeVar("T")
 MAX_POINTS = 100_000  # a grid past this is a typo (a comma list pasted twice), not a study
 
 
@@ -56,27 +60,53 @@ class Point:
     """One replay of a study: a trace and a resolved configuration."""
 
     trace: str
-    label: str  # the trace's short name in tables and file names
+    label: str  # the trace's short name in tables and file names (unique in the study)
+    trace_sha256: str  # its content (trace_digest): a changed file is a new point
     config: ReplayConfig
-    design: str | None  # the design's name (or file stem), if the point has one
+    design: str | None  # the design's label (its name, else its file's), unique in the study
 
     @property
     def slug(self) -> str:
         """A file name for the point: readable, and unique by a hash of what changes results."""
         c = self.config
         parts = [self.label, *([_safe(self.design)] if self.design else []), c.fabric, f"w{c.workers}",
-                 bandwidth_label(c.link.bandwidth_bps), f"{c.link.latency_us:g}us", f"loss{c.link.loss:g}"]
-        return "-".join(parts) + "-" + self.digest[:8]
+                 format_bandwidth(c.link.bandwidth_bps), f"{c.link.latency_us:g}us", f"loss{c.link.loss:g}"]
+        return "-".join(parts) + "-" + self._hash(exclude=())[:8]
 
     @property
-    def digest(self) -> str:
+    def peers(self) -> str:
+        """The same for points that differ only in fabric, design identity and workers: speedup and
+        scaling efficiency compare such points (a design's other values stay in)."""
+        return self._hash(exclude=("fabric", "workers", "design"))[:16]
+
+    def _hash(self, exclude: tuple[str, ...]) -> str:
         c = self.config
-        doc = {"trace": self.trace, "workers": c.workers, "fabric": c.fabric, "link": repr(c.link),
+        doc = {"trace": self.trace_sha256, "workers": c.workers, "fabric": c.fabric, "link": repr(c.link),
                "iters": c.iters, "seed": c.seed, "slots": c.slots, "elements": c.elements,
                "payload_scale": c.payload_scale, "ps_shards": c.ps_shards, "rto_us": c.rto_us,
                "clock": None if c.clock is None else c.clock.value, "tdf": c.tdf,
                "stragglers": [s.text for s in c.stragglers], "design": c.design_file}
+        for key in exclude:
+            doc.pop(key)
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+class TraceCache:
+    """Each trace file read once per study, with its content hash."""
+
+    def __init__(self) -> None:
+        self._traces: dict[str, Trace] = {}
+        self._digests: dict[str, str] = {}
+
+    def get(self, path: str) -> Trace:
+        if path not in self._traces:
+            self._traces[path] = load_trace(path)
+        return self._traces[path]
+
+    def digest(self, path: str) -> str:
+        if path not in self._digests:
+            self._digests[path] = trace_digest(self.get(path))
+        return self._digests[path]
 
 
 def split_list(text: str, option: str) -> tuple[str, ...]:
@@ -94,7 +124,7 @@ def int_axis(text: str, option: str) -> tuple[int, ...]:
             values.append(int(item))
         except ValueError:
             raise ConfigError(f"{option} {text!r}: {item!r} is not a whole number") from None
-    return _unique(values)
+    return unique(values)
 
 
 def float_axis(text: str, option: str) -> tuple[float, ...]:
@@ -104,38 +134,40 @@ def float_axis(text: str, option: str) -> tuple[float, ...]:
             values.append(float(item.rstrip("%")) / (100 if item.endswith("%") else 1))
         except ValueError:
             raise ConfigError(f"{option} {text!r}: {item!r} is not a number (0.001 or 0.1%)") from None
-    return _unique(values)
+    return unique(values)
 
 
 def text_axis(text: str, option: str) -> tuple[str, ...]:
-    return _unique(list(split_list(text, option)))
+    return unique(list(split_list(text, option)))
 
 
-def _unique(values: list) -> tuple:
+def unique(values: list[T]) -> tuple[T, ...]:
+    """The values in their order, each once (an axis given twice is one axis)."""
     return tuple(dict.fromkeys(values))
 
 
-def points(grid: Grid, labels: dict[str, str] | None = None) -> list[Point]:
-    """Every point of the grid, checked: an impossible one is a ConfigError before anything runs.
+def points(grid: Grid, traces: TraceCache | None = None) -> list[Point]:
+    """Every point of the grid, checked: a missing trace or an impossible configuration is an
+    error before anything runs.
 
     Traces vary slowest, then designs, fabrics, bandwidths, latencies, losses, stragglers, and
     workers fastest (so a plot's line fills in as the sweep goes).
     """
     if grid.size > MAX_POINTS:
         raise ConfigError(f"the grid has {grid.size:,} points (more than {MAX_POINTS:,}): shorten an axis")
-    labels = labels or trace_labels(grid.traces)
+    traces = traces or TraceCache()
+    digests = {t: traces.digest(t) for t in grid.traces}  # reads (and checks) every trace first
+    labels = unique_labels({t: _stem(t) for t in grid.traces})
     designs: dict[str, NetworkDesign] = {n: load_design(n) for n in grid.networks if n is not None}
+    design_labels = unique_labels({n: d.name or _stem(n) for n, d in designs.items()})
     result = []
     for trace, network, fabric, bw, lat, loss, straggler, workers in itertools.product(
             grid.traces, grid.networks, grid.fabrics, grid.bandwidths, grid.latencies, grid.losses,
             grid.stragglers, grid.workers):
         config = grid.base
-        design = None
         if network is not None:
             d = designs[network]
-            config = d.overlay(config, grid.given)
-            config = replace(config, design_file=network, design_name=d.name)
-            design = d.name or Path(network).stem
+            config = replace(d.overlay(config, grid.given), design_file=network, design_name=d.name)
         link = config.link
         if bw is not None:
             link = replace(link, bandwidth_bps=parse_bandwidth(bw))
@@ -149,36 +181,37 @@ def points(grid: Grid, labels: dict[str, str] | None = None) -> list[Point]:
         if straggler is not None:
             config = replace(config, stragglers=(*config.stragglers, Straggler.parse(straggler)))
         config.check()
-        result.append(Point(trace=trace, label=labels[trace], config=config, design=design))
+        result.append(Point(trace=trace, label=labels[trace], trace_sha256=digests[trace], config=config,
+                            design=None if network is None else design_labels[network]))
     return result
 
 
-def trace_labels(traces: tuple[str, ...]) -> dict[str, str]:
-    """Short names: the file's stem without .json(.gz), made unique by their folder where needed."""
-    def stem(path: str) -> str:
-        name = Path(path).name
-        for suffix in (".gz", ".json"):
-            name = name.removesuffix(suffix)
-        return _safe(name)
+def _stem(path: str) -> str:
+    name = Path(path).name
+    for suffix in (".gz", ".json", ".toml"):
+        name = name.removesuffix(suffix)
+    return name
 
-    labels = {t: stem(t) for t in traces}
-    counts: dict[str, int] = {}
-    for label in labels.values():
-        counts[label] = counts.get(label, 0) + 1
-    for t in traces:
-        if counts[labels[t]] > 1:
-            labels[t] = _safe(f"{Path(t).parent.name}-{labels[t]}")
+
+def unique_labels(wanted: dict[str, str]) -> dict[str, str]:
+    """Short labels for paths, made unique by prefixing folder names where two would be equal
+    (a/x/mlp.json.gz and b/x/mlp.json.gz become a_x_mlp and b_x_mlp)."""
+    labels = {}
+    for path, label in wanted.items():
+        parents = Path(path).resolve().parent.parts[::-1]
+        depth = 0
+        while depth < len(parents) and any(
+                other != path and _prefixed(other, wanted[other], depth) == _prefixed(path, label, depth)
+                for other in wanted):
+            depth += 1
+        labels[path] = _safe(_prefixed(path, label, depth))
     return labels
 
 
+def _prefixed(path: str, label: str, depth: int) -> str:
+    parents = Path(path).resolve().parent.parts[::-1][:depth]
+    return "-".join([*reversed(parents), label])
+
+
 def _safe(text: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "._" else "_" for ch in text)[:40] or "x"
-
-
-def bandwidth_label(bps: float) -> str:
-    if bps == float("inf"):
-        return "ideal"
-    for unit, scale in (("Tbps", 1e12), ("Gbps", 1e9), ("Mbps", 1e6), ("kbps", 1e3)):
-        if bps >= scale:
-            return f"{bps / scale:g}{unit}"
-    return f"{bps:g}bps"
+    return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in text)[-60:] or "x"

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from emu.study.grid import bandwidth_label
+from emu.emulator.links import format_bandwidth
 from emu.study.sweep import Row, Status
 
 PLOTS = ("iteration", "speedup", "efficiency", "breakdown")
@@ -33,12 +34,14 @@ def write_plots(out: Path, rows: list[Row]) -> list[Path]:
             continue
         series = _series(mine)
         estimate = lambda r: r.status == Status.ESTIMATE  # noqa: E731
-        for name, ylabel, value, estimated in (
-                ("iteration", "iteration time (ms)", lambda r: r.iteration_us_median / 1000, estimate),
-                ("speedup", f"speedup over {mine[0].speedup_over or 'the reference'}", lambda r: r.speedup,
-                 lambda r: bool(r.speedup_estimated)),
-                ("efficiency", "scaling efficiency (iteration at fewest workers / this)",
-                 lambda r: r.scaling_efficiency, estimate)):
+        ref = next((r.speedup_over for r in mine if r.speedup_over), None)
+        plots = [("iteration", "iteration time (ms)", lambda r: r.iteration_us_median / 1000, estimate),
+                 ("efficiency", "scaling efficiency (iteration at fewest workers / this)",
+                  lambda r: r.scaling_efficiency, estimate)]
+        if any(r.speedup is not None and r.fabric != ref for r in mine):  # else every speedup is 1.0
+            plots.insert(1, ("speedup", f"speedup over {ref}", lambda r: r.speedup,
+                             lambda r: bool(r.speedup_estimated)))
+        for name, ylabel, value, estimated in plots:
             fig, ax = plt.subplots(figsize=(7, 4.5))
             _lines(ax, series, value, estimated)
             ax.set_xscale("log", base=2)
@@ -47,7 +50,8 @@ def write_plots(out: Path, rows: list[Row]) -> list[Path]:
             ax.set_ylabel(ylabel)
             ax.set_title(f"{trace}: {ylabel}")
             ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
             written.append(_save(fig, folder / f"{trace}-{name}.png", plt))
         written.append(_breakdown(plt, folder / f"{trace}-breakdown.png", trace, mine))
     return written
@@ -56,17 +60,22 @@ def write_plots(out: Path, rows: list[Row]) -> list[Path]:
 def _series(rows: list[Row]) -> dict[str, list[Row]]:
     """Rows grouped into lines over workers, each named by the axes that vary in this trace."""
     axes = {"design": lambda r: r.design, "fabric": lambda r: r.fabric,
-            "bw": lambda r: bandwidth_label(r.bandwidth_bps), "lat": lambda r: f"{r.latency_us:g}us",
+            "bw": lambda r: format_bandwidth(r.bandwidth_bps), "lat": lambda r: f"{r.latency_us:g}us",
             "loss": lambda r: f"loss {r.loss:g}", "strag": lambda r: r.stragglers}
     varying = [fn for fn in axes.values() if len({fn(r) for r in rows}) > 1] or [axes["fabric"]]
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:  # a line is one configuration but for workers, whatever the labels say
+        groups.setdefault((r.peers, r.fabric, r.design), []).append(r)
     lines: dict[str, list[Row]] = {}
-    for r in rows:
-        name = " ".join(str(fn(r)) for fn in varying if fn(r))
-        lines.setdefault(name, []).append(r)
-    return {k: sorted(v, key=lambda r: r.workers) for k, v in lines.items()}
+    for members in groups.values():
+        name = " ".join(str(fn(members[0])) for fn in varying if fn(members[0]))
+        while name in lines:
+            name += "'"
+        lines[name] = sorted(members, key=lambda r: r.workers)
+    return lines
 
 
-def _lines(ax, series: dict[str, list[Row]], value: Callable[[Row], float | None],
+def _lines(ax: Any, series: dict[str, list[Row]], value: Callable[[Row], float | None],
            estimated: Callable[[Row], bool]) -> None:
     for i, (name, rows) in enumerate(series.items()):
         color = f"C{i % 10}"
@@ -82,11 +91,11 @@ def _lines(ax, series: dict[str, list[Row]], value: Callable[[Row], float | None
             ax.plot([w for w, _ in est], [v for _, v in est], "o", color=color, markerfacecolor="none", label=f"{name} (analytic estimate)")
 
 
-def _breakdown(plt, path: Path, trace: str, rows: list[Row]) -> Path:
+def _breakdown(plt: Any, path: Path, trace: str, rows: list[Row]) -> Path:
     fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(rows) + 2), 4.5))
     labels, compute, exposed, hatches = [], [], [], []
     for r in rows:
-        labels.append(f"{r.design or r.fabric} x{r.workers} {bandwidth_label(r.bandwidth_bps)}"
+        labels.append(f"{r.design or r.fabric} x{r.workers} {format_bandwidth(r.bandwidth_bps)}"
                       + (" (est.)" if r.status == Status.ESTIMATE else ""))
         compute.append((r.compute_us or 0) / 1000)
         exposed.append((r.exposed_comm_us or 0) / 1000)
@@ -106,7 +115,7 @@ def _breakdown(plt, path: Path, trace: str, rows: list[Row]) -> Path:
     return _save(fig, path, plt)
 
 
-def _save(fig, path: Path, plt) -> Path:
+def _save(fig: Any, path: Path, plt: Any) -> Path:
     import os
     import tempfile
 
@@ -115,6 +124,9 @@ def _save(fig, path: Path, plt) -> Path:
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=110)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # as any other file the user writes (mkstemp made it private)
         os.replace(tmp, path)  # whole or not at all
     finally:
         plt.close(fig)

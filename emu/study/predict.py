@@ -36,6 +36,7 @@ from emu.errors import ConfigError
 from emu.replay.config import ReplayConfig
 from emu.replay.orchestrator import choose_payload_scale
 from emu.replay.programs import WorkerProgram, plan_programs, straggling
+from emu.replay.worker import IterationRecord, union_us
 from emu.traces.model import Coll, CollKind, Compute, Trace, Wait
 
 # Past this many workers the programs are planned for fewer (plan_programs builds one per worker):
@@ -58,15 +59,6 @@ class Prediction:
 
 
 @dataclass
-class _Record:
-    start_us: float
-    end_us: float = 0.0
-    compute_us: float = 0.0
-    blocked_us: float = 0.0
-    comm_us: float = 0.0
-
-
-@dataclass
 class _Class:
     """Every worker that runs one program at one compute speed."""
 
@@ -79,7 +71,7 @@ class _Class:
     finished: bool = False
     seqs: dict[int, int] = field(default_factory=dict)  # this iteration's trace id -> stream number
     issued: int = 0  # collectives issued so far (the next one's stream number)
-    records: list[_Record] = field(default_factory=list)
+    records: list[IterationRecord] = field(default_factory=list)
 
 
 def _programs(trace: Trace, workers: int) -> list[WorkerProgram]:
@@ -168,14 +160,14 @@ class _Schedule:
         its = c.program.iterations
         while not c.finished:
             if not c.records or len(c.records) <= c.it:
-                c.records.append(_Record(start_us=c.t))
+                c.records.append(IterationRecord(index=len(c.records), start_us=c.t))
             ops = its[c.it % len(its)].ops
             if c.op >= len(ops):
                 if not self._wait(i, c, c.seqs.values()):
                     return moved
                 rec = c.records[-1]
                 rec.end_us = c.t
-                rec.comm_us = _union((self.issue[s][i][0], self.end[s][i]) for s in c.seqs.values())
+                rec.comm_us = union_us((self.issue[s][i][0], self.end[s][i]) for s in c.seqs.values())
                 c.it, c.op, c.seqs = c.it + 1, 0, {}
                 c.finished = c.it >= self.iters
                 moved = True
@@ -199,15 +191,6 @@ class _Schedule:
             c.op += 1
             moved = True
         return moved
-
-
-def _union(spans) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(spans):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
 
 
 def predict(trace: Trace, config: ReplayConfig) -> Prediction:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from emu.emulator import links
 from emu.errors import ConfigError, EmuError
 
 # Configuration keys that do not change a replay's results: the wall clock's dilation (the
@@ -253,10 +254,5 @@ def point_label(doc: dict[str, Any]) -> str:
 
 
 def format_bandwidth(bps: Any) -> str:
-    """``25Gbps``; ``ideal`` for null (an infinitely fast link)."""
-    if not _number(bps):
-        return "ideal"
-    for unit, scale in (("Tbps", 1e12), ("Gbps", 1e9), ("Mbps", 1e6), ("kbps", 1e3)):
-        if bps >= scale:
-            return f"{bps / scale:g}{unit}"
-    return f"{bps:g}bps"
+    """``25Gbps``; ``ideal`` for null (an infinitely fast link) or anything not a number."""
+    return links.format_bandwidth(bps if _number(bps) else None)

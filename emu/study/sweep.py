@@ -19,19 +19,23 @@ import io
 import json
 import statistics
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import emu
 from emu.errors import ConfigError, RunFailed
 from emu.replay.report import ReplayReport, write_atomic
-from emu.study.grid import Point
-from emu.traces.io import load_trace
+from emu.study.grid import Point, TraceCache
 from emu.traces.model import Trace
 
+if TYPE_CHECKING:
+    from emu.study.predict import Prediction
+
 RETRIES = 1  # a crashed point is tried once more (docs/reliability.md)
+RESULTS_EVERY_S = 2.0  # the tables are rewritten at most this often while a sweep runs, and at its end
 RESULTS_VERSION = 1
 
 
@@ -62,11 +66,11 @@ class Row:
     comm_us: float | None
     exposed_comm_us: float | None
     predicted_us: float | None  # the analytic estimate of the median iteration
-    predict_error: float | None  # (replayed - predicted) / predicted
+    predict_error: float | None  # the estimate's error: (predicted - replayed) / replayed (docs/physics.md)
     speedup: float | None = None  # the reference fabric's iteration over this one's, same other axes
     speedup_over: str | None = None
     speedup_estimated: bool | None = None  # an analytic estimate is on one side of the speedup
-    scaling_efficiency: float | None = None  # iteration at the fewest workers over this one's
+    scaling_efficiency: float | None = None  # iteration at the grid's fewest workers over this one's
     verification_ok: bool | None = None
     trustworthy: bool | None = None
     complete: bool | None = None
@@ -76,11 +80,15 @@ class Row:
     log: str | None = None
     reason: str | None = None
     slug: str = ""
+    peers: str = ""  # equal for points that differ only in fabric, design identity and workers
 
     @property
     def comparable(self) -> bool:
-        """Its time can be set beside others' (a failed point's cannot)."""
-        return self.iteration_us_median is not None
+        """Its time can be set beside others': an estimate, or a replay that verified and is
+        trustworthy (a failed point's, or a suspect replay's, cannot)."""
+        if self.status == Status.ESTIMATE:
+            return self.iteration_us_median is not None
+        return self.status == Status.REPLAYED and self.verification_ok is True and self.trustworthy is not False
 
 
 @dataclass(frozen=True)
@@ -100,46 +108,42 @@ def refusal(point: Point) -> str | None:
     return None
 
 
-class TraceCache:
-    def __init__(self) -> None:
-        self._traces: dict[str, Trace] = {}
-
-    def get(self, path: str) -> Trace:
-        if path not in self._traces:
-            self._traces[path] = load_trace(path)
-        return self._traces[path]
-
-
-def run_sweep(points: list[Point], out: Path, *, with_prediction: bool = True,
+def run_sweep(points: list[Point], out: Path, traces: TraceCache, *, with_prediction: bool = True,
               on_point: Callable[[int, Point, Row], None] | None = None,
               on_start: Callable[[int, Point], None] | None = None,
               on_progress: Callable[[float], None] | None = None,
               on_status: Callable[[str], None] | None = None) -> SweepResult:
     """Replay every point into ``out`` (resuming what is there) and write the study's tables."""
     from emu.replay import replay
+    from emu.replay.programs import plan_programs
 
+    for trace, workers in dict.fromkeys((p.trace, p.config.workers) for p in points if refusal(p) is None):
+        plan_programs(traces.get(trace), workers, trace)  # a trace that cannot scale fails before any replay
     folder = out / "points"
     folder.mkdir(parents=True, exist_ok=True)
-    traces = TraceCache()
     rows: list[Row] = []
     skipped = 0
+    written = 0.0
     try:
         for i, point in enumerate(points):
             if on_start is not None:
                 on_start(i, point)
             why = refusal(point)
-            prediction = _predict(traces.get(point.trace), point) if with_prediction or why else None
+            prediction, unpredictable = (_predict(traces.get(point.trace), point) if with_prediction or why
+                                         else (None, None))
             predicted = None if prediction is None else prediction.iteration_us_median
-            done = _finished(folder / f"{point.slug}.json")
+            done = _finished(out, point)
             if done is not None:
                 skipped += 1
-                row = _replayed(point, done, predicted, folder / f"{point.slug}.json", attempts=0)
+                row = _replayed(point, done, predicted, attempts=0)
             elif why is not None:
-                row = _estimate(point, prediction, why)
+                row = _estimate(point, prediction, why, unpredictable)
             else:
-                row = _replay_point(replay, traces.get(point.trace), point, folder, predicted, on_status)
+                row = _replay_point(replay, traces.get(point.trace), point, out, predicted, on_status)
             rows.append(row)
-            write_results(out, derive(rows))
+            if time.monotonic() - written > RESULTS_EVERY_S:  # whole tables often, not after every point
+                write_results(out, derive(rows))
+                written = time.monotonic()
             if on_progress is not None:
                 on_progress((i + 1) / len(points))
             if on_point is not None:
@@ -150,17 +154,17 @@ def run_sweep(points: list[Point], out: Path, *, with_prediction: bool = True,
     return SweepResult(rows=tuple(derive(rows)), out=out, skipped=skipped)
 
 
-def _replay_point(replay, trace: Trace, point: Point, folder: Path, predicted: float | None,
-                  on_status: Callable[[str], None] | None) -> Row:
+def _replay_point(replay: Callable[..., ReplayReport], trace: Trace, point: Point, out: Path,
+                  predicted: float | None, on_status: Callable[[str], None] | None) -> Row:
     log: list[str] = []
-    path = folder / f"{point.slug}.json"
-    log_path = folder / f"{point.slug}.log"
+    report_name, log_name = f"points/{point.slug}.json", f"points/{point.slug}.log"
 
     def status(text: str) -> None:
         log.append(f"{time.strftime('%H:%M:%S')} {text}")
         if on_status is not None:
             on_status(text)
 
+    reason = "failed"
     for attempt in range(1, RETRIES + 2):
         status(f"attempt {attempt}: {point.slug}")
         try:
@@ -168,37 +172,49 @@ def _replay_point(replay, trace: Trace, point: Point, folder: Path, predicted: f
         except ConfigError:
             raise  # bad input is the user's to fix, not a crash to retry
         except RunFailed as exc:
+            reason = str(exc)
             status(f"attempt {attempt} failed: {exc}")
             partial: ReplayReport | None = getattr(exc, "partial_report", None)
             if partial is not None:
                 log.append(json.dumps({"partial_report": partial.to_dict()}, default=str)[:200_000])
             continue
-        report.save(path)
-        log_path.unlink(missing_ok=True)  # an earlier run's failure is no longer the story
-        return _replayed(point, report.to_dict(), predicted, path, attempts=attempt)
-    write_atomic(log_path, "\n".join(log) + "\n", "the point's log")
-    reason = next((line.split(": ", 1)[1] for line in reversed(log) if " failed: " in line), "failed")
-    return _base(point, Status.FAILED, predicted, reason=reason, log=str(log_path), attempts=RETRIES + 1)
+        except Exception as exc:  # a bug in emu: recorded with its traceback, and the sweep goes on
+            reason = f"{type(exc).__name__}: {exc} (an internal error: please report it with this log)"
+            status(f"attempt {attempt} failed: {reason}")
+            log.append(traceback.format_exc())
+            continue
+        report.save(out / report_name)
+        (out / log_name).unlink(missing_ok=True)  # an earlier run's failure is no longer the story
+        return _replayed(point, report.to_dict(), predicted, attempts=attempt)
+    write_atomic(out / log_name, "\n".join(log) + "\n", "the point's log")
+    return _base(point, Status.FAILED, predicted, reason=reason, log=log_name, attempts=RETRIES + 1)
 
 
-def _finished(path: Path) -> dict[str, Any] | None:
-    """An earlier run's complete report of this point, or None (absent, partial or unreadable)."""
+def _finished(out: Path, point: Point) -> dict[str, Any] | None:
+    """An earlier run's report of this very point that can stand (complete, verified, trustworthy,
+    of the same trace content), or None: then the point runs again."""
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads((out / "points" / f"{point.slug}.json").read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(doc, dict) or not doc.get("complete") or not isinstance(doc.get("summary"), dict):
         return None
+    trace, verification, emulator = (doc.get(k) if isinstance(doc.get(k), dict) else {}
+                                     for k in ("trace", "verification", "emulator"))
+    if trace.get("sha256") != point.trace_sha256 or verification.get("ok") is not True \
+            or emulator.get("trustworthy") is not True:
+        return None
     return doc
 
 
-def _predict(trace: Trace, point: Point):
+def _predict(trace: Trace, point: Point) -> tuple[Prediction | None, str | None]:
+    """The estimate, or None and why the closed form cannot give one (the replay still runs)."""
     from emu.study.predict import predict
 
     try:
-        return predict(trace, point.config)
-    except ConfigError:
-        return None  # what the closed form cannot express; the replay still runs
+        return predict(trace, point.config), None
+    except ConfigError as exc:
+        return None, str(exc)
 
 
 def _base(point: Point, status: Status, predicted: float | None, **extra: Any) -> Row:
@@ -209,21 +225,21 @@ def _base(point: Point, status: Status, predicted: float | None, **extra: Any) -
         bandwidth_bps=None if link.bandwidth_bps == float("inf") else link.bandwidth_bps,
         latency_us=link.latency_us, loss=link.loss, stragglers=" ".join(s.text for s in c.stragglers),
         status=status, iteration_us_median=None, iteration_us_p99=None, compute_us=None, comm_us=None,
-        exposed_comm_us=None, predicted_us=predicted, predict_error=None, slug=point.slug)
+        exposed_comm_us=None, predicted_us=predicted, predict_error=None, slug=point.slug, peers=point.peers)
     doc.update(extra)
     return Row(**doc)
 
 
-def _estimate(point: Point, prediction, why: str) -> Row:
+def _estimate(point: Point, prediction: Prediction | None, why: str, unpredictable: str | None) -> Row:
     if prediction is None:
-        return _base(point, Status.FAILED, None, reason=f"{why}, but the closed form cannot express this trace")
+        return _base(point, Status.FAILED, None, reason=f"{why}, but the closed form cannot give one: {unpredictable}")
     p = prediction
     return _base(point, Status.ESTIMATE, p.iteration_us_median, iteration_us_median=p.iteration_us_median,
                  iteration_us_p99=p.iteration_us_p99, compute_us=p.compute_us, comm_us=p.comm_us,
                  exposed_comm_us=p.exposed_comm_us, reason=why)
 
 
-def _replayed(point: Point, doc: dict[str, Any], predicted: float | None, path: Path, attempts: int) -> Row:
+def _replayed(point: Point, doc: dict[str, Any], predicted: float | None, attempts: int) -> Row:
     summary = doc["summary"]
     its = doc.get("iterations") or []
 
@@ -235,40 +251,38 @@ def _replayed(point: Point, doc: dict[str, Any], predicted: float | None, path: 
     return _base(point, Status.REPLAYED, predicted, iteration_us_median=median,
                  iteration_us_p99=summary["iteration_us_p99"], compute_us=med("compute_us"), comm_us=med("comm_us"),
                  exposed_comm_us=med("exposed_comm_us"),
-                 predict_error=(median - predicted) / predicted if predicted else None,
+                 predict_error=(predicted - median) / median if predicted is not None and median else None,
                  verification_ok=(doc.get("verification") or {}).get("ok"), trustworthy=emulator.get("trustworthy"),
-                 complete=doc.get("complete"), wall_s=emulator.get("wall_s"), attempts=attempts, report=str(path))
+                 complete=doc.get("complete"), wall_s=emulator.get("wall_s"), attempts=attempts,
+                 report=f"points/{point.slug}.json")
 
 
 def derive(rows: list[Row]) -> list[Row]:
-    """Fill speedup (over ring where the grid has it, else the first fabric) and scaling efficiency
-    (the iteration at the fewest workers over this one: 1.0 is perfect weak scaling)."""
+    """Fill the speedup over the reference fabric (ring where the grid has it, else the first) at the
+    same workers and every other value equal (``peers``), and the scaling efficiency: the iteration
+    at the grid's fewest workers over this one (1.0 is perfect weak scaling), None where that point
+    has no time that can stand."""
     fabrics = list(dict.fromkeys(r.fabric for r in rows))
     ref = "ring" if "ring" in fabrics else fabrics[0] if fabrics else None
-
-    def others(r: Row, *, fabric: bool, workers: bool) -> tuple:
-        return (r.trace, r.design if not fabric else None, r.fabric if not fabric else None,
-                r.workers if not workers else None, r.bandwidth_bps, r.latency_us, r.loss, r.stragglers)
-
-    by_fabric = {others(r, fabric=True, workers=False) + (r.fabric,): r for r in rows if r.comparable}
+    reference = {(r.peers, r.workers): r for r in rows if r.fabric == ref and r.comparable}
     fewest: dict[tuple, Row] = {}
     for r in rows:
-        if r.comparable:
-            k = others(r, fabric=False, workers=True)
-            if k not in fewest or r.workers < fewest[k].workers:
-                fewest[k] = r
+        group = (r.peers, r.fabric, r.design)
+        if group not in fewest or r.workers < fewest[group].workers:
+            fewest[group] = r
     out = []
     for r in rows:
         if not r.comparable:
             out.append(r)
             continue
-        base = by_fabric.get(others(r, fabric=True, workers=False) + (ref,))
-        small = fewest[others(r, fabric=False, workers=True)]
+        base = reference.get((r.peers, r.workers))
+        small = fewest[(r.peers, r.fabric, r.design)]
         out.append(replace(
             r, speedup=base.iteration_us_median / r.iteration_us_median if base and r.iteration_us_median else None,
             speedup_over=ref if base else None,
             speedup_estimated=(Status.ESTIMATE in (r.status, base.status)) if base else None,
-            scaling_efficiency=small.iteration_us_median / r.iteration_us_median if r.iteration_us_median else None))
+            scaling_efficiency=small.iteration_us_median / r.iteration_us_median
+            if small.comparable and r.iteration_us_median else None))
     return out
 
 

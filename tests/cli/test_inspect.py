@@ -39,3 +39,10 @@ def test_inspect_table(tmp_path: Path) -> None:
     for text in ("1 in file of world size 2", "all_reduce", "25,557,032", "102.2 MB", "overlap with compute"):
         assert text in result.stdout
     assert "\x1b[" not in result.stdout  # NO_COLOR honoured
+
+
+def test_inspect_takes_a_shipped_sample_by_name() -> None:
+    result = CliRunner().invoke(cli, ["inspect", "mlp", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["model"] == "mlp" and data["world_size"] == 2

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-import emu.cli.check  # noqa: F401  (registers the command until emu/cli/__init__.py imports it)
 from emu.cli import cli
 from emu.errors import ConfigError
 from emu.replay.report import REPORT_VERSION

@@ -40,12 +40,12 @@ def test_sweep_writes_tables_reports_and_plots(study: Path) -> None:
     assert [(r["fabric"], r["workers"]) for r in table] == [("ina", "2"), ("ina", "4"), ("ring", "2"), ("ring", "4")]
     for r in table:
         assert r["status"] == "replayed" and r["verification_ok"] == "True" and r["trustworthy"] == "True"
-        report = json.loads(Path(r["report"]).read_text())
+        report = json.loads((study / r["report"]).read_text())
         assert report["summary"]["iteration_us_median"] == pytest.approx(float(r["iteration_us_median"]))
         assert report["config"]["workers"] == int(r["workers"]) and report["config"]["fabric"] == r["fabric"]
         assert float(r["predicted_us"]) > 0  # the closed form beside every replayed point
         assert float(r["predict_error"]) == pytest.approx(
-            (float(r["iteration_us_median"]) - float(r["predicted_us"])) / float(r["predicted_us"]))
+            (float(r["predicted_us"]) - float(r["iteration_us_median"])) / float(r["iteration_us_median"]))
     by = {(r["fabric"], r["workers"]): float(r["iteration_us_median"]) for r in table}
     ina4 = next(r for r in table if r["fabric"] == "ina" and r["workers"] == "4")
     assert ina4["speedup_over"] == "ring"
@@ -60,7 +60,7 @@ def test_sweep_writes_tables_reports_and_plots(study: Path) -> None:
 
 def test_sweep_resumes_finished_points(study: Path, monkeypatch) -> None:
     before = rows(study)
-    victim = Path(before[1]["report"])
+    victim = study / before[1]["report"]
     victim.unlink()
     calls = []
     real = sweep_mod._replay_point
@@ -108,7 +108,7 @@ def test_crashed_point_is_retried_once_then_recorded_failed(tmp_path: Path, monk
     assert attempts == [2, 2]
     (row,) = rows(tmp_path)
     assert row["status"] == "failed" and row["attempts"] == "2" and "died" in row["reason"]
-    log = Path(row["log"]).read_text()
+    log = (tmp_path / row["log"]).read_text()
     assert log.count("died (exit code -9)") == 2 and "attempt 2" in log
 
 
@@ -163,7 +163,7 @@ def test_design_files_are_an_axis_and_typed_flags_win(tmp_path: Path) -> None:
     table = rows(out)
     assert [(r["design"], r["fabric"], float(r["bandwidth_bps"]), float(r["latency_us"])) for r in table] == [
         ("fast", "ina", 100e9, 1.0), ("slow-ring", "ring", 10e9, 1.0)]
-    design = json.loads(Path(table[1]["report"]).read_text())["config"]["design"]
+    design = json.loads((out / table[1]["report"]).read_text())["config"]["design"]
     assert design["file"] == str(b) and design["name"] == "slow-ring" and design["link"]["latency_us"] == 1.0
 
 
@@ -186,3 +186,69 @@ def test_sweep_of_two_traces_labels_them(tmp_path: Path) -> None:
                  "--out", str(tmp_path), "--no-plots", "--no-predict")
     assert result.exit_code == 0, result.output
     assert [r["trace"] for r in rows(tmp_path)] == ["mlp", "cnn"]
+
+
+def test_changed_trace_content_is_replayed_again(tmp_path: Path) -> None:
+    import shutil
+
+    trace = tmp_path / "t" / "job.json.gz"
+    trace.parent.mkdir()
+    shutil.copy(sample_path("mlp"), trace)
+    out = tmp_path / "out"
+    args = [str(trace), "--workers", "2", "--iters", "1", "--payload-scale", "64", "--out", str(out), "--no-plots"]
+    assert run(*args).exit_code == 0
+    first = rows(out)[0]
+    shutil.copy(sample_path("cnn"), trace)  # same path, other content
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    assert "(resumed)" not in result.output
+    second = rows(out)[0]
+    assert second["iteration_us_median"] != first["iteration_us_median"]
+    report = json.loads((out / second["report"]).read_text())
+    assert report["trace"]["model"] == "cnn"
+
+
+def test_missing_second_trace_is_refused_before_the_first_runs(tmp_path: Path, monkeypatch) -> None:
+    import emu.replay
+
+    monkeypatch.setattr(emu.replay, "replay", lambda *a, **k: pytest.fail("a replay ran"))
+    result = run("mlp", str(tmp_path / "absent.json"), "--workers", "2", "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2 and "absent.json" in result.output
+
+
+def test_stragglers_are_an_axis(tmp_path: Path) -> None:
+    result = run("mlp", "--workers", "2", "--straggler", "0:2", "--straggler", "random:0.5:1.5", *FAST,
+                 "--out", str(tmp_path), "--no-plots")
+    assert result.exit_code == 0, result.output
+    table = rows(tmp_path)
+    assert [r["stragglers"] for r in table] == ["0:2.0", "random:0.5:1.5"]
+    for r in table:
+        report = json.loads((tmp_path / r["report"]).read_text())
+        assert report["config"]["stragglers"] == [r["stragglers"]]
+
+
+def test_designs_of_one_name_in_two_folders_stay_apart(tmp_path: Path) -> None:
+    paths = []
+    for folder, bw in (("a", "10Gbps"), ("b", "100Gbps")):
+        (tmp_path / folder).mkdir()
+        path = tmp_path / folder / "net.toml"
+        path.write_text(f'fabric = "ina"\n[link]\nbandwidth = "{bw}"\n')
+        paths.append(path)
+    result = run("mlp", "--network", str(paths[0]), "--network", str(paths[1]), "--network", str(paths[0]),
+                 "--workers", "2", "--iters", "1", "--payload-scale", "64", "--out", str(tmp_path / "out"),
+                 "--no-plots")
+    assert result.exit_code == 0, result.output
+    table = rows(tmp_path / "out")
+    assert [r["design"] for r in table] == ["a-net", "b-net"]  # the repeated file is one point
+    assert float(table[0]["bandwidth_bps"]) == 10e9 and float(table[1]["bandwidth_bps"]) == 100e9
+
+
+def test_unverified_report_is_not_resumed(study: Path) -> None:
+    table = rows(study)
+    path = study / table[0]["report"]
+    doc = json.loads(path.read_text())
+    doc["verification"]["ok"] = False
+    path.write_text(json.dumps(doc))
+    result = run("mlp", "--workers", "2,4", "--fabric", "ina,ring", *FAST, "--out", str(study), "--no-plots")
+    assert result.exit_code == 0, result.output
+    assert json.loads(path.read_text())["verification"]["ok"] is True  # replayed again

@@ -167,13 +167,13 @@ def _speedups(rows: list[Row]) -> list[str]:
     """One line per fabric (or design) and setting: how much faster it is than the reference, by
     workers; the setting names every axis that varies in the study besides fabric and workers."""
     shown, _ = split_axes(rows, getattr)
-    setting = [fn for name, fn in shown.items() if name not in ("fabric", "workers", "design")]
+    setting = [fn for name, fn in shown.items() if name not in ("trace", "fabric", "workers", "design")]
     lines: dict[tuple, list[str]] = {}
     for r in rows:
         if r.speedup is None or r.fabric == r.speedup_over:
             continue
-        where = (r.design or r.fabric, r.speedup_over, *(fn(r) for fn in setting))
+        where = (r.trace, r.design or r.fabric, r.speedup_over, *(fn(r) for fn in setting))
         est = " (against an analytic estimate)" if r.speedup_estimated else ""
         lines.setdefault(where, []).append(f"{r.speedup:.2f}x at {r.workers} workers{est}")
-    return [f"{name} over {ref}" + (f" ({', '.join(rest)})" if rest else "") + f": {', '.join(parts)}"
-            for (name, ref, *rest), parts in lines.items()]
+    return [f"{trace}: {name} over {ref}" + (f" ({', '.join(rest)})" if rest else "") + f": {', '.join(parts)}"
+            for (trace, name, ref, *rest), parts in lines.items()]

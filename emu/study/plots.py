@@ -35,15 +35,17 @@ def write_plots(out: Path, rows: list[Row]) -> list[Path]:
         series = _series(mine)
         estimate = lambda r: r.status == Status.ESTIMATE  # noqa: E731
         ref = next((r.speedup_over for r in mine if r.speedup_over), None)
-        plots = [("iteration", "iteration time (ms)", lambda r: r.iteration_us_median / 1000, estimate),
+        plots = [("iteration", "iteration time (ms)", lambda r: r.iteration_us_median / 1000, estimate,
+                  "analytic estimate", series),
                  ("efficiency", "scaling efficiency (iteration at fewest workers / this)",
-                  lambda r: r.scaling_efficiency, estimate)]
-        if any(r.speedup is not None and r.fabric != ref for r in mine):  # else every speedup is 1.0
+                  lambda r: r.scaling_efficiency, estimate, "analytic estimate", series)]
+        others = {k: v for k, v in series.items() if v[0].fabric != ref}  # the reference is 1.0 throughout
+        if any(r.speedup is not None for v in others.values() for r in v):
             plots.insert(1, ("speedup", f"speedup over {ref}", lambda r: r.speedup,
-                             lambda r: bool(r.speedup_estimated)))
-        for name, ylabel, value, estimated in plots:
+                             lambda r: bool(r.speedup_estimated), f"against an estimate of {ref}", others))
+        for name, ylabel, value, estimated, est_label, lines in plots:
             fig, ax = plt.subplots(figsize=(7, 4.5))
-            _lines(ax, series, value, estimated)
+            _lines(ax, lines, value, estimated, est_label)
             ax.set_xscale("log", base=2)
             ax.set_ylim(bottom=0)  # differences read at their true size
             ax.set_xlabel("workers")
@@ -76,7 +78,7 @@ def _series(rows: list[Row]) -> dict[str, list[Row]]:
 
 
 def _lines(ax: Any, series: dict[str, list[Row]], value: Callable[[Row], float | None],
-           estimated: Callable[[Row], bool]) -> None:
+           estimated: Callable[[Row], bool], est_label: str) -> None:
     for i, (name, rows) in enumerate(series.items()):
         color = f"C{i % 10}"
         real = [(r.workers, value(r)) for r in rows if not estimated(r) and value(r) is not None]
@@ -88,7 +90,8 @@ def _lines(ax: Any, series: dict[str, list[Row]], value: Callable[[Row], float |
             before = [p for p in real if p[0] < est[0][0]][-1:]
             joined = before + est
             ax.plot([w for w, _ in joined], [v for _, v in joined], "--", color=color)
-            ax.plot([w for w, _ in est], [v for _, v in est], "o", color=color, markerfacecolor="none", label=f"{name} (analytic estimate)")
+            ax.plot([w for w, _ in est], [v for _, v in est], "o", color=color, markerfacecolor="none",
+                    label=f"{name} ({est_label})")
 
 
 def _breakdown(plt: Any, path: Path, trace: str, rows: list[Row]) -> Path:

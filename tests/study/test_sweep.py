@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -252,3 +253,36 @@ def test_unverified_report_is_not_resumed(study: Path) -> None:
     result = run("mlp", "--workers", "2,4", "--fabric", "ina,ring", *FAST, "--out", str(study), "--no-plots")
     assert result.exit_code == 0, result.output
     assert json.loads(path.read_text())["verification"]["ok"] is True  # replayed again
+
+
+def test_sigterm_mid_sweep_stops_every_process_and_keeps_whole_tables(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.cli.test_replay_cli import _alive, _children_of
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "emu", "sweep", "mlp", "--workers", "2,3,4,5", "--fabric", "ring",
+                             "--bandwidth", "1Gbps", "--iters", "1", "--out", str(out), "--no-plots"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "results.csv").exists() and time.monotonic() < deadline:  # the first point is done
+            time.sleep(0.1)
+        kids: list[int] = []
+        while not kids and time.monotonic() < deadline:  # the second point's replay is running
+            kids = _children_of(proc.pid)
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    time.sleep(0.2)
+    assert _alive(kids) == []
+    assert not list(tmp_path.glob("emu-replay-*"))
+    table = rows(out)
+    assert table and all(r["status"] == "replayed" for r in table)
+    assert json.loads((out / "results.json").read_text())["points"][0]["workers"] == 2

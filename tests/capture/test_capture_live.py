@@ -165,6 +165,21 @@ def test_ctrl_c_stops_every_rank(no_leftovers: Path, tmp_path_factory: pytest.Te
     assert err.decode().splitlines() == ["emu: interrupted"]  # one line, no traceback of any rank
 
 
+def _recorded(pid: int) -> list[int]:
+    """The children the live run ``pid`` has recorded so far."""
+    import json
+
+    from emu import lifetime
+
+    found = []
+    for path in lifetime.runtime_dir().glob(f"{pid}-*.json"):
+        try:
+            found += [child for child, _ in json.loads(path.read_text())["children"]]
+        except (OSError, ValueError, KeyError):
+            pass
+    return sorted(found)
+
+
 def test_ranks_die_with_a_killed_emu(no_leftovers: Path, tmp_path_factory: pytest.TempPathFactory,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from emu import lifetime
@@ -173,6 +188,13 @@ def test_ranks_die_with_a_killed_emu(no_leftovers: Path, tmp_path_factory: pytes
     script.write_text("import time\ntime.sleep(120)\n")
     runtime = tmp_path_factory.mktemp("runtime")
     proc, ranks = start_capture(script, no_leftovers, runtime)
+    # The record is saved just after each rank starts (best effort: a SIGKILL between the two cannot
+    # be helped, and the parent-death signal still stops the rank); wait until it names both.
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _recorded(proc.pid) != sorted(ranks):
+        time.sleep(0.05)
+    assert _recorded(proc.pid) == sorted(ranks), "the run's record does not name both ranks"
     proc.kill()  # SIGKILL: emu runs no code of its own
     proc.wait()
     deadline = time.monotonic() + 10
@@ -180,6 +202,5 @@ def test_ranks_die_with_a_killed_emu(no_leftovers: Path, tmp_path_factory: pytes
         time.sleep(0.1)
     assert processes_mentioning(str(no_leftovers)) == [], "a rank outlived emu"
     # the run's record names both ranks, for `emu clean`
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     (record,) = [rec for _, rec, _ in lifetime.leftovers() if rec.pid == proc.pid]
     assert sorted(pid for pid, _ in record.children) == sorted(ranks)

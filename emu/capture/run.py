@@ -2,8 +2,11 @@
 
 Both paths start the ranks through ``launcher`` with the profiler injected by
 ``inject`` (``python -m emu.capture``), then merge the ranks' Kineto files into one
-emu trace. torch is imported only inside the rank processes and the built-in
-workloads: importing this module stays cheap.
+emu trace. A built-in workload can also measure its gradients' block sparsity
+(``emu.capture.sparsity``), which is attached to the merged trace's all_reduces;
+a user's script has no such hook, and its trace has no sparsity. torch is imported
+only inside the rank processes and the built-in workloads: importing this module
+stays cheap.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ from pathlib import Path
 from emu.capture.kineto import read_kineto
 from emu.capture.launcher import RankNetwork, run_ranks
 from emu.capture.merge import merge_ranks
+from emu.capture.sparsity import attach_sparsity, mask_path, read_masks
 from emu.errors import CaptureError, ConfigError, EmuError
 from emu.lifetime import current
 from emu.traces.model import Source, Trace
 from emu.traces.samples import MODELS
+from emu.traces.validate import validate_trace
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 
@@ -78,9 +83,11 @@ def _interpreter_and_target(argv: Sequence[str]) -> tuple[str, list[str]]:
     return interpreter, rest
 
 
-def _run(interpreter: str, target: list[str], config: CaptureConfig, *, source_model: str,
-         command: str, batch_size: int | None,
-         on_tick: Callable[[float], None] | None) -> Trace:
+def _run(interpreter: str, target: Callable[[Path], list[str]], config: CaptureConfig, *, source_model: str,
+         command: str, batch_size: int | None, on_tick: Callable[[float], None] | None,
+         sparsity: bool = False) -> Trace:
+    """Run ``target(workdir)`` as the ranks and merge their files; with ``sparsity``, the target
+    writes the ranks' gradient masks into the work folder, and the trace's all_reduces get them."""
     config.check()
     if config.keep_kineto is None:
         workdir = Path(tempfile.mkdtemp(prefix="emu-capture-"))
@@ -91,7 +98,7 @@ def _run(interpreter: str, target: list[str], config: CaptureConfig, *, source_m
         workdir = config.keep_kineto
         workdir.mkdir(parents=True, exist_ok=True)
     argv = [interpreter, "-m", "emu.capture", "--out", str(workdir), "--warmup", str(config.warmup),
-            "--steps", str(config.profile_steps), "--", *target]
+            "--steps", str(config.profile_steps), "--", *target(workdir)]
     failed = False
     try:
         run_ranks(argv, config.world_size, workdir, timeout_s=config.timeout_s, on_tick=on_tick,
@@ -109,6 +116,10 @@ def _run(interpreter: str, target: list[str], config: CaptureConfig, *, source_m
         trace = merge_ranks(kts, source=Source.CAPTURE, model=source_model,
                             framework=f"torch {reports[0]['torch_version']}", batch_size=batch_size,
                             params=reports[0]["params"], command=command)
+        if sparsity:
+            masks = {r: read_masks(mask_path(workdir, r)) for r in range(config.world_size)}
+            trace = attach_sparsity(trace, masks)
+            validate_trace(trace, str(workdir))
         return trace
     except FileNotFoundError as exc:
         failed = True
@@ -124,25 +135,36 @@ def _run(interpreter: str, target: list[str], config: CaptureConfig, *, source_m
 
 
 def capture_model(model: str, config: CaptureConfig = CaptureConfig(), *, batch_size: int | None = None,
-                  bucket_cap_mb: float = 25.0, seed: int = 0,
+                  bucket_cap_mb: float = 25.0, seed: int = 0, sparsity: bool = False,
                   on_tick: Callable[[float], None] | None = None) -> Trace:
-    """Run a built-in workload (mlp, cnn, transformer) with DDP on gloo and capture it."""
+    """Run a built-in workload (mlp, cnn, transformer, dlrm) with DDP on gloo and capture it; with
+    ``sparsity``, measure each gradient bucket's block sparsity too.
+
+    Measuring runs inside the measured backward pass (docs/capture.md: about 3.5 ms a step for
+    6.4M gradient elements on 2 CPU cores, the mask and DDP's hook in Python), so it is off here
+    unless asked for: callers that compare the trace
+    with real runs made without it (``emu validate``) must not carry its cost. ``emu capture
+    --model`` asks for it unless given ``--no-sparsity``."""
     if model not in MODELS:
         raise ConfigError(f"--model {model!r} is not built in; choose one of: {', '.join(MODELS)}")
     if bucket_cap_mb <= 0:
         raise ConfigError(f"--bucket-cap-mb must be positive, got {bucket_cap_mb}")
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
-    from_models = {"mlp": 32, "cnn": 32, "transformer": 4}
+    from_models = {"mlp": 32, "cnn": 32, "transformer": 4, "dlrm": 128}
     batch = batch_size or from_models[model]
     steps = config.warmup + 1 + config.profile_steps + 1
-    target = ["-m", "emu.capture.workload", "--model", model, "--steps", str(steps),
-              "--batch-size", str(batch), "--bucket-cap-mb", str(bucket_cap_mb), "--seed", str(seed)]
+
+    def target(workdir: Path) -> list[str]:
+        return ["-m", "emu.capture.workload", "--model", model, "--steps", str(steps), "--batch-size", str(batch),
+                "--bucket-cap-mb", str(bucket_cap_mb), "--seed", str(seed),
+                *(["--sparsity-dir", str(workdir)] if sparsity else [])]
+
     command = (f"emu capture --model {model} --world-size {config.world_size} --iters "
                f"{config.profile_steps} --warmup {config.warmup} --bucket-cap-mb {bucket_cap_mb:g} "
-               f"--batch-size {batch} --seed {seed}")
+               f"--batch-size {batch} --seed {seed}{'' if sparsity else ' --no-sparsity'}")
     return _run(sys.executable, target, config, source_model=model, command=command,
-                batch_size=batch, on_tick=on_tick)
+                batch_size=batch, on_tick=on_tick, sparsity=sparsity)
 
 
 def capture_script(argv: Sequence[str], config: CaptureConfig = CaptureConfig(), *,
@@ -152,5 +174,5 @@ def capture_script(argv: Sequence[str], config: CaptureConfig = CaptureConfig(),
     name = target[1] if target[0] == "-m" else Path(target[0]).stem
     command = (f"emu capture --world-size {config.world_size} --profile-steps {config.profile_steps} "
                f"--warmup {config.warmup} -- {shlex.join(argv)}")
-    return _run(interpreter, target, config, source_model=name, command=command, batch_size=None,
+    return _run(interpreter, lambda _: target, config, source_model=name, command=command, batch_size=None,
                 on_tick=on_tick)

@@ -2,7 +2,9 @@
 
 ``emu capture --model`` runs it through the same launcher and profiler injection
 as a user's script (``python -m emu.capture.workload --model mlp``), so both paths
-are one code path. It also serves as an example of what emu can capture.
+are one code path. It also serves as an example of what emu can capture. With
+``--sparsity-dir`` each rank also measures its gradient buckets' block sparsity
+(``emu.capture.gradmask``) and writes ``rank<R>.sparsity.npz`` there.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import json
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -20,25 +23,38 @@ from emu.capture.models import WORKLOADS
 
 
 def train(model: str, steps: int, batch_size: int | None, bucket_cap_mb: float, seed: int,
-          times_out: str | None = None, skip: int = 3) -> None:
+          times_out: str | None = None, skip: int = 3, sparsity_dir: str | None = None) -> None:
     """DDP training; with ``times_out``, rank 0 writes the wall time of every step after the
-    first ``skip`` as JSON (microseconds), measured from optimizer step to optimizer step."""
+    first ``skip`` as JSON (microseconds), measured from optimizer step to optimizer step; with
+    ``sparsity_dir``, every rank writes its gradient buckets' block masks there."""
     torch.set_num_threads(1)
     work = WORKLOADS[model]
     dist.init_process_group("gloo")
     try:
         torch.manual_seed(seed)  # identical initial weights on every rank
         ddp = DistributedDataParallel(work.build(), bucket_cap_mb=bucket_cap_mb)
+        recorder = None
+        if sparsity_dir is not None:
+            from emu.capture.gradmask import record_sparsity
+
+            recorder = record_sparsity(ddp)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
         gen = torch.Generator().manual_seed(seed + 1 + dist.get_rank())
         batch = batch_size or work.default_batch_size
         marks = []
-        for _ in range(steps):
+        for step in range(steps):
             x, y = work.batch(batch, gen)
+            if recorder is not None:
+                recorder.start_step(step)  # one optimizer step a loop: the profiler's step number
             opt.zero_grad(set_to_none=True)
-            work.loss(ddp(x), y).backward()
+            out = ddp(*x) if isinstance(x, tuple) else ddp(x)
+            work.loss(out, y).backward()
             opt.step()
             marks.append(time.perf_counter())
+        if recorder is not None:
+            from emu.capture.sparsity import mask_path
+
+            recorder.save(mask_path(Path(sparsity_dir), dist.get_rank()))
         if times_out and dist.get_rank() == 0:
             steps_us = [(b - a) * 1e6 for a, b in zip(marks[skip:], marks[skip + 1:], strict=False)]
             with open(times_out, "w") as fh:
@@ -56,10 +72,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--times-out", help="rank 0 writes its step times (us) here")
     parser.add_argument("--skip", type=int, default=3, help="steps not timed first")
+    parser.add_argument("--sparsity-dir", help="every rank writes its gradient block masks here")
     args = parser.parse_args()
     if "RANK" not in os.environ:
         parser.error("run me with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
-    train(args.model, args.steps, args.batch_size, args.bucket_cap_mb, args.seed, args.times_out, args.skip)
+    train(args.model, args.steps, args.batch_size, args.bucket_cap_mb, args.seed, args.times_out, args.skip,
+          args.sparsity_dir)
 
 
 if __name__ == "__main__":

@@ -28,14 +28,17 @@ from emu.traces.samples import MODELS
               help="DDP bucket size of the built-in workloads.")
 @click.option("--batch-size", type=int, help="Per-rank batch size of the built-in workloads.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of weights and data.")
+@click.option("--no-sparsity", is_flag=True,
+              help="Do not measure the built-in workloads' gradient block sparsity (a DDP hook in the "
+                   "backward pass; docs/capture.md gives its cost). Scripts and imports never have it.")
 @click.option("--keep-kineto", type=click.Path(file_okay=False, path_type=Path),
               help="Keep the ranks' Kineto files and logs in this folder.")
 @click.option("--timeout", type=float, default=1800.0, show_default=True,
               help="Seconds before the ranks are stopped.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def capture(model: str | None, kineto: bool, output: Path, world_size: int, iters: int, warmup: int,
-            bucket_cap_mb: float, batch_size: int | None, seed: int, keep_kineto: Path | None,
-            timeout: float, args: tuple[str, ...]) -> None:
+            bucket_cap_mb: float, batch_size: int | None, seed: int, no_sparsity: bool,
+            keep_kineto: Path | None, timeout: float, args: tuple[str, ...]) -> None:
     """Record what a data-parallel run does as an emu trace.
 
     \b
@@ -62,7 +65,8 @@ def capture(model: str | None, kineto: bool, output: Path, world_size: int, iter
 
             if model:
                 trace = capture_model(model, config, batch_size=batch_size,
-                                      bucket_cap_mb=bucket_cap_mb, seed=seed, on_tick=tick)
+                                      bucket_cap_mb=bucket_cap_mb, seed=seed, sparsity=not no_sparsity,
+                                      on_tick=tick)
             else:
                 trace = capture_script(list(args), config, on_tick=tick)
     save_trace(trace, output)

@@ -10,13 +10,29 @@ import click
 
 from emu.cli import cli
 from emu.cli.output import human_bytes, ms, out
+from emu.traces.summary import SparsityStats
+
+
+def _pct(fraction: float) -> str:
+    return f"{100 * fraction:.1f}%"
+
+
+def sparsity_line(sp: SparsityStats) -> str:
+    """E.g. '9.3% of 256-element blocks non-zero per rank, 16.0% on some rank (median of 10
+    all_reduces; bytes-weighted 9.3%, 16.0%)'."""
+    blocks = "blocks" if sp.block_elements is None else f"{sp.block_elements}-element blocks"
+    of = (f"{sp.all_reduces} all_reduces" if sp.all_reduces == sp.all_reduces_total
+          else f"the {sp.all_reduces} of {sp.all_reduces_total} all_reduces measured")
+    return (f"{_pct(sp.nonzero_median)} of {blocks} non-zero per rank, {_pct(sp.union_median)} on some rank "
+            f"(median of {of}; bytes-weighted {_pct(sp.nonzero_weighted)}, {_pct(sp.union_weighted)})")
 
 
 @cli.command()
 @click.argument("trace_path", metavar="TRACE", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def inspect(trace_path: Path, as_json: bool) -> None:
-    """Summarize a trace: ranks, iterations, step and compute time, collectives, overlap."""
+    """Summarize a trace: ranks, iterations, step and compute time, collectives, overlap, and the
+    gradients' block sparsity where the capture measured it."""
     from rich.table import Table
 
     from emu.cli.options import trace_path as resolve
@@ -45,6 +61,8 @@ def inspect(trace_path: Path, as_json: bool) -> None:
         ("overlap with compute", pct),
     ):
         head.add_row(key, value)
+    if s.sparsity is not None:
+        head.add_row("gradient sparsity", sparsity_line(s.sparsity))
     for gap in s.gaps:  # what the source lacked: never filled in silently
         head.add_row("gap", gap)
     console.print(head)

@@ -34,6 +34,12 @@ from emu.errors import CheckFailed, ConfigError, EmuError
               help="Packets on the emulated wire per packet really sent, or auto.")
 @click.option("--straggler", "stragglers", multiple=True,
               help="Slow compute: WORKERS:FACTOR (3,7:1.5), random:FRACTION:FACTOR, lognormal:SIGMA.")
+@click.option("--sparsity", default="trace", show_default=True,
+              help="Payload of float all_reduces: trace (as recorded), none (dense), F (a fraction of non-zero "
+                   "blocks per worker; union as for independent workers) or F:U (U non-zero on some worker). Every "
+                   "fabric still sends every block: times do not change yet (docs/sparse.md).")
+@click.option("--sparsity-block", type=int, default=None,
+              help="Elements per sparsity block (default: the trace's, else 256).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of payload, loss and jitter.")
 @click.option("--slots", type=int, help="INA slot pool (the window); default covers 2x the bandwidth-delay product.")
 @click.option("--elements", type=click.Choice(["64", "256"]), default="64", show_default=True,
@@ -48,8 +54,8 @@ from emu.errors import CheckFailed, ConfigError, EmuError
 @click.option("--json", "as_json", is_flag=True, help="Print the report(s) as JSON on stdout.")
 @click.pass_context
 def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None, fabric: str, bandwidth: str, latency: str, loss: float, jitter: str,
-           iters: int | None, clock: str | None, tdf: str | None, payload_scale: str, stragglers: tuple[str, ...], seed: int,
-           slots: int | None, elements: str,
+           iters: int | None, clock: str | None, tdf: str | None, payload_scale: str, stragglers: tuple[str, ...],
+           sparsity: str, sparsity_block: int | None, seed: int, slots: int | None, elements: str,
            processes: int | None, ps_shards: int | None, timeout: float, report_path: Path | None,
            chrome_trace: Path | None, as_json: bool) -> None:
     """Replay TRACE (a file, or a shipped sample: mlp, cnn, transformer) on fake workers.
@@ -65,7 +71,7 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
     from emu.lifetime import Terminated
     from emu.replay import ReplayConfig
     from emu.replay import replay as run_replay
-    from emu.replay.config import Clock, Straggler
+    from emu.replay.config import Clock, SparsityOption, Straggler
     from emu.replay.report import check_writable
     from emu.traces import load_trace
 
@@ -92,6 +98,8 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
             check_writable(target(report_path, name) or report_path, "--report")
         if chrome_trace is not None:
             check_writable(target(chrome_trace, name) or chrome_trace, "--chrome-trace")
+    sparse = SparsityOption.parse(sparsity, sparsity_block)
+    sparse.check()
     link = LinkSpec(bandwidth_bps=parse_bandwidth(bandwidth), latency_us=parse_duration_us(latency),
                     loss=loss, jitter_us=parse_duration_us(jitter, "--jitter"))
     reports = []
@@ -100,7 +108,8 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
                               clock=Clock(clock) if clock else (Clock.WALL if tdf is not None else None),
                               tdf=None if tdf is None else auto(tdf, float, "--tdf"), payload_scale=auto(payload_scale, int, "--payload-scale"),
                               stragglers=tuple(Straggler.parse(x) for x in stragglers), seed=seed, slots=slots,
-                              elements=int(elements), processes=processes, ps_shards=ps_shards, timeout_s=timeout)
+                              elements=int(elements), processes=processes, ps_shards=ps_shards, timeout_s=timeout,
+                              sparsity=sparse)
         if design is not None:
             config = replace(design.overlay(config, given | {"fabric"}), design_file=network, design_name=design.name)
         config.check()
@@ -158,6 +167,10 @@ def _table(reports, path: Path) -> None:
     row("bytes on the wire", lambda r: human_bytes(r.summary.bytes_sent))
     row("verification", lambda r: ("ok" if r.verification.ok else "FAILED")
         + f" ({r.verification.elements_checked:,} checked)")
+    if any(r.sparsity is not None for r in reports):
+        row("non-zero blocks", lambda r: "dense" if r.sparsity is None else
+            f"{100 * r.sparsity.nonzero_fraction:.1f}% per worker, {100 * r.sparsity.union_fraction:.1f}% on some "
+            f"(sent: {100 * r.sparsity.sent_fraction:.0f}%)")
     row("packets lost (resent)", lambda r: f"{r.fabric.packets_lost:,}")
     row("fallbacks", lambda r: ", ".join(f"{k} x{v}" for k, v in sorted(r.fabric.fallbacks.items())) or "-")
     row("clock", lambda r: r.emulator.clock if r.emulator.tdf is None else f"wall, dilation {r.emulator.tdf:g}")

@@ -31,6 +31,11 @@ def grid_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--jitter", default="0us", show_default=True, help="Uniform extra delay per packet, up to this."),
         click.option("--straggler", "stragglers", multiple=True,
                      help="Slow compute (emu replay --straggler); repeat for an axis."),
+        click.option("--sparsity", default="trace", show_default=True,
+                     help="Payload of float all_reduces for every point (emu replay --sparsity): trace, none, F "
+                          "or F:U."),
+        click.option("--sparsity-block", type=int, default=None,
+                     help="Elements per sparsity block (default: the trace's, else 256)."),
         click.option("--iters", type=int, help="Iterations per point (default: the trace's)."),
         click.option("--seed", type=int, default=0, show_default=True, help="Seed of payload, loss and jitter."),
         click.option("--slots", type=int, help="INA slot pool (default: 2x the bandwidth-delay product)."),
@@ -50,7 +55,7 @@ def build_grid(ctx: click.Context, params: dict[str, Any]) -> tuple[list[Point],
     """Every point of the grid the options describe (checked before anything runs), and the traces."""
     from emu.cli.options import auto, trace_path, typed
     from emu.emulator.links import LinkSpec, parse_duration_us
-    from emu.replay.config import ReplayConfig
+    from emu.replay.config import ReplayConfig, SparsityOption
     from emu.replay.design import FLAG_KEYS
     from emu.study.grid import Grid, TraceCache, float_axis, int_axis, points, text_axis, unique
 
@@ -58,7 +63,8 @@ def build_grid(ctx: click.Context, params: dict[str, Any]) -> tuple[list[Point],
     base = ReplayConfig(link=LinkSpec(jitter_us=parse_duration_us(params["jitter"], "--jitter")),
                         iters=params["iters"], seed=params["seed"], slots=params["slots"],
                         elements=int(params["elements"]), ps_shards=params["ps_shards"],
-                        payload_scale=auto(params["payload_scale"], int, "--payload-scale"), timeout_s=params["timeout"])
+                        payload_scale=auto(params["payload_scale"], int, "--payload-scale"), timeout_s=params["timeout"],
+                        sparsity=SparsityOption.parse(params["sparsity"], params["sparsity_block"]))
     given = frozenset(key for name, key in FLAG_KEYS.items() if typed(ctx, name))
     networks = tuple(params["networks"])
     # Without a design file an untyped axis takes its flag's default; with one, the file's value.

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from emu.emulator import fixedpoint
-from emu.emulator.payload import Block, block
+from emu.emulator.payload import Block, block, is_sparse
 from emu.emulator.wire import AGG_HEADER, FLAG_COPY, MsgType
+from emu.traces.model import Sparsity
 
 IDLE, SENT = 0, 1
 
@@ -49,8 +50,9 @@ class InaCollective:
     """One all_reduce in the stream of every worker of a group."""
 
     def __init__(self, seq: int, dtype: str, real_elements: int, emu_packets: int, base: int,
-                 params: InaParams, m: int) -> None:
+                 params: InaParams, m: int, sparsity: Sparsity | None = None) -> None:
         self.seq, self.dtype, self.real_elements, self.emu_packets = seq, dtype, real_elements, emu_packets
+        self.sparsity = sparsity if is_sparse(sparsity, dtype) else None  # the payload's (emu.emulator.payload)
         self.base = base
         k, s = params.elements, params.slots
         self.data_blocks = -(-real_elements // k) if real_elements else 0
@@ -100,7 +102,7 @@ class PayloadCache:
         if blk is None:
             start = page * self.PAGE
             blk = block(self.seed, coll.seq, start, min(self.PAGE, coll.real_elements - start), self.workers,
-                        coll.dtype)
+                        coll.dtype, coll.sparsity)
             if len(self._cache) >= self.pages:
                 self._cache.pop(next(iter(self._cache)))
             self._cache[key] = blk
@@ -135,13 +137,15 @@ class InaGroup:
         self.cache = cache or PayloadCache(params.seed, params.workers)
 
     # -- the stream -------------------------------------------------------------------
-    def collective(self, seq: int, dtype: str, real_elements: int, emu_packets: int) -> InaCollective:
-        """The stream's collective number ``seq`` (added when the first worker starts it)."""
+    def collective(self, seq: int, dtype: str, real_elements: int, emu_packets: int,
+                   sparsity: Sparsity | None = None) -> InaCollective:
+        """The stream's collective number ``seq`` (added when the first worker starts it); its payload
+        follows ``sparsity`` where given (the same on every worker)."""
         coll = self.by_seq.get(seq)
         if coll is None:
             if self.colls and seq < self.colls[-1].seq:
                 raise ValueError(f"collective {seq} joins the stream after {self.colls[-1].seq}")
-            coll = InaCollective(seq, dtype, real_elements, emu_packets, self.end, self.p, self.m)
+            coll = InaCollective(seq, dtype, real_elements, emu_packets, self.end, self.p, self.m, sparsity)
             self.colls.append(coll)
             self.by_seq[seq] = coll
             self.bases.append(coll.base)
@@ -263,6 +267,12 @@ class InaGroup:
         common = self._rows(coll, uniq, "common", np.int32)
         beta = self._rows(coll, uniq, "beta", np.int32)[:, 0].astype(np.int64)  # constant per block
         units = common[inv] + np.where(owner[inv] == self.wids[li][:, None], own[inv], np.int32(0))
+        if coll.sparsity is not None:  # zero outside the blocks each worker holds (padding: held by nobody)
+            holders = self._rows(coll, uniq, "holders", np.int32)
+            mul = self._rows(coll, uniq, "mul", np.int64)
+            add = self._rows(coll, uniq, "add", np.int32)
+            held = (mul[inv] * self.wids[li][:, None] + add[inv]) % self.p.workers < holders[inv]
+            units = np.where(held, units, np.int32(0))
         return units, beta[inv]
 
     def values(self, coll: InaCollective, li: np.ndarray, blocks: np.ndarray) -> np.ndarray:
@@ -295,8 +305,13 @@ class InaGroup:
         lo, hi = first * k, min((last + 1) * k, coll.real_elements)
         units = np.zeros((last - first + 1) * k, np.int64)
         beta = np.zeros((last - first + 1) * k, np.int64)
-        units[: hi - lo] = n * self.cache.span(coll, lo, hi, "common").astype(np.int64) \
-            + self.cache.span(coll, lo, hi, "own")
+        common = self.cache.span(coll, lo, hi, "common").astype(np.int64)
+        own = self.cache.span(coll, lo, hi, "own")
+        if coll.sparsity is None:
+            units[: hi - lo] = n * common + own
+        else:  # H_B workers hold the block, and its owner is one of them (emu.emulator.payload)
+            holders = self.cache.span(coll, lo, hi, "holders").astype(np.int64)
+            units[: hi - lo] = holders * common + np.where(holders > 0, own, 0)
         beta[: hi - lo] = self.cache.span(coll, lo, hi, "beta")
         units = units.reshape(-1, k)[blocks - first]
         beta = beta.reshape(-1, k)[blocks - first]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from emu.emulator.payload import block
+from emu.traces.model import Sparsity
 
 SEG_ELEMENTS = 1 << 18  # 1 MB of float32 per message: pipelining without huge messages
 
@@ -90,15 +91,16 @@ class Algorithm:
     """A collective on one worker: ``start`` then ``on_segment`` until ``finished``."""
 
     def __init__(self, rank: int, size: int, seq: int, dtype: str, layout: Layout, seed: int,
-                 check: Check) -> None:
+                 check: Check, sparsity: Sparsity | None = None) -> None:
         self.rank, self.size, self.seq, self.dtype = rank, size, seq, dtype
         self.layout, self.seed, self.check = layout, seed, check
+        self.sparsity = sparsity  # the payload's, where the collective has one (emu.emulator.payload)
         self.finished = False
         self.end_us = 0.0
         self._map = layout.segment_map()
 
     def _block(self, lo: int, hi: int, workers: int | None = None):
-        return block(self.seed, self.seq, lo, hi - lo, workers or self.size, self.dtype)
+        return block(self.seed, self.seq, lo, hi - lo, workers or self.size, self.dtype, self.sparsity)
 
     def own(self, lo: int, hi: int, worker: int | None = None) -> np.ndarray:
         return self._block(lo, hi).values(self.rank if worker is None else worker)

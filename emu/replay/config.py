@@ -94,6 +94,76 @@ class Straggler:
             raise ConfigError(f"--straggler names workers {bad}, not in 0..{workers - 1}")
 
 
+MAX_SPARSITY_BLOCK = 1 << 20  # elements per sparsity block, as a trace may record (emu.traces.io)
+DEFAULT_SPARSITY_BLOCK = 256  # OmniReduce's block
+
+
+@dataclass(frozen=True)
+class SparsityOption:
+    """What the payload of float all_reduces follows (``--sparsity``, ``--sparsity-block``; docs/sparse.md).
+
+    ``source``: ``trace`` (the default: what the trace recorded, dense where it recorded
+    nothing), ``none`` (dense everywhere) or ``option`` (every float all_reduce has a fraction
+    ``nonzero`` of non-zero blocks per worker and ``union`` on some worker; without a union, the one
+    workers drawing their blocks independently would have: ``1 - (1 - nonzero)**M``). ``block_elements``: the block
+    size; None: the trace's, else ``DEFAULT_SPARSITY_BLOCK``.
+    """
+
+    source: str = "trace"
+    nonzero: float | None = None
+    union: float | None = None
+    block_elements: int | None = None
+
+    @classmethod
+    def parse(cls, text: str, block_elements: int | None = None) -> SparsityOption:
+        """'trace', 'none', '0.1' (F) or '0.1:0.3' (F:U); fractions may be percentages ('10%')."""
+        word = text.strip().lower()
+        if word in ("trace", "none"):
+            return cls(source=word, block_elements=block_elements)
+        parts = word.split(":")
+        if len(parts) in (1, 2):
+            try:
+                values = [float(p.strip().rstrip("%")) / (100 if p.strip().endswith("%") else 1) for p in parts]
+            except ValueError:
+                values = []
+            if values and all(math.isfinite(v) for v in values):
+                return cls(source="option", nonzero=values[0], union=values[1] if len(values) == 2 else None,
+                           block_elements=block_elements)
+        raise ConfigError(f"--sparsity {text!r}: give F, the fraction of non-zero blocks per worker (0.1), F:U "
+                          "with U the fraction non-zero on some worker (0.1:0.3), none (dense) or trace (the default)")
+
+    @property
+    def text(self) -> str:
+        """The canonical form ``parse`` reads back (without the block size)."""
+        if self.source != "option":
+            return self.source
+        return f"{self.nonzero!r}" + ("" if self.union is None else f":{self.union!r}")
+
+    @property
+    def block(self) -> int:
+        return self.block_elements or DEFAULT_SPARSITY_BLOCK
+
+    def union_at(self, workers: int) -> float:
+        """U, or the chance that one of M workers drawing their blocks independently holds a block."""
+        assert self.nonzero is not None
+        return self.union if self.union is not None else 1.0 - (1.0 - self.nonzero) ** workers
+
+    def check(self) -> None:
+        if self.source not in ("trace", "none", "option"):
+            raise ConfigError(f"--sparsity {self.source!r} is not one of: trace, none, or a fraction F or F:U")
+        if self.source == "option":
+            f, u = self.nonzero, self.union
+            if f is None or not 0 < f <= 1:
+                raise ConfigError(f"--sparsity {self.text}: the fraction of non-zero blocks per worker must be in "
+                                  "(0, 1] (give none for dense)")
+            if u is not None and not f <= u <= 1:
+                raise ConfigError(f"--sparsity {self.text}: the union U must be in [F, 1] = [{f:g}, 1]: a worker's "
+                                  "non-zero blocks are among those non-zero on some worker")
+        if self.block_elements is not None and not 1 <= self.block_elements <= MAX_SPARSITY_BLOCK:
+            raise ConfigError(f"--sparsity-block must be in 1..{MAX_SPARSITY_BLOCK} elements (OmniReduce uses 256), "
+                              f"got {self.block_elements}")
+
+
 @dataclass(frozen=True)
 class ReplayConfig:
     """What ``emu replay`` runs. Every field has a docstring; ``check`` says what is impossible."""
@@ -138,6 +208,9 @@ class ReplayConfig:
     for the report (the values themselves are the fields above)."""
     design_name: str | None = None
     """The design's ``name`` (tables and plots), if it gave one."""
+    sparsity: SparsityOption = field(default_factory=SparsityOption)
+    """What the payload of float all_reduces follows: the trace's sparsity (default), none, or a
+    what-if fraction (docs/sparse.md); today every fabric still sends every block."""
 
     def check(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS_SOFTWARE:
@@ -166,6 +239,9 @@ class ReplayConfig:
             raise ConfigError(f"the retransmission timeout must be in (0, 1e9] us, got {self.rto_us}")
         for straggler in self.stragglers:
             straggler.check(self.workers)
+        if not isinstance(self.sparsity, SparsityOption):
+            raise ConfigError(f"sparsity must be a SparsityOption (SparsityOption.parse('0.1')), got {self.sparsity!r}")
+        self.sparsity.check()
         if self.clock is not None and not isinstance(self.clock, Clock):
             raise ConfigError(f"--clock {self.clock!r} is not one of: sync, wall")
         if self.clock == Clock.SYNC and self.tdf is not None:

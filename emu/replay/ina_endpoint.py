@@ -79,7 +79,7 @@ class InaEndpoint:
     def start(self, worker: int, run: CollRun, real_elements: int) -> bool:
         """A worker starts an all_reduce on the stream; True if it is already complete (empty)."""
         op = run.op
-        coll = self.group.collective(run.seq, op.dtype.value, real_elements, -(-op.count // self.k))
+        coll = self.group.collective(run.seq, op.dtype.value, real_elements, -(-op.count // self.k), op.sparsity)
         local = self.index[worker]
         coll.start_us[local] = run.start_us
         if coll.data_blocks == 0:

@@ -75,7 +75,8 @@ class P2PEndpoint:
     def _algorithm(self, w: int, run: CollRun, real: int) -> Algorithm:
         op, cfg, m = run.op, self.cfg, self.m
         emu_bytes = float(op.count * op.dtype.itemsize)
-        common = dict(rank=w, size=m, seq=run.seq, dtype=op.dtype.value, seed=cfg.seed, check=self.check)
+        common = dict(rank=w, size=m, seq=run.seq, dtype=op.dtype.value, seed=cfg.seed, check=self.check,
+                      sparsity=op.sparsity)
         kind = op.kind
         if kind == CollKind.BARRIER:
             rounds = max(1, (m - 1).bit_length())

@@ -9,7 +9,8 @@ point-to-point peers keep their offset (peer - rank) modulo M; a broadcast root
 outside 0..M-1 wraps around.
 
 Each collective gets its number in the worker's stream (``seq``), the same on
-every worker, which is how the fabrics match them up.
+every worker, which is how the fabrics match them up; and its payload's sparsity, also the
+same on every worker (``emu.replay.sparsity``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import numpy as np
 
 from emu.emulator.links import uniform
 from emu.errors import ConfigError
+from emu.replay.config import SparsityOption
+from emu.replay.sparsity import with_sparsity
 from emu.traces.model import Coll, CollKind, Iteration, Op, Trace
 
 
@@ -62,9 +65,10 @@ def _scale_op(op: Op, rank: int, worker: int, n: int, m: int, path: str) -> Op:
     return replace(op, group_size=m, peer=peer, root=root)
 
 
-def plan_programs(trace: Trace, workers: int, path: str = "trace") -> list[WorkerProgram]:
+def plan_programs(trace: Trace, workers: int, path: str = "trace",
+                  sparsity: SparsityOption | None = None) -> list[WorkerProgram]:
     n = trace.meta.world_size
-    ranks = trace.ranks
+    ranks = with_sparsity(trace, workers, sparsity)
     counts = {len(it.colls) for r in ranks for it in r.iterations}
     if len(counts) > 1:
         raise ConfigError(f"{path}: the iterations issue different numbers of collectives ({sorted(counts)}); "

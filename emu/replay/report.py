@@ -94,6 +94,21 @@ class FabricReport:
 
 
 @dataclass(frozen=True)
+class SparsityReport:
+    """What the payload of the replayed sparse all_reduces held (docs/sparse.md), counted from the
+    hashes that made it: of their blocks, the fraction non-zero on some worker (``union_fraction``)
+    and the mean fraction non-zero on a worker (``nonzero_fraction``). ``sent_fraction``: of a
+    worker's blocks, those its fabric sent; 1.0 until the sparse protocols (every fabric still
+    sends the zero blocks, so iteration times do not depend on sparsity yet)."""
+
+    collectives: int  # sparse all_reduces replayed (every iteration's)
+    blocks: int  # their blocks of real elements (with payload scale R, ceil(count / R) each)
+    union_fraction: float
+    nonzero_fraction: float
+    sent_fraction: float = 1.0
+
+
+@dataclass(frozen=True)
 class ReplayReport:
     report_version: int
     emu_version: str
@@ -106,6 +121,7 @@ class ReplayReport:
     fabric: FabricReport
     complete: bool = True  # false: the partial report of a failed or interrupted run
     reason: str | None = None  # why it is partial
+    sparsity: SparsityReport | None = None  # None when every all_reduce was dense
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)

@@ -30,6 +30,7 @@ from emu.replay.report import (
     Summary,
     Verification,
 )
+from emu.replay.sparsity import config_summary, realized_report
 from emu.traces.io import trace_digest
 from emu.traces.model import Trace
 
@@ -39,6 +40,7 @@ LAG_TOLERANCE = 0.01  # of the median iteration: docs/design.md's bar for a trus
 def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, iters: int,
             results: list[HostResult], switch: SwitchResult, wall_s: float, cpu_s: float,
             processes: int) -> ReplayReport:
+    planned = iters  # the payload's sparsity is reported over the iterations the run was asked for
     records: dict[int, list[list[float]]] = {}
     for r in results:
         for w, d in r.workers.items():
@@ -123,11 +125,12 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
            "slots": config.emulated_slots, "elements": config.elements,
            "packet_wire_bytes": agg_wire_bytes(config.elements), "rto_us": config.timeout_rto_us,
            "processes": config.host_processes, "ps_shards": config.shards if config.network.parameter_server else None,
-           "stragglers": [st.text for st in config.stragglers] or None, "design": resolved_design(config)}
+           "stragglers": [st.text for st in config.stragglers] or None, "design": resolved_design(config),
+           "sparsity": config_summary(trace, config, planned)}
     meta = trace.meta
     trace_doc = {"path": trace_path, "model": meta.model, "source": meta.source.value,
                  "world_size": meta.world_size, "backend": meta.backend, "params": meta.params,
                  "batch_size": meta.batch_size, "iterations": trace.iterations, "sha256": trace_digest(trace)}
     return ReplayReport(report_version=REPORT_VERSION, emu_version=emu.__version__, config=cfg, trace=trace_doc,
                         iterations=tuple(iterations), summary=summary, verification=verification,
-                        emulator=emulator, fabric=fabric)
+                        emulator=emulator, fabric=fabric, sparsity=realized_report(trace, config, planned))

@@ -3,7 +3,8 @@
 ``emu sweep`` and ``emu predict`` take the same options. A comma list of ``--workers``,
 ``--fabric``, ``--bandwidth``, ``--latency`` or ``--loss`` is an axis; several ``--network``
 files are an axis; a repeated ``--straggler`` (whose values hold commas) is an axis; several
-traces are swept one after another. Every other option holds one value for the whole grid.
+traces are swept one after another. Every other option (``--sparsity`` too) holds one value for
+the whole grid.
 
 A point's configuration is resolved in one order: the defaults, then the point's design file
 (``--network``), then what the user typed, which wins (docs/design.md, "Network design files").
@@ -22,7 +23,7 @@ from typing import TypeVar
 
 from emu.emulator.links import format_bandwidth, parse_bandwidth, parse_duration_us
 from emu.errors import ConfigError
-from emu.replay.config import ReplayConfig, Straggler
+from emu.replay.config import ReplayConfig, SparsityOption, Straggler
 from emu.replay.design import NetworkDesign, load_design
 from emu.traces.io import load_trace, trace_digest
 from emu.traces.model import Trace
@@ -86,6 +87,8 @@ class Point:
                "payload_scale": c.payload_scale, "ps_shards": c.ps_shards, "rto_us": c.rto_us,
                "clock": None if c.clock is None else c.clock.value, "tdf": c.tdf,
                "stragglers": [s.text for s in c.stragglers], "design": c.design_file}
+        if c.sparsity != SparsityOption():  # only where given: the slugs of dense studies stay as they were
+            doc["sparsity"] = [c.sparsity.text, c.sparsity.block_elements]
         for key in exclude:
             doc.pop(key)
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

@@ -14,6 +14,7 @@ from emu.traces.model import (
     Op,
     RankProgram,
     Source,
+    Sparsity,
     Trace,
     TraceMeta,
     Wait,
@@ -24,7 +25,7 @@ from emu.traces.validate import validate_trace
 
 __all__ = [
     "LOADERS", "MODELS", "SCHEMA_VERSION", "SAMPLES", "Coll", "CollKind", "CollStats", "Compute", "Dtype",
-    "Iteration", "Op", "RankProgram", "Source", "Trace", "TraceMeta", "TraceSummary", "Wait",
+    "Iteration", "Op", "RankProgram", "Source", "Sparsity", "Trace", "TraceMeta", "TraceSummary", "Wait",
     "iteration_comm_us", "load_trace", "sample_path", "save_trace", "summarize", "trace_digest", "trace_sha256",
     "trace_to_dict",
     "validate_trace",

@@ -30,6 +30,7 @@ from emu.traces.model import (
     Op,
     RankProgram,
     Source,
+    Sparsity,
     Trace,
     TraceMeta,
     Wait,
@@ -40,6 +41,7 @@ SCHEMA_VERSION = 1
 # Far above any real trace (a 1000-rank, 100-iteration program is ~50 MB) and
 # far below what would exhaust memory when a wrong file is passed.
 MAX_TRACE_BYTES = 1 << 30
+MAX_BLOCK_ELEMENTS = 1 << 20  # a sparsity block; OmniReduce uses 256
 
 
 @dataclass(frozen=True)
@@ -179,8 +181,26 @@ def _load_op(raw: Any, where: _Where) -> Op:
             peer=_int(raw, "peer", where, optional=True),
             group=_int_tuple(raw, "group", where),
             tensors=tensors,
+            sparsity=_load_sparsity(raw, where),
         )
     raise where.fail("op", f"is {kind!r}; it must be one of: compute, coll, wait")
+
+
+def _load_sparsity(raw: dict[str, Any], where: _Where) -> Sparsity | None:
+    doc = _get(raw, "sparsity", where, dict, optional=True)
+    if doc is None:
+        return None
+    fractions = []
+    for key in ("nonzero", "union"):
+        value = doc.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise where.fail(f"sparsity.{key}", f"is {_show(value)}; give the fraction of blocks, a number in [0, 1]")
+        fractions.append(float(value))
+    block = doc.get("block_elements")
+    if not _is_count(block) or not 1 <= block <= MAX_BLOCK_ELEMENTS:
+        raise where.fail("sparsity.block_elements", f"is {_show(block)}; give the elements per block, "
+                         f"an integer in 1..{MAX_BLOCK_ELEMENTS} (OmniReduce's default: 256)")
+    return Sparsity(block_elements=block, nonzero=fractions[0], union=fractions[1])
 
 
 def _load_meta(raw: Any, where: _Where) -> TraceMeta:
@@ -313,6 +333,10 @@ def _op_to_dict(op: Op) -> dict[str, Any]:
         doc["group"] = list(op.group)
     if op.tensors is not None:
         doc["tensors"] = [list(t) for t in op.tensors]
+    if op.sparsity is not None:
+        s = op.sparsity
+        doc["sparsity"] = {"block_elements": s.block_elements, "nonzero": round(s.nonzero, 6),
+                           "union": round(s.union, 6)}
     return doc
 
 

@@ -87,6 +87,20 @@ class Compute:
 
 
 @dataclass(frozen=True)
+class Sparsity:
+    """How sparse a collective's tensor was, measured on the real gradients (OmniReduce's view).
+
+    The tensor is cut into blocks of ``block_elements``; ``nonzero`` is the fraction of blocks
+    holding a non-zero element on this rank, ``union`` the fraction non-zero on at least one rank
+    of the captured job (so ``nonzero <= union``: how much the ranks' blocks overlap).
+    """
+
+    block_elements: int
+    nonzero: float
+    union: float
+
+
+@dataclass(frozen=True)
 class Coll:
     """A collective issued at this point onto the rank's communication stream.
 
@@ -107,6 +121,7 @@ class Coll:
     peer: int | None = None
     group: tuple[int, ...] | None = None
     tensors: tuple[tuple[int, ...], ...] | None = None
+    sparsity: Sparsity | None = None  # measured where the capture could see the data (all_reduce)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from emu.errors import TraceError
 
 _DIR = Path(__file__).parent / "samples"
 # The built-in workloads (emu capture --model, emu validate --models), each with its sample trace
-MODELS = ("mlp", "cnn", "transformer")
+MODELS = ("mlp", "cnn", "transformer", "dlrm")
 SAMPLES = MODELS
 
 

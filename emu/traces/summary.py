@@ -5,6 +5,8 @@ order), so that each collective's issue time is known and communication can be
 measured against compute: the communication time is the union of the
 collectives' issue-to-completion intervals (where the capture observed them),
 the exposed part is the time spent blocked in waits, the rest overlapped.
+Where the capture measured gradient sparsity (``Coll.sparsity``), it is summed up
+over the all_reduces that carry it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from emu.traces.model import Compute, Iteration, Trace, Wait
+from emu.traces.model import Coll, CollKind, Compute, Iteration, Trace, Wait
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,24 @@ class CollStats:
     per_iteration: int
     bytes_per_iteration: int
     elements_per_iteration: int
+
+
+@dataclass(frozen=True)
+class SparsityStats:
+    """Gradient block sparsity over the all_reduces that carry it, of every rank in the file.
+
+    Fractions of blocks: ``nonzero`` the blocks a rank's gradient had non-zero, ``union`` those
+    non-zero on at least one rank of the captured job; as the median over the all_reduces and as
+    their mean weighted by each all_reduce's bytes (what a sparse all_reduce would send).
+    """
+
+    block_elements: int | None  # None when the all_reduces were measured with different blocks
+    all_reduces: int  # that carry sparsity
+    all_reduces_total: int  # in the file, with or without it
+    nonzero_median: float
+    union_median: float
+    nonzero_weighted: float
+    union_weighted: float
 
 
 @dataclass(frozen=True)
@@ -46,6 +66,7 @@ class TraceSummary:
     overlap_pct: float | None
     collectives: tuple[CollStats, ...]
     gaps: tuple[str, ...] = ()  # what the source trace lacked (meta.gaps): values that are bounds, not measures
+    sparsity: SparsityStats | None = None  # where the capture measured it (built-in workloads)
 
 
 def iteration_comm_us(it: Iteration) -> float | None:
@@ -70,6 +91,29 @@ def iteration_comm_us(it: Iteration) -> float | None:
             total += stop - max(start, end)
             end = stop
     return total
+
+
+def sparsity_stats(trace: Trace) -> SparsityStats | None:
+    """The sparsity of the trace's all_reduces, or None when none carries it."""
+    reduces = [op for r in trace.ranks for it in r.iterations for op in it.ops
+               if isinstance(op, Coll) and op.kind == CollKind.ALL_REDUCE]
+    measured = [op for op in reduces if op.sparsity is not None]
+    if not measured:
+        return None
+    blocks = {op.sparsity.block_elements for op in measured if op.sparsity is not None}
+    total = sum(op.bytes for op in measured)
+
+    def weighted(fraction: list[float]) -> float:
+        if not total:  # only empty all_reduces: no bytes to weigh by
+            return statistics.fmean(fraction)
+        return sum(f * op.bytes for f, op in zip(fraction, measured, strict=True)) / total
+
+    nonzero = [op.sparsity.nonzero for op in measured if op.sparsity is not None]
+    union = [op.sparsity.union for op in measured if op.sparsity is not None]
+    return SparsityStats(
+        block_elements=blocks.pop() if len(blocks) == 1 else None, all_reduces=len(measured),
+        all_reduces_total=len(reduces), nonzero_median=statistics.median(nonzero),
+        union_median=statistics.median(union), nonzero_weighted=weighted(nonzero), union_weighted=weighted(union))
 
 
 def summarize(trace: Trace) -> TraceSummary:
@@ -104,5 +148,5 @@ def summarize(trace: Trace) -> TraceSummary:
         step_us_median=statistics.median(steps), step_us_min=min(steps), step_us_max=max(steps),
         compute_us_median=statistics.median(it.compute_us for it in its),
         comm_us_median=comm_med, exposed_comm_us_median=exposed, overlap_pct=overlap,
-        collectives=collectives, gaps=m.gaps,
+        collectives=collectives, gaps=m.gaps, sparsity=sparsity_stats(trace),
     )

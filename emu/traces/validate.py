@@ -94,6 +94,15 @@ def _op_problem(op: Op) -> tuple[str, str] | None:
         if total != op.count:
             return "tensors", (f"shapes hold {total} elements but count is {op.count}: they must add up to "
                                "the collective's tensor; drop 'tensors' or fix the count")
+    if op.sparsity is not None:
+        s = op.sparsity
+        if op.kind != CollKind.ALL_REDUCE:
+            return "sparsity", f"is given on {op.kind.value}; it is measured on all_reduce only: drop it"
+        if not (0 <= s.nonzero <= 1 and 0 <= s.union <= 1 and s.nonzero <= s.union + 1e-6):
+            return "sparsity", (f"has nonzero {s.nonzero:g} and union {s.union:g}; both are fractions in [0, 1] "
+                                "and a rank's non-zero blocks are among the union's (nonzero <= union)")
+        if not 1 <= s.block_elements <= 1 << 20:
+            return "sparsity", f"has block_elements {s.block_elements}; give 1..2**20"
     return None
 
 

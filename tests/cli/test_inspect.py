@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -46,3 +47,36 @@ def test_inspect_takes_a_shipped_sample_by_name() -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["model"] == "mlp" and data["world_size"] == 2
+
+
+def test_inspect_shows_gradient_sparsity() -> None:
+    runner = CliRunner(env={"NO_COLOR": "1", "COLUMNS": "200"})
+    result = runner.invoke(cli, ["inspect", "dlrm"])
+    assert result.exit_code == 0, result.output
+    (line,) = [ln for ln in result.stdout.splitlines() if "gradient sparsity" in ln]
+    assert re.search(r"gradient sparsity +\d+\.\d% of 256-element blocks non-zero per rank, \d+\.\d% on some rank "
+                     r"\(median of 10 all_reduces; bytes-weighted \d+\.\d%, \d+\.\d%\)", line), line
+    data = json.loads(runner.invoke(cli, ["inspect", "dlrm", "--json"]).stdout)
+    sp = data["sparsity"]
+    assert sp["block_elements"] == 256 and sp["all_reduces"] == sp["all_reduces_total"] == 10
+    assert 0 < sp["nonzero_median"] < sp["union_median"] <= 1
+    assert 0 < sp["nonzero_weighted"] < sp["union_weighted"] <= 1
+    assert f"{100 * sp['nonzero_median']:.1f}% of 256-element blocks" in line  # the table and the JSON agree
+
+
+def test_inspect_without_sparsity_is_as_before() -> None:
+    runner = CliRunner(env={"NO_COLOR": "1", "COLUMNS": "200"})
+    result = runner.invoke(cli, ["inspect", "mlp"])
+    assert result.exit_code == 0 and "sparsity" not in result.stdout
+    data = json.loads(runner.invoke(cli, ["inspect", "mlp", "--json"]).stdout)
+    assert data["sparsity"] is None and data["collectives"][0]["kind"] == "all_reduce"
+
+
+def test_sparsity_line_names_partial_and_mixed_measures() -> None:
+    from emu.cli.inspect import sparsity_line
+    from emu.traces.summary import SparsityStats
+
+    line = sparsity_line(SparsityStats(block_elements=None, all_reduces=3, all_reduces_total=4, nonzero_median=0.125,
+                                       union_median=0.5, nonzero_weighted=0.1, union_weighted=0.4))
+    assert line == ("12.5% of blocks non-zero per rank, 50.0% on some rank (median of the 3 of 4 all_reduces "
+                    "measured; bytes-weighted 10.0%, 40.0%)")

@@ -102,3 +102,40 @@ def test_predict_table_and_past_the_replay_limit() -> None:
 def test_predict_bad_grid_is_exit_2() -> None:
     result = run("predict", "mlp", "--workers", "8,0")
     assert result.exit_code == 2 and "--workers" in result.output
+
+
+@pytest.mark.parametrize(("args", "words"), [(["--sparsity", "2"], ["--sparsity 2.0", "(0, 1]"]),
+                                             (["--sparsity", "0.3:0.1"], ["--sparsity", "[F, 1]"]),
+                                             (["--sparsity", "dense"], ["--sparsity 'dense'", "none"]),
+                                             (["--sparsity-block", "0"], ["--sparsity-block"])])
+def test_bad_sparsity_is_one_line_and_exit_2(args: list[str], words: list[str]) -> None:
+    from tests.cli.test_cli_errors import assert_one_line_error
+
+    assert_one_line_error(run("replay", "mlp", *args), *words)
+    assert_one_line_error(run("predict", "mlp", *args), *words)
+
+
+def test_replay_sparsity_is_in_the_report_and_the_table() -> None:
+    args = ["replay", "mlp", "--workers", "4", "--iters", "1", "--payload-scale", "64", "--sparsity", "0.1:0.3"]
+    result = run(*args, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["config"]["sparsity"] == {"source": "option", "nonzero": 0.1, "union": 0.3, "block_elements": 256}
+    assert doc["sparsity"]["union_fraction"] == pytest.approx(0.3, abs=0.01) and doc["sparsity"]["sent_fraction"] == 1
+    assert doc["verification"]["ok"]
+    table = run(*args, "--sparsity-block", "100")
+    assert table.exit_code == 0, table.output
+    assert "non-zero blocks" in table.stdout and "per worker" in table.stdout
+    dense = run("replay", "mlp", "--workers", "2", "--iters", "1", "--payload-scale", "64", "--json")
+    assert json.loads(dense.stdout)["config"]["sparsity"] is None and json.loads(dense.stdout)["sparsity"] is None
+    assert "non-zero blocks" not in run("replay", "mlp", "--workers", "2", "--iters", "1", "--payload-scale", "64").stdout
+
+
+def test_sweep_takes_one_sparsity_for_the_grid(tmp_path: Path) -> None:
+    result = run("sweep", "mlp", "--workers", "2", "--iters", "1", "--payload-scale", "64", "--sparsity", "0.2",
+                 "--out", str(tmp_path / "s"), "--no-plots", "--no-predict")
+    assert result.exit_code == 0, result.output
+    reports = list((tmp_path / "s").rglob("*.json"))
+    docs = [json.loads(p.read_text()) for p in reports]
+    points = [d for d in docs if isinstance(d, dict) and "report_version" in d]
+    assert points and all(d["config"]["sparsity"]["source"] == "option" and d["verification"]["ok"] for d in points)

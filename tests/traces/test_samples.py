@@ -7,7 +7,7 @@ import pytest
 from emu.errors import TraceError
 from emu.traces import SAMPLES, CollKind, load_trace, sample_path
 
-PARAMS = {"mlp": 6_316_042, "cnn": 918_826, "transformer": 25_245_696}
+PARAMS = {"mlp": 6_316_042, "cnn": 918_826, "transformer": 25_245_696, "dlrm": 6_405_793}
 
 
 @pytest.mark.parametrize("name", SAMPLES)

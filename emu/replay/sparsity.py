@@ -1,0 +1,157 @@
+"""What sparsity each collective's payload follows in a replay, and what the payload held.
+
+The payload of a sparse all_reduce (``emu.emulator.payload``) must be the same on every worker,
+but a trace records a rank's own fraction of non-zero blocks, and replay reuses the file's rank
+programs round-robin. So one job-wide ``Sparsity`` is resolved per collective position: the
+mean over the M workers of their rank's ``nonzero``, the largest ``union`` (it is a job-wide
+measure: all ranks record the same), the first block size. ``--sparsity``
+replaces it (``SparsityOption``); integer dtypes and other kinds stay dense. The trace's
+fractions are kept whatever M (the overlap a job of M ranks would have is not known).
+
+Per iteration the positions resolve alike where every used rank has as many iterations;
+otherwise (iterations reused with different cycles) one value per position over them all.
+Reports record the asked fractions (``config_summary``) and the realized ones
+(``realized_report``), both weighted over the replayed collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from emu.emulator.payload import Realized, is_sparse, realized
+from emu.replay.config import ReplayConfig, SparsityOption
+from emu.replay.report import SparsityReport
+from emu.traces.model import Coll, CollKind, RankProgram, Sparsity, Trace
+
+Plan = tuple[tuple[Sparsity | None, ...], ...]  # [iteration of the cycle][collective position]
+
+
+def _used(trace: Trace, workers: int) -> list[tuple[RankProgram, int]]:
+    """The file's rank programs that ``workers`` run, each with how many workers run it."""
+    n, m = len(trace.ranks), max(1, workers)
+    return [(trace.ranks[r], m // n + (r < m % n)) for r in range(min(m, n))]
+
+
+def _cycle(used: list[tuple[RankProgram, int]]) -> int:
+    lengths = {len(r.iterations) for r, _ in used}
+    return lengths.pop() if len(lengths) == 1 else 1
+
+
+def _sparsifiable(op: Coll) -> bool:
+    return op.kind == CollKind.ALL_REDUCE and op.dtype.is_float
+
+
+def _resolve(ops: list[tuple[Coll, int]], option: SparsityOption, workers: int) -> Sparsity | None:
+    """One position's sparsity from its ops on the used ranks (each with its workers)."""
+    if not ops or not _sparsifiable(ops[0][0]) or option.source == "none":
+        return None
+    if option.source == "option":
+        assert option.nonzero is not None
+        return Sparsity(block_elements=option.block, nonzero=option.nonzero, union=option.union_at(workers))
+    measured = [(op.sparsity, w) for op, w in ops if op.sparsity is not None]
+    if not measured:
+        return None
+    nonzero = sum(s.nonzero * w for s, w in measured) / sum(w for _, w in measured)  # the workers' mean
+    return Sparsity(block_elements=option.block_elements or measured[0][0].block_elements, nonzero=nonzero,
+                    union=max(nonzero, *(s.union for s, _ in measured)))
+
+
+def job_plan(trace: Trace, workers: int, option: SparsityOption) -> Plan:
+    """Per iteration of the cycle and per collective position: the sparsity every worker follows."""
+    used = _used(trace, workers)
+    cycle = _cycle(used)
+    same = len({len(r.iterations) for r, _ in used}) == 1
+    plan = []
+    for i in range(cycle):
+        its = [(r.iterations[i], w) for r, w in used] if same else [(it, w) for r, w in used for it in r.iterations]
+        positions = max((len(it.colls) for it, _ in its), default=0)
+        plan.append(tuple(_resolve([(it.colls[p], w) for it, w in its if p < len(it.colls)], option, workers)
+                          for p in range(positions)))
+    return tuple(plan)
+
+
+def _row(plan: Plan, iteration: int) -> tuple[Sparsity | None, ...]:
+    return plan[iteration % len(plan)] if plan else ()
+
+
+def with_sparsity(trace: Trace, workers: int, option: SparsityOption | None) -> tuple[RankProgram, ...]:
+    """The trace's rank programs with every collective's sparsity set to the job's (the same
+    objects where nothing changes, so a dense replay runs exactly the trace's programs)."""
+    plan = job_plan(trace, workers, option or SparsityOption())
+    out = []
+    for r in trace.ranks:
+        iterations, rank_changed = [], False
+        for j, it in enumerate(r.iterations):
+            row = _row(plan, j)
+            ops, pos, changed = [], 0, False
+            for op in it.ops:
+                if isinstance(op, Coll):
+                    want = row[pos] if pos < len(row) else None
+                    pos += 1
+                    if op.sparsity != want:
+                        op, changed = replace(op, sparsity=want), True
+                ops.append(op)
+            iterations.append(replace(it, ops=tuple(ops)) if changed else it)
+            rank_changed |= changed
+        out.append(replace(r, iterations=tuple(iterations)) if rank_changed else r)
+    return tuple(out)
+
+
+def _replayed(trace: Trace, config: ReplayConfig, iters: int) -> list[tuple[int, Coll, Sparsity]]:
+    """(seq, op, sparsity) of every sparse collective of the replay (worker 0's program: the
+    collectives' sizes and kinds are the same on every worker)."""
+    plan = job_plan(trace, config.workers, config.sparsity)
+    program = _used(trace, config.workers)[0][0]
+    out = []
+    seq = 0
+    for it in range(iters):
+        colls = program.iterations[it % len(program.iterations)].colls
+        row = _row(plan, it)
+        for p, op in enumerate(colls):
+            s = row[p] if p < len(row) else None
+            if is_sparse(s, op.dtype.value):
+                assert s is not None
+                out.append((seq + p, op, s))
+        seq += len(colls)
+    return out
+
+
+def trace_has_sparsity(trace: Trace) -> bool:
+    return any(op.sparsity is not None and _sparsifiable(op)
+               for r in trace.ranks for it in r.iterations for op in it.colls)
+
+
+def config_summary(trace: Trace, config: ReplayConfig, iters: int) -> dict | None:
+    """``config.sparsity`` of the report: null when the replay is dense and the trace recorded
+    none; else the source and the asked fractions, weighted by the collectives' bytes (6 digits)."""
+    option = config.sparsity
+    sparse = _replayed(trace, config, max(1, iters))
+    if not sparse:
+        if option.source == "none" and trace_has_sparsity(trace):
+            return {"source": "none", "nonzero": None, "union": None, "block_elements": None}
+        return None if option.source != "option" else {
+            "source": "option", "nonzero": option.nonzero, "union": option.union,
+            "block_elements": option.block}  # asked, though no float all_reduce took it
+    weight = sum(float(op.bytes) for _, op, _ in sparse) or 1.0
+    blocks = sorted({s.block_elements for _, _, s in sparse})
+    return {"source": option.source,
+            "nonzero": round(sum(op.bytes * s.nonzero for _, op, s in sparse) / weight, 6),
+            "union": round(sum(op.bytes * s.union for _, op, s in sparse) / weight, 6),
+            "block_elements": blocks[0] if len(blocks) == 1 else blocks}
+
+
+def realized_report(trace: Trace, config: ReplayConfig, iters: int) -> SparsityReport | None:
+    """What the payload of the replayed sparse all_reduces held, from the same hashes that made it:
+    the fractions of their blocks non-zero on some worker and on each worker (mean), block-weighted.
+    None when every all_reduce was dense."""
+    sparse = _replayed(trace, config, max(1, iters))
+    if not sparse:
+        return None
+    total = Realized()
+    r = config.scale
+    for seq, op, s in sparse:
+        real = -(-op.count // r) if op.count else 0
+        total = total + realized(config.seed, seq, real, config.workers, s)
+    blocks = max(1, total.blocks)
+    return SparsityReport(collectives=len(sparse), blocks=total.blocks, union_fraction=total.union / blocks,
+                          nonzero_fraction=total.held / (blocks * config.workers))

@@ -68,6 +68,14 @@ class RankMasks:
     block_elements: int
     masks: Mapping[tuple[int, int], BucketMask]  # by (step, order)
 
+    @property
+    def steps(self) -> dict[int, int]:
+        """Bucket masks recorded per step."""
+        out: dict[int, int] = {}
+        for step, _order in self.masks:
+            out[step] = out.get(step, 0) + 1
+        return out
+
 
 def write_masks(path: Path, block_elements: int, masks: Sequence[BucketMask],
                 cost_us: Sequence[float] | None = None) -> None:
@@ -118,8 +126,10 @@ def union_blocks(masks: Sequence[BucketMask], block_elements: int) -> int:
 
 
 def _bucket_all_reduces(it: Iteration) -> list[int]:
-    """Indexes into ``it.ops`` of the all_reduces, in issue order (one per bucket)."""
-    return [k for k, op in enumerate(it.ops) if isinstance(op, Coll) and op.kind == CollKind.ALL_REDUCE]
+    """Indexes into ``it.ops`` of the float all_reduces, in issue order (one per gradient bucket; an
+    integer all_reduce, such as find_unused_parameters' bitmap, is not a bucket)."""
+    return [k for k, op in enumerate(it.ops)
+            if isinstance(op, Coll) and op.kind == CollKind.ALL_REDUCE and op.dtype.is_float]
 
 
 def attach_sparsity(trace: Trace, ranks: Mapping[int, RankMasks]) -> Trace:
@@ -139,12 +149,19 @@ def attach_sparsity(trace: Trace, ranks: Mapping[int, RankMasks]) -> Trace:
         raise CaptureError(f"the ranks' mask files use different block sizes ({sorted(blocks)}): "
                            f"{', '.join(m.path for m in ranks.values())}; capture again")
     block = blocks.pop()
+    steps = {rank: rm.steps for rank, rm in ranks.items()}
     programs = []
     for program in trace.ranks:
         its = []
         for it in program.iterations:
             ops = list(it.ops)
-            for order, k in enumerate(_bucket_all_reduces(it)):
+            buckets = _bucket_all_reduces(it)
+            recorded = steps[program.rank].get(it.step, 0)
+            if recorded != len(buckets):  # the whole step's sequence must match, not only the sizes
+                raise CaptureError(f"{ranks[program.rank].path}: step {it.step} has {recorded} bucket mask(s) "
+                                   f"but the profile recorded {len(buckets)} float all_reduce(s): the hook and the "
+                                   "profile disagree; capture again with --no-sparsity")
+            for order, k in enumerate(buckets):
                 op = ops[k]
                 assert isinstance(op, Coll)
                 mine = _mask(ranks, program.rank, it.step, order, op)

@@ -58,7 +58,7 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
            sparsity: str, sparsity_block: int | None, seed: int, slots: int | None, elements: str,
            processes: int | None, ps_shards: int | None, timeout: float, report_path: Path | None,
            chrome_trace: Path | None, as_json: bool) -> None:
-    """Replay TRACE (a file, or a shipped sample: mlp, cnn, transformer) on fake workers.
+    """Replay TRACE (a file, or a shipped sample: mlp, cnn, transformer, dlrm) on fake workers.
 
     \b
       emu replay mlp --workers 8 --fabric ina,ring

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from emu.emulator import fixedpoint
-from emu.emulator.payload import Block, block, is_sparse
+from emu.emulator.payload import Block, block, holds, is_sparse, sparse_sum_units
 from emu.emulator.wire import AGG_HEADER, FLAG_COPY, MsgType
 from emu.traces.model import Sparsity
 
@@ -271,7 +271,7 @@ class InaGroup:
             holders = self._rows(coll, uniq, "holders", np.int32)
             mul = self._rows(coll, uniq, "mul", np.int64)
             add = self._rows(coll, uniq, "add", np.int32)
-            held = (mul[inv] * self.wids[li][:, None] + add[inv]) % self.p.workers < holders[inv]
+            held = holds(mul[inv], add[inv], holders[inv], self.p.workers, self.wids[li][:, None])
             units = np.where(held, units, np.int32(0))
         return units, beta[inv]
 
@@ -311,7 +311,7 @@ class InaGroup:
             units[: hi - lo] = n * common + own
         else:  # H_B workers hold the block, and its owner is one of them (emu.emulator.payload)
             holders = self.cache.span(coll, lo, hi, "holders").astype(np.int64)
-            units[: hi - lo] = holders * common + np.where(holders > 0, own, 0)
+            units[: hi - lo] = sparse_sum_units(holders, common, own)
         beta[: hi - lo] = self.cache.span(coll, lo, hi, "beta")
         units = units.reshape(-1, k)[blocks - first]
         beta = beta.reshape(-1, k)[blocks - first]

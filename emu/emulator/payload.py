@@ -103,6 +103,19 @@ def _coprime(n: int) -> tuple[np.ndarray, np.ndarray]:
     return units, np.array([pow(int(x), -1, n) for x in units], dtype=np.int64)
 
 
+def holds(mul: np.ndarray, add: np.ndarray, holders: np.ndarray, workers: int,
+          worker: int | np.ndarray) -> np.ndarray:
+    """Whether ``worker`` holds each sparsity block: its rank in the block's permutation of the
+    workers, ``(a_B w + c_B) mod M``, is below the block's holders ``H_B``."""
+    return (mul.astype(np.int64) * worker + add) % workers < holders
+
+
+def sparse_sum_units(holders: np.ndarray, common: np.ndarray, own: np.ndarray) -> np.ndarray:
+    """The sum over workers of a sparse collective's units: ``H_B c + d`` in a union block (its
+    owner is one of its holders), 0 outside it."""
+    return holders * common + np.where(holders > 0, own, 0)
+
+
 @dataclass(frozen=True)
 class Holding:
     """Which workers hold each of some sparsity blocks: worker ``w`` holds block ``j`` iff
@@ -116,7 +129,7 @@ class Holding:
 
     def held(self, worker: int | np.ndarray) -> np.ndarray:
         """Whether ``worker`` holds each block (broadcasts: a column of workers gives a matrix)."""
-        return (self.mul * worker + self.add) % self.workers < self.holders
+        return holds(self.mul, self.add, self.holders, self.workers, worker)
 
     def worker_at(self, rank: np.ndarray) -> np.ndarray:
         """The worker at position ``rank`` of each block's permutation (0: the anchor)."""
@@ -168,7 +181,7 @@ class Block:
         if self.holders is None:
             return None
         assert self.mul is not None and self.add is not None
-        return (self.mul.astype(np.int64) * worker + self.add) % self.workers < self.holders
+        return holds(self.mul, self.add, self.holders, self.workers, worker)
 
     def units(self, worker: int) -> np.ndarray:
         units = self.common + np.where(self.owner == worker, self.own, 0)
@@ -182,8 +195,7 @@ class Block:
     def sum_units(self, num_workers: int) -> np.ndarray:
         if self.holders is None:
             return num_workers * self.common + self.own
-        # the owner is one of the holders: d counts wherever the block is in the union
-        return self.holders * self.common + np.where(self.holders > 0, self.own, 0)
+        return sparse_sum_units(self.holders, self.common, self.own)
 
     def expected_sum(self, num_workers: int) -> np.ndarray:
         return np.ldexp(self.sum_units(num_workers).astype(np.float64), self.beta)
@@ -202,7 +214,12 @@ def block(seed: int, seq: int, start: int, n: int, num_workers: int, dtype: str,
         own += own >= 0
     else:
         own = (_hash(seed, seq, 2, index) % np.uint64(255)).astype(np.int32) - 127
-    if dtype in _WIDE:
+    if dtype in _WIDE and sparse:
+        # never 0, nor c + d: then every element a holder holds is non-zero, and so is its block
+        common = (_hash(seed, seq, 3, index) % np.uint64(14)).astype(np.int32) - 7
+        common += common >= 0
+        own = np.where(common + own == 0, 2 * own, own).astype(np.int32)
+    elif dtype in _WIDE:
         common = (_hash(seed, seq, 3, index) % np.uint64(15)).astype(np.int32) - 7
     else:
         common = np.zeros(n, dtype=np.int32)
@@ -245,11 +262,19 @@ class Realized:
         return Realized(self.blocks + other.blocks, self.union + other.union, self.held + other.held)
 
 
-def realized(seed: int, seq: int, elements: int, workers: int, sparsity: Sparsity) -> Realized:
-    """Count the holders of every block of a sparse collective of ``elements`` (O(1) per block)."""
-    total = -(-elements // sparsity.block_elements)
+def realized(seed: int, seq: int, elements: int, workers: int, sparsity: Sparsity,
+             dtype: str = "float32") -> Realized:
+    """Count the non-zero blocks of every worker of a sparse collective of ``elements`` (O(1) per
+    block). In a wide dtype every holder's block is non-zero; in a 16-bit one (c = 0) a holder's
+    elements are non-zero only where it owns them, so a block of L elements is non-zero on at most
+    L of its holders: the rest hold zeros, and are not counted."""
+    k = sparsity.block_elements
+    total = -(-elements // k)
     out = Realized()
     for lo in range(0, total, _STATS_CHUNK):
-        h = holding(seed, seq, np.arange(lo, min(total, lo + _STATS_CHUNK)), workers, sparsity).holders
+        ids = np.arange(lo, min(total, lo + _STATS_CHUNK))
+        h = holding(seed, seq, ids, workers, sparsity).holders
+        if dtype not in _WIDE:
+            h = np.minimum(h, np.minimum(k, elements - ids * k))
         out = out + Realized(len(h), int(np.count_nonzero(h)), int(h.sum()))
     return out

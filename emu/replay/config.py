@@ -118,6 +118,8 @@ class SparsityOption:
     def parse(cls, text: str, block_elements: int | None = None) -> SparsityOption:
         """'trace', 'none', '0.1' (F) or '0.1:0.3' (F:U); fractions may be percentages ('10%')."""
         word = text.strip().lower()
+        if word == "none" and block_elements is not None:
+            raise ConfigError("--sparsity-block has nothing to cut with --sparsity none (dense): drop one of them")
         if word in ("trace", "none"):
             return cls(source=word, block_elements=block_elements)
         parts = word.split(":")

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from emu.emulator.payload import Realized, is_sparse, realized
+from emu.errors import ConfigError
 from emu.replay.config import ReplayConfig, SparsityOption
 from emu.replay.report import SparsityReport
 from emu.traces.model import Coll, CollKind, RankProgram, Sparsity, Trace
@@ -77,7 +78,11 @@ def _row(plan: Plan, iteration: int) -> tuple[Sparsity | None, ...]:
 def with_sparsity(trace: Trace, workers: int, option: SparsityOption | None) -> tuple[RankProgram, ...]:
     """The trace's rank programs with every collective's sparsity set to the job's (the same
     objects where nothing changes, so a dense replay runs exactly the trace's programs)."""
-    plan = job_plan(trace, workers, option or SparsityOption())
+    option = option or SparsityOption()
+    if option.source == "trace" and option.block_elements is not None and not trace_has_sparsity(trace):
+        raise ConfigError("--sparsity-block: the trace recorded no sparsity to cut into blocks (it is dense); "
+                          "give --sparsity F or F:U with it, or drop it")
+    plan = job_plan(trace, workers, option)
     out = []
     for r in trace.ranks:
         iterations, rank_changed = [], False
@@ -151,7 +156,7 @@ def realized_report(trace: Trace, config: ReplayConfig, iters: int) -> SparsityR
     r = config.scale
     for seq, op, s in sparse:
         real = -(-op.count // r) if op.count else 0
-        total = total + realized(config.seed, seq, real, config.workers, s)
+        total = total + realized(config.seed, seq, real, config.workers, s, op.dtype.value)
     blocks = max(1, total.blocks)
     return SparsityReport(collectives=len(sparse), blocks=total.blocks, union_fraction=total.union / blocks,
                           nonzero_fraction=total.held / (blocks * config.workers))

@@ -139,3 +139,14 @@ def test_sweep_takes_one_sparsity_for_the_grid(tmp_path: Path) -> None:
     docs = [json.loads(p.read_text()) for p in reports]
     points = [d for d in docs if isinstance(d, dict) and "report_version" in d]
     assert points and all(d["config"]["sparsity"]["source"] == "option" and d["verification"]["ok"] for d in points)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["mlp", "--sparsity-block", "64"], ["--sparsity-block", "no sparsity"]),
+    (["dlrm", "--sparsity", "none", "--sparsity-block", "64"], ["--sparsity-block", "none"]),
+])
+def test_a_sparsity_block_with_nothing_to_cut_is_refused(args: list[str], words: list[str]) -> None:
+    result = run("replay", *args, "--workers", "2", "--iters", "1")
+    assert result.exit_code == 2, result.output
+    for word in words:
+        assert word in result.output

@@ -156,3 +156,25 @@ def test_ina_stream_sums_sparse_collectives_exactly(dtype: str, k: int) -> None:
     assert all(c.finished.all() for c in g.colls)
     assert check.mismatches == 0 and check.elements == workers * sum(n for n, _ in plans)
     assert [c.sparsity is not None for c in g.colls] == [True, False, True]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("m, f, u, k, n", [(4, 0.1, 0.3, 256, 5000), (2048, 0.1, 0.3, 256, 20000),
+                                           (8, 0.5, 0.6, 2, 3000), (300, 0.2, 0.2, 1, 2000),
+                                           (5, 0.1, 0.4, 300, 7777)])
+def test_realized_counts_exactly_the_blocks_that_are_non_zero(dtype: str, m: int, f: float, u: float, k: int,
+                                                              n: int) -> None:
+    """What the report calls non-zero is what the workers' values hold, block by block (16-bit
+    types: a block of L elements is non-zero on at most L of its holders)."""
+    from emu.emulator.payload import block, realized
+    from emu.traces.model import Sparsity
+
+    sp = Sparsity(k, f, u)
+    b = block(7, 3, 0, n, m, dtype, sp)
+    blocks = -(-n // k)
+    nonzero = 0
+    for w in range(m):
+        padded = np.zeros(blocks * k)
+        padded[:n] = b.values(w)
+        nonzero += int((padded.reshape(blocks, k) != 0).any(axis=1).sum())
+    assert realized(7, 3, n, m, sp, dtype).held == nonzero

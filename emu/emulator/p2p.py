@@ -36,6 +36,7 @@ class Seg:
     data: np.ndarray  # float64, exact values of the collective's dtype
     emu_bytes: float
     send_us: float
+    wire_dtype: str | None = None  # the real message's dtype where not the collective's (emu.emulator.sparse_p2p)
 
 
 @dataclass(frozen=True)

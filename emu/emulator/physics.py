@@ -14,19 +14,22 @@ of header-only packets and a round trip; their results stream back under the dat
 the last packet's store and forward.
 
 ``collective_time_us`` gives every collective kind on every software fabric (docs/physics.md,
-"Predictions"): the INA stream, and the point-to-point algorithms of ``emu.emulator.p2p`` solved
-from their send orders and the links' FIFOs, segment by segment.
+"Predictions"): the INA stream, and the point-to-point algorithms of ``emu.emulator.p2p`` (and of
+``emu.emulator.sparse_p2p`` for sparse all_reduces) solved from their send orders and the links'
+FIFOs, segment by segment.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 
 from emu.emulator.fabric import AllReduce
 from emu.emulator.links import LinkSpec
 from emu.emulator.p2p import SEG_ELEMENTS
+from emu.emulator.sparse_p2p import index_overhead, ps_sparse, ring_sparse, worker_fraction
 from emu.emulator.wire import FRAME_OVERHEAD, MTU, P2P_HEADER, agg_wire_bytes, p2p_packets, p2p_wire_bytes
-from emu.traces.model import CollKind
+from emu.traces.model import CollKind, Sparsity
 
 
 def ina_wire_bytes(count: int, elements: int = 64) -> float:
@@ -125,6 +128,17 @@ class _Segments:
         real_chunk = -(-real // parts)  # the largest chunk (Layout.chunk_range)
         self.g = max(1, -(-real_chunk // SEG_ELEMENTS))
         payload = count * itemsize / parts / self.g
+        self._times(payload, link, rto_us)
+
+    @classmethod
+    def of(cls, payload: float, g: int, link: LinkSpec, rto_us: float) -> _Segments:
+        """``g`` segments of ``payload`` bytes each (the sparse algorithms' parts)."""
+        seg = cls.__new__(cls)
+        seg.g = g
+        seg._times(payload, link, rto_us)
+        return seg
+
+    def _times(self, payload: float, link: LinkSpec, rto_us: float) -> None:
         self.n = p2p_packets(int(math.ceil(payload)))
         wire = payload + self.n * (FRAME_OVERHEAD + P2P_HEADER.itemsize)
         p = link.loss
@@ -207,9 +221,69 @@ def ps_all_reduce_us(count: int, itemsize: int, workers: int, shards: int, link:
     return (shards - 1) * g * s + workers * g * s + workers * s + 2 * h
 
 
+def _sparse_parts(count: int, itemsize: int, blocks: float, sparsity: Sparsity, link: LinkSpec,
+                  rto_us: float, payload_scale: int) -> _Segments:
+    """The parts of a sparse block set (emu.emulator.sparse_p2p) of ``blocks`` real blocks of ``K``:
+    even parts of whole blocks, at most SEG_ELEMENTS values each; each block carries its 4-byte
+    index, and each real block stands for ``R`` emulated ones."""
+    k = sparsity.block_elements
+    real = -(-count // payload_scale) if count else 0
+    g = max(1, math.ceil(blocks / max(1, SEG_ELEMENTS // k)))
+    # a block's emulated bytes, its index included (the tensor's last block may be short: K on average)
+    block_bytes = count * itemsize / real * k * (1 + index_overhead(k, itemsize)) if real else 0.0
+    return _Segments.of(blocks * block_bytes / g, g, link, rto_us)
+
+
+def _real_blocks(count: int, k: int, payload_scale: int) -> int:
+    real = -(-count // payload_scale) if count else 0
+    return -(-real // k)
+
+
+def sparse_ring_us(count: int, itemsize: int, workers: int, sparsity: Sparsity, link: LinkSpec,
+                   rto_us: float = 0.0, payload_scale: int = 1) -> float:
+    """Sparse all-gather on the ring (sparse_p2p.SparseRing): every worker's set of non-zero blocks,
+    ``f S (1 + o)`` bytes in ``g`` parts, goes M-1 steps round the ring, each part forwarded as it
+    arrives: the pipelined ring of ``K = M-1`` steps. The sets differ: a worker holds each of the
+    ``u n`` union blocks with ``q = f/u`` (n blocks), so a set has ``f n`` blocks give or take
+    ``sigma = sqrt(u n q (1-q))``, and the largest of M about ``f n + z_M sigma`` (z_M: the expected
+    largest of M standard normals, Blom's approximation). A link carries every set but one (the
+    mean's ``K g s`` and one largest set's ``g' s'``); a step waits for the largest set's parts:
+    ``max((K-1) g s + g' s' + h', K (s' + h') + (g'-1) s')``."""
+    if workers < 2:
+        return 0.0
+    n = _real_blocks(count, sparsity.block_elements, payload_scale)
+    f = worker_fraction(sparsity, workers)
+    q = min(1.0, f / sparsity.union) if sparsity.union > 0 else 1.0
+    z = statistics.NormalDist().inv_cdf((workers - 0.375) / (workers + 0.25))
+    mean = f * n
+    hi = min(float(n), mean + z * math.sqrt(sparsity.union * n * q * (1 - q)))
+    seg = _sparse_parts(count, itemsize, mean, sparsity, link, rto_us, payload_scale)
+    big = _sparse_parts(count, itemsize, hi, sparsity, link, rto_us, payload_scale)
+    k = workers - 1
+    return max((k - 1) * seg.g * seg.s + big.g * big.s + big.h, k * (big.s + big.h) + (big.g - 1) * big.s)
+
+
+def sparse_ps_us(count: int, itemsize: int, workers: int, shards: int, sparsity: Sparsity, link: LinkSpec,
+                 rto_us: float = 0.0, payload_scale: int = 1) -> float:
+    """Sparse parameter server (sparse_p2p.SparsePSClient, SparsePSServer): every worker pushes its
+    non-zero blocks of shard j's range (``f S (1 + o) / P``, ``g_f`` parts of ``s_f``) in order of j,
+    as the dense pushes go; a shard answers once every push is in (the union is known only then),
+    with the union's blocks of its range (``u S (1 + o) / P``, ``g_u`` parts) to each worker in turn,
+    shard j from worker j on (so that the shards' answers do not queue at one downlink):
+    ``(P-1) g_f s_f + M g_f s_f + h_f + max(M, P) g_u s_u + h_u``."""
+    m, p = workers, shards
+    n = _real_blocks(count, sparsity.block_elements, payload_scale) / p  # a shard's range
+    push = _sparse_parts(count, itemsize, worker_fraction(sparsity, m) * n, sparsity, link, rto_us,
+                         payload_scale)
+    pull = _sparse_parts(count, itemsize, sparsity.union * n, sparsity, link, rto_us, payload_scale)
+    return ((p - 1) * push.g * push.s + m * push.g * push.s + push.h
+            + max(m, p) * pull.g * pull.s + pull.h)
+
+
 def collective_time_us(kind: CollKind, count: int, itemsize: int, is_float: bool, workers: int, link: LinkSpec,
                        fabric: AllReduce, elements: int = 64, slots: int = 4096, rto_us: float = 0.0,
-                       ps_shards: int | None = None, payload_scale: int = 1) -> float:
+                       ps_shards: int | None = None, payload_scale: int = 1,
+                       sparsity: Sparsity | None = None) -> float:
     """The time of one collective alone on the links, from its start on every worker to the last
     worker's completion, as emu's emulated network runs it on ``fabric`` (docs/physics.md).
 
@@ -217,7 +291,9 @@ def collective_time_us(kind: CollKind, count: int, itemsize: int, is_float: bool
     server with ``ps_shards`` shards, default M); an all_reduce of integers on ``ina`` falls back to
     the ring (the switch sums only fixed point from floats), on ``ps`` it goes to the shards; every
     other kind runs point to point whatever the fabric. ``payload_scale``: R of the replay (it sets
-    the segments' sizes). Loss: INA's tail formula; point to point, resent bytes and one chain's
+    the segments' sizes). ``sparsity``: the payload's, for a float all_reduce (docs/sparse.md); the
+    ring and the parameter server run sparse where their choice (emu.emulator.sparse_p2p) does, INA
+    sends every block whatever it. Loss: INA's tail formula; point to point, resent bytes and one chain's
     expected timeouts per hop (a lower bound)."""
     m = workers
     if kind == CollKind.ALL_REDUCE:
@@ -228,6 +304,13 @@ def collective_time_us(kind: CollKind, count: int, itemsize: int, is_float: bool
             if link.loss > 0:
                 t += ina_loss_extra_us(count, link, m, slots, rto_us, elements)
             return t
+        sparse = sparsity if is_float else None
+        if fabric == AllReduce.SERVER and ps_sparse(sparse, m, itemsize):
+            assert sparse is not None
+            return sparse_ps_us(count, itemsize, m, ps_shards or m, sparse, link, rto_us, payload_scale)
+        if fabric == AllReduce.RING and ring_sparse(sparse, m, itemsize):
+            assert sparse is not None
+            return sparse_ring_us(count, itemsize, m, sparse, link, rto_us, payload_scale)
         if fabric == AllReduce.SERVER:
             return ps_all_reduce_us(count, itemsize, m, ps_shards or m, link, rto_us, payload_scale)
         return ring_pipelined_us(count, itemsize, m, link, 2 * (m - 1), rto_us, payload_scale)

@@ -2,7 +2,9 @@
 
 Each collective that does not run on the aggregation stream runs here as an algorithm of
 ``emu.emulator.p2p`` per worker (which one is the fabric's choice), exchanging segments
-through the switch; a parameter-server host's shards live here too. Like the aggregation
+through the switch; a parameter-server host's shards live here too. A sparse float all_reduce
+on a ring or parameter server runs the sparse algorithm of ``emu.emulator.sparse_p2p`` where it
+sends fewer bytes than the dense one (the same choice on every worker). Like the aggregation
 endpoint it keeps what waits for its time, and the host decides when it crosses the links.
 """
 
@@ -30,6 +32,15 @@ from emu.emulator.p2p import (
     SendRecv,
     Tree,
 )
+from emu.emulator.payload import is_sparse
+from emu.emulator.sparse_p2p import (
+    SPARSE_SEGMENT,
+    SparsePSClient,
+    SparsePSServer,
+    SparseRing,
+    ps_sparse,
+    ring_sparse,
+)
 from emu.emulator.transport import FrameError, Segment
 from emu.replay.config import ReplayConfig
 from emu.replay.worker import CollRun
@@ -52,6 +63,7 @@ class P2PEndpoint:
         self.runs: dict[tuple[int, int], CollRun] = {}
         self.early: dict[tuple[int, int], list[tuple[int, int, np.ndarray, float]]] = {}
         self.servers = {e: PSServer(self.m) for e in servers}
+        self.sparse_servers = {e: SparsePSServer(self.m) for e in servers}
         self.up_heap: list[UpSeg] = []
         self.down_heap: list[tuple[float, int, int, int, int, Segment]] = []
         self.outgoing: list[Segment] = []
@@ -78,12 +90,18 @@ class P2PEndpoint:
         common = dict(rank=w, size=m, seq=run.seq, dtype=op.dtype.value, seed=cfg.seed, check=self.check,
                       sparsity=op.sparsity)
         kind = op.kind
+        sparse = kind == CollKind.ALL_REDUCE and is_sparse(op.sparsity, op.dtype.value)
         if kind == CollKind.BARRIER:
             rounds = max(1, (m - 1).bit_length())
             return Barrier(**{**common, "dtype": "uint8"}, layout=Layout(0, rounds, 0.0))
         if kind == CollKind.ALL_REDUCE and self.net.all_reduce == AllReduce.SERVER:
             servers = [m + j for j in range(cfg.shards)]
+            if sparse and ps_sparse(op.sparsity, m, op.dtype.itemsize):
+                return SparsePSClient(**common, layout=Layout(real, len(servers), emu_bytes), servers=servers)
             return PSClient(**common, layout=Layout(real, len(servers), emu_bytes), servers=servers)
+        if kind == CollKind.ALL_REDUCE and sparse and self.net.all_reduce == AllReduce.RING \
+                and ring_sparse(op.sparsity, m, op.dtype.itemsize):
+            return SparseRing(**common, layout=Layout(real, m, emu_bytes))
         if kind == CollKind.ALL_REDUCE:
             return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=True, gather=True, own=w)
         if kind == CollKind.REDUCE_SCATTER:
@@ -103,7 +121,8 @@ class P2PEndpoint:
 
     def _queue(self, src: int, segs: list[Seg], dtype: str) -> None:
         for seg in segs:
-            heapq.heappush(self.up_heap, (seg.send_us, src, seg.seq, seg.segment, seg.dst, seg, dtype))
+            heapq.heappush(self.up_heap, (seg.send_us, src, seg.seq, seg.segment, seg.dst, seg,
+                                          seg.wire_dtype or dtype))
 
     # -- uplinks ------------------------------------------------------------------------
     def due_up(self, bound: float, inclusive: bool) -> list[UpSeg]:
@@ -156,6 +175,9 @@ class P2PEndpoint:
         t, resent = self.down.receive_segment(self.index[dst], seg.first_us, seg.last_us, wire_bytes, packets)
         self.bytes_sent += round(wire_bytes + resent)
         self.delivered += 1
+        if dst in self.servers and segno & SPARSE_SEGMENT:
+            self._queue(dst, self.sparse_servers[dst].on_segment(dst, seq, seg.values, t), seg.dtype)
+            return
         if dst in self.servers:
             replies = self.servers[dst].on_segment(dst, src, seq, segno, seg.values, seg.emu_bytes, t)
             self._queue(dst, replies, seg.dtype)

@@ -97,15 +97,18 @@ class FabricReport:
 class SparsityReport:
     """What the payload of the replayed sparse all_reduces held (docs/sparse.md), counted from the
     hashes that made it: of their blocks, the fraction non-zero on some worker (``union_fraction``)
-    and the mean fraction non-zero on a worker (``nonzero_fraction``). ``sent_fraction``: of a
-    worker's blocks, those its fabric sent; 1.0 until the sparse protocols (every fabric still
-    sends the zero blocks, so iteration times do not depend on sparsity yet)."""
+    and the mean fraction non-zero on a worker (``nonzero_fraction``). ``sent_fraction``: the
+    bytes of blocks (values and block indices) the fabric sent for them, over what its dense
+    algorithm sends; ``sparse_collectives`` ran a sparse algorithm (``ring``, ``ps``: where cheaper
+    than dense), ``dense_collectives`` sent every block (``ina`` always, until the sparse INA)."""
 
     collectives: int  # sparse all_reduces replayed (every iteration's)
     blocks: int  # their blocks of real elements (with payload scale R, ceil(count / R) each)
     union_fraction: float
     nonzero_fraction: float
     sent_fraction: float = 1.0
+    sparse_collectives: int = 0
+    dense_collectives: int = 0
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ of the median iteration.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
@@ -16,6 +17,9 @@ import statistics
 import numpy as np
 
 import emu
+from emu.emulator.fabric import AllReduce
+from emu.emulator.payload import holding
+from emu.emulator.sparse_p2p import INDEX_BYTES, ps_sparse, ring_sparse
 from emu.emulator.wire import agg_wire_bytes
 from emu.replay.config import Clock, ReplayConfig
 from emu.replay.design import resolved_design
@@ -27,10 +31,11 @@ from emu.replay.report import (
     FabricReport,
     IterationReport,
     ReplayReport,
+    SparsityReport,
     Summary,
     Verification,
 )
-from emu.replay.sparsity import config_summary, realized_report
+from emu.replay.sparsity import config_summary, realized_report, replayed_sparse
 from emu.traces.io import trace_digest
 from emu.traces.model import Trace
 
@@ -133,4 +138,43 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
                  "batch_size": meta.batch_size, "iterations": trace.iterations, "sha256": trace_digest(trace)}
     return ReplayReport(report_version=REPORT_VERSION, emu_version=emu.__version__, config=cfg, trace=trace_doc,
                         iterations=tuple(iterations), summary=summary, verification=verification,
-                        emulator=emulator, fabric=fabric, sparsity=realized_report(trace, config, planned))
+                        emulator=emulator, fabric=fabric, sparsity=_sent(trace, config, planned))
+
+
+def _sent(trace: Trace, config: ReplayConfig, iters: int) -> SparsityReport | None:
+    """The realized sparsity, with what the fabric sent of the sparse all_reduces (docs/sparse.md):
+    which ran sparse (the algorithms' own choice, emu.emulator.sparse_p2p) and the bytes of blocks,
+    values and indices, that crossed the links over those of the dense algorithm, from the same
+    hashes that made the payload (so the same on every process layout)."""
+    report = realized_report(trace, config, iters)
+    if report is None:
+        return None
+    m, fabric = config.workers, config.network.all_reduce
+    sparse = dense = 0
+    sent = full = 0.0
+    for seq, op, s in replayed_sparse(trace, config, max(1, iters)):
+        size = op.dtype.itemsize
+        real = -(-op.count // config.scale) if op.count else 0
+        ring = fabric == AllReduce.RING and ring_sparse(s, m, size)
+        ps = fabric == AllReduce.SERVER and ps_sparse(s, m, size)
+        # the dense algorithms' bytes over all links: the ring's 2 (M-1)/M S per worker, push and pull
+        # of S per worker; INA counts as dense (it sends every block)
+        dense_bytes = real * size * (2 * (m - 1) if fabric == AllReduce.RING else 2 * m)
+        full += dense_bytes
+        if not (ring or ps):
+            dense += 1
+            sent += dense_bytes
+            continue
+        sparse += 1
+        k = s.block_elements
+        blocks = -(-real // k)
+        lengths = np.minimum(k, real - np.arange(blocks, dtype=np.int64) * k)
+        holders = holding(config.seed, seq, np.arange(blocks), m, s).holders
+        held = float(np.sum(holders * (lengths * size + INDEX_BYTES)))  # every worker's set, summed
+        if ring:
+            sent += (m - 1) * held  # each set crosses M-1 links
+        else:
+            union = float(np.sum(np.where(holders > 0, lengths * size + INDEX_BYTES, 0)))
+            sent += held + m * union  # the pushes, and the union to every worker
+    return dataclasses.replace(report, sent_fraction=sent / full if full else 1.0, sparse_collectives=sparse,
+                               dense_collectives=dense)

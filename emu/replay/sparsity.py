@@ -102,7 +102,7 @@ def with_sparsity(trace: Trace, workers: int, option: SparsityOption | None) -> 
     return tuple(out)
 
 
-def _replayed(trace: Trace, config: ReplayConfig, iters: int) -> list[tuple[int, Coll, Sparsity]]:
+def replayed_sparse(trace: Trace, config: ReplayConfig, iters: int) -> list[tuple[int, Coll, Sparsity]]:
     """(seq, op, sparsity) of every sparse collective of the replay (worker 0's program: the
     collectives' sizes and kinds are the same on every worker)."""
     plan = job_plan(trace, config.workers, config.sparsity)
@@ -130,7 +130,7 @@ def config_summary(trace: Trace, config: ReplayConfig, iters: int) -> dict | Non
     """``config.sparsity`` of the report: null when the replay is dense and the trace recorded
     none; else the source and the asked fractions, weighted by the collectives' bytes (6 digits)."""
     option = config.sparsity
-    sparse = _replayed(trace, config, max(1, iters))
+    sparse = replayed_sparse(trace, config, max(1, iters))
     if not sparse:
         if option.source == "none" and trace_has_sparsity(trace):
             return {"source": "none", "nonzero": None, "union": None, "block_elements": None}
@@ -149,7 +149,7 @@ def realized_report(trace: Trace, config: ReplayConfig, iters: int) -> SparsityR
     """What the payload of the replayed sparse all_reduces held, from the same hashes that made it:
     the fractions of their blocks non-zero on some worker and on each worker (mean), block-weighted.
     None when every all_reduce was dense."""
-    sparse = _replayed(trace, config, max(1, iters))
+    sparse = replayed_sparse(trace, config, max(1, iters))
     if not sparse:
         return None
     total = Realized()

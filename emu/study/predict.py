@@ -5,7 +5,9 @@ It owns the schedule model: the trace's programs run exactly as the fake workers
 worker's FIFO stream and the program goes on; a wait blocks until the listed collectives ended;
 an iteration ends when its last op ran and all its collectives completed, and the next begins
 then; iterations reused cyclically), but every collective takes its closed form
-(``emu.emulator.physics.collective_time_us``) instead of crossing an emulated network.
+(``emu.emulator.physics.collective_time_us``) instead of crossing an emulated network. The programs
+carry the replay's job-wide sparsity (``--sparsity``), so a sparse all_reduce on ``ring`` or ``ps``
+takes its sparse closed form where the replay would run the sparse algorithm (docs/sparse.md).
 
 Collective ``k`` (its number in the stream, the same on every worker) starts when every worker
 has issued it and every worker's stream is free (its collective ``k-1`` ended), and ends its
@@ -33,11 +35,11 @@ import numpy as np
 
 from emu.emulator import physics
 from emu.errors import ConfigError
-from emu.replay.config import ReplayConfig
+from emu.replay.config import ReplayConfig, SparsityOption
 from emu.replay.orchestrator import choose_payload_scale
 from emu.replay.programs import WorkerProgram, plan_programs, straggling
 from emu.replay.worker import IterationRecord, union_us
-from emu.traces.model import Coll, CollKind, Compute, Trace, Wait
+from emu.traces.model import Coll, CollKind, Compute, Sparsity, Trace, Wait
 
 # Past this many workers the programs are planned for fewer (plan_programs builds one per worker):
 # the first len(ranks) workers' programs are the same at any M but for send/recv peers and
@@ -74,7 +76,7 @@ class _Class:
     records: list[IterationRecord] = field(default_factory=list)
 
 
-def _programs(trace: Trace, workers: int) -> list[WorkerProgram]:
+def _programs(trace: Trace, workers: int, sparsity: SparsityOption | None = None) -> list[WorkerProgram]:
     """The programs of workers 0..min(M, len(ranks))-1, checked as a replay checks them."""
     n, r = trace.meta.world_size, len(trace.ranks)
     m = workers
@@ -82,11 +84,11 @@ def _programs(trace: Trace, workers: int) -> list[WorkerProgram]:
         m = PLAN_LIMIT + (workers - PLAN_LIMIT) % r  # same residue: the same last worker's program
         if m == n:
             m += r
-    return plan_programs(trace, m)[:min(r, workers)]
+    return plan_programs(trace, m, sparsity=sparsity)[:min(r, workers)]
 
 
 def _classes(trace: Trace, config: ReplayConfig) -> list[_Class]:
-    programs = _programs(trace, config.workers)
+    programs = _programs(trace, config.workers, config.sparsity)
     factor, _ = straggling(config.stragglers, config.workers, config.seed)  # numpy over M, as replay draws
     prog = np.arange(config.workers) % len(programs)
     keys, first = np.unique(np.stack([prog.astype(float), factor], axis=1), axis=0, return_index=True)
@@ -102,18 +104,18 @@ class _Schedule:
         self.per_iteration = classes[0].program.colls_per_iteration
         self.issue: list[dict[int, tuple[float, Coll]]] = []  # per stream number: class -> (time, op)
         self.end: list[list[float]] = []  # per stream number: per class
-        self.times: dict[tuple[CollKind, int, str], float] = {}
+        self.times: dict[tuple[CollKind, int, str, Sparsity | None], float] = {}
         net = config.network
         self.fabric = net.all_reduce
 
     def duration_us(self, op: Coll) -> float:
-        key = (op.kind, op.count, op.dtype.value)
+        key = (op.kind, op.count, op.dtype.value, op.sparsity)
         t = self.times.get(key)
         if t is None:
             c = self.cfg
             t = physics.collective_time_us(
                 op.kind, op.count, op.dtype.itemsize, op.dtype.is_float, c.workers, c.link, self.fabric,
-                c.elements, c.emulated_slots, c.timeout_rto_us, c.shards, self.scale)
+                c.elements, c.emulated_slots, c.timeout_rto_us, c.shards, self.scale, op.sparsity)
             self.times[key] = t
         return t
 

@@ -52,7 +52,8 @@ def test_sparse_payload_verifies_on_every_fabric(mlp, fabric: str, text: str, no
     assert cfg["source"] == "option" and cfg["block_elements"] == 256
     assert cfg["nonzero"] == pytest.approx(nonzero) and cfg["union"] == pytest.approx(union)
     s = r.sparsity
-    assert s is not None and s.collectives == 2 and s.blocks > 300 and s.sent_fraction == 1.0
+    assert s is not None and s.collectives == 2 and s.blocks > 300
+    assert (s.sent_fraction == 1.0) == (fabric == "ina")  # ring and ps skip zero blocks; ina not yet
     assert s.union_fraction == pytest.approx(union, abs=0.01)
     assert s.nonzero_fraction == pytest.approx(nonzero, abs=0.01)
     assert r.to_dict()["sparsity"]["nonzero_fraction"] == s.nonzero_fraction
@@ -77,10 +78,9 @@ def test_integer_all_reduce_stays_dense(no_children) -> None:
     assert asked.verification == dense.verification and asked.summary == dense.summary
 
 
-def test_times_do_not_change_yet(mlp, no_children) -> None:
-    """Every fabric still sends every block, zeros included (the sparse protocols come next)."""
-    for fabric in ("ina", "ring"):
-        assert run(mlp, fabric, "0.1").summary == run(mlp, fabric, "none").summary
+def test_ina_times_do_not_change_yet(mlp, no_children) -> None:
+    """ina still sends every block, zeros included (its sparse protocol comes next)."""
+    assert run(mlp, "ina", "0.1").summary == run(mlp, "ina", "none").summary
 
 
 def test_none_is_the_dense_replay(mlp, no_children) -> None:
@@ -107,7 +107,7 @@ def test_the_trace_sparsity_is_followed_job_wide(mlp, no_children) -> None:
     # --sparsity none ignores it; --sparsity-block re-blocks it
     none = run(trace, "ring", "none")
     assert none.sparsity is None and none.config["sparsity"]["source"] == "none"
-    assert none.summary == r.summary and none.verification.ok
+    assert none.summary.bytes_sent > r.summary.bytes_sent and none.verification.ok
     reblocked = replay(trace, ReplayConfig(workers=4, fabric="ina", payload_scale=64, iters=1,
                                            sparsity=SparsityOption.parse("trace", 1000)))
     assert reblocked.verification.ok and reblocked.config["sparsity"]["block_elements"] == 1000

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -11,7 +12,7 @@ from emu.emulator.fabric import AllReduce
 from emu.emulator.links import LinkSpec
 from emu.emulator.wire import MIN_WIRE_BYTES
 from emu.replay import ReplayConfig, replay
-from emu.replay.config import Straggler
+from emu.replay.config import SparsityOption, Straggler
 from emu.study.predict import predict
 from emu.traces import (
     Coll,
@@ -27,6 +28,7 @@ from emu.traces import (
     load_trace,
     sample_path,
 )
+from emu.traces.model import Sparsity
 from emu.traces.synthetic import single_collective
 
 L10 = LinkSpec(bandwidth_bps=10e9, latency_us=5.0)
@@ -211,3 +213,35 @@ def test_mlp_against_replays(fabric: str, no_children) -> None:
         got = r.summary.iteration_us_median
         assert p.iteration_us_median == pytest.approx(got, rel=TOLERANCE[fabric]), (fabric, gbps)
         assert p.compute_us == pytest.approx(r.iterations[0].compute_us, rel=0.01)
+
+
+# -- sparse all_reduces (docs/sparse.md): the ring and the parameter server skip zero blocks --------
+
+@pytest.mark.parametrize("fabric", ["ina", "ring", "ps"])
+def test_sparse_all_reduce_takes_the_sparse_closed_form(fabric: str) -> None:
+    trace = single_collective(CollKind.ALL_REDUCE, 4_000_000)
+    cfg = ReplayConfig(workers=8, fabric=fabric, link=L10, payload_scale=4, sparsity=SparsityOption.parse("0.05:0.2"))
+    sparse = Sparsity(256, 0.05, 0.2)
+    want = physics.collective_time_us(CollKind.ALL_REDUCE, 4_000_000, 4, True, 8, L10, cfg.network.all_reduce,
+                                      64, cfg.emulated_slots, cfg.timeout_rto_us, 8, 4, sparse)
+    dense = predict(trace, ReplayConfig(workers=8, fabric=fabric, link=L10, payload_scale=4,
+                                        sparsity=SparsityOption.parse("none"))).iteration_us_median
+    got = predict(trace, cfg).iteration_us_median
+    assert got == pytest.approx(want)
+    if fabric == "ina":  # every block still crosses the switch
+        assert got == dense
+    else:
+        assert got < 0.5 * dense
+    # where sparse would send more (f = 0.5 at 8 workers on the ring) the dense ring runs, and its time
+    if fabric == "ring":
+        assert predict(trace, replace(cfg, sparsity=SparsityOption.parse("0.5"))).iteration_us_median == dense
+
+
+def test_dlrm_sparse_against_replays(no_children) -> None:
+    """The trace's recorded sparsity (f 0.096, u 0.162): both fabrics run sparse, and predict follows."""
+    dlrm = load_trace(sample_path("dlrm"))
+    for fabric in ("ring", "ps"):
+        cfg = ReplayConfig(workers=4, fabric=fabric, link=L10, iters=1, payload_scale=16)
+        r = replay(dlrm, cfg)
+        assert r.sparsity is not None and r.sparsity.sparse_collectives == 1
+        assert predict(dlrm, cfg).iteration_us_median == pytest.approx(r.summary.iteration_us_median, rel=0.08)

@@ -75,6 +75,7 @@ class Row:
     trustworthy: bool | None = None
     complete: bool | None = None
     wall_s: float | None = None
+    sent_fraction: float | None = None  # of a sparse replay's blocks' bytes, against dense (docs/sparse.md)
     attempts: int = 0
     report: str | None = None
     log: str | None = None
@@ -254,6 +255,7 @@ def _replayed(point: Point, doc: dict[str, Any], predicted: float | None, attemp
                  predict_error=(predicted - median) / median if predicted is not None and median else None,
                  verification_ok=(doc.get("verification") or {}).get("ok"), trustworthy=emulator.get("trustworthy"),
                  complete=doc.get("complete"), wall_s=emulator.get("wall_s"), attempts=attempts,
+                 sent_fraction=(doc.get("sparsity") or {}).get("sent_fraction"),
                  report=f"points/{point.slug}.json")
 
 

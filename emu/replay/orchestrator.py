@@ -70,13 +70,45 @@ MIN_TDF = 0.05
 
 
 def choose_payload_scale(trace: Trace, config: ReplayConfig) -> int:
-    """The smallest power of two R that keeps the real bytes of an iteration within budget."""
+    """The smallest power of two R that keeps the real bytes of an iteration within budget, and no
+    coarser than a sparse parameter server's shards allow (``sparse_ps_scale_limit``)."""
     per_worker = max(sum(op.bytes for op in it.colls) for r in trace.ranks for it in r.iterations)
     total = per_worker * config.workers
     r = 1
     while total / r > REAL_BYTES_PER_ITERATION:
         r *= 2
+    limit = sparse_ps_scale_limit(trace, config)
+    while limit is not None and r > 1 and r > limit:
+        r //= 2
     return r
+
+
+# A sparse push lands whole real blocks on the shards: with few of them per shard (each standing
+# for R emulated blocks) the load of the busiest shard is a coarse draw, and times grow with R
+# (dlrm at 128 workers, 10 Gb/s: 48 ms at R = 64, 26 ms at R = 2; docs/sparse.md). This many real
+# blocks per shard keep the load within a few percent of its expectation.
+MIN_SPARSE_BLOCKS_PER_SHARD = 32
+
+
+def sparse_ps_scale_limit(trace: Trace, config: ReplayConfig) -> int | None:
+    """The largest R at which the largest sparse parameter-server all_reduce still gives every shard
+    ``MIN_SPARSE_BLOCKS_PER_SHARD`` real blocks (at least 1), or None where nothing runs sparse there."""
+    if not config.network.parameter_server:
+        return None
+    from emu.emulator.sparse_p2p import ps_sparse
+    from emu.replay.sparsity import with_sparsity
+
+    largest = None
+    for rank in with_sparsity(trace, config.workers, config.sparsity):
+        for it in rank.iterations:
+            for op in it.colls:
+                if op.sparsity is not None and ps_sparse(op.sparsity, config.workers, op.dtype.itemsize) \
+                        and (largest is None or op.count > largest.count):
+                    largest = op
+    if largest is None or largest.sparsity is None:
+        return None
+    blocks = largest.count / largest.sparsity.block_elements
+    return max(1, int(blocks / (config.shards * MIN_SPARSE_BLOCKS_PER_SHARD)))
 
 
 def _check_scale(trace: Trace, config: ReplayConfig) -> None:
@@ -161,7 +193,20 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     report, _ = _run(trace, config, trace_path, chrome_trace, on_progress)
     if calibration is not None:
         report = replace(report, emulator=replace(report.emulator, calibration=calibration))
+    limit = sparse_ps_scale_limit(trace, config)
+    if limit is not None and config.scale > limit:  # only a payload scale the user chose can be
+        report = replace(report, emulator=replace(report.emulator, trustworthy=False, advice=(
+            f"--payload-scale {config.scale} leaves the parameter-server shards fewer than "
+            f"{MIN_SPARSE_BLOCKS_PER_SHARD} real sparse blocks each, so the busiest shard's load, and the "
+            f"iteration time, depend on R: use --payload-scale {_power_of_two_below(limit)} or auto")))
     return report
+
+
+def _power_of_two_below(n: int) -> int:
+    r = 1
+    while r * 2 <= n:
+        r *= 2
+    return r
 
 
 def _in_child(target: Callable[[Any], None], parent: int, workdir: str, setup: Any) -> None:

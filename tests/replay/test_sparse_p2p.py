@@ -182,3 +182,23 @@ def test_closed_forms_by_hand() -> None:
     # integers and INA ignore the sparsity
     assert physics.collective_time_us(CollKind.ALL_REDUCE, 1 << 20, 4, False, 8, L10, AllReduce.RING,
                                       sparsity=s) == dense
+
+
+def test_auto_payload_scale_leaves_every_shard_enough_sparse_blocks(dlrm) -> None:
+    from emu.replay.orchestrator import MIN_SPARSE_BLOCKS_PER_SHARD, choose_payload_scale
+
+    link = LinkSpec(bandwidth_bps=10e9)
+    for workers in (32, 128, 256):
+        config = ReplayConfig(workers=workers, fabric="ps", link=link)
+        r = choose_payload_scale(dlrm, config)
+        largest = max((op for p in dlrm.ranks for it in p.iterations for op in it.colls), key=lambda op: op.count)
+        assert largest.count / r / 256 / workers >= MIN_SPARSE_BLOCKS_PER_SHARD or r == 1
+    # the ring never runs sparse at 128 workers: its scale is the budget's alone
+    assert choose_payload_scale(dlrm, ReplayConfig(workers=128, fabric="ring", link=link)) == 64
+
+
+def test_a_coarser_scale_than_the_shards_allow_is_not_trustworthy(dlrm, no_children) -> None:
+    r = replay(dlrm, ReplayConfig(workers=128, fabric="ps", link=LinkSpec(bandwidth_bps=10e9), payload_scale=64,
+                                  iters=1))
+    assert r.verification.ok and not r.emulator.trustworthy
+    assert "--payload-scale 4" in r.emulator.advice

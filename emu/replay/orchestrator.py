@@ -78,9 +78,7 @@ def choose_payload_scale(trace: Trace, config: ReplayConfig) -> int:
     while total / r > REAL_BYTES_PER_ITERATION:
         r *= 2
     limit = sparse_ps_scale_limit(trace, config)
-    while limit is not None and r > 1 and r > limit:
-        r //= 2
-    return r
+    return r if limit is None else min(r, _power_of_two_below(limit))
 
 
 # A sparse push lands whole real blocks on the shards: with few of them per shard (each standing

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from emu.errors import ConfigError, RunFailed
 
@@ -136,16 +137,22 @@ class ReplayReport:
 
 
 def write_atomic(path: str | os.PathLike[str], text: str, what: str) -> Path:
-    """Write a whole file or nothing: a temporary file in the same folder, renamed over the target,
-    so that a full disk or an interruption never leaves a fragment or empties an existing file."""
+    """Write a whole text file or nothing (``write_atomic_with``)."""
+    return write_atomic_with(path, lambda f: f.write(text.encode()), what)
+
+
+def write_atomic_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], object], what: str) -> Path:
+    """Write a whole file or nothing: ``write`` fills a temporary file in the same folder, renamed
+    over the target, so that a full disk or an interruption never leaves a fragment or empties an
+    existing file."""
     path = Path(path)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         tmp = Path(name)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())

@@ -119,20 +119,10 @@ def _breakdown(plt: Any, path: Path, trace: str, rows: list[Row]) -> Path:
 
 
 def _save(fig: Any, path: Path, plt: Any) -> Path:
-    import os
-    import tempfile
+    from emu.replay.report import write_atomic_with
 
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # as any other file the user writes (mkstemp made it private)
-        os.replace(tmp, path)  # whole or not at all
+        return write_atomic_with(path, lambda f: fig.savefig(f, format="png", dpi=110), "the plot")
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path

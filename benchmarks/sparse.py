@@ -1,11 +1,10 @@
-"""Sparse against dense on the shipped ``dlrm`` sample: ring and parameter server.
+"""Sparse against dense on the shipped ``dlrm`` sample: INA, ring and parameter server.
 
 For every point (fabric, workers, bandwidth; latency 5 us, one iteration, payload scale auto, the
 synchronized clock), replays the ``dlrm`` sample twice: with the trace's sparsity (the default,
 ``SparsityOption()``) and dense (``SparsityOption.parse("none")``), and compares the median
-iteration (emulated) and the bytes on the wire (``summary.bytes_sent``). ``ina`` is replayed
-dense only, for reference: it still sends every block, zeros included, until the sparse INA
-protocol lands (docs/sparse.md). Each replay is also compared with the closed form,
+iteration (emulated) and the bytes on the wire (``summary.bytes_sent``). Each replay is also
+compared with the closed form,
 ``emu.study.predict.predict``. Prints a markdown table (docs/sparse.md, "Measured: dlrm, sparse
 against dense").
 
@@ -29,8 +28,6 @@ from emu.replay import ReplayConfig, replay
 from emu.replay.config import SparsityOption
 from emu.study.predict import predict
 from emu.traces import load_trace, sample_path
-
-SPARSE_FABRICS = ("ring", "ps")  # those that skip zero blocks; ina sends every block
 
 
 def main() -> None:
@@ -78,19 +75,13 @@ def main() -> None:
     for m in workers:
         for fabric in fabrics:
             for gbps in gbpss:
-                replays = 2 if fabric in SPARSE_FABRICS else 1
-                estimate = replays * probe * (m / ref) ** 2
+                estimate = 2 * probe * (m / ref) ** 2
                 if time.perf_counter() - start + estimate > args.budget:
                     skipped.append(f"{fabric} {m} workers {gbps:g} Gb/s (estimated {estimate:.0f} s)")
                     continue
                 dense, dense_err, wall = run(m, fabric, gbps, SparsityOption.parse("none"))
                 dense_ms = dense.summary.iteration_us_median / 1e3
                 dense_mb = dense.summary.bytes_sent / 1e6
-                if fabric not in SPARSE_FABRICS:
-                    print(f"| {fabric} | {m} | {gbps:g} | — | {dense_ms:.2f} | — | — | {dense_mb:.1f} | — "
-                          f"| dense only (ina does not skip zero blocks yet) | —, {100 * dense_err:+.1f}% "
-                          f"| {wall:.1f} |", flush=True)
-                    continue
                 sparse, sparse_err, sparse_wall = run(m, fabric, gbps, SparsityOption())
                 wall += sparse_wall
                 sparse_ms = sparse.summary.iteration_us_median / 1e3

@@ -36,8 +36,8 @@ from emu.errors import CheckFailed, ConfigError, EmuError
               help="Slow compute: WORKERS:FACTOR (3,7:1.5), random:FRACTION:FACTOR, lognormal:SIGMA.")
 @click.option("--sparsity", default="trace", show_default=True,
               help="Payload of float all_reduces: trace (as recorded), none (dense), F (a fraction of non-zero "
-                   "blocks per worker; union as for independent workers) or F:U (U non-zero on some worker). Every "
-                   "fabric still sends every block: times do not change yet (docs/sparse.md).")
+                   "blocks per worker; union as for independent workers) or F:U (U non-zero on some worker). ina, ring "
+                   "and ps skip the zero blocks (docs/sparse.md).")
 @click.option("--sparsity-block", type=int, default=None,
               help="Elements per sparsity block (default: the trace's, else 256).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of payload, loss and jitter.")

@@ -52,6 +52,9 @@ class Fabric:
     description: ClassVar[str]
     all_reduce: ClassVar[AllReduce]
     sums_in_switch_process: ClassVar[bool] = False  # the software switch aggregates (else it forwards)
+    # the switch runs the sparse stream (emu.emulator.sparse_ina): a sparse all_reduce sends only the
+    # blocks some worker holds; a switch without it (the P4 program) aggregates every block
+    sparse_stream: ClassVar[bool] = False
     synchronizable: ClassVar[bool] = True  # can take part in the synchronized clock
     # workers beyond which a real point-to-point all_reduce is refused (messages grow as M^2)
     p2p_worker_limit: ClassVar[int | None] = None
@@ -87,6 +90,7 @@ class Ina(Fabric):
     description = "in-network aggregation in emu's software switch (SwitchML-style)"
     all_reduce = AllReduce.STREAM
     sums_in_switch_process = True
+    sparse_stream = True
 
 
 # A real ring or parameter server sends 2 M (M-1) segments per collective. On the synchronized clock

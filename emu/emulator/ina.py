@@ -15,6 +15,10 @@ on the exponents of blocks ``0..X-1``; data block ``b`` then goes as chunk
 exponent of block ``b + S``, the block that will next use its slot (so for
 ``b >= X`` the result that frees a slot also brings the exponent its next block needs).
 
+A sparse float all_reduce, where the fabric has the sparse stream, runs it instead
+(``emu.emulator.sparse_ina``): announcements where the exponent chunks go, then rounds that
+carry only the blocks some worker holds.
+
 The group decides what to send and when (emulated time); the host moves the bytes
 and runs the links. Loss recovery: a packet the links lost (or whose result they
 lost) is sent again ``rto`` after it was sent.
@@ -28,8 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from emu.emulator import fixedpoint
-from emu.emulator.payload import Block, block, holds, is_sparse, sparse_sum_units
-from emu.emulator.wire import AGG_HEADER, FLAG_COPY, MsgType
+from emu.emulator.payload import Block, block, holds, is_sparse, is_wide, sparse_sum_units
+from emu.emulator.sparse_ina import NONE, SparseStream, held_blocks, streams_sparse
+from emu.emulator.wire import AGG_HEADER, BLOCK_NONE, FLAG_COPY, MsgType
 from emu.traces.model import Sparsity
 
 IDLE, SENT = 0, 1
@@ -44,6 +49,7 @@ class InaParams:
     seed: int
     scale: int = 1  # R: emulated packets per real packet
     emulated_slots: int = 0  # the emulated pool (for the exponent round's size on the wire)
+    sparse_stream: bool = False  # the switch runs the sparse stream (emu.emulator.sparse_ina)
 
 
 class InaCollective:
@@ -55,7 +61,9 @@ class InaCollective:
         self.sparsity = sparsity if is_sparse(sparsity, dtype) else None  # the payload's (emu.emulator.payload)
         self.base = base
         k, s = params.elements, params.slots
-        self.data_blocks = -(-real_elements // k) if real_elements else 0
+        self.blocks = -(-real_elements // k) if real_elements else 0  # packets of real elements
+        self.data_blocks = self.blocks  # data chunks: one per block, or the sparse stream's rounds
+        self.stream: SparseStream | None = None
         self.exp_chunks = min(s, self.data_blocks)
         self.agreed = np.full(self.data_blocks + s, fixedpoint.EXP_NONE, np.int8)
         self.start_us = np.full(m, np.nan)
@@ -79,6 +87,7 @@ class Packets:
     send_us: np.ndarray
     emu_packets: np.ndarray  # emulated packets each row stands for
     retransmit: np.ndarray
+    sparse: np.ndarray  # (n, 2) uint32: the sparse stream's (block, next); zeros for dense rows
 
 
 @dataclass
@@ -146,11 +155,28 @@ class InaGroup:
             if self.colls and seq < self.colls[-1].seq:
                 raise ValueError(f"collective {seq} joins the stream after {self.colls[-1].seq}")
             coll = InaCollective(seq, dtype, real_elements, emu_packets, self.end, self.p, self.m, sparsity)
+            if self.p.sparse_stream and coll.sparsity is not None and streams_sparse(
+                    coll.sparsity, dtype, real_elements, self.p.elements, self.p.slots):
+                self._plan_sparse(coll)
             self.colls.append(coll)
             self.by_seq[seq] = coll
             self.bases.append(coll.base)
             self.end += coll.chunks
         return coll
+
+    def _plan_sparse(self, coll: InaCollective) -> None:
+        """Make ``coll`` a sparse stream: S announcements, then S rounds per union block of the
+        longest partition."""
+        assert coll.sparsity is not None
+        s = self.p.slots
+        owner = None if is_wide(coll.dtype) else self.cache.span(coll, 0, coll.real_elements, "owner")
+        held, union = held_blocks(self.p.seed, coll.seq, coll.real_elements, self.p.elements, self.p.workers,
+                                  self.wids, coll.sparsity, coll.dtype, owner)
+        coll.stream = SparseStream(held, union, s)
+        coll.exp_chunks = s
+        coll.data_blocks = s * coll.stream.rounds
+        coll.exp_known = np.full((self.m, s), math.inf)
+        coll.finished = np.zeros(self.m, bool)
 
     def locate(self, chunks: np.ndarray) -> np.ndarray:
         """The index (in issue order) of the collective each chunk belongs to."""
@@ -181,7 +207,7 @@ class InaGroup:
                 parts.append(part)
         if not parts:
             return None
-        fields = ("local", "headers", "payload", "send_us", "emu_packets", "retransmit")
+        fields = ("local", "headers", "payload", "send_us", "emu_packets", "retransmit", "sparse")
         pk = Packets(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields))
         order = np.lexsort((pk.send_us, pk.local))  # per worker in time order: its uplink's FIFO
         return Packets(*(getattr(pk, f)[order] for f in fields))
@@ -213,8 +239,12 @@ class InaGroup:
         h["num_workers"] = self.p.workers
         h["slot"] = si
         h["chunk"] = chunks
+        self.slot_state[li, si] = SENT
+        self.sent_at[li, si] = send
+        if coll.stream is not None:
+            return self._build_sparse(coll, h, li, is_exp, b, send, retx)
         target = np.where(is_exp, b, b + s)
-        has = target < coll.data_blocks
+        has = target < coll.blocks
         exps = np.full(n, fixedpoint.EXP_NONE, np.int8)
         if has.any():
             exps[has] = self.exponents(coll, li[has], target[has])
@@ -224,13 +254,51 @@ class InaGroup:
         data = np.flatnonzero(~is_exp)
         if len(data):
             payload[data] = self.quantized(coll, li[data], b[data])
-        self.slot_state[li, si] = SENT
-        self.sent_at[li, si] = send
-        return Packets(li, h, payload, send, self._emu_packets(coll, b, is_exp), np.full(n, retx))
+        return Packets(li, h, payload, send, self._emu_packets(coll, b, is_exp), np.full(n, retx),
+                       np.zeros((n, 2), np.uint32))
+
+    def _build_sparse(self, coll: InaCollective, h: np.ndarray, li: np.ndarray, is_exp: np.ndarray,
+                      i: np.ndarray, send: np.ndarray, retx: bool) -> Packets:
+        """The sparse stream's packets: an announcement (data chunk ``i`` is round ``i // S`` of
+        partition ``i % S``), the round's block from its holders, a header from everyone else."""
+        st = coll.stream
+        assert st is not None
+        n, k, s = len(li), self.p.elements, self.p.slots
+        j, r = i % s, i // s
+        blk = np.where(is_exp, NONE, st.ublock[j, np.where(is_exp, 0, r)])
+        assert (blk >= NONE).all(), "a round's block is named by the result before it"
+        has = blk >= 0
+        holder = np.zeros(n, bool)
+        holder[has] = st.held[li[has], blk[has]]
+        nxt = np.full(n, NONE, np.int64)
+        nxt[is_exp] = st.first[li[is_exp], j[is_exp]]
+        nxt[has] = st.nxt[li[has], blk[has]]
+        exps = np.full(n, fixedpoint.EXP_NONE, np.int8)
+        named = nxt >= 0
+        if named.any():
+            exps[named] = self.exponents(coll, li[named], nxt[named])
+        h["msg_type"] = MsgType.SPARSE_CONTRIB
+        h["exponent"] = exps
+        h["size"] = np.where(holder, k // 64, 0)
+        payload = np.zeros((n, k), np.int32)
+        if holder.any():
+            payload[holder] = self.quantized(coll, li[holder], blk[holder])
+        extra = np.stack([np.where(has, blk, BLOCK_NONE), np.where(named, nxt, BLOCK_NONE)], axis=1).astype(np.uint32)
+        return Packets(li, h, payload, send, self._emu_packets_sparse(coll, blk, is_exp), np.full(n, retx), extra)
+
+    def _emu_packets_sparse(self, coll: InaCollective, blk: np.ndarray, is_exp: np.ndarray) -> np.ndarray:
+        """A round of a block stands for R emulated rounds (the last block: what is left); an
+        announcement for the emulated pool's; a header-only round after a partition's end, one."""
+        r = self.p.scale
+        last = coll.blocks - 1
+        per = np.where(blk == last, max(1.0, float(coll.emu_packets - r * last)), float(r))
+        per = np.where(blk < 0, 1.0, per)
+        emu_window = self.p.emulated_slots or self.p.slots * r
+        return np.where(is_exp, min(emu_window, coll.emu_packets) / coll.exp_chunks, per)
 
     def _emu_packets(self, coll: InaCollective, b: np.ndarray, is_exp: np.ndarray) -> np.ndarray:
         r = self.p.scale
-        last = coll.data_blocks - 1
+        last = coll.blocks - 1
         per = np.where(~is_exp & (b == last), max(1.0, float(coll.emu_packets - r * last)), float(r))
         if coll.exp_chunks:
             emu_window = self.p.emulated_slots or self.p.slots * r
@@ -242,8 +310,16 @@ class InaGroup:
         """A shared field of the given (sorted, unique) data blocks, one zero-padded row each."""
         k = self.p.elements
         first, last = int(blocks[0]), int(blocks[-1])
-        if last - first + 1 > 4 * len(blocks):  # scattered: gather block by block
-            return np.concatenate([self._rows(coll, blocks[i:i + 1], field, dtype) for i in range(len(blocks))])
+        if last - first + 1 > 4 * len(blocks):  # scattered (the sparse stream's): gather page by page
+            per_page = PayloadCache.PAGE // k
+            pages = blocks // per_page
+            out = np.zeros((len(blocks), k), dtype)
+            for page in np.unique(pages):
+                sel = np.flatnonzero(pages == page)
+                arr = getattr(self.cache.page(coll, int(page)), field)
+                at = (blocks[sel] - page * per_page)[:, None] * k + np.arange(k)
+                out[sel] = np.where(at < len(arr), arr[np.minimum(at, len(arr) - 1)], 0)
+            return out
         lo, hi = first * k, min((last + 1) * k, coll.real_elements)
         span = np.zeros((last - first + 1) * k, dtype=dtype)
         span[: hi - lo] = self.cache.span(coll, lo, hi, field)
@@ -321,24 +397,28 @@ class InaGroup:
         out = (units * np.exp2((beta + shift[:, None]).astype(np.float64))).astype(np.int64)
         return np.where(none[:, None], 0, out)
 
-    def emu_packets_of(self, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For result chunks: emulated packets each stands for, and whether it carries a payload."""
+    def emu_packets_of(self, headers: np.ndarray, extra: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For results: emulated packets each stands for, and whether it carries a payload."""
+        chunks = headers["chunk"].astype(np.int64)
         per = np.zeros(len(chunks))
-        data = np.zeros(len(chunks), bool)
         which = self.locate(chunks)
         for ci in np.unique(which):
             coll = self.colls[ci]
             mine = which == ci
             local = chunks[mine] - coll.base
             is_exp = local < coll.exp_chunks
-            per[mine] = self._emu_packets(coll, np.where(is_exp, local, local - coll.exp_chunks), is_exp)
-            data[mine] = ~is_exp
-        return per, data
+            if coll.stream is not None:
+                blk = np.where(extra[mine, 0] == BLOCK_NONE, NONE, extra[mine, 0].astype(np.int64))
+                per[mine] = self._emu_packets_sparse(coll, blk, is_exp)
+            else:
+                per[mine] = self._emu_packets(coll, np.where(is_exp, local, local - coll.exp_chunks), is_exp)
+        return per, headers["size"] > 0
 
     # -- results ----------------------------------------------------------------------
     def on_results(self, li: np.ndarray, rb: np.ndarray, headers: np.ndarray, payload: np.ndarray,
                    first_us: np.ndarray, last_us: np.ndarray | None = None, verify: np.ndarray | None = None,
-                   check: ResultCheck | None = None) -> list[tuple[int, InaCollective]]:
+                   check: ResultCheck | None = None,
+                   extra: np.ndarray | None = None) -> list[tuple[int, InaCollective]]:
         """Results reaching workers: result ``rb[i]`` of the message reached worker ``li[i]``, its
         first packet at ``first_us[i]`` and its last at ``last_us[i]`` (with payload scale a row
         stands for many packets: the next chunk on the slot goes when the first is back, as the
@@ -347,8 +427,11 @@ class InaGroup:
         ``verify`` holds per message row the mismatches found in it, or -1 while unchecked: each
         row is checked once (every worker of a host receives the same bytes), and every worker it
         reaches counts its elements and mismatches, so the totals do not depend on how workers
-        are spread over hosts. Returns (local worker, collective) pairs that just completed.
+        are spread over hosts. ``extra``: the message's (block, next) rows (the sparse stream's).
+        Returns (local worker, collective) pairs that just completed.
         """
+        if extra is None:
+            extra = np.zeros((len(headers), 2), np.uint32)
         chunks = headers["chunk"][rb].astype(np.int64)
         slots = headers["slot"][rb].astype(np.int64)
         ok = (self.slot_state[li, slots] == SENT) & (self.slot_chunk[li, slots] == chunks)
@@ -362,10 +445,16 @@ class InaGroup:
         arrival_us = first_us
         last_us = first_us if last_us is None else last_us
         finished = []
+        advance = np.full(len(rows), self.p.slots, np.int64)  # how far each slot's next chunk is
         which = self.locate(chunks[rows])
         for ci in np.unique(which):
             coll = self.colls[ci]
-            r = rows[which == ci]
+            sel = which == ci
+            r = rows[sel]
+            if coll.stream is not None:
+                advance[sel] = self._sparse_results(coll, r, li, rb, headers, payload, arrival_us, last_us,
+                                                    verify, check, extra, finished)
+                continue
             w = li[r]
             local = chunks[r] - coll.base
             t = arrival_us[r]
@@ -393,10 +482,53 @@ class InaGroup:
                     coll.finished[local_w] = True
                     finished.append((int(local_w), coll))
         w, s = li[rows], slots[rows]
-        self.slot_chunk[w, s] = chunks[rows] + self.p.slots
+        self.slot_chunk[w, s] = chunks[rows] + advance
         self.slot_state[w, s] = IDLE
         self.free_at[w, s] = arrival_us[rows]
         return finished
+
+    def _sparse_results(self, coll: InaCollective, r: np.ndarray, li: np.ndarray, rb: np.ndarray,
+                        headers: np.ndarray, payload: np.ndarray, arrival_us: np.ndarray, last_us: np.ndarray,
+                        verify: np.ndarray | None, check: ResultCheck | None, extra: np.ndarray,
+                        finished: list[tuple[int, InaCollective]]) -> np.ndarray:
+        """Results of the sparse stream reaching workers (rows ``r``): learn each partition's next
+        block and its exponent, verify the blocks summed, count the rounds done (and those a
+        partition that ended skips). Returns how far each row's slot moves on."""
+        st = coll.stream
+        assert st is not None
+        s = self.p.slots
+        w = li[r]
+        local = headers["chunk"][rb[r]].astype(np.int64) - coll.base
+        is_exp = local < s
+        i = np.where(is_exp, local, local - s)
+        j, rnd = i % s, np.where(is_exp, -1, i // s)
+        blk = np.where(extra[rb[r], 0] == BLOCK_NONE, NONE, extra[rb[r], 0].astype(np.int64))
+        nxt = np.where(extra[rb[r], 1] == BLOCK_NONE, NONE, extra[rb[r], 1].astype(np.int64))
+        exps = headers["exponent"][rb[r]].astype(np.int8)
+        st.ublock[j, rnd + 1] = nxt  # every worker gets the same results: the same writes
+        named = nxt >= 0
+        coll.agreed[nxt[named]] = exps[named]
+        coll.exp_known[w[is_exp], j[is_exp]] = arrival_us[r][is_exp]
+        skip = np.where(nxt < 0, st.skipped(rnd), 0)
+        d = ~is_exp
+        summed = d & (blk >= 0)
+        if check is not None and verify is not None and summed.any():
+            msg_rows = rb[r[summed]]
+            todo = verify[msg_rows] < 0
+            if todo.any():
+                self._check(coll, msg_rows[todo], blk[summed][todo], payload, verify)
+            real = np.minimum(self.p.elements, coll.real_elements - blk[summed] * self.p.elements)
+            check.elements += int(real.sum())
+            check.mismatches += int(verify[msg_rows].sum())
+        # a sparse collective is done once every chunk of its range came back or was skipped (the
+        # announcements count: with no union block they are all there is)
+        np.add.at(coll.done, w, 1 + skip)
+        np.maximum.at(coll.end_us, w, last_us[r])
+        newly = (coll.done >= coll.chunks) & ~coll.finished
+        for local_w in np.flatnonzero(newly):
+            coll.finished[local_w] = True
+            finished.append((int(local_w), coll))
+        return s * (1 + skip)
 
     def _check(self, coll: InaCollective, rows: np.ndarray, blocks: np.ndarray, payload: np.ndarray,
                verify: np.ndarray) -> None:

@@ -78,6 +78,11 @@ _WIDE = {"float32", "float64", "int32", "int64"}
 _FLOAT = {d.value for d in Dtype if d.is_float}
 
 
+def is_wide(dtype: str) -> bool:
+    """Whether a dtype's payload has a common part (``c``) on every worker: 32 and 64 bits."""
+    return dtype in _WIDE
+
+
 def is_sparse(sparsity: Sparsity | None, dtype: str) -> bool:
     """Whether a collective's payload follows a sparsity: only floats (integers stay dense)."""
     return sparsity is not None and dtype in _FLOAT

@@ -27,8 +27,17 @@ import statistics
 from emu.emulator.fabric import AllReduce
 from emu.emulator.links import LinkSpec
 from emu.emulator.p2p import SEG_ELEMENTS
+from emu.emulator.sparse_ina import streams_sparse
 from emu.emulator.sparse_p2p import index_overhead, ps_sparse, ring_sparse, worker_fraction
-from emu.emulator.wire import FRAME_OVERHEAD, MTU, P2P_HEADER, agg_wire_bytes, p2p_packets, p2p_wire_bytes
+from emu.emulator.wire import (
+    FRAME_OVERHEAD,
+    MTU,
+    P2P_HEADER,
+    agg_wire_bytes,
+    p2p_packets,
+    p2p_wire_bytes,
+    sparse_wire_bytes,
+)
 from emu.traces.model import CollKind, Sparsity
 
 
@@ -48,6 +57,19 @@ def ina_detail_us(count: int, link: LinkSpec, elements: int, slots: int) -> floa
     # the exponent batch goes up first; its results stream back while the data follows
     exp_round = float(link.serialization_us(exp_packets * agg_wire_bytes(0))) + 2 * link.latency_us
     return ina_time_us(count, link, elements) + exp_round + float(link.serialization_us(agg_wire_bytes(elements)))
+
+
+def sparse_ina_us(count: int, sparsity: Sparsity, link: LinkSpec, elements: int, slots: int) -> float:
+    """The sparse stream (emu.emulator.sparse_ina): the announcement round (one header per slot up,
+    its results back), then every worker's downlink carries the ``u n`` union blocks, 8 bytes more a
+    packet; its uplink carries as many packets, the holders' with data, so the downlink sets the
+    pace; and the last packet's store and forward."""
+    packets = -(-count // elements)
+    announce = min(slots, packets)
+    first = float(link.serialization_us(announce * sparse_wire_bytes(0))) + 2 * link.latency_us
+    union = sparsity.union * packets
+    return (first + float(link.serialization_us(union * sparse_wire_bytes(elements))) + 2 * link.latency_us
+            + float(link.serialization_us(sparse_wire_bytes(elements))))
 
 
 def ring_time_us(count: int, itemsize: int, workers: int, link: LinkSpec) -> float:
@@ -283,7 +305,7 @@ def sparse_ps_us(count: int, itemsize: int, workers: int, shards: int, sparsity:
 def collective_time_us(kind: CollKind, count: int, itemsize: int, is_float: bool, workers: int, link: LinkSpec,
                        fabric: AllReduce, elements: int = 64, slots: int = 4096, rto_us: float = 0.0,
                        ps_shards: int | None = None, payload_scale: int = 1,
-                       sparsity: Sparsity | None = None) -> float:
+                       sparsity: Sparsity | None = None, sparse_stream: bool = False) -> float:
     """The time of one collective alone on the links, from its start on every worker to the last
     worker's completion, as emu's emulated network runs it on ``fabric`` (docs/physics.md).
 
@@ -293,16 +315,24 @@ def collective_time_us(kind: CollKind, count: int, itemsize: int, is_float: bool
     other kind runs point to point whatever the fabric. ``payload_scale``: R of the replay (it sets
     the segments' sizes). ``sparsity``: the payload's, for a float all_reduce (docs/sparse.md); the
     ring and the parameter server run sparse where their choice (emu.emulator.sparse_p2p) does, INA
-    sends every block whatever it. Loss: INA's tail formula; point to point, resent bytes and one chain's
+    runs the sparse stream where ``sparse_stream`` (the fabric has one) and its choice
+    (emu.emulator.sparse_ina.streams_sparse) say so, else sends every block. Loss: INA's tail formula; point to point, resent bytes and one chain's
     expected timeouts per hop (a lower bound)."""
     m = workers
     if kind == CollKind.ALL_REDUCE:
         if fabric == AllReduce.STREAM and is_float:  # a worker alone still streams through the switch
             if count == 0:
                 return 0.0
-            t = ina_detail_us(count, link, elements, slots)
+            real = -(-count // payload_scale)
+            # any float dtype: the choice depends on the dtype only through whether it is a float
+            if sparse_stream and sparsity is not None and streams_sparse(
+                    sparsity, "float32", real, elements, max(1, -(-slots // payload_scale))):
+                t = sparse_ina_us(count, sparsity, link, elements, slots)
+                streamed = math.ceil(sparsity.union * count)  # what crosses, and what loss can hit
+            else:
+                t, streamed = ina_detail_us(count, link, elements, slots), count
             if link.loss > 0:
-                t += ina_loss_extra_us(count, link, m, slots, rto_us, elements)
+                t += ina_loss_extra_us(streamed, link, m, slots, rto_us, elements)
             return t
         sparse = sparsity if is_float else None
         if fabric == AllReduce.SERVER and ps_sparse(sparse, m, itemsize):

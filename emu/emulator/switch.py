@@ -16,6 +16,13 @@ A batch is applied with numpy in segments that hold no duplicate and no worker
 twice on one slot, so that its effect equals the packets' in order; a packet that
 would break a segment (a retransmission) is applied on its own.
 
+The sparse stream (``SPARSE_CONTRIB``, docs/sparse.md) runs on the same slots, copies and
+rules, with two differences: a round is pinned by its chunk *and* the block it sums (every
+packet of the round names it; a header-only packet of a worker that does not hold the block
+adds nothing), and the result carries the minimum of the packets' next blocks, with the
+largest exponent among the packets that named that minimum, where a dense result carries the
+largest exponent of all.
+
 Whatever arrives, the switch neither crashes nor lets a bad packet touch an
 aggregate: before step 1, a packet of another job or worker count is dropped as
 ``invalid`` (it belongs to another pool), and one that is wrong for this pool is
@@ -38,9 +45,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from emu.emulator.fixedpoint import EXP_NONE
-from emu.emulator.wire import AGG_HEADER, FLAG_COPY, MsgType
+from emu.emulator.wire import AGG_HEADER, BLOCK_NONE, FLAG_COPY, MsgType
 
 MULTICAST = 0xFFFF  # the destination of a result for every worker
+SPARSE_IDENT = 256  # a round's identity: its size for a dense round, SPARSE_IDENT + block for a sparse one
+_NO_NEXT = (BLOCK_NONE << 8) | 0xFF  # a sparse copy's (next, exponent) key before any packet
 
 
 def _is_range(rows: np.ndarray) -> bool:
@@ -70,6 +79,7 @@ class Results:
     headers: np.ndarray  # AGG_HEADER records; worker == MULTICAST for results to all
     payload: np.ndarray  # (n, k) int32
     stamps: np.ndarray  # (n, 2) float64: when the first and last packet each result stands for may leave
+    sparse: np.ndarray  # (n, 2) uint32: a sparse result's (block, next); zeros for a dense one
 
     def __len__(self) -> int:
         return len(self.headers)
@@ -88,40 +98,49 @@ class AggregationSwitch:
         self.exp = np.full(slots * 2, EXP_NONE, dtype=np.int64)
         self.size = np.zeros(slots * 2, dtype=np.int64)
         self.chunk = np.zeros(slots * 2, dtype=np.int64)
+        self.ident = np.zeros(slots * 2, dtype=np.int64)  # the round's size (dense) or SPARSE_IDENT + block
+        # sparse rounds: min over packets of next << 8 | (127 - exponent): the next block any worker
+        # holds, and the largest exponent among those that announced it
+        self.nkey = np.full(slots * 2, _NO_NEXT, dtype=np.int64)
         # when the first and the last emulated packet of the slot copy's group had arrived
         self.stamp = np.zeros((slots * 2, 2), dtype=np.float64)
         self.stats = SwitchStats()
 
-    def process(self, headers: np.ndarray, payload: np.ndarray, stamps: np.ndarray | None = None) -> Results:
-        """Apply a batch of contributions (in order); return the results to send."""
+    def process(self, headers: np.ndarray, payload: np.ndarray, stamps: np.ndarray | None = None,
+                sparse: np.ndarray | None = None) -> Results:
+        """Apply a batch of contributions (in order); return the results to send. ``sparse``: each
+        row's (block, next) where its type is SPARSE_CONTRIB."""
         n = len(headers)
         out: list[tuple[np.ndarray, ...]] = []
         if n == 0:
             return self._results(out)
         self.stats.packets += n
-        batch = self._batch_arrays(headers, payload, stamps)
+        batch = self._batch_arrays(headers, payload, stamps, sparse)
         if batch is None:
             self.stats.malformed += n
             return self._results(out)
-        headers, payload, stamps = batch
+        headers, payload, stamps, sparse = batch
         slot = headers["slot"].astype(np.int64)
         worker = headers["worker"].astype(np.int64)
         copy = (headers["flags"] & FLAG_COPY).astype(np.int64)
+        is_sparse = headers["msg_type"] == MsgType.SPARSE_CONTRIB
         ours = (headers["job"] == self.job) & (headers["num_workers"] == self.workers)
-        valid = ours & ((headers["msg_type"] == MsgType.CONTRIB) & (slot < self.slots)
+        valid = ours & (((headers["msg_type"] == MsgType.CONTRIB) | is_sparse) & (slot < self.slots)
                         & (worker < self.workers) & (headers["size"].astype(np.int64) * 64 <= self.k))
+        size = headers["size"].astype(np.int64)
+        self._row_ident = np.where(is_sparse, SPARSE_IDENT + sparse[:, 0].astype(np.int64), size)
+        self._row_nkey = (sparse[:, 1].astype(np.int64) << 8) | (127 - headers["exponent"].astype(np.int64))
         self.stats.invalid += int(n - ours.sum())
         self.stats.malformed += int(ours.sum() - valid.sum())
         keep = np.flatnonzero(valid)
         idx = slot * 2 + copy
         chunk = headers["chunk"].astype(np.int64)
-        size = headers["size"].astype(np.int64)
         start = 0
         while start < len(keep):
             rows = keep[start:]
             end = self._clean_prefix(idx[rows], worker[rows], slot[rows])
             seg = rows[:end] if end > 0 else rows[:1]
-            fits, stale = self._fits_round(seg, idx, worker, chunk, size)
+            fits, stale = self._fits_round(seg, idx, worker, chunk, self._row_ident)
             self.stats.stale += int(stale.sum())
             self.stats.malformed += int(len(seg) - fits.sum() - stale.sum())
             if end > 0 and fits.any():
@@ -131,8 +150,8 @@ class AggregationSwitch:
             start += max(end, 1)
         return self._results(out)
 
-    def _batch_arrays(self, headers: np.ndarray, payload: np.ndarray,
-                      stamps: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def _batch_arrays(self, headers: np.ndarray, payload: np.ndarray, stamps: np.ndarray | None,
+                      sparse: np.ndarray | None) -> tuple[np.ndarray, ...] | None:
         """The batch's arrays in the shapes the switch works on, or None if they cannot be."""
         n = len(headers)
         try:
@@ -140,7 +159,10 @@ class AggregationSwitch:
                 headers = headers.astype(AGG_HEADER)  # by field name: fails if one is missing
             payload = np.asarray(payload)
             stamps = np.zeros((n, 2)) if stamps is None else np.asarray(stamps, dtype=np.float64)
+            sparse = np.zeros((n, 2), np.int64) if sparse is None else np.asarray(sparse).astype(np.int64)
         except (TypeError, ValueError, AttributeError):
+            return None
+        if sparse.shape != (n, 2) or (sparse < 0).any() or (sparse > BLOCK_NONE).any():
             return None
         if payload.shape != (n, self.k) or payload.dtype.kind != "i" or payload.dtype.itemsize != 4:
             return None
@@ -148,10 +170,10 @@ class AggregationSwitch:
             stamps = np.repeat(stamps.reshape(n, 1), 2, axis=1)
         if stamps.shape != (n, 2):
             return None
-        return headers, payload, stamps
+        return headers, payload, stamps, sparse
 
     def _fits_round(self, rows: np.ndarray, idx_all: np.ndarray, worker_all: np.ndarray,
-                    chunk_all: np.ndarray, size_all: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                    chunk_all: np.ndarray, ident_all: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per row, in order: (does the packet belong to the round its slot copy holds,
         is it a stale copy of the round the copy completed).
 
@@ -161,9 +183,10 @@ class AggregationSwitch:
         completed: that is a late duplicate of the sender's packet, which would open a
         round no other worker joins and so block the slot for good. An empty copy, or
         a new round, takes the first packet's chunk and size, and the rest of the
-        segment must agree with it.
+        segment must agree with it. The size stands for the round's identity: a sparse round's is
+        its block instead (``SPARSE_IDENT``), since its packets' sizes differ.
         """
-        idx, chunk, size = idx_all[rows], chunk_all[rows], size_all[rows]
+        idx, chunk, size = idx_all[rows], chunk_all[rows], ident_all[rows]
         count = self.count[idx]
         pinned = (count > 0) & ((count < self.workers) | self.bitmap[idx, worker_all[rows]])
         stale = (count == self.workers) & ~pinned & (chunk == self.chunk[idx])
@@ -177,7 +200,7 @@ class AggregationSwitch:
         stale &= np.arange(len(rows)) < first
         first = np.minimum(first, len(rows) - 1)
         want_chunk = np.where(pinned, self.chunk[idx], chunk[first])
-        want_size = np.where(pinned, self.size[idx], size[first])
+        want_size = np.where(pinned, self.ident[idx], size[first])
         return (chunk == want_chunk) & (size == want_size) & ~stale, stale
 
     def _clean_prefix(self, idx: np.ndarray, worker: np.ndarray, slot: np.ndarray) -> int:
@@ -220,7 +243,13 @@ class AggregationSwitch:
         self.stamp[groups] = np.maximum(np.where(fresh[:, None], -np.inf, self.stamp[groups]),
                                         np.maximum.reduceat(stamps[rows[order]], starts, axis=0))
         firsts = rows[order][starts]
-        self.size[groups] = np.where(fresh, headers["size"][firsts], self.size[groups])
+        # a sparse round's result is as wide as its widest packet (the holders'); a dense round's
+        # packets all have one size
+        sizes = np.maximum.reduceat(headers["size"].astype(np.int64)[rows[order]], starts)
+        self.size[groups] = np.where(fresh, sizes, np.maximum(self.size[groups], sizes))
+        self.ident[groups] = np.where(fresh, self._row_ident[firsts], self.ident[groups])
+        self.nkey[groups] = np.minimum(np.where(fresh, _NO_NEXT, self.nkey[groups]),
+                                       np.minimum.reduceat(self._row_nkey[rows[order]], starts))
         self.chunk[groups] = np.where(fresh, headers["chunk"][firsts], self.chunk[groups])
         self.count[groups] = np.where(fresh, 0, self.count[groups]) + counts
         self.stats.payload_bytes += int((headers["size"][rows].astype(np.int64) * 256).sum())
@@ -280,20 +309,24 @@ class AggregationSwitch:
 
     def _emit(self, idx: np.ndarray, dest: np.ndarray, when: np.ndarray) -> tuple[np.ndarray, ...]:
         rec = np.zeros(len(idx), AGG_HEADER)
-        rec["msg_type"] = MsgType.RESULT
+        sparse = self.ident[idx] >= SPARSE_IDENT
+        rec["msg_type"] = np.where(sparse, MsgType.SPARSE_RESULT, MsgType.RESULT)
         rec["flags"] = idx & 1
         rec["job"] = self.job
         rec["worker"] = dest
         rec["num_workers"] = self.workers
         rec["slot"] = idx >> 1
-        rec["exponent"] = self.exp[idx]
+        rec["exponent"] = np.where(sparse, 127 - (self.nkey[idx] & 0xFF), self.exp[idx])
         rec["size"] = self.size[idx]
         rec["chunk"] = self.chunk[idx]
-        return rec, self.acc[idx].copy(), np.asarray(when, dtype=np.float64).reshape(len(idx), 2)
+        extra = np.zeros((len(idx), 2), np.uint32)
+        extra[:, 0] = np.where(sparse, self.ident[idx] - SPARSE_IDENT, 0)
+        extra[:, 1] = np.where(sparse, self.nkey[idx] >> 8, 0)
+        return (rec, self.acc[idx].copy(), np.asarray(when, dtype=np.float64).reshape(len(idx), 2), extra)
 
     def _results(self, parts: list[tuple[np.ndarray, ...]]) -> Results:
         parts = [p for p in parts if p]
         if not parts:
-            return Results(np.zeros(0, AGG_HEADER), np.zeros((0, self.k), np.int32), np.zeros((0, 2)))
-        return Results(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                       np.concatenate([p[2] for p in parts]))
+            return Results(np.zeros(0, AGG_HEADER), np.zeros((0, self.k), np.int32), np.zeros((0, 2)),
+                           np.zeros((0, 2), np.uint32))
+        return Results(*(np.concatenate([p[i] for p in parts]) for i in range(4)))

@@ -42,6 +42,8 @@ class MsgType(IntEnum):
     CONTRIB = 1  # a worker's contribution to a slot (no payload: exponents only)
     RESULT = 2  # the switch's aggregate for a slot, to one worker
     P2P = 3  # point-to-point data (ring, parameter server, fallbacks)
+    SPARSE_CONTRIB = 4  # a worker's round of the sparse stream: its block (or none) and its next one
+    SPARSE_RESULT = 5  # the switch's sum of a sparse round, with the next block any worker holds
 
 
 FLAG_COPY = 0x01  # which of the slot's two copies
@@ -70,6 +72,17 @@ AGG_FIELDS: tuple[tuple[str, str, int], ...] = (
 )
 AGG_HEADER = np.dtype([(name, typ) for name, typ, _ in AGG_FIELDS])
 
+# The sparse stream's header (docs/sparse.md, docs/protocol.md): the aggregation header, then
+# the block this round sums and the sender's next non-zero block of the slot's partition (a
+# result: the minimum over the workers). BLOCK_NONE: no block (an announcement; the end).
+SPARSE_FIELDS: tuple[tuple[str, str, int], ...] = AGG_FIELDS + (
+    ("block", ">u4", 32),
+    ("next", ">u4", 32),
+)
+SPARSE_HEADER = np.dtype([(name, typ) for name, typ, _ in SPARSE_FIELDS])
+SPARSE_EXTRA = SPARSE_HEADER.itemsize - AGG_HEADER.itemsize  # 8 bytes more than a dense packet
+BLOCK_NONE = 0xFFFFFFFF
+
 P2P_FIELDS: tuple[tuple[str, str, int], ...] = (
     ("msg_type", ">u1", 8),
     ("dtype", ">u1", 8),  # index into DTYPE_CODES
@@ -80,7 +93,7 @@ P2P_FIELDS: tuple[tuple[str, str, int], ...] = (
     ("segment", ">u4", 32),  # the segment's number in the collective's layout
 )
 P2P_HEADER = np.dtype([(name, typ) for name, typ, _ in P2P_FIELDS])
-assert AGG_HEADER.itemsize == 16 and P2P_HEADER.itemsize == 16
+assert AGG_HEADER.itemsize == 16 and P2P_HEADER.itemsize == 16 and SPARSE_HEADER.itemsize == 24
 
 PAYLOAD = np.dtype(">i4")  # aggregation payload elements on the wire
 # a segment's dtype on the wire: its index here (the order of emu.traces.model.Dtype, fixed)
@@ -92,6 +105,11 @@ FRAME_OVERHEAD = ETH_L1 + ETH_HEADER + ETH_FCS + IPV4_HEADER + UDP_HEADER  # 66 
 def agg_wire_bytes(elements: int) -> int:
     """Bytes one aggregation packet of ``elements`` int32 occupies on a link."""
     return FRAME_OVERHEAD + AGG_HEADER.itemsize + 4 * elements
+
+
+def sparse_wire_bytes(elements: int) -> int:
+    """Bytes one packet of the sparse stream (``elements`` int32, 0 for a header alone) occupies."""
+    return agg_wire_bytes(elements) + SPARSE_EXTRA
 
 
 MIN_WIRE_BYTES = FRAME_OVERHEAD + 16  # the smallest packet emu sends: a header without payload
@@ -183,3 +201,43 @@ def parse_agg_packet(data: bytes) -> tuple[np.void, np.ndarray]:
     if len(payload) != 64 * int(header["size"]):
         raise MalformedPacket(f"payload of {len(payload)} elements, header says {64 * int(header['size'])}")
     return header, payload
+
+
+def sparse_packet(header: np.void | dict, payload: np.ndarray | None = None) -> bytes:
+    """One packet of the sparse stream (24-byte header + payload) as bytes."""
+    rec = np.zeros(1, SPARSE_HEADER)
+    for name in SPARSE_HEADER.names:
+        rec[name] = header[name]
+    body = b"" if payload is None else np.asarray(payload, dtype=PAYLOAD).tobytes()
+    return rec.tobytes() + body
+
+
+def parse_sparse_packet(data: bytes) -> tuple[np.void, np.ndarray]:
+    """Header (``SPARSE_HEADER``) and payload of one packet of the sparse stream; MalformedPacket
+    for a type other than SPARSE_CONTRIB or SPARSE_RESULT or a payload that is not ``64 * size``
+    int32."""
+    n = SPARSE_HEADER.itemsize
+    if len(data) < n:
+        raise MalformedPacket(f"{len(data)} bytes, shorter than the {n}-byte sparse header")
+    header = np.frombuffer(data[:n], SPARSE_HEADER)[0]
+    if int(header["msg_type"]) not in (MsgType.SPARSE_CONTRIB, MsgType.SPARSE_RESULT):
+        raise MalformedPacket(f"message type {int(header['msg_type'])} is not a sparse packet's")
+    if (len(data) - n) % PAYLOAD.itemsize:
+        raise MalformedPacket(f"payload of {len(data) - n} bytes is not whole int32 elements")
+    payload = np.frombuffer(data[n:], PAYLOAD).astype(np.int32)
+    if len(payload) != 64 * int(header["size"]):
+        raise MalformedPacket(f"payload of {len(payload)} elements, header says {64 * int(header['size'])}")
+    return header, payload
+
+
+def parse_packet(data: bytes) -> tuple[np.void, np.ndarray, tuple[int, int] | None]:
+    """Any aggregation packet: header (its 16 aggregation bytes), payload, and for the sparse
+    stream its (block, next)."""
+    if len(data) >= 1 and data[0] in (MsgType.SPARSE_CONTRIB, MsgType.SPARSE_RESULT):
+        h, p = parse_sparse_packet(data)
+        agg = np.zeros(1, AGG_HEADER)[0]
+        for name in AGG_HEADER.names:
+            agg[name] = h[name]
+        return agg, p, (int(h["block"]), int(h["next"]))
+    h, p = parse_agg_packet(data)
+    return h, p, None

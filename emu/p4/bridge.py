@@ -84,7 +84,7 @@ class Bmv2Ports:
             rows = np.flatnonzero((dest >= first) & (dest < last))
             if len(rows):
                 out[h] = list(rows)
-        return {h: AggBatch(batch.headers[r], batch.payload[r], batch.stamps[r]) for h, r in out.items()}
+        return {h: batch.take(np.asarray(r)) for h, r in out.items()}
 
     def close(self) -> None:
         for sock in self.socks:

@@ -212,7 +212,7 @@ class ReplayConfig:
     """The design's ``name`` (tables and plots), if it gave one."""
     sparsity: SparsityOption = field(default_factory=SparsityOption)
     """What the payload of float all_reduces follows: the trace's sparsity (default), none, or a
-    what-if fraction (docs/sparse.md); ring and ps skip zero blocks, ina still sends every block."""
+    what-if fraction (docs/sparse.md); every software fabric skips the zero blocks."""
 
     def check(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS_SOFTWARE:

@@ -211,13 +211,11 @@ class Host:
         for seg in segs:  # a worker's results and segments share its downlink: in time order
             upto = int(np.searchsorted(batch.stamps[:, 0], seg.first_us, side="right"))
             if upto > done:
-                self.ina.on_results(AggBatch(batch.headers[done:upto], batch.payload[done:upto],
-                                             batch.stamps[done:upto]), verify[done:upto])
+                self.ina.on_results(batch.take(slice(done, upto)), verify[done:upto])
                 done = upto
             self.p2p.on_segment(seg)
         if done < len(verify):
-            self.ina.on_results(AggBatch(batch.headers[done:], batch.payload[done:], batch.stamps[done:]),
-                                verify[done:])
+            self.ina.on_results(batch.take(slice(done, None)), verify[done:])
 
     # -- a window -----------------------------------------------------------------------
     def advance(self, bound: float, inclusive: bool = False, now: float | None = None) -> None:

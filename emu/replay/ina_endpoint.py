@@ -25,7 +25,7 @@ from emu.emulator.transport import AggBatch
 from emu.replay.config import ReplayConfig
 from emu.replay.worker import CollRun
 
-_PACKET_FIELDS = ("local", "headers", "payload", "send_us", "emu_packets", "retransmit")
+_PACKET_FIELDS = ("local", "headers", "payload", "send_us", "emu_packets", "retransmit", "sparse")
 
 
 def take(pk: Packets, rows: np.ndarray) -> Packets:
@@ -36,6 +36,13 @@ def _concat(parts: list[Packets]) -> Packets:
     if len(parts) == 1:
         return parts[0]
     return Packets(*(np.concatenate([getattr(p, f) for p in parts]) for f in _PACKET_FIELDS))
+
+
+def _wire_sizes(headers: np.ndarray, k: int) -> np.ndarray:
+    """Bytes on a link of each packet: with or without payload, and the sparse stream's 8 more."""
+    sparse = (headers["msg_type"] == wire.MsgType.SPARSE_CONTRIB) | (headers["msg_type"] == wire.MsgType.SPARSE_RESULT)
+    return (np.where(headers["size"] > 0, wire.agg_wire_bytes(k), wire.agg_wire_bytes(0))
+            + np.where(sparse, wire.SPARSE_EXTRA, 0))
 
 
 def due(times: np.ndarray, bound: float, inclusive: bool) -> np.ndarray:
@@ -57,7 +64,8 @@ class InaEndpoint:
         self.k = cfg.elements
         self.timer, self.completed = timer, completed
         params = InaParams(slots=cfg.real_slots, elements=self.k, workers=cfg.workers, job=0, seed=cfg.seed,
-                           scale=cfg.scale, emulated_slots=cfg.emulated_slots)
+                           scale=cfg.scale, emulated_slots=cfg.emulated_slots,
+                           sparse_stream=cfg.network.sparse_stream)
         self.group = InaGroup(workers, params, PayloadCache(cfg.seed, cfg.workers))
         # with payload scale, loss is drawn per emulated packet and the real rows always cross
         self.scaled = (ScaledLoss(cfg.seed, cfg.workers, cfg.link.loss, cfg.real_slots,
@@ -73,7 +81,7 @@ class InaEndpoint:
         self.up_heap: list[tuple[float, int, Packets]] = []  # contributions waiting for their send time
         self.down_heap: list[tuple[float, int, AggBatch, np.ndarray]] = []  # results waiting for their stamp
         self._parts = 0  # keeps heap entries of equal keys apart
-        self.outgoing: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.outgoing: list[AggBatch] = []
 
     # -- the stream ---------------------------------------------------------------------
     def start(self, worker: int, run: CollRun, real_elements: int) -> bool:
@@ -82,7 +90,7 @@ class InaEndpoint:
         coll = self.group.collective(run.seq, op.dtype.value, real_elements, -(-op.count // self.k), op.sparsity)
         local = self.index[worker]
         coll.start_us[local] = run.start_us
-        if coll.data_blocks == 0:
+        if coll.chunks == 0:
             coll.finished[local] = True
             return True
         self.runs[(local, run.seq)] = run
@@ -144,7 +152,7 @@ class InaEndpoint:
     def send(self, pk: Packets) -> None:
         """Contributions cross their uplinks: what arrives goes to the switch, what is lost waits
         for its timer."""
-        sizes = np.where(pk.headers["size"] > 0, wire.agg_wire_bytes(self.k), wire.agg_wire_bytes(0))
+        sizes = _wire_sizes(pk.headers, self.k)
         packets = pk.emu_packets
         if self.scaled is not None:
             resent = self._scaled_lost(pk.headers["chunk"].astype(np.int64), pk.emu_packets, pk.local, down=False)
@@ -163,14 +171,13 @@ class InaEndpoint:
                 self.timer(float(at) + self.cfg.timeout_rto_us, int(local), int(slot), float(n))
         keep = ~lost
         if keep.any():
-            self.outgoing.append((pk.headers[keep], pk.payload[keep], arrival[keep]))
+            self.outgoing.append(AggBatch(pk.headers[keep], pk.payload[keep], arrival[keep], pk.sparse[keep]))
 
     def take_outgoing(self) -> AggBatch | None:
         """What the uplinks delivered since the last call, as one batch for the switch."""
         if not self.outgoing:
             return None
-        batch = AggBatch(np.concatenate([a[0] for a in self.outgoing]), np.concatenate([a[1] for a in self.outgoing]),
-                         np.concatenate([a[2] for a in self.outgoing]))
+        batch = AggBatch.concat(self.outgoing)
         self.outgoing = []
         return batch
 
@@ -180,7 +187,7 @@ class InaEndpoint:
         if not len(batch.headers):
             return
         order = np.lexsort((batch.headers["chunk"], batch.stamps[:, 0]))
-        batch = AggBatch(batch.headers[order], batch.payload[order], batch.stamps[order])
+        batch = batch.take(order)
         self._parts += 1
         heapq.heappush(self.down_heap, (float(batch.stamps[0, 0]), self._parts, batch,
                                         np.full(len(order), -1, np.int64)))
@@ -195,27 +202,25 @@ class InaEndpoint:
                 rest = ~now
                 self._parts += 1
                 heapq.heappush(self.down_heap, (float(batch.stamps[rest, 0].min()), self._parts,
-                                                AggBatch(batch.headers[rest], batch.payload[rest],
-                                                         batch.stamps[rest]), verify[rest]))
-                batch, verify = AggBatch(batch.headers[now], batch.payload[now], batch.stamps[now]), verify[now]
+                                                batch.take(rest), verify[rest]))
+                batch, verify = batch.take(now), verify[now]
             parts.append((batch, verify))
         if not parts:
             return None
         if len(parts) == 1:
             return parts[0]
-        stamps = np.concatenate([b.stamps for b, _ in parts])
-        headers = np.concatenate([b.headers for b, _ in parts])
-        order = np.lexsort((headers["chunk"], stamps[:, 0]))
-        return (AggBatch(headers[order], np.concatenate([b.payload for b, _ in parts])[order], stamps[order]),
-                np.concatenate([v for _, v in parts])[order])
+        batch = AggBatch.concat([b for b, _ in parts])
+        order = np.lexsort((batch.headers["chunk"], batch.stamps[:, 0]))
+        return batch.take(order), np.concatenate([v for _, v in parts])[order]
 
     def on_results(self, batch: AggBatch, verify: np.ndarray) -> None:
         """Results cross the downlinks to the workers they are for."""
         g = self.group
         dest = batch.headers["worker"].astype(np.int64)
         chunks = batch.headers["chunk"].astype(np.int64)
-        per, data = g.emu_packets_of(chunks)
-        sizes = np.where(data, wire.agg_wire_bytes(self.k), wire.agg_wire_bytes(0)) * per
+        assert batch.sparse is not None
+        per, _ = g.emu_packets_of(batch.headers, batch.sparse)
+        sizes = _wire_sizes(batch.headers, self.k) * per
         multi = np.flatnonzero(dest == MULTICAST)
         li_parts, rb_parts = [], []
         if len(multi):  # every worker of the host receives these, each on its own downlink
@@ -270,7 +275,7 @@ class InaEndpoint:
         keep = ~lost
         self.delivered += int(keep.sum())
         done = g.on_results(li[keep], rb[keep], batch.headers, batch.payload, first[keep], last[keep], verify,
-                            self.check)
+                            self.check, batch.sparse)
         for local, coll in done:
             run = self.runs.pop((local, coll.seq))
             self.completed(int(g.wids[local]), run, float(coll.end_us[local]))

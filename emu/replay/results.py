@@ -19,6 +19,7 @@ import numpy as np
 import emu
 from emu.emulator.fabric import AllReduce
 from emu.emulator.payload import holding
+from emu.emulator.sparse_ina import stream_bytes, streams_sparse
 from emu.emulator.sparse_p2p import INDEX_BYTES, ps_sparse, ring_sparse
 from emu.emulator.wire import agg_wire_bytes
 from emu.replay.config import Clock, ReplayConfig
@@ -155,10 +156,19 @@ def _sent(trace: Trace, config: ReplayConfig, iters: int) -> SparsityReport | No
     for seq, op, s in replayed_sparse(trace, config, max(1, iters)):
         size = op.dtype.itemsize
         real = -(-op.count // config.scale) if op.count else 0
+        if fabric == AllReduce.STREAM:  # int32 values in packets of k (emu.emulator.sparse_ina)
+            k = config.elements
+            if config.network.sparse_stream and streams_sparse(s, op.dtype.value, real, k, config.real_slots):
+                got, dense_bytes = stream_bytes(config.seed, seq, real, k, config.real_slots, m, s, op.dtype.value)
+                sparse, sent, full = sparse + 1, sent + got, full + dense_bytes
+            else:
+                dense_bytes = 2.0 * m * -(-real // k) * 4 * k
+                dense, sent, full = dense + 1, sent + dense_bytes, full + dense_bytes
+            continue
         ring = fabric == AllReduce.RING and ring_sparse(s, m, size)
         ps = fabric == AllReduce.SERVER and ps_sparse(s, m, size)
         # the dense algorithms' bytes over all links: the ring's 2 (M-1)/M S per worker, push and pull
-        # of S per worker; INA counts as dense (it sends every block)
+        # of S per worker
         dense_bytes = real * size * (2 * (m - 1) if fabric == AllReduce.RING else 2 * m)
         full += dense_bytes
         if not (ring or ps):

@@ -140,16 +140,16 @@ def switch_main(setup: SwitchSetup) -> None:
 
 def _aggregate(router: zmq.Socket, switch: AggregationSwitch, batch: AggBatch, setup: SwitchSetup,
                idents: list[bytes]) -> None:
-    res = switch.process(batch.headers, batch.payload, batch.stamps)
+    res = switch.process(batch.headers, batch.payload, batch.stamps, batch.sparse)
     if not len(res):
         return
     dest = res.headers["worker"].astype(np.int64)
     for h, (first, last) in enumerate(setup.worker_hosts):
         mine = (dest == MULTICAST) | ((dest >= first) & (dest < last))
         if mine.all():
-            part = AggBatch(res.headers, res.payload, res.stamps)
+            part = AggBatch(res.headers, res.payload, res.stamps, res.sparse)
         elif mine.any():
-            part = AggBatch(res.headers[mine], res.payload[mine], res.stamps[mine])
+            part = AggBatch(res.headers[mine], res.payload[mine], res.stamps[mine], res.sparse[mine])
         else:
             continue
         router.send_multipart([idents[h], *part.frames(RESULTS)], copy=False)
@@ -245,15 +245,12 @@ class _Coordinator:
 
     def _aggregate(self, bound: float, inclusive: bool) -> None:
         """Apply every held contribution due before the bound, in stamp order."""
-        batch = self.pending[0] if len(self.pending) == 1 else AggBatch(
-            np.concatenate([b.headers for b in self.pending]), np.concatenate([b.payload for b in self.pending]),
-            np.concatenate([b.stamps for b in self.pending]))
+        batch = AggBatch.concat(self.pending)
         stamps = batch.stamps[:, 0]
         due = stamps <= bound if inclusive else stamps < bound
         rest = np.flatnonzero(~due)
-        self.pending = [AggBatch(batch.headers[rest], batch.payload[rest], batch.stamps[rest])] if len(rest) else []
+        self.pending = [batch.take(rest)] if len(rest) else []
         rows = np.flatnonzero(due)
         order = rows[np.lexsort((batch.headers["chunk"][rows], batch.headers["worker"][rows], stamps[rows]))]
         assert self.switch is not None
-        _aggregate(self.router, self.switch, AggBatch(batch.headers[order], batch.payload[order],
-                                                      batch.stamps[order]), self.setup, self.idents)
+        _aggregate(self.router, self.switch, batch.take(order), self.setup, self.idents)

@@ -115,7 +115,8 @@ class _Schedule:
             c = self.cfg
             t = physics.collective_time_us(
                 op.kind, op.count, op.dtype.itemsize, op.dtype.is_float, c.workers, c.link, self.fabric,
-                c.elements, c.emulated_slots, c.timeout_rto_us, c.shards, self.scale, op.sparsity)
+                c.elements, c.emulated_slots, c.timeout_rto_us, c.shards, self.scale, op.sparsity,
+                c.network.sparse_stream)
             self.times[key] = t
         return t
 

@@ -121,7 +121,7 @@ def test_replay_sparsity_is_in_the_report_and_the_table() -> None:
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["config"]["sparsity"] == {"source": "option", "nonzero": 0.1, "union": 0.3, "block_elements": 256}
-    assert doc["sparsity"]["union_fraction"] == pytest.approx(0.3, abs=0.01) and doc["sparsity"]["sent_fraction"] == 1
+    assert doc["sparsity"]["union_fraction"] == pytest.approx(0.3, abs=0.01) and doc["sparsity"]["sent_fraction"] < 0.5
     assert doc["verification"]["ok"]
     table = run(*args, "--sparsity-block", "100")
     assert table.exit_code == 0, table.output

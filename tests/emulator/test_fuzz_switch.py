@@ -42,12 +42,13 @@ class StrictReference(Reference):
         if h["job"] != self.job or h["num_workers"] != self.workers:
             self.invalid += 1
             return []
-        if h["msg_type"] != 1 or h["slot"] >= self.slots or h["worker"] >= self.workers or h["size"] * 64 > self.k:
+        if h["msg_type"] not in (1, 4) or h["slot"] >= self.slots or h["worker"] >= self.workers or h["size"] * 64 > self.k:
             self.malformed += 1
             return []
         state = self.state[(h["slot"], h["flags"] & 1)]
         pinned = 0 < state["count"] and (state["count"] < self.workers or h["worker"] in state["bits"])
-        if pinned and (h["chunk"] != state["chunk"] or h["size"] != state["size"]):
+        ident = 256 + state["block"] if state["sparse"] else state["size"]
+        if pinned and (h["chunk"] != state["chunk"] or self.ident(h) != ident):
             self.malformed += 1
             return []
         if not pinned and state["count"] == self.workers and h["chunk"] == state["chunk"]:
@@ -59,24 +60,28 @@ class StrictReference(Reference):
 Packet = tuple[dict[str, int], list[int]]
 
 
-def to_arrays(packets: list[Packet], k: int) -> tuple[np.ndarray, np.ndarray]:
+def to_arrays(packets: list[Packet], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     headers = np.zeros(len(packets), wire.AGG_HEADER)
     payload = np.zeros((len(packets), k), np.int32)
+    extra = np.zeros((len(packets), 2), np.uint32)
     for i, (h, values) in enumerate(packets):
         for name in wire.AGG_HEADER.names:
             headers[i][name] = h[name]
+        extra[i] = h.get("block", 0), h.get("next", 0)
         payload[i, : len(values)] = values
-    return headers, payload
+    return headers, payload, extra
 
 
-def sent(switch: AggregationSwitch, headers: np.ndarray, payload: np.ndarray) -> list[tuple[Any, ...]]:
+def sent(switch: AggregationSwitch, headers: np.ndarray, payload: np.ndarray,
+         extra: np.ndarray | None = None) -> list[tuple[Any, ...]]:
     """What the switch sends for a batch, one row per destination port, as plain values."""
-    res = switch.process(headers, payload)
+    res = switch.process(headers, payload, sparse=extra)
     out = []
-    for h, p in zip(res.headers, res.payload, strict=True):
+    for h, p, x in zip(res.headers, res.payload, res.sparse, strict=True):
         dests = range(switch.workers) if h["worker"] == MULTICAST else [int(h["worker"])]
         fields = tuple(int(h[n]) for n in wire.AGG_HEADER.names if n != "worker")
-        out += [(d, *fields, tuple(int(v) for v in p[: 64 * int(h["size"])])) for d in dests]
+        out += [(d, *fields, int(x[0]), int(x[1]), tuple(int(v) for v in p[: 64 * int(h["size"])]))
+                for d in dests]
     return out
 
 
@@ -84,17 +89,24 @@ def expected(ref: StrictReference, packets: list[Packet]) -> list[tuple[Any, ...
     out = []
     for h, values in packets:
         for dest, rh, rp in ref.packet(h, values):
-            out.append((dest, *(int(rh[n]) for n in wire.AGG_HEADER.names if n != "worker"), tuple(rp)))
+            out.append((dest, *(int(rh[n]) for n in wire.AGG_HEADER.names if n != "worker"),
+                        rh.get("block", 0), rh.get("next", 0), tuple(rp)))
     return out
 
 
 def honest(rnd: random.Random, w: int, chunk: int, slots: int, workers: int, k: int, job: int) -> Packet:
     """Worker w's contribution of a chunk; its size and values depend only on (w, chunk),
     so a retransmission repeats it."""
-    size = chunk % (k // 64 + 1)
-    values = random.Random(chunk * 7919 + w).choices(range(-(2**31), 2**31), k=64 * size)
-    return ({"msg_type": 1, "flags": (chunk // slots) % 2, "job": job, "worker": w, "num_workers": workers,
-             "slot": chunk % slots, "exponent": rnd.randint(-128, 127), "size": size, "chunk": chunk}, values)
+    mine = random.Random(chunk * 7919 + w)
+    sparse = chunk % 3 == 2  # a round of the sparse stream: a holder sends data, the others a header
+    size = mine.choice([0, k // 64]) if sparse else chunk % (k // 64 + 1)
+    values = mine.choices(range(-(2**31), 2**31), k=64 * size)
+    h = {"msg_type": 4 if sparse else 1, "flags": (chunk // slots) % 2, "job": job, "worker": w,
+         "num_workers": workers, "slot": chunk % slots, "exponent": rnd.randint(-128, 127), "size": size,
+         "chunk": chunk}
+    if sparse:
+        h.update(block=chunk * 5 % 7, next=mine.choice([3, 9, wire.BLOCK_NONE]))
+    return h, values
 
 
 def int32_sums(packets: list[Packet]) -> list[int]:
@@ -116,7 +128,7 @@ def broken(rnd: random.Random, packet: Packet, slots: int, workers: int, k: int,
     h, values = dict(packet[0]), list(packet[1])
     what = what or rnd.choice(BREAKS)
     if what == "msg_type":
-        h["msg_type"] = rnd.choice([0, 2, 3, 4, 255])
+        h["msg_type"] = rnd.choice([0, 2, 3, 5, 255])
     elif what == "job":
         h["job"] = (h["job"] + rnd.randint(1, 65535)) % 65536
     elif what == "num_workers":
@@ -164,12 +176,12 @@ def check_against_reference(cfg: dict[str, int], batches: list[list[Packet]]) ->
     batched = AggregationSwitch(cfg["slots"], cfg["workers"], k, cfg["job"])
     single = AggregationSwitch(cfg["slots"], cfg["workers"], k, cfg["job"])
     for batch in batches:
-        headers, payload = to_arrays(batch, k)
+        headers, payload, extra = to_arrays(batch, k)
         want = expected(ref, batch)
-        assert sent(batched, headers, payload) == want
+        assert sent(batched, headers, payload, extra) == want
         got = []
         for i in range(len(batch)):
-            got += sent(single, headers[i: i + 1], payload[i: i + 1])
+            got += sent(single, headers[i: i + 1], payload[i: i + 1], extra[i: i + 1])
         assert got == want
     n = sum(len(b) for b in batches)
     for sw in (batched, single):
@@ -209,6 +221,8 @@ def honest_rounds(draw: st.DrawFn) -> tuple[int, int, int, int, list[list[Packet
                 h, values = dict(victim[0]), list(victim[1])
                 if rnd.random() < 0.5:
                     h["chunk"] += rnd.choice([1, slots, 2 * slots])
+                elif h["msg_type"] == 4:  # a sparse round is pinned by its block, not its size
+                    h["block"] += 1
                 else:
                     h["size"] = (h["size"] + 1) % (k // 64 + 1)
                     values = [rnd.randint(-(2**31), 2**31 - 1) for _ in range(64 * h["size"])]
@@ -226,15 +240,22 @@ def check_rounds(case: tuple) -> None:
     switch = AggregationSwitch(slots, workers, k, job)
     results = {}
     for batch in batches:
-        headers, payload = to_arrays(batch, k)
-        res = switch.process(headers, payload)
-        for h, p in zip(res.headers, res.payload, strict=True):
+        headers, payload, extra = to_arrays(batch, k)
+        res = switch.process(headers, payload, sparse=extra)
+        for h, p, x in zip(res.headers, res.payload, res.sparse, strict=True):
             assert h["worker"] == MULTICAST
-            results[int(h["chunk"])] = (int(h["exponent"]), p[: 64 * int(h["size"])].tolist())
+            results[int(h["chunk"])] = (int(h["exponent"]), int(x[1]), p[: 64 * int(h["size"])].tolist())
     assert (switch.stats.invalid + switch.stats.malformed, switch.stats.stale) == (bad, 0)
     assert sorted(results) == sorted(by_chunk)  # every chunk completed once
     for c, packets in by_chunk.items():
-        assert results[c] == (max(h["exponent"] for h, _ in packets), int32_sums(packets))
+        if packets[0][0]["msg_type"] == 4:  # the least next block, its announcers' largest exponent
+            nxt = min(h["next"] for h, _ in packets)
+            want = (max(h["exponent"] for h, _ in packets if h["next"] == nxt), nxt)
+            widest = max(packets, key=lambda p: len(p[1]))[1]
+            sums = int32_sums([(h, v + [0] * (len(widest) - len(v))) for h, v in packets])
+        else:
+            want, sums = (max(h["exponent"] for h, _ in packets), 0), int32_sums(packets)
+        assert results[c] == (*want, sums)
 
 
 @settings(FAST, max_examples=700)
@@ -247,7 +268,7 @@ def test_a_batch_whose_arrays_do_not_fit_is_dropped_whole() -> None:
     switch = AggregationSwitch(2, 2, 64, job=1)
     rnd = random.Random(1)
     good = [honest(rnd, w, 1, 2, 2, 64, 1) for w in (0, 1)]
-    headers, payload = to_arrays(good, 64)
+    headers, payload, _ = to_arrays(good, 64)
     for args in [(headers, payload[:, :32]), (headers, payload[:1]), (headers, payload.astype(np.int64)),
                  (headers, payload, np.zeros((3, 2))), (headers[["msg_type", "job"]], payload),
                  (headers, np.array([["a"] * 64] * 2))]:
@@ -264,13 +285,13 @@ def test_a_round_in_progress_refuses_another_chunk_and_size() -> None:
     a, b, c = (honest(rnd, w, 1, 1, 3, 128, 0) for w in range(3))
     stale = ({**b[0], "chunk": 3}, b[1])  # same slot and copy, another round
     wrong_size = ({**c[0], "size": 0}, [])
-    headers, payload = to_arrays([a, stale, wrong_size, b, c], 128)
+    headers, payload, _ = to_arrays([a, stale, wrong_size, b, c], 128)
     res = switch.process(headers, payload)
     assert switch.stats.malformed == 2 and len(res) == 1 and res.headers[0]["chunk"] == 1
     assert res.payload[0][:64].tolist() == int32_sums([a, b, c])
 
 
-VECTOR_FRAMES = [f for path in sorted(OUT.glob("*.json")) for step in json.loads(path.read_text())["steps"]
+VECTOR_FRAMES = [f for path in sorted(OUT.glob("**/*.json")) for step in json.loads(path.read_text())["steps"]
                  for f in step["in"]]
 
 
@@ -298,16 +319,22 @@ def frames(draw: st.DrawFn) -> bytes:
 
 def check_parse(data: bytes) -> str:
     try:
-        header, payload = wire.parse_agg_packet(wire.unframe(data))
+        header, payload, extra = wire.parse_packet(wire.unframe(data))
     except wire.MalformedPacket as exc:
         assert isinstance(exc, EmuError) and isinstance(exc, ValueError)
         assert str(exc) and "\n" not in str(exc)
         return "malformed"
-    assert int(header["msg_type"]) in (wire.MsgType.CONTRIB, wire.MsgType.RESULT)
+    assert int(header["msg_type"]) in (wire.MsgType.CONTRIB, wire.MsgType.RESULT, wire.MsgType.SPARSE_CONTRIB,
+                                       wire.MsgType.SPARSE_RESULT)
     assert len(payload) == 64 * int(header["size"]) and payload.dtype == np.int32
     # what parses is what the sender framed: framing it again gives the same bytes
     body = payload if len(payload) else None
-    assert wire.unframe(wire.frame(wire.agg_packet(header, body))) == wire.unframe(data)
+    if extra is None:
+        again = wire.agg_packet(header, body)
+    else:
+        again = wire.sparse_packet({**{n: header[n] for n in wire.AGG_HEADER.names}, "block": extra[0],
+                                    "next": extra[1]}, body)
+    assert wire.unframe(wire.frame(again)) == wire.unframe(data)
     return "packet"
 
 

@@ -9,38 +9,49 @@ import pytest
 
 from emu.emulator import wire
 from emu.emulator.switch import MULTICAST, AggregationSwitch
-from tests.emulator.vectors import OUT, build
+from tests.emulator.vectors import OUT, SPARSE_OUT, build
 
-VECTORS = sorted(OUT.glob("*.json"))
+DENSE = sorted(OUT.glob("*.json"))  # the P4 program passes these too (tests/p4)
+SPARSE = sorted(SPARSE_OUT.glob("*.json"))  # the sparse stream: the software switch only
+VECTORS = DENSE + SPARSE
 
 
-def test_vector_files_are_current() -> None:
-    built = build()
-    assert sorted(p.stem for p in VECTORS) == sorted(built)
-    for path in VECTORS:
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_vector_files_are_current(sparse: bool) -> None:
+    built = build(sparse)
+    paths = SPARSE if sparse else DENSE
+    assert sorted(p.stem for p in paths) == sorted(built)
+    for path in paths:
         assert json.loads(path.read_text()) == built[path.stem], f"regenerate {path.name}"
 
 
-def batch(frames: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+def batch(frames: list[str], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     headers = np.zeros(len(frames), wire.AGG_HEADER)
     payload = np.zeros((len(frames), k), np.int32)
+    extra = np.zeros((len(frames), 2), np.uint32)
     for i, hexframe in enumerate(frames):
-        h, p = wire.parse_agg_packet(wire.unframe(bytes.fromhex(hexframe)))
+        h, p, x = wire.parse_packet(wire.unframe(bytes.fromhex(hexframe)))
         headers[i] = h
         payload[i, : len(p)] = p
-    return headers, payload
+        extra[i] = x or (0, 0)
+    return headers, payload, extra
 
 
-def frames_out(switch: AggregationSwitch, headers: np.ndarray, payload: np.ndarray) -> list[dict]:
-    res = switch.process(headers, payload)
+def frames_out(switch: AggregationSwitch, headers: np.ndarray, payload: np.ndarray, extra: np.ndarray) -> list[dict]:
+    res = switch.process(headers, payload, sparse=extra)
     out = []
-    for h, p in zip(res.headers, res.payload, strict=True):
+    for h, p, x in zip(res.headers, res.payload, res.sparse, strict=True):
         body = p[: 64 * int(h["size"])]
         dests = range(switch.workers) if h["worker"] == MULTICAST else [int(h["worker"])]
         for dest in dests:  # what the switch's egress replication sends, port by port
-            h2 = h.copy()
+            h2 = {n: h[n] for n in wire.AGG_HEADER.names}
             h2["worker"] = dest
-            out.append({"port": dest, "frame": wire.frame(wire.agg_packet(h2, body if len(body) else None)).hex()})
+            if h["msg_type"] == wire.MsgType.SPARSE_RESULT:
+                h2.update(block=x[0], next=x[1])
+                packet = wire.sparse_packet(h2, body if len(body) else None)
+            else:
+                packet = wire.agg_packet(h2, body if len(body) else None)
+            out.append({"port": dest, "frame": wire.frame(packet).hex()})
     return out
 
 
@@ -51,13 +62,13 @@ def test_switch_matches_vectors(path, per_packet: bool) -> None:
     cfg = doc["config"]
     switch = AggregationSwitch(cfg["slots"], cfg["workers"], cfg["elements"], cfg["job"])
     for step in doc["steps"]:
-        headers, payload = batch(step["in"], cfg["elements"])
+        headers, payload, extra = batch(step["in"], cfg["elements"])
         if per_packet:
             got = []
             for i in range(len(headers)):
-                got += frames_out(switch, headers[i : i + 1], payload[i : i + 1])
+                got += frames_out(switch, headers[i : i + 1], payload[i : i + 1], extra[i : i + 1])
         else:
-            got = frames_out(switch, headers, payload)
+            got = frames_out(switch, headers, payload, extra)
         assert got == step["out"]
 
 

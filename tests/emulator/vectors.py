@@ -5,7 +5,9 @@ packet at a time with Python ints and dicts, independent of the numpy switch. It
 computes the expected output of each scenario; ``python -m tests.emulator.vectors``
 writes them to ``tests/data/conformance/`` (frames in hex: Ethernet/IPv4/UDP
 template + emu header + payload), and a test checks the files are current. The
-software switch runs them in every test run; the P4 program runs them on BMv2.
+software switch runs them in every test run; the P4 program runs them on BMv2. The sparse
+stream's vectors (``SPARSE_CONTRIB``, docs/sparse.md) are in ``sparse/``: the software switch
+runs them too; the P4 program, which stays dense, does not.
 """
 
 from __future__ import annotations
@@ -18,16 +20,24 @@ import numpy as np
 from emu.emulator import wire
 
 OUT = Path(__file__).resolve().parents[1] / "data" / "conformance"
+SPARSE_OUT = OUT / "sparse"
+NONE = 0xFFFFFFFF  # wire.BLOCK_NONE
 
 
 class Reference:
     def __init__(self, slots: int, workers: int, elements: int, job: int) -> None:
         self.slots, self.workers, self.k, self.job = slots, workers, elements, job
         self.state = {(s, c): {"acc": [0] * elements, "bits": set(), "count": 0, "exp": -128,
-                               "size": 0, "chunk": 0} for s in range(slots) for c in (0, 1)}
+                               "size": 0, "chunk": 0, "sparse": False, "block": 0, "next": NONE}
+                      for s in range(slots) for c in (0, 1)}
+
+    @staticmethod
+    def ident(h: dict) -> int:
+        """What pins a round besides its chunk: a dense packet's size, a sparse packet's block."""
+        return 256 + h.get("block", 0) if h["msg_type"] == 4 else h["size"]
 
     def packet(self, h: dict, payload: list[int]) -> list[tuple[int, dict, list[int]]]:
-        if (h["msg_type"] != 1 or h["job"] != self.job or h["num_workers"] != self.workers
+        if (h["msg_type"] not in (1, 4) or h["job"] != self.job or h["num_workers"] != self.workers
                 or h["slot"] >= self.slots or h["worker"] >= self.workers or h["size"] * 64 > self.k):
             return []
         s, c, w = h["slot"], h["flags"] & 1, h["worker"]
@@ -37,21 +47,32 @@ class Reference:
             return [self._result(s, c, w)] if st["count"] == self.workers else []
         st["bits"].add(w)
         values = payload + [0] * (self.k - len(payload))
+        sparse, nxt = h["msg_type"] == 4, h.get("next", 0)
         if st["count"] in (0, self.workers):
-            st.update(acc=values, count=1, exp=h["exponent"], size=h["size"], chunk=h["chunk"])
+            st.update(acc=values, count=1, exp=h["exponent"], size=h["size"], chunk=h["chunk"], sparse=sparse,
+                      block=h.get("block", 0), next=nxt if sparse else NONE)
         else:
             st["acc"] = [((a + b + 2**31) % 2**32) - 2**31 for a, b in zip(st["acc"], values, strict=True)]
             st["count"] += 1
-            st["exp"] = max(st["exp"], h["exponent"])
+            if not sparse:
+                st["exp"] = max(st["exp"], h["exponent"])
+            else:  # the smallest next block wins; among the packets that named it, the largest exponent
+                st["size"] = max(st["size"], h["size"])
+                if nxt < st["next"]:
+                    st["next"], st["exp"] = nxt, h["exponent"]
+                elif nxt == st["next"]:
+                    st["exp"] = max(st["exp"], h["exponent"])
         if st["count"] == self.workers:
             return [self._result(s, c, dest) for dest in range(self.workers)]
         return []
 
     def _result(self, s: int, c: int, dest: int) -> tuple[int, dict, list[int]]:
         st = self.state[(s, c)]
-        header = {"msg_type": 2, "flags": c, "job": self.job, "worker": dest,
+        header = {"msg_type": 5 if st["sparse"] else 2, "flags": c, "job": self.job, "worker": dest,
                   "num_workers": self.workers, "slot": s, "exponent": st["exp"], "size": st["size"],
                   "chunk": st["chunk"]}
+        if st["sparse"]:
+            header.update(block=st["block"], next=st["next"])
         return dest, header, st["acc"][: 64 * st["size"]]
 
 
@@ -107,12 +128,13 @@ def scenarios() -> list[tuple[str, str, dict, list[list[tuple[dict, list[int]]]]
 
 
 def encode(h: dict, payload: list[int]) -> str:
-    return wire.frame(wire.agg_packet(h, np.array(payload, dtype=np.int64) if payload else None)).hex()
+    make = wire.sparse_packet if h["msg_type"] in (4, 5) else wire.agg_packet
+    return wire.frame(make(h, np.array(payload, dtype=np.int64) if payload else None)).hex()
 
 
-def build() -> dict[str, dict]:
+def build(sparse: bool = False) -> dict[str, dict]:
     files = {}
-    for name, description, cfg, steps in scenarios():
+    for name, description, cfg, steps in (sparse_scenarios() if sparse else scenarios()):
         ref = Reference(**cfg)
         doc_steps = []
         for step in steps:
@@ -125,8 +147,50 @@ def build() -> dict[str, dict]:
     return files
 
 
+def sparse(w: int, chunk: int, slots: int, workers: int, block: int, nxt: int, values: list[int] | None,
+           exponent: int = 0, job: int = 1) -> tuple[dict, list[int]]:
+    """A packet of the sparse stream: ``block`` it sums (NONE for an announcement), ``nxt`` the
+    sender's next non-zero block of the slot's partition, ``values`` None if it holds no data."""
+    h, v = contrib(w, chunk, slots, workers, values, exponent, job, msg_type=4)
+    h.update(block=block, next=nxt)
+    return h, v
+
+
+def sparse_scenarios() -> list[tuple[str, str, dict, list[list[tuple[dict, list[int]]]]]]:
+    """The sparse stream on one slot (partition 0 of blocks 0, 2, 4, ... with 2 slots)."""
+    out = []
+    cfg = {"slots": 2, "workers": 3, "elements": 64, "job": 1}
+    # worker 0 holds blocks 2 and 6; worker 1 holds 2 and 4; worker 2 holds none of partition 0
+    steps = [
+        [sparse(0, 0, 2, 3, NONE, 2, None, exponent=3), sparse(1, 0, 2, 3, NONE, 2, None, exponent=5),
+         sparse(2, 0, 2, 3, NONE, NONE, None, exponent=-128)],  # announcements: block 2, exponent 5
+        [sparse(0, 2, 2, 3, 2, 6, vals(1), exponent=1), sparse(2, 2, 2, 3, 2, NONE, None, exponent=-128),
+         sparse(1, 2, 2, 3, 2, 4, vals(2), exponent=7)],  # block 2 summed; next is 4 (worker 1's), exponent 7
+        [sparse(1, 4, 2, 3, 4, NONE, vals(3)), sparse(0, 4, 2, 3, 4, 6, None, exponent=2),
+         sparse(2, 4, 2, 3, 4, NONE, None, exponent=-128)],  # block 4: worker 1 alone sends data
+        [sparse(0, 6, 2, 3, 6, NONE, vals(4), exponent=-128), sparse(1, 6, 2, 3, 6, NONE, None, exponent=-128),
+         sparse(2, 6, 2, 3, 6, NONE, None, exponent=-128)],  # the last block: next NONE ends the partition
+    ]
+    out.append(("sparse-stream", "announcements, then only the union's blocks: the holders send data, "
+                "the others a header with their next block; the result carries the minimum next and its "
+                "holders' largest exponent, and NONE ends the partition", cfg, steps))
+    steps = [
+        [sparse(0, 0, 2, 3, NONE, 2, None, exponent=3), sparse(1, 0, 2, 3, NONE, 2, None, exponent=5)],
+        [sparse(0, 0, 2, 3, NONE, 2, None, exponent=3)],  # duplicate of an incomplete round: dropped
+        [sparse(2, 0, 2, 3, NONE, 8, None, exponent=9), sparse(1, 0, 2, 3, NONE, 2, None, exponent=5)],
+        [sparse(0, 2, 2, 3, 2, NONE, vals(5)), sparse(1, 2, 2, 3, 2, 8, None, exponent=4),
+         sparse(2, 2, 2, 3, 2, 8, vals(6), exponent=2)],  # block 2 from two holders
+        [sparse(1, 2, 2, 3, 2, 8, None, exponent=4)],  # a retransmission after completion: answered alone
+    ]
+    out.append(("sparse-duplicates", "a duplicate announcement of an incomplete round is dropped, then "
+                "answered from the shadow copy once complete; the same for a header-only packet",
+                cfg, steps))
+    return out
+
+
 if __name__ == "__main__":
-    OUT.mkdir(parents=True, exist_ok=True)
-    for name, doc in build().items():
-        (OUT / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {OUT / name}.json")
+    for folder, sparse_set in ((OUT, False), (SPARSE_OUT, True)):
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, doc in build(sparse_set).items():
+            (folder / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+            print(f"wrote {folder / name}.json")

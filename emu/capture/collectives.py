@@ -9,7 +9,9 @@ Two sources, by what the profiler recorded:
   issuing thread with ``Input Dims`` (needs ``record_shapes=True``) and
   ``Concrete Inputs`` (root, peer, async flag); the execution is a ``gloo:<op>``
   event on a gloo thread, matched in FIFO order and by element count, which also
-  gives the dtype and the completion.
+  gives the dtype and the completion. An all_reduce of a sparse COO tensor (its launch's
+  ``Input Strides`` are empty) runs as ``gloo:sparse_all_reduce``: its rows are read from
+  the aten events inside it (``sparse_rows``).
 
 Names and argument keys are data in the tables below, not code in the parsers,
 so a PyTorch release that renames an event changes one table row.
@@ -34,6 +36,17 @@ from emu.traces.model import CollKind, Dtype
 
 
 @dataclass(frozen=True)
+class SparseRows:
+    """An all_reduce of a sparse COO tensor as gloo ran it: the dense tensor's rows and the
+    elements of one row, the rows each rank contributed (rank order), and the summed result's."""
+
+    rows: int
+    row_elements: int
+    nnz: tuple[int, ...]
+    union: int
+
+
+@dataclass(frozen=True)
 class CollEvent:
     """One collective as the profiler saw it on one rank."""
 
@@ -50,6 +63,7 @@ class CollEvent:
     async_op: bool | None  # from the launch's arguments where recorded
     root: int | None = None
     peer: int | None = None
+    sparse: SparseRows | None = None  # an all_reduce of a sparse tensor (gloo)
 
 
 @dataclass(frozen=True)
@@ -257,6 +271,44 @@ def _async_flag(ev: Event) -> bool | None:
     return None
 
 
+_SPARSE_EXECUTION = "gloo:sparse_all_reduce"
+
+
+def _is_sparse_launch(ev: Event) -> bool:
+    """A sparse tensor has no strides: the profiler records ``[]`` where a dense one has ``[16, 1]``."""
+    strides = ev.args.get("Input Strides")
+    return (ev.name == "c10d::allreduce_" and isinstance(strides, list) and bool(strides)
+            and strides[0] == [[]])
+
+
+def sparse_rows(kt: KinetoTrace, ex: Event, count: int) -> SparseRows:
+    """The rows of a ``gloo:sparse_all_reduce`` from the aten events gloo ran inside it: one
+    ``aten::sparse_coo_tensor`` per rank (rank order) of indices ``[sparse_dim, nnz]`` and values
+    ``[nnz, *row]`` built from what it gathered, and, last, the coalesce of their sum, whose final
+    ``aten::narrow`` of the indices keeps the result's distinct rows."""
+    inside = [e for e in kt.events if e.tid == ex.tid and ex.ts_us <= e.ts_us <= ex.end_us]
+    nnz, row = [], None
+    for e in inside:
+        dims = e.args.get("Input Dims")
+        if e.name == "aten::sparse_coo_tensor" and isinstance(dims, list) and len(dims) >= 2 \
+                and _numel(dims[0], False) is not None and _numel(dims[1], False) is not None and dims[1]:
+            nnz.append(int(dims[1][0]))
+            row = math.prod(dims[1][1:])
+    union = None
+    for e in inside:
+        dims, values = e.args.get("Input Dims"), e.args.get("Concrete Inputs")
+        if (e.name == "aten::narrow" and isinstance(dims, list) and dims and isinstance(dims[0], list)
+                and len(dims[0]) == 2 and isinstance(values, list) and len(values) == 4 and values[1] == "1"
+                and str(values[3]).isdigit()):
+            union = int(values[3])
+    if len(nnz) != kt.world_size or not row or count % row or union is None:
+        raise KinetoError(f"{kt.where(ex)}: an all_reduce of a sparse tensor whose rows the trace does not "
+                          f"show ({len(nnz)} of {kt.world_size} ranks' 'aten::sparse_coo_tensor' events with "
+                          "shapes, and the result's coalesce); emu will not invent them: re-record with "
+                          "torch.profiler.profile(record_shapes=True)")
+    return SparseRows(rows=count // row, row_elements=row, nnz=tuple(nnz), union=max(union, *nnz))
+
+
 def gloo_collectives(kt: KinetoTrace) -> list[CollEvent]:
     """Collectives from c10d launch events matched to gloo execution events."""
     launches = [e for e in kt.events if e.name in _GLOO_LAUNCH]
@@ -288,6 +340,9 @@ def gloo_collectives(kt: KinetoTrace) -> list[CollEvent]:
         group_size = kt.world_size
         if times_group:
             count *= group_size
+        sparse = _is_sparse_launch(ev)
+        if sparse:
+            exec_names = (_SPARSE_EXECUTION,)
         match = None
         for k, ex in enumerate(executions):
             if used[k] or ex.name not in exec_names or ex.end_us < ev.ts_us:
@@ -313,12 +368,13 @@ def gloo_collectives(kt: KinetoTrace) -> list[CollEvent]:
                               "re-record with torch.profiler.profile(record_shapes=True)")
         else:
             dtype = _dtype(kt, ex, types[0], "Input type")
+        rows = sparse_rows(kt, ex, count) if sparse else None
         colls.append(CollEvent(
             kind=kind, dtype=dtype, count=count, group_size=group_size, group=None,
             issue_us=ev.ts_us, launch_end_us=ev.end_us, done_us=max(ex.end_us, ev.ts_us), tid=ev.tid,
             blocking=ex.tid == ev.tid, async_op=_async_flag(ev),
             root=_concrete_int(ev, 2) if kind == CollKind.BROADCAST else None,
-            peer=_concrete_int(ev, 2) if kind in (CollKind.SEND, CollKind.RECV) else None))
+            peer=_concrete_int(ev, 2) if kind in (CollKind.SEND, CollKind.RECV) else None, sparse=rows))
     return colls
 
 

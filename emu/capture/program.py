@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from emu.capture.collectives import CollEvent, WaitEvent, find_collectives
 from emu.capture.kineto import Event, KinetoTrace
 from emu.errors import KinetoError
-from emu.traces.model import Coll, CollKind, Compute, Iteration, Op, Wait
+from emu.traces.model import Coll, CollKind, Compute, Iteration, Op, Sparsity, Wait
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _DDP_COPY = "torch.distributed.ddp.reducer::copy_bucket_to_grad"
@@ -310,6 +310,16 @@ def _split_tensors(colls: list[CollEvent], ids: list[int],
     return out
 
 
+def _sparse_tensor(rank: int, c: CollEvent) -> Sparsity | None:
+    """An all_reduce of a sparse tensor in the trace's terms: one block per row, this rank's rows and
+    the result's over the tensor's (docs/trace-format.md, ``sparse_tensor``)."""
+    if c.sparse is None:
+        return None
+    s = c.sparse
+    return Sparsity(block_elements=s.row_elements, nonzero=s.nnz[rank] / s.rows, union=s.union / s.rows,
+                    sparse_tensor=True)
+
+
 def _iteration(ctx: _Context, step: int, span: Event, colls: list[CollEvent],
                waits: list[WaitEvent]) -> Iteration:
     start = span.ts_us
@@ -358,7 +368,8 @@ def _iteration(ctx: _Context, step: int, span: Event, colls: list[CollEvent],
                 id=item, kind=c.kind, dtype=c.dtype, count=c.count, bytes=c.count * c.dtype.itemsize,
                 group_size=c.group_size,
                 observed_us=None if c.done_us is None else max(0.0, c.done_us - c.issue_us),
-                root=c.root, peer=c.peer, group=c.group, tensors=tensors.get(item)))
+                root=c.root, peer=c.peer, group=c.group, tensors=tensors.get(item),
+                sparsity=_sparse_tensor(ctx.kt.rank, c)))
         elif isinstance(item, _WaitPlan):
             ops.append(item)
             debt += item.blocked_us

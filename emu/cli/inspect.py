@@ -23,8 +23,9 @@ def sparsity_line(sp: SparsityStats) -> str:
     blocks = "blocks" if sp.block_elements is None else f"{sp.block_elements}-element blocks"
     of = (f"{sp.all_reduces} all_reduces" if sp.all_reduces == sp.all_reduces_total
           else f"the {sp.all_reduces} of {sp.all_reduces_total} all_reduces measured")
+    tensors = f"; {sp.sparse_tensors} of sparse tensors, a row a block" if sp.sparse_tensors else ""
     return (f"{_pct(sp.nonzero_median)} of {blocks} non-zero per rank, {_pct(sp.union_median)} on some rank "
-            f"(median of {of}; bytes-weighted {_pct(sp.nonzero_weighted)}, {_pct(sp.union_weighted)})")
+            f"(median of {of}; bytes-weighted {_pct(sp.nonzero_weighted)}, {_pct(sp.union_weighted)}{tensors})")
 
 
 @cli.command()

@@ -27,7 +27,7 @@ import statistics
 from emu.emulator.fabric import AllReduce
 from emu.emulator.links import LinkSpec
 from emu.emulator.p2p import SEG_ELEMENTS
-from emu.emulator.sparse_ina import streams_sparse
+from emu.emulator.sparse_ina import packet_union, streams_sparse
 from emu.emulator.sparse_p2p import index_overhead, ps_sparse, ring_sparse, worker_fraction
 from emu.emulator.wire import (
     FRAME_OVERHEAD,
@@ -67,7 +67,7 @@ def sparse_ina_us(count: int, sparsity: Sparsity, link: LinkSpec, elements: int,
     packets = -(-count // elements)
     announce = min(slots, packets)
     first = float(link.serialization_us(announce * sparse_wire_bytes(0))) + 2 * link.latency_us
-    union = sparsity.union * packets
+    union = packet_union(sparsity, elements) * packets
     return (first + float(link.serialization_us(union * sparse_wire_bytes(elements))) + 2 * link.latency_us
             + float(link.serialization_us(sparse_wire_bytes(elements))))
 
@@ -328,7 +328,7 @@ def collective_time_us(kind: CollKind, count: int, itemsize: int, is_float: bool
             if sparse_stream and sparsity is not None and streams_sparse(
                     sparsity, "float32", real, elements, max(1, -(-slots // payload_scale))):
                 t = sparse_ina_us(count, sparsity, link, elements, slots)
-                streamed = math.ceil(sparsity.union * count)  # what crosses, and what loss can hit
+                streamed = math.ceil(packet_union(sparsity, elements) * count)  # what crosses, and loss can hit
             else:
                 t, streamed = ina_detail_us(count, link, elements, slots), count
             if link.loss > 0:

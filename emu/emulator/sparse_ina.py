@@ -13,6 +13,9 @@ blocks ``b`` with ``b mod S = j``, and runs its rounds one after the other:
   next block any worker holds; a block nobody holds is never sent;
 - **the end**: a result naming no block (``BLOCK_NONE``) ends the partition.
 
+A packet is one block here, whatever the sparsity's ``block_elements``: it is non-zero where any
+element is (OmniReduce's zero threshold).
+
 Every worker sends in every round (a header where it holds nothing). That keeps the dense
 protocol's completion rule (a round completes when every worker's packet is in), its two
 copies per slot and its loss recovery (a duplicate is answered from the shadow copy) unchanged:
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from emu.emulator.payload import holding, is_sparse, is_wide
+from emu.emulator.payload import block, holding, is_sparse, is_wide
 from emu.emulator.wire import SPARSE_EXTRA, agg_wire_bytes
 from emu.traces.model import Sparsity
 
@@ -43,16 +46,25 @@ UNKNOWN = -2  # a round whose block no result has named yet
 
 def streams_sparse(sparsity: Sparsity | None, dtype: str, real_elements: int, elements: int, slots: int) -> bool:
     """Whether an all_reduce runs the sparse stream on a fabric that has one: a sparse float payload
-    whose sparsity blocks are whole packets (``block_elements`` a multiple of ``elements``), at
-    least one block per slot, and a union sparse enough that the 8 more header bytes per packet
-    pay (``u (wire(k) + 8) < wire(k)``). The same answer on every worker: it depends only on the
-    collective and the job's sparsity."""
-    if sparsity is None or not is_sparse(sparsity, dtype) or sparsity.block_elements % elements:
+    with at least one block (packet) per slot, and a union sparse enough that the 8 more header
+    bytes per packet pay (``u (wire(k) + 8) < wire(k)``, ``u`` the packets' union: a packet spanning
+    ``c`` sparsity blocks is in it with about ``1 - (1 - u)^c``). The framework's own sparse
+    all_reduce (``sparse_tensor``) runs it whatever the cost. The same answer on every worker: it
+    depends only on the collective and the job's sparsity."""
+    if sparsity is None or not is_sparse(sparsity, dtype) or real_elements == 0:
         return False
+    if sparsity.sparse_tensor:
+        return True
     if -(-real_elements // elements) < slots:
         return False
     full = agg_wire_bytes(elements)
-    return sparsity.union * (full + SPARSE_EXTRA) < full
+    return packet_union(sparsity, elements) * (full + SPARSE_EXTRA) < full
+
+
+def packet_union(sparsity: Sparsity, elements: int) -> float:
+    """The expected fraction of packets of ``elements`` non-zero on some worker: ``u`` where a packet
+    lies within one sparsity block, ``1 - (1 - u)^c`` where it spans ``c`` of them."""
+    return 1 - (1 - sparsity.union) ** max(1.0, elements / sparsity.block_elements)
 
 
 class SparseStream:
@@ -100,24 +112,38 @@ def held_blocks(seed: int, seq: int, real_elements: int, elements: int, workers:
     """Per worker of ``wids``, which blocks (packets of ``elements``) hold a non-zero element, and
     which blocks some worker holds, from the payload model (emu.emulator.payload): in a wide
     dtype every element of a sparsity block its holder holds is non-zero; in a 16-bit one only
-    those it owns (``owner``: every real element's owner, needed then)."""
-    k = elements
-    blocks = -(-real_elements // k)
-    per = sparsity.block_elements // k  # packets per sparsity block
-    sb = np.arange(blocks) // per
-    hold = holding(seed, seq, np.arange(int(sb[-1]) + 1 if blocks else 0), workers, sparsity)
-    union = hold.holders[sb] > 0
+    those it owns (``owner``: every real element's owner, needed then). A packet may cover parts
+    of several sparsity blocks (any ``block_elements``): it is non-zero where any of them is."""
+    k, n = elements, real_elements
+    blocks = -(-n // k)
+    if blocks == 0:
+        return np.zeros((len(wids), 0), bool), np.zeros(0, bool)
+    kb = sparsity.block_elements
+    first = np.arange(blocks) * k // kb
+    last = (np.minimum(np.arange(1, blocks + 1) * k, n) - 1) // kb
+    hold = holding(seed, seq, np.arange(int(last[-1]) + 1), workers, sparsity)
+
+    def any_of(per_block: np.ndarray) -> np.ndarray:  # (..., sparsity blocks) -> (..., packets)
+        out = per_block[..., first]
+        for o in range(1, int((last - first).max()) + 1):
+            out = out | per_block[..., np.minimum(first + o, last)]
+        return out
+
+    union = any_of(hold.holders > 0)
     if is_wide(dtype):
-        return hold.held(np.asarray(wids, np.int64)[:, None])[:, sb], union
-    assert owner is not None and len(owner) == real_elements
+        return any_of(hold.held(np.asarray(wids, np.int64)[:, None])), union
+    assert owner is not None and len(owner) == n
     lut = np.full(max(workers, 1), -1, np.int64)
     lut[wids] = np.arange(len(wids))
     local = lut[owner]
     # outside the union an element's owner holds nothing (payload.py: the owner is one of H_B = 0 holders)
-    mine = np.flatnonzero((local >= 0) & np.repeat(union, k)[:real_elements])
+    mine = np.flatnonzero((local >= 0) & (hold.holders[np.arange(n) // kb] > 0))
     held = np.zeros((len(wids), blocks), bool)
     held[local[mine], mine // k] = True
     return held, union
+
+
+_WORKERS_PER_PASS = 256  # counting every worker's blocks, a few at a time: memory stays small
 
 
 def stream_bytes(seed: int, seq: int, real_elements: int, elements: int, slots: int, workers: int,
@@ -125,22 +151,20 @@ def stream_bytes(seed: int, seq: int, real_elements: int, elements: int, slots: 
     """(sent, dense): the bytes of values and indices a sparse stream carries over every link, and
     the values a dense stream would: per worker and direction, ``4 k`` for each block it sends or
     receives, and the sparse header's 8 bytes (block, next) on every packet (announcements and
-    header-only rounds included), from the same hashes that make the payload. The holders of a
-    block are counted in O(1): in a wide dtype its sparsity block's ``H_B``, in a 16-bit one the
-    distinct owners among its elements, ``min(H_B, L)``."""
+    header-only rounds included), counted from the same hashes that make the payload (every
+    worker's blocks: O(workers x real elements), which the payload scale bounds)."""
     k = elements
     blocks = -(-real_elements // k)
-    per = sparsity.block_elements // k
-    sb = np.arange(blocks) // per
-    hold = holding(seed, seq, np.arange(int(sb[-1]) + 1 if blocks else 0), workers, sparsity)
-    holders = hold.holders[sb]
-    if not is_wide(dtype):
-        holders = np.minimum(holders, np.minimum(k, real_elements - np.arange(blocks) * k))
-    union = holders > 0
+    owner = None if is_wide(dtype) else block(seed, seq, 0, real_elements, workers, dtype, sparsity).owner
+    held_total, union = 0, np.zeros(blocks, bool)
+    for lo in range(0, workers, _WORKERS_PER_PASS):
+        wids = np.arange(lo, min(workers, lo + _WORKERS_PER_PASS))
+        held, union = held_blocks(seed, seq, real_elements, k, workers, wids, sparsity, dtype, owner)
+        held_total += int(held.sum())
     per_partition = partition_rounds(union, slots)
     rounds = int(per_partition.max()) if blocks else 0
     # a partition's rounds, and one header-only round more where it skips an odd number
     packets = slots + int(per_partition.sum()) + int(((rounds - per_partition) % 2).sum())
-    values = 4 * k * (float(holders.sum()) + workers * float(union.sum()))
+    values = 4 * k * (float(held_total) + workers * float(union.sum()))
     sent = values + 2 * workers * packets * SPARSE_EXTRA
     return sent, 2.0 * workers * blocks * 4 * k

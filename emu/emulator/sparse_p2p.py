@@ -63,6 +63,8 @@ def ring_sparse(sparsity: Sparsity | None, workers: int, itemsize: int) -> bool:
     the dense ring's ``2 (M-1)/M S`` (o: ``index_overhead``)."""
     if sparsity is None or workers < 2:
         return False
+    if sparsity.sparse_tensor:  # the framework's sparse all_reduce is this all-gather, whatever the cost
+        return True
     o = index_overhead(sparsity.block_elements, itemsize)
     return worker_fraction(sparsity, workers) * (1 + o) < 2 / workers
 
@@ -72,6 +74,8 @@ def ps_sparse(sparsity: Sparsity | None, workers: int, itemsize: int) -> bool:
     below the dense ``2 S`` (and so each shard's, M times its share of that)."""
     if sparsity is None:
         return False
+    if sparsity.sparse_tensor:  # a sparse tensor travels sparse
+        return True
     o = index_overhead(sparsity.block_elements, itemsize)
     return (worker_fraction(sparsity, workers) + sparsity.union) * (1 + o) < 2
 

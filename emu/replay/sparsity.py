@@ -46,15 +46,18 @@ def _resolve(ops: list[tuple[Coll, int]], option: SparsityOption, workers: int) 
     """One position's sparsity from its ops on the used ranks (each with its workers)."""
     if not ops or not _sparsifiable(ops[0][0]) or option.source == "none":
         return None
+    # the framework's sparse all_reduce stays one whatever fractions are asked (its rows are its blocks)
+    tensor = [op.sparsity for op, _ in ops if op.sparsity is not None and op.sparsity.sparse_tensor]
     if option.source == "option":
         assert option.nonzero is not None
-        return Sparsity(block_elements=option.block, nonzero=option.nonzero, union=option.union_at(workers))
+        return Sparsity(block_elements=option.block_elements or (tensor[0].block_elements if tensor else option.block),
+                        nonzero=option.nonzero, union=option.union_at(workers), sparse_tensor=bool(tensor))
     measured = [(op.sparsity, w) for op, w in ops if op.sparsity is not None]
     if not measured:
         return None
     nonzero = sum(s.nonzero * w for s, w in measured) / sum(w for _, w in measured)  # the workers' mean
     return Sparsity(block_elements=option.block_elements or measured[0][0].block_elements, nonzero=nonzero,
-                    union=max(nonzero, *(s.union for s, _ in measured)))
+                    union=max(nonzero, *(s.union for s, _ in measured)), sparse_tensor=bool(tensor))
 
 
 def job_plan(trace: Trace, workers: int, option: SparsityOption) -> Plan:

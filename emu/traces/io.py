@@ -200,7 +200,11 @@ def _load_sparsity(raw: dict[str, Any], where: _Where) -> Sparsity | None:
     if not _is_count(block) or not 1 <= block <= MAX_BLOCK_ELEMENTS:
         raise where.fail("sparsity.block_elements", f"is {_show(block)}; give the elements per block, "
                          f"an integer in 1..{MAX_BLOCK_ELEMENTS} (OmniReduce's default: 256)")
-    return Sparsity(block_elements=block, nonzero=fractions[0], union=fractions[1])
+    tensor = doc.get("sparse_tensor", False)
+    if not isinstance(tensor, bool):
+        raise where.fail("sparsity.sparse_tensor", f"is {_show(tensor)}; give true (the framework's all_reduce "
+                         "of a sparse tensor) or false, or leave it out")
+    return Sparsity(block_elements=block, nonzero=fractions[0], union=fractions[1], sparse_tensor=tensor)
 
 
 def _load_meta(raw: Any, where: _Where) -> TraceMeta:
@@ -337,6 +341,8 @@ def _op_to_dict(op: Op) -> dict[str, Any]:
         s = op.sparsity
         doc["sparsity"] = {"block_elements": s.block_elements, "nonzero": round(s.nonzero, 6),
                            "union": round(s.union, 6)}
+        if s.sparse_tensor:
+            doc["sparsity"]["sparse_tensor"] = True
     return doc
 
 

@@ -93,11 +93,17 @@ class Sparsity:
     The tensor is cut into blocks of ``block_elements``; ``nonzero`` is the fraction of blocks
     holding a non-zero element on this rank, ``union`` the fraction non-zero on at least one rank
     of the captured job (so ``nonzero <= union``: how much the ranks' blocks overlap).
+
+    ``sparse_tensor``: the all_reduce was the framework's own sparse collective (gloo's all_reduce
+    of a sparse COO tensor: only the non-zero rows, with their indices, cross), so a replay runs
+    each fabric's sparse algorithm whatever the cost; a block is then one row. Otherwise the
+    tensor was dense (a DDP gradient bucket) and its zero blocks were counted.
     """
 
     block_elements: int
     nonzero: float
     union: float
+    sparse_tensor: bool = False
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ class SparsityStats:
     union_median: float
     nonzero_weighted: float
     union_weighted: float
+    sparse_tensors: int = 0  # of them, all_reduces of a sparse tensor (their blocks are rows)
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,8 @@ def sparsity_stats(trace: Trace) -> SparsityStats | None:
     return SparsityStats(
         block_elements=blocks.pop() if len(blocks) == 1 else None, all_reduces=len(measured),
         all_reduces_total=len(reduces), nonzero_median=statistics.median(nonzero),
-        union_median=statistics.median(union), nonzero_weighted=weighted(nonzero), union_weighted=weighted(union))
+        union_median=statistics.median(union), nonzero_weighted=weighted(nonzero), union_weighted=weighted(union),
+        sparse_tensors=sum(1 for op in measured if op.sparsity is not None and op.sparsity.sparse_tensor))
 
 
 def summarize(trace: Trace) -> TraceSummary:

@@ -105,9 +105,13 @@ def test_what_runs_the_sparse_stream() -> None:
     assert streams_sparse(sp, "float32", 100_000, 64, 8)
     assert not streams_sparse(None, "float32", 100_000, 64, 8)
     assert not streams_sparse(sp, "int32", 100_000, 64, 8)  # integers stay dense
-    assert not streams_sparse(Sparsity(100, 0.1, 0.3), "float32", 100_000, 64, 8)  # blocks cut packets
+    assert streams_sparse(Sparsity(100, 0.1, 0.3), "float32", 100_000, 64, 8)  # blocks need not fit packets
     assert not streams_sparse(sp, "float32", 64 * 7, 64, 8)  # fewer blocks than slots
     assert not streams_sparse(Sparsity(256, 0.99, 0.99), "float32", 100_000, 64, 8)  # dense is cheaper
+    assert not streams_sparse(Sparsity(16, 0.5, 0.7), "float32", 100_000, 64, 8)  # 4 rows a packet: u 0.99
+    # the framework's sparse all_reduce streams sparse whatever the cost
+    for tensor in (Sparsity(256, 0.99, 0.99, True), Sparsity(16, 0.2, 0.4, True)):
+        assert streams_sparse(tensor, "float32", 100_000, 64, 8) and streams_sparse(tensor, "float32", 64 * 7, 64, 8)
     g, check, _, _ = run(3, 8, 64, [(64 * 7, sp)])  # the small one runs dense, and exactly
     assert g.colls[0].stream is None and check.mismatches == 0
 
@@ -117,3 +121,22 @@ def test_an_empty_union_costs_the_announcements_alone() -> None:
     st = g.colls[0].stream
     assert st is not None and st.rounds == 0 and g.colls[0].finished.all()
     assert sent == 3 * 4 and stats.payload_bytes == 0 and check.elements == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("block_elements", [16, 100, 1000])
+def test_sparsity_blocks_of_any_size_stream_exactly(dtype: str, block_elements: int) -> None:
+    """Rows of 16 elements (4 to a packet), blocks that straddle packets, blocks of many packets;
+    and a collective smaller than the pool, streamed because it is a sparse tensor."""
+    sp = Sparsity(block_elements, 0.03, 0.05, sparse_tensor=True)
+    plans = [(30_000, sp), (64 * 5, sp)]
+    g, check, stats, _ = run(4, 8, 64, plans, dtype)
+    assert all(c.stream is not None and c.finished.all() for c in g.colls)
+    union_elements, data_packets = 0, 0
+    for seq, (n, s) in enumerate(plans):
+        held, union = union_and_held(n, 64, 4, s, dtype, seq)
+        real = np.minimum(64, n - np.arange(len(union)) * 64)
+        union_elements += int(real[union].sum())
+        data_packets += int(held.sum())
+    assert check.mismatches == 0 and check.elements == 4 * union_elements
+    assert stats.payload_bytes == data_packets * 4 * 64

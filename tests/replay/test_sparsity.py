@@ -186,3 +186,23 @@ def test_the_shipped_sparse_sample_replays_as_recorded(no_children) -> None:
     assert r.sparsity is not None
     assert r.sparsity.union_fraction == pytest.approx(cfg["union"], abs=0.01)
     assert r.sparsity.nonzero_fraction == pytest.approx(cfg["nonzero"], abs=0.01)
+
+
+@pytest.fixture(scope="module")
+def embedding() -> Trace:
+    from emu.capture import import_kineto
+    from tests.conftest import GLOO_SPARSE
+
+    return import_kineto(sorted(GLOO_SPARSE.glob("rank*.json.gz")))
+
+
+@pytest.mark.parametrize(("fabric", "split"), [("ina", (1, 1)), ("ring", (1, 1)), ("ps", (2, 0))])
+def test_a_sparse_tensor_all_reduce_runs_sparse_whatever_the_cost(embedding, fabric: str, split, no_children) -> None:
+    """The framework's sparse all_reduce (a sparse embedding's gradient under DDP) stays sparse where
+    dense would be cheaper; the dense bucket beside it takes the fabric's own choice."""
+    r = replay(embedding, ReplayConfig(workers=8, fabric=fabric, iters=1, sparsity=SparsityOption.parse("0.5")))
+    assert r.verification.ok and r.sparsity is not None
+    assert (r.sparsity.sparse_collectives, r.sparsity.dense_collectives) == split
+    recorded = replay(embedding, ReplayConfig(workers=8, fabric=fabric, iters=1))
+    assert recorded.verification.ok and recorded.config["sparsity"]["block_elements"] == 32  # one row a block
+    assert recorded.sparsity is not None and recorded.sparsity.sent_fraction < 0.05

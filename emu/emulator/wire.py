@@ -173,13 +173,33 @@ def unframe(data: bytes) -> bytes:
     return udp[UDP_HEADER:length]
 
 
-def agg_packet(header: np.void | dict, payload: np.ndarray | None = None) -> bytes:
-    """One aggregation packet (emu header + payload) as bytes."""
-    rec = np.zeros(1, AGG_HEADER)
-    for name in AGG_HEADER.names:
+def _pack(layout: np.dtype, header: np.void | dict, payload: np.ndarray | None) -> bytes:
+    rec = np.zeros(1, layout)
+    for name in layout.names or ():
         rec[name] = header[name]
     body = b"" if payload is None else np.asarray(payload, dtype=PAYLOAD).tobytes()
     return rec.tobytes() + body
+
+
+def _unpack(layout: np.dtype, types: tuple[MsgType, ...], header_name: str, packet_name: str,
+            data: bytes) -> tuple[np.void, np.ndarray]:
+    n = layout.itemsize
+    if len(data) < n:
+        raise MalformedPacket(f"{len(data)} bytes, shorter than the {n}-byte {header_name}")
+    header = np.frombuffer(data[:n], layout)[0]
+    if int(header["msg_type"]) not in types:
+        raise MalformedPacket(f"message type {int(header['msg_type'])} is not {packet_name}'s")
+    if (len(data) - n) % PAYLOAD.itemsize:
+        raise MalformedPacket(f"payload of {len(data) - n} bytes is not whole int32 elements")
+    payload = np.frombuffer(data[n:], PAYLOAD).astype(np.int32)
+    if len(payload) != 64 * int(header["size"]):
+        raise MalformedPacket(f"payload of {len(payload)} elements, header says {64 * int(header['size'])}")
+    return header, payload
+
+
+def agg_packet(header: np.void | dict, payload: np.ndarray | None = None) -> bytes:
+    """One aggregation packet (emu header + payload) as bytes."""
+    return _pack(AGG_HEADER, header, payload)
 
 
 def parse_agg_packet(data: bytes) -> tuple[np.void, np.ndarray]:
@@ -190,44 +210,20 @@ def parse_agg_packet(data: bytes) -> tuple[np.void, np.ndarray]:
     the ``64 * size`` elements the header says. Ranges (worker, slot, job) depend
     on the pool and are the switch's to check.
     """
-    if len(data) < AGG_HEADER.itemsize:
-        raise MalformedPacket(f"{len(data)} bytes, shorter than the {AGG_HEADER.itemsize}-byte header")
-    header = np.frombuffer(data[:16], AGG_HEADER)[0]
-    if int(header["msg_type"]) not in (MsgType.CONTRIB, MsgType.RESULT):
-        raise MalformedPacket(f"message type {int(header['msg_type'])} is not an aggregation packet's")
-    if (len(data) - 16) % PAYLOAD.itemsize:
-        raise MalformedPacket(f"payload of {len(data) - 16} bytes is not whole int32 elements")
-    payload = np.frombuffer(data[16:], PAYLOAD).astype(np.int32)
-    if len(payload) != 64 * int(header["size"]):
-        raise MalformedPacket(f"payload of {len(payload)} elements, header says {64 * int(header['size'])}")
-    return header, payload
+    return _unpack(AGG_HEADER, (MsgType.CONTRIB, MsgType.RESULT), "header", "an aggregation packet", data)
 
 
 def sparse_packet(header: np.void | dict, payload: np.ndarray | None = None) -> bytes:
     """One packet of the sparse stream (24-byte header + payload) as bytes."""
-    rec = np.zeros(1, SPARSE_HEADER)
-    for name in SPARSE_HEADER.names:
-        rec[name] = header[name]
-    body = b"" if payload is None else np.asarray(payload, dtype=PAYLOAD).tobytes()
-    return rec.tobytes() + body
+    return _pack(SPARSE_HEADER, header, payload)
 
 
 def parse_sparse_packet(data: bytes) -> tuple[np.void, np.ndarray]:
     """Header (``SPARSE_HEADER``) and payload of one packet of the sparse stream; MalformedPacket
     for a type other than SPARSE_CONTRIB or SPARSE_RESULT or a payload that is not ``64 * size``
     int32."""
-    n = SPARSE_HEADER.itemsize
-    if len(data) < n:
-        raise MalformedPacket(f"{len(data)} bytes, shorter than the {n}-byte sparse header")
-    header = np.frombuffer(data[:n], SPARSE_HEADER)[0]
-    if int(header["msg_type"]) not in (MsgType.SPARSE_CONTRIB, MsgType.SPARSE_RESULT):
-        raise MalformedPacket(f"message type {int(header['msg_type'])} is not a sparse packet's")
-    if (len(data) - n) % PAYLOAD.itemsize:
-        raise MalformedPacket(f"payload of {len(data) - n} bytes is not whole int32 elements")
-    payload = np.frombuffer(data[n:], PAYLOAD).astype(np.int32)
-    if len(payload) != 64 * int(header["size"]):
-        raise MalformedPacket(f"payload of {len(payload)} elements, header says {64 * int(header['size'])}")
-    return header, payload
+    return _unpack(SPARSE_HEADER, (MsgType.SPARSE_CONTRIB, MsgType.SPARSE_RESULT), "sparse header",
+                   "a sparse packet", data)
 
 
 def parse_packet(data: bytes) -> tuple[np.void, np.ndarray, tuple[int, int] | None]:

@@ -6,38 +6,16 @@ import numpy as np
 import pytest
 
 from emu.emulator import fixedpoint
-from emu.emulator.ina import InaGroup, InaParams, ResultCheck
-from emu.emulator.switch import MULTICAST, AggregationSwitch
+from emu.emulator.ina import InaGroup, InaParams
 
 
 def run(workers: int, slots: int, k: int, sizes: list[int], dtype: str = "float32", loss: float = 0.0,
         seed: int = 0):
-    p = InaParams(slots=slots, elements=k, workers=workers, job=0, seed=seed)
-    g = InaGroup(np.arange(workers), p)
-    sw = AggregationSwitch(slots, workers, k)
-    colls = []
-    for seq, n in enumerate(sizes):
-        c = g.collective(seq, dtype, n, -(-n // k))
-        c.start_us[:] = 0.0
-        colls.append(c)
-    check, rng, retx = ResultCheck(), np.random.default_rng(seed), []
-    for _ in range(100_000):
-        pk = g.next_packets(retx)
-        retx = []
-        if pk is None:
-            break
-        lost = rng.random(len(pk.local)) < loss
-        retx += [(int(w), int(s), 0.0, 1.0) for w, s in zip(pk.local[lost], pk.headers["slot"][lost], strict=True)]
-        res = sw.process(pk.headers[~lost], pk.payload[~lost])
-        dest = res.headers["worker"].astype(int)
-        pairs = [(w, i) for i, d in enumerate(dest) for w in (range(workers) if d == MULTICAST else [d])]
-        li = np.array([w for w, _ in pairs], int)
-        rb = np.array([i for _, i in pairs], int)
-        gone = rng.random(len(li)) < loss
-        retx += [(int(w), int(res.headers["slot"][i]), 0.0, 1.0) for w, i in zip(li[gone], rb[gone], strict=True)]
-        g.on_results(li[~gone], rb[~gone], res.headers, res.payload, np.ones((~gone).sum()), None,
-                     np.full(len(res.headers), -1), check)
-    return colls, check, sw.stats
+    """Dense collectives of ``sizes`` through the group and the switch (tests/emulator/test_sparse_ina.py)."""
+    from tests.emulator.test_sparse_ina import run as stream
+
+    g, check, stats, _ = stream(workers, slots, k, [(n, None) for n in sizes], dtype, loss, seed, sparse_stream=False)
+    return g.colls, check, stats
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])

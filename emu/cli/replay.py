@@ -40,6 +40,12 @@ from emu.errors import CheckFailed, ConfigError, EmuError
                    "and ps skip the zero blocks (docs/sparse.md).")
 @click.option("--sparsity-block", type=int, default=None,
               help="Elements per sparsity block (default: the trace's, else 256).")
+@click.option("--compress", default="none", show_default=True,
+              help="Gradient compressor of float all_reduces (docs/compression.md): none, fp16, topk[:R], "
+                   "randomk[:R], dgc[:R], qsgd[:LEVELS], terngrad, signsgd, efsignsgd, onebit, natural, "
+                   "powersgd[:RANK].")
+@click.option("--compress-speed", type=float, default=1.0, show_default=True,
+              help="Compression runs this many times faster than on the build machine (its cost model).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of payload, loss and jitter.")
 @click.option("--slots", type=int, help="INA slot pool (the window); default covers 2x the bandwidth-delay product.")
 @click.option("--elements", type=click.Choice(["64", "256"]), default="64", show_default=True,
@@ -55,7 +61,7 @@ from emu.errors import CheckFailed, ConfigError, EmuError
 @click.pass_context
 def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None, fabric: str, bandwidth: str, latency: str, loss: float, jitter: str,
            iters: int | None, clock: str | None, tdf: str | None, payload_scale: str, stragglers: tuple[str, ...],
-           sparsity: str, sparsity_block: int | None, seed: int, slots: int | None, elements: str,
+           sparsity: str, sparsity_block: int | None, compress: str, compress_speed: float, seed: int, slots: int | None, elements: str,
            processes: int | None, ps_shards: int | None, timeout: float, report_path: Path | None,
            chrome_trace: Path | None, as_json: bool) -> None:
     """Replay TRACE (a file, or a shipped sample: mlp, cnn, transformer, dlrm) on fake workers.
@@ -71,7 +77,7 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
     from emu.lifetime import Terminated
     from emu.replay import ReplayConfig
     from emu.replay import replay as run_replay
-    from emu.replay.config import Clock, SparsityOption, Straggler
+    from emu.replay.config import Clock, CompressOption, SparsityOption, Straggler
     from emu.replay.report import check_writable
     from emu.traces import load_trace
 
@@ -100,6 +106,8 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
             check_writable(target(chrome_trace, name) or chrome_trace, "--chrome-trace")
     sparse = SparsityOption.parse(sparsity, sparsity_block)
     sparse.check()
+    compression = CompressOption(compress, compress_speed)
+    compression.check()
     link = LinkSpec(bandwidth_bps=parse_bandwidth(bandwidth), latency_us=parse_duration_us(latency),
                     loss=loss, jitter_us=parse_duration_us(jitter, "--jitter"))
     reports = []
@@ -109,7 +117,7 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
                               tdf=None if tdf is None else auto(tdf, float, "--tdf"), payload_scale=auto(payload_scale, int, "--payload-scale"),
                               stragglers=tuple(Straggler.parse(x) for x in stragglers), seed=seed, slots=slots,
                               elements=int(elements), processes=processes, ps_shards=ps_shards, timeout_s=timeout,
-                              sparsity=sparse)
+                              sparsity=sparse, compress=compression)
         if design is not None:
             config = replace(design.overlay(config, given | {"fabric"}), design_file=network, design_name=design.name)
         config.check()
@@ -171,6 +179,12 @@ def _table(reports, path: Path) -> None:
         row("non-zero blocks", lambda r: "dense" if r.sparsity is None else
             f"{100 * r.sparsity.nonzero_fraction:.1f}% per worker, {100 * r.sparsity.union_fraction:.1f}% on some "
             f"(sent: {100 * r.sparsity.sent_fraction:.0f}%)")
+    if any(r.compression is not None for r in reports):
+        row("compression", lambda r: "none" if r.compression is None else
+            f"{r.compression.compressor} ({r.compression.aggregation}): {r.compression.ratio:.1f}x fewer bytes, "
+            f"error {r.compression.error:.3g}, cosine {r.compression.cosine:.3f}")
+        row("compress + decompress", lambda r: "-" if r.compression is None else
+            f"{ms(r.compression.compress_us)} + {ms(r.compression.decompress_us)} per iteration")
     row("packets lost (resent)", lambda r: f"{r.fabric.packets_lost:,}")
     row("fallbacks", lambda r: ", ".join(f"{k} x{v}" for k, v in sorted(r.fabric.fallbacks.items())) or "-")
     row("clock", lambda r: r.emulator.clock if r.emulator.tdf is None else f"wall, dilation {r.emulator.tdf:g}")

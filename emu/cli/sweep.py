@@ -36,6 +36,10 @@ def grid_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "or F:U."),
         click.option("--sparsity-block", type=int, default=None,
                      help="Elements per sparsity block (default: the trace's, else 256)."),
+        click.option("--compress", default="none", show_default=True,
+                     help="Gradient compressor for every point (emu replay --compress), e.g. topk:0.01."),
+        click.option("--compress-speed", type=float, default=1.0, show_default=True,
+                     help="Compression runs this many times faster than on the build machine."),
         click.option("--iters", type=int, help="Iterations per point (default: the trace's)."),
         click.option("--seed", type=int, default=0, show_default=True, help="Seed of payload, loss and jitter."),
         click.option("--slots", type=int, help="INA slot pool (default: 2x the bandwidth-delay product)."),
@@ -55,7 +59,7 @@ def build_grid(ctx: click.Context, params: dict[str, Any]) -> tuple[list[Point],
     """Every point of the grid the options describe (checked before anything runs), and the traces."""
     from emu.cli.options import auto, trace_path, typed
     from emu.emulator.links import LinkSpec, parse_duration_us
-    from emu.replay.config import ReplayConfig, SparsityOption
+    from emu.replay.config import CompressOption, ReplayConfig, SparsityOption
     from emu.replay.design import FLAG_KEYS
     from emu.study.grid import Grid, TraceCache, float_axis, int_axis, points, text_axis, unique
 
@@ -64,7 +68,8 @@ def build_grid(ctx: click.Context, params: dict[str, Any]) -> tuple[list[Point],
                         iters=params["iters"], seed=params["seed"], slots=params["slots"],
                         elements=int(params["elements"]), ps_shards=params["ps_shards"],
                         payload_scale=auto(params["payload_scale"], int, "--payload-scale"), timeout_s=params["timeout"],
-                        sparsity=SparsityOption.parse(params["sparsity"], params["sparsity_block"]))
+                        sparsity=SparsityOption.parse(params["sparsity"], params["sparsity_block"]),
+                        compress=CompressOption(params["compress"], params["compress_speed"]))
     given = frozenset(key for name, key in FLAG_KEYS.items() if typed(ctx, name))
     networks = tuple(params["networks"])
     # Without a design file an untyped axis takes its flag's default; with one, the file's value.

@@ -20,8 +20,11 @@ Everything here is numpy and deterministic given the seed: a replay's numbers do
 from __future__ import annotations
 
 import enum
+import functools
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -476,3 +479,20 @@ class ErrorFeedback:
         if self.comp.feedback:
             self.residual[(worker, position)] = (x - back).astype(np.float32)
         return data, back
+
+
+_SPEED_FILE = Path(__file__).with_name("compress_speed.json")  # benchmarks/compress_speed.py writes it
+
+
+@functools.lru_cache(maxsize=1)
+def _speeds() -> dict[str, dict[str, float]]:
+    return json.loads(_SPEED_FILE.read_text())["elements_per_s"]
+
+
+def cost_us(comp: Compressor, n: int, workers: int, speed: float = 1.0) -> tuple[float, float]:
+    """(compress, decompress) time of one worker for ``n`` elements, from the throughputs measured
+    on the build machine (``compress_speed.json``), ``speed`` times faster. Decompressing an
+    all_gather's output is ``workers`` messages (and their sum); an all_reduce's, one."""
+    rate = _speeds()[comp.name]
+    messages = workers if comp.aggregation == Aggregation.ALL_GATHER else 1
+    return 1e6 * n / rate["compress"] / speed, 1e6 * n * messages / rate["decompress"] / speed

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 
 from emu.emulator import fabric as fabrics
+from emu.emulator.compress import Compressor, parse_compress
 from emu.emulator.fabric import Fabric
 from emu.emulator.links import LinkSpec
 from emu.emulator.wire import ELEMENTS_ALLOWED, MAX_WORKERS_SOFTWARE, MIN_WIRE_BYTES, agg_wire_bytes
@@ -96,6 +97,28 @@ class Straggler:
 
 MAX_SPARSITY_BLOCK = 1 << 20  # elements per sparsity block, as a trace may record (emu.traces.io)
 DEFAULT_SPARSITY_BLOCK = 256  # OmniReduce's block
+
+
+@dataclass(frozen=True)
+class CompressOption:
+    """``--compress NAME[:PARAM]`` and ``--compress-speed X`` (docs/compression.md)."""
+
+    text: str = "none"
+    speed: float = 1.0  # the device compresses this many times faster than the build machine
+
+    @property
+    def compressor(self) -> Compressor:
+        return parse_compress(self.text)
+
+    @property
+    def active(self) -> bool:
+        return self.compressor.name != "none"
+
+    def check(self) -> None:
+        self.compressor.check()
+        if not 1e-6 <= self.speed <= 1e6:
+            raise ConfigError(f"--compress-speed must be in [1e-6, 1e6] (times the build machine's speed), "
+                              f"got {self.speed:g}")
 
 
 @dataclass(frozen=True)
@@ -213,6 +236,8 @@ class ReplayConfig:
     sparsity: SparsityOption = field(default_factory=SparsityOption)
     """What the payload of float all_reduces follows: the trace's sparsity (default), none, or a
     what-if fraction (docs/sparse.md); every software fabric skips the zero blocks."""
+    compress: CompressOption = field(default_factory=CompressOption)
+    """The gradient compressor of float all_reduces and its cost model's speed (docs/compression.md)."""
 
     def check(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS_SOFTWARE:
@@ -244,6 +269,9 @@ class ReplayConfig:
         if not isinstance(self.sparsity, SparsityOption):
             raise ConfigError(f"sparsity must be a SparsityOption (SparsityOption.parse('0.1')), got {self.sparsity!r}")
         self.sparsity.check()
+        if not isinstance(self.compress, CompressOption):
+            raise ConfigError(f"compress must be a CompressOption (CompressOption('topk:0.01')), got {self.compress!r}")
+        self.compress.check()
         if self.clock is not None and not isinstance(self.clock, Clock):
             raise ConfigError(f"--clock {self.clock!r} is not one of: sync, wall")
         if self.clock == Clock.SYNC and self.tdf is not None:

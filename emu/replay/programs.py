@@ -10,7 +10,8 @@ outside 0..M-1 wraps around.
 
 Each collective gets its number in the worker's stream (``seq``), the same on
 every worker, which is how the fabrics match them up; and its payload's sparsity, also the
-same on every worker (``emu.replay.sparsity``).
+same on every worker (``emu.replay.sparsity``); with ``--compress``, each float all_reduce is the
+collective its compressor uses (``emu.replay.compression``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import numpy as np
 
 from emu.emulator.links import uniform
 from emu.errors import ConfigError
-from emu.replay.config import SparsityOption
+from emu.replay.compression import with_compression
+from emu.replay.config import CompressOption, SparsityOption
 from emu.replay.sparsity import with_sparsity
 from emu.traces.model import Coll, CollKind, Iteration, Op, Trace
 
@@ -65,10 +67,14 @@ def _scale_op(op: Op, rank: int, worker: int, n: int, m: int, path: str) -> Op:
     return replace(op, group_size=m, peer=peer, root=root)
 
 
-def plan_programs(trace: Trace, workers: int, path: str = "trace",
-                  sparsity: SparsityOption | None = None) -> list[WorkerProgram]:
+def plan_programs(trace: Trace, workers: int, path: str = "trace", sparsity: SparsityOption | None = None,
+                  compress: CompressOption | None = None, job_workers: int | None = None) -> list[WorkerProgram]:
+    """The programs of ``workers`` fake workers; ``job_workers``: the job's size where fewer are
+    planned (``emu predict``), which a compressed all_gather's size follows."""
     n = trace.meta.world_size
     ranks = with_sparsity(trace, workers, sparsity)
+    if compress is not None and compress.active:
+        ranks = with_compression(ranks, job_workers or workers, compress.compressor, compress.speed)
     counts = {len(it.colls) for r in ranks for it in r.iterations}
     if len(counts) > 1:
         raise ConfigError(f"{path}: the iterations issue different numbers of collectives ({sorted(counts)}); "

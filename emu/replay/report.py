@@ -101,7 +101,7 @@ class SparsityReport:
     and the mean fraction non-zero on a worker (``nonzero_fraction``). ``sent_fraction``: the
     bytes of blocks (values and block indices) the fabric sent for them, over what its dense
     algorithm sends; ``sparse_collectives`` ran a sparse algorithm (``ring``, ``ps``: where cheaper
-    than dense), ``dense_collectives`` sent every block (``ina`` always, until the sparse INA)."""
+    than dense; ``ina``: the sparse stream, where it applies), ``dense_collectives`` sent every block."""
 
     collectives: int  # sparse all_reduces replayed (every iteration's)
     blocks: int  # their blocks of real elements (with payload scale R, ceil(count / R) each)
@@ -110,6 +110,27 @@ class SparsityReport:
     sent_fraction: float = 1.0
     sparse_collectives: int = 0
     dense_collectives: int = 0
+
+
+@dataclass(frozen=True)
+class CompressionReport:
+    """What ``--compress`` did, per worker and iteration (the first rank program's first iteration):
+    the all_reduces it compressed, their bytes before and after (as each worker sends them: an
+    all_gather's share, an all_reduce's tensor), the compute it cost, and one step's error."""
+
+    compressor: str
+    aggregation: str  # the collective it uses: all_reduce or all_gather
+    feedback: bool  # error feedback (GRACE's residual memory)
+    collectives: int
+    bytes_dense: int
+    bytes_compressed: int
+    ratio: float
+    compress_us: float
+    decompress_us: float
+    speed: float
+    error: float | None  # relative L2 error of the aggregate against the exact sum
+    cosine: float | None  # cosine similarity of the aggregate and the exact sum (sign methods: their measure)
+    error_sample: str | None  # what the error was measured on
 
 
 @dataclass(frozen=True)
@@ -126,6 +147,7 @@ class ReplayReport:
     complete: bool = True  # false: the partial report of a failed or interrupted run
     reason: str | None = None  # why it is partial
     sparsity: SparsityReport | None = None  # None when every all_reduce was dense
+    compression: CompressionReport | None = None  # None without --compress
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)

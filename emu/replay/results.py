@@ -22,12 +22,14 @@ from emu.emulator.payload import holding
 from emu.emulator.sparse_ina import stream_bytes, streams_sparse
 from emu.emulator.sparse_p2p import INDEX_BYTES, ps_sparse, ring_sparse
 from emu.emulator.wire import agg_wire_bytes
+from emu.replay.compression import report as compression_report
 from emu.replay.config import Clock, ReplayConfig
 from emu.replay.design import resolved_design
 from emu.replay.lag import LagHistogram
 from emu.replay.messages import HostResult, SwitchResult
 from emu.replay.report import (
     REPORT_VERSION,
+    CompressionReport,
     EmulatorReport,
     FabricReport,
     IterationReport,
@@ -36,7 +38,7 @@ from emu.replay.report import (
     Summary,
     Verification,
 )
-from emu.replay.sparsity import config_summary, realized_report, replayed_sparse
+from emu.replay.sparsity import config_summary, realized_report, replayed_sparse, with_sparsity
 from emu.traces.io import trace_digest
 from emu.traces.model import Trace
 
@@ -132,14 +134,24 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
            "packet_wire_bytes": agg_wire_bytes(config.elements), "rto_us": config.timeout_rto_us,
            "processes": config.host_processes, "ps_shards": config.shards if config.network.parameter_server else None,
            "stragglers": [st.text for st in config.stragglers] or None, "design": resolved_design(config),
-           "sparsity": config_summary(trace, config, planned)}
+           "sparsity": config_summary(trace, config, planned),
+           "compress": {"compressor": config.compress.compressor.label, "speed": config.compress.speed}
+           if config.compress.active else None}
     meta = trace.meta
     trace_doc = {"path": trace_path, "model": meta.model, "source": meta.source.value,
                  "world_size": meta.world_size, "backend": meta.backend, "params": meta.params,
                  "batch_size": meta.batch_size, "iterations": trace.iterations, "sha256": trace_digest(trace)}
     return ReplayReport(report_version=REPORT_VERSION, emu_version=emu.__version__, config=cfg, trace=trace_doc,
                         iterations=tuple(iterations), summary=summary, verification=verification,
-                        emulator=emulator, fabric=fabric, sparsity=_sent(trace, config, planned))
+                        emulator=emulator, fabric=fabric, sparsity=_sent(trace, config, planned),
+                        compression=_compression(trace, config))
+
+
+def _compression(trace: Trace, config: ReplayConfig) -> CompressionReport | None:
+    if not config.compress.active:
+        return None
+    ranks = with_sparsity(trace, config.workers, config.sparsity)
+    return compression_report(ranks, config.workers, config.compress.compressor, config.compress.speed, config.seed)
 
 
 def _sent(trace: Trace, config: ReplayConfig, iters: int) -> SparsityReport | None:

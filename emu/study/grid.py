@@ -23,7 +23,7 @@ from typing import TypeVar
 
 from emu.emulator.links import format_bandwidth, parse_bandwidth, parse_duration_us
 from emu.errors import ConfigError
-from emu.replay.config import ReplayConfig, SparsityOption, Straggler
+from emu.replay.config import CompressOption, ReplayConfig, SparsityOption, Straggler
 from emu.replay.design import NetworkDesign, load_design
 from emu.traces.io import load_trace, trace_digest
 from emu.traces.model import Trace
@@ -89,6 +89,8 @@ class Point:
                "stragglers": [s.text for s in c.stragglers], "design": c.design_file}
         if c.sparsity != SparsityOption():  # only where given: the slugs of dense studies stay as they were
             doc["sparsity"] = [c.sparsity.text, c.sparsity.block_elements]
+        if c.compress != CompressOption():
+            doc["compress"] = [c.compress.compressor.label, c.compress.speed]
         for key in exclude:
             doc.pop(key)
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

@@ -35,7 +35,7 @@ import numpy as np
 
 from emu.emulator import physics
 from emu.errors import ConfigError
-from emu.replay.config import ReplayConfig, SparsityOption
+from emu.replay.config import CompressOption, ReplayConfig, SparsityOption
 from emu.replay.orchestrator import choose_payload_scale
 from emu.replay.programs import WorkerProgram, plan_programs, straggling
 from emu.replay.worker import IterationRecord, union_us
@@ -76,7 +76,8 @@ class _Class:
     records: list[IterationRecord] = field(default_factory=list)
 
 
-def _programs(trace: Trace, workers: int, sparsity: SparsityOption | None = None) -> list[WorkerProgram]:
+def _programs(trace: Trace, workers: int, sparsity: SparsityOption | None = None,
+              compress: CompressOption | None = None) -> list[WorkerProgram]:
     """The programs of workers 0..min(M, len(ranks))-1, checked as a replay checks them."""
     n, r = trace.meta.world_size, len(trace.ranks)
     m = workers
@@ -84,11 +85,11 @@ def _programs(trace: Trace, workers: int, sparsity: SparsityOption | None = None
         m = PLAN_LIMIT + (workers - PLAN_LIMIT) % r  # same residue: the same last worker's program
         if m == n:
             m += r
-    return plan_programs(trace, m, sparsity=sparsity)[:min(r, workers)]
+    return plan_programs(trace, m, sparsity=sparsity, compress=compress, job_workers=workers)[:min(r, workers)]
 
 
 def _classes(trace: Trace, config: ReplayConfig) -> list[_Class]:
-    programs = _programs(trace, config.workers, config.sparsity)
+    programs = _programs(trace, config.workers, config.sparsity, config.compress)
     factor, _ = straggling(config.stragglers, config.workers, config.seed)  # numpy over M, as replay draws
     prog = np.arange(config.workers) % len(programs)
     keys, first = np.unique(np.stack([prog.astype(float), factor], axis=1), axis=0, return_index=True)

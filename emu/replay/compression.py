@@ -1,0 +1,136 @@
+"""Compressed gradients in a replay (``--compress``; docs/compression.md).
+
+Every float all_reduce of the trace becomes the collective its compressor uses, at the true
+compressed size (``emu.emulator.compress``): an all_reduce of the compressed form where it can be
+summed (fp16, randomk, PowerSGD's factors), else an all_gather of every worker's packed bytes,
+whose output grows with the number of workers. Compressing is compute before the collective is
+issued, decompressing (every gathered message, and their sum) compute after the wait that needs
+its result, both from the cost model the compressors measured (``cost_us``), ``--compress-speed``
+times faster. The fabric then moves and verifies those bytes as any others.
+
+What the compressor does to the numbers is measured apart, on gradients generated for the
+purpose (``error_of``): the relative error of one step's aggregate against the exact sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from emu.emulator.compress import Aggregation, Compressor, PowerSgd, aggregate, cost_us
+from emu.replay.report import CompressionReport
+from emu.traces.model import Coll, CollKind, Compute, Dtype, Iteration, Op, RankProgram, Wait
+
+ERROR_ELEMENTS = 1 << 16  # the sample of the gradient the error is measured on
+ERROR_WORKERS = 16
+
+
+def _compressible(op: Op) -> bool:
+    return isinstance(op, Coll) and op.kind == CollKind.ALL_REDUCE and op.dtype.is_float and op.count > 0
+
+
+def for_op(comp: Compressor, op: Coll) -> Compressor:
+    """The compressor of one all_reduce: PowerSGD takes the bucket's parameter shapes."""
+    return replace(comp, shapes=op.tensors) if isinstance(comp, PowerSgd) else comp
+
+
+def compressed(op: Coll, comp: Compressor, workers: int) -> Coll:
+    """The collective that carries ``op``'s gradient compressed (same id, no sparsity)."""
+    size = comp.wire_bytes(op.count)
+    if comp.aggregation == Aggregation.ALL_GATHER:
+        return replace(op, kind=CollKind.ALL_GATHER, dtype=Dtype.UINT8, count=size * workers,
+                       bytes=size * workers, sparsity=None, tensors=None)
+    dtype = Dtype.FLOAT16 if comp.name == "fp16" else Dtype.FLOAT32
+    count = -(-size // dtype.itemsize)
+    return replace(op, dtype=dtype, count=count, bytes=count * dtype.itemsize, sparsity=None, tensors=None)
+
+
+def with_compression(ranks: tuple[RankProgram, ...], workers: int, comp: Compressor,
+                     speed: float) -> tuple[RankProgram, ...]:
+    """The rank programs with every float all_reduce compressed (the same objects for ``none``)."""
+    if comp.name == "none":
+        return ranks
+    out = []
+    for r in ranks:
+        iterations = []
+        for it in r.iterations:
+            ops: list[Op] = []
+            pending: dict[int, float] = {}  # collective id -> its decompression, due at its wait
+            for op in it.ops:
+                if _compressible(op):
+                    assert isinstance(op, Coll)
+                    c = for_op(comp, op)
+                    before, after = cost_us(c, op.count, workers, speed)
+                    ops += [Compute(name="compress", dur_us=before), compressed(op, c, workers)]
+                    pending[op.id] = after
+                    continue
+                ops.append(op)
+                if isinstance(op, Wait):
+                    due = sum(pending.pop(i, 0.0) for i in op.ids)
+                    if due:
+                        ops.append(Compute(name="decompress", dur_us=due))
+            if pending:  # nothing waited for them in the iteration: decompressed at its end
+                ops.append(Compute(name="decompress", dur_us=sum(pending.values())))
+            iterations.append(replace(it, ops=tuple(ops)))
+        out.append(replace(r, iterations=tuple(iterations)))
+    return tuple(out)
+
+
+def gradients(seed: int, n: int, workers: int) -> list[np.ndarray]:
+    """Gradients of data-parallel workers: a part every worker shares (the model's true gradient)
+    plus a part of each worker's own (its batch's noise), Gaussian, float32."""
+    rng = np.random.default_rng(seed)
+    shared = rng.standard_normal(n)
+    return [((shared + rng.standard_normal(n)) * 2.0**-8).astype(np.float32) for _ in range(workers)]
+
+
+def error_of(comp: Compressor, op: Coll, workers: int, seed: int) -> tuple[float, float, str]:
+    """One step's relative L2 error of the compressed aggregate against the exact sum, and their
+    cosine similarity (a sign method's aggregate is a direction: its L2 error is large by design),
+    on the first ``ERROR_ELEMENTS`` of the gradient (PowerSGD: its first tensors) of
+    ``ERROR_WORKERS`` at most."""
+    w = min(workers, ERROR_WORKERS)
+    n = min(op.count, ERROR_ELEMENTS)
+    c = for_op(comp, op)
+    if isinstance(c, PowerSgd) and c.shapes is not None:
+        shapes, total = [], 0
+        for shape in c.shapes:
+            size = int(np.prod(shape)) if shape else 1
+            if shapes and total + size > ERROR_ELEMENTS:
+                break
+            shapes.append(shape)
+            total += size
+        c, n = replace(c, shapes=tuple(shapes)), total
+    grads = gradients(seed, n, w)
+    exact = np.sum(grads, axis=0, dtype=np.float64)
+    got = aggregate(c, grads, seed).astype(np.float64)
+    norm, got_norm = float(np.linalg.norm(exact)), float(np.linalg.norm(got))
+    error = float(np.linalg.norm(got - exact)) / norm if norm else 0.0
+    cosine = float(got @ exact) / (norm * got_norm) if norm and got_norm else 0.0
+    return error, cosine, (f"{n} elements of the first compressed all_reduce, {w} workers, one step without error "
+                   "feedback's memory, Gaussian gradients (a shared part and each worker's own)")
+
+
+def report(ranks: tuple[RankProgram, ...], workers: int, comp: Compressor, speed: float,
+           seed: int) -> CompressionReport | None:
+    """The report's ``compression`` for the rank programs before compression (None for ``none``)."""
+    if comp.name == "none" or not ranks or not ranks[0].iterations:
+        return None
+    it: Iteration = ranks[0].iterations[0]
+    ops = [op for op in it.colls if _compressible(op)]
+    dense = compressed_bytes = 0
+    before = after = 0.0
+    for op in ops:
+        c = for_op(comp, op)
+        dense += op.bytes
+        compressed_bytes += c.wire_bytes(op.count)
+        b, a = cost_us(c, op.count, workers, speed)
+        before, after = before + b, after + a
+    error, cosine, sample = error_of(comp, max(ops, key=lambda o: o.count), workers, seed) if ops else (
+        None, None, None)
+    return CompressionReport(
+        compressor=comp.label, aggregation=comp.aggregation.value, feedback=comp.feedback, collectives=len(ops),
+        bytes_dense=dense, bytes_compressed=compressed_bytes,
+        ratio=dense / compressed_bytes if compressed_bytes else 1.0, compress_us=before, decompress_us=after,
+        speed=speed, error=error, cosine=cosine, error_sample=sample)

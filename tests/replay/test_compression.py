@@ -1,0 +1,106 @@
+"""Replays with ``--compress``: true compressed sizes through the fabrics, compute for the
+compressors, verification ok, and the report's numbers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from emu.emulator.compress import COMPRESSORS, cost_us, parse_compress
+from emu.emulator.links import LinkSpec
+from emu.errors import ConfigError
+from emu.replay import ReplayConfig, replay
+from emu.replay.config import CompressOption
+from emu.replay.programs import plan_programs
+from emu.study.predict import predict
+from emu.traces import load_trace, sample_path
+from emu.traces.model import Coll, CollKind, Compute, Dtype, Trace, Wait
+
+L10 = LinkSpec(bandwidth_bps=10e9)
+
+
+@pytest.fixture(scope="module")
+def mlp() -> Trace:
+    return load_trace(sample_path("mlp"))
+
+
+def run(trace: Trace, fabric: str, compress: str, workers: int = 4) -> object:
+    return replay(trace, ReplayConfig(workers=workers, fabric=fabric, iters=1, payload_scale=64, link=L10,
+                                      compress=CompressOption(compress)))
+
+
+@pytest.mark.parametrize("fabric", ["ina", "ring"])
+def test_topk_cuts_the_bytes_on_the_wire_tenfold(mlp, fabric: str, no_children) -> None:
+    dense, topk = run(mlp, fabric, "none"), run(mlp, fabric, "topk:0.01")
+    assert dense.verification.ok and topk.verification.ok and topk.verification.elements_checked > 0
+    assert dense.summary.bytes_sent / topk.summary.bytes_sent > 10
+    c = topk.compression
+    assert c is not None and (c.compressor, c.aggregation, c.feedback, c.collectives) == ("topk:0.01", "all_gather",
+                                                                                           True, 2)
+    assert c.bytes_dense == sum(op.bytes for op in mlp.ranks[0].iterations[0].colls)
+    assert c.ratio == pytest.approx(c.bytes_dense / c.bytes_compressed) and c.ratio > 50
+    assert 0 < c.error < 1 and 0 < c.cosine < 1 and "Gaussian" in c.error_sample
+    assert topk.to_dict()["config"]["compress"] == {"compressor": "topk:0.01", "speed": 1.0}
+    assert dense.compression is None and dense.to_dict()["config"]["compress"] is None
+    # top-k's output cannot be summed: an all_gather, which ina cannot aggregate and says so
+    assert topk.fabric.fallbacks == {"all_gather": 2 * 4}  # counted on each worker
+
+
+@pytest.mark.parametrize("name", list(COMPRESSORS))
+def test_every_compressor_replays_with_its_true_bytes(mlp, name: str, no_children) -> None:
+    r = run(mlp, "ring", name)
+    assert r.verification.ok and r.verification.elements_checked > 0
+    if name == "none":
+        assert r.compression is None
+        return
+    c = r.compression
+    assert c is not None and c.compressor.startswith(name) and c.error is not None
+    want = sum(parse_compress(name).__class__(param=parse_compress(name).param,
+                                              **({"shapes": op.tensors} if name == "powersgd" else {}))
+               .wire_bytes(op.count) for op in mlp.ranks[0].iterations[0].colls)
+    assert c.bytes_compressed == want and c.ratio >= 1.99
+
+
+def test_the_program_compresses_before_the_issue_and_decompresses_after_the_wait(mlp) -> None:
+    program = plan_programs(mlp, 8, compress=CompressOption("qsgd:16", speed=2.0))[0]
+    original = mlp.ranks[0].iterations[0]
+    it = program.iterations[0]
+    comp = parse_compress("qsgd:16")
+    for op in original.colls:
+        k = next(i for i, x in enumerate(it.ops) if isinstance(x, Coll) and x.id == op.id)
+        new = it.ops[k]
+        assert isinstance(new, Coll) and new.kind == CollKind.ALL_GATHER and new.dtype == Dtype.UINT8
+        assert new.count == 8 * comp.wire_bytes(op.count) and new.group_size == 8
+        before = it.ops[k - 1]
+        assert isinstance(before, Compute) and before.name == "compress"
+        assert before.dur_us == pytest.approx(cost_us(comp, op.count, 8, 2.0)[0])
+        w = next(i for i, x in enumerate(it.ops) if isinstance(x, Wait) and op.id in x.ids)
+        after = it.ops[w + 1]
+        assert isinstance(after, Compute) and after.name == "decompress"
+    fp16 = plan_programs(mlp, 8, compress=CompressOption("fp16"))[0].iterations[0].colls
+    assert [(c.kind, c.dtype, c.count) for c in fp16] == [(CollKind.ALL_REDUCE, Dtype.FLOAT16, c.count)
+                                                          for c in original.colls]
+
+
+def test_powersgd_without_shapes_is_refused_before_anything_runs(mlp, no_children) -> None:
+    bare = replace(mlp, ranks=tuple(replace(r, iterations=tuple(
+        replace(it, ops=tuple(replace(op, tensors=None) if isinstance(op, Coll) else op for op in it.ops))
+        for it in r.iterations)) for r in mlp.ranks))
+    with pytest.raises(ConfigError, match="PowerSGD needs the bucket's parameter shapes"):
+        run(bare, "ring", "powersgd:2")
+
+
+def test_predict_follows_the_compressed_programs(mlp, no_children) -> None:
+    cfg = ReplayConfig(workers=4, fabric="ring", iters=1, payload_scale=64, link=L10,
+                       compress=CompressOption("topk:0.01"))
+    assert predict(mlp, cfg).iteration_us_median == pytest.approx(replay(mlp, cfg).summary.iteration_us_median,
+                                                                  rel=0.02)
+
+
+@pytest.mark.parametrize(("option", "words"), [(CompressOption("topk:5"), "ratio must be in (0, 1]"),
+                                               (CompressOption("topk", speed=0.0), "--compress-speed")])
+def test_bad_options_are_config_errors(option: CompressOption, words: str) -> None:
+    with pytest.raises(ConfigError, match="--compress") as err:
+        ReplayConfig(compress=option).check()
+    assert words in str(err.value)

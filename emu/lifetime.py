@@ -26,6 +26,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -298,6 +299,9 @@ def _prune() -> None:
                 path.unlink()
 
 
+KILL_WAIT_S = 2.0  # how long emu clean waits for the processes it killed to go
+
+
 def clean(dry_run: bool = False) -> list[Leftover]:
     """Remove what dead runs left behind (their records say what); returns what was found."""
     import subprocess
@@ -320,6 +324,11 @@ def clean(dry_run: bool = False) -> list[Leftover]:
                     subprocess.run(["ip", "link", "del", item.name], capture_output=True, timeout=30)
             except (OSError, subprocess.SubprocessError):
                 pass  # what is still there keeps its record, for the next try
+        # a killed process is gone only once the kernel has acted on the signal (on a loaded
+        # machine, a moment later): wait for that, bounded, before deciding the record is done
+        deadline = time.monotonic() + KILL_WAIT_S
+        while any(item.what == "process" for item in _left(rec)) and time.monotonic() < deadline:
+            time.sleep(0.02)
         if not _left(rec):
             with contextlib.suppress(OSError):
                 path.unlink()

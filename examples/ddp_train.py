@@ -5,7 +5,8 @@ Run it with torchrun, or let emu start the ranks and profile it:
     torchrun --nproc-per-node 2 examples/ddp_train.py --steps 20
     emu capture --world-size 2 -o ddp.json.gz -- python examples/ddp_train.py --steps 20
 
-It knows nothing of emu.
+``--comm-hook fp16`` (or bf16) registers PyTorch's compression hook, as users do to halve the
+gradients' bytes. It knows nothing of emu.
 """
 
 import argparse
@@ -22,6 +23,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--comm-hook", choices=["none", "fp16", "bf16"], default="none")
     args = parser.parse_args()
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -34,6 +36,11 @@ def main() -> None:
         nn.Linear(args.hidden, 10),
     )
     ddp = DDP(model, bucket_cap_mb=2)
+    if args.comm_hook != "none":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        hook = default_hooks.fp16_compress_hook if args.comm_hook == "fp16" else default_hooks.bf16_compress_hook
+        ddp.register_comm_hook(None, hook)
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(1 + rank)
     for step in range(args.steps):

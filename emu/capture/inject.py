@@ -6,7 +6,10 @@ profiler is stepped from torch.optim's global step post-hook, so each
 backward, step). The first ``warmup`` steps are skipped (DDP builds and then
 rebuilds its buckets there: they differ from the steady state), one more warms
 the profiler up, and the next ``steps`` are recorded and exported as
-``rank<R>.json``. A sidecar ``rank<R>.meta.json`` says how far the script got.
+``rank<R>.json``. A sidecar ``rank<R>.meta.json`` says how far the script got, and
+which DDP communication hook the script registered, if any (``register_comm_hook`` is
+wrapped to note its name: PyTorch's fp16, bf16 and PowerSGD hooks compress the buckets,
+so the trace's all_reduces are then the compressed ones).
 With ``steps`` 0 the script runs without the profiler and writes no sidecar
 (``emu validate``'s real runs, whose step times must not carry its overhead).
 
@@ -51,6 +54,7 @@ class RankReport:
     params: int | None
     torch_version: str
     device: str
+    comm_hook: str | None = None  # the DDP communication hook the script registered (its name)
 
 
 def _run_target(target: list[str]) -> int:
@@ -89,6 +93,14 @@ def end(code: int) -> NoReturn:
         except (OSError, ValueError):  # closed by the script
             pass
     os._exit(code)
+
+
+def hook_name(hook: object) -> str:
+    """A communication hook's name: PyTorch's own by their function names (fp16_compress_hook,
+    bf16_compress_hook, powerSGD_hook, batched_powerSGD_hook, allreduce_hook), a wrapper's by
+    what it wraps (fp16_compress_wrapper returns a closure)."""
+    name = getattr(hook, "__qualname__", None) or getattr(hook, "__name__", None) or type(hook).__name__
+    return str(name).replace(".<locals>.", ":")[:200]
 
 
 def run(out: Path, warmup: int, steps: int, target: list[str]) -> int:
@@ -130,6 +142,14 @@ def run(out: Path, warmup: int, steps: int, target: list[str]) -> int:
         prof.step()
 
     handle = register_optimizer_step_post_hook(on_step)
+    ddp = torch.nn.parallel.DistributedDataParallel
+    register = ddp.register_comm_hook
+
+    def noting(self: object, state: object, hook: object) -> object:
+        report.comm_hook = hook_name(hook)
+        return register(self, state, hook)
+
+    ddp.register_comm_hook = noting  # type: ignore[method-assign]
     prof.start()
     try:
         code = _run_target(target)

@@ -90,7 +90,7 @@ def _gaps(kt: KinetoTrace, iterations: Sequence[Iteration]) -> list[str]:
 
 def merge_ranks(kts: Sequence[KinetoTrace], *, source: Source, model: str | None = None,
                 framework: str = "torch (version not recorded)", batch_size: int | None = None,
-                params: int | None = None, command: str | None = None) -> Trace:
+                params: int | None = None, command: str | None = None, comm_hook: str | None = None) -> Trace:
     """One emu trace from the Kineto traces of some or all ranks of one job."""
     if not kts:
         raise KinetoError("no Kineto files given")
@@ -104,6 +104,11 @@ def merge_ranks(kts: Sequence[KinetoTrace], *, source: Source, model: str | None
     programs = tuple(RankProgram(rank=r, iterations=tuple(it for it in its if it.step in common))
                      for r, its in per_rank.items())
     gaps = [line for kt, p in zip(kts, programs, strict=True) for line in _gaps(kt, p.iterations)]
+    if comm_hook is not None and "powersgd" in comm_hook.lower():
+        gaps.append(f"comm_hook {comm_hook}: PowerSGD's all_reduces of the P and Q factors run in the hook's "
+                    "future callbacks, which the profiler does not record; the trace holds each bucket's first "
+                    "all_reduce only (its uncompressed tensors): replay the uncompressed trace with "
+                    "--compress powersgd:RANK instead")
     colls = [op for p in programs for it in p.iterations for op in it.colls]
     if not colls:
         raise KinetoError(f"{kts[0].path}: the profiled steps issue no collectives: an empty "
@@ -116,7 +121,7 @@ def merge_ranks(kts: Sequence[KinetoTrace], *, source: Source, model: str | None
     meta = TraceMeta(
         source=source, world_size=kts[0].world_size, backend=kts[0].backend, device=kts[0].device,
         framework=framework, dtype=dtype, captured_at=_captured_at(kts), model=model,
-        batch_size=batch_size, params=params, command=command,
+        batch_size=batch_size, params=params, command=command, comm_hook=comm_hook,
         kineto_files=tuple(os.path.basename(kt.path) for kt in kts), gaps=tuple(gaps))
     trace = Trace(meta=meta, ranks=programs)
     try:

@@ -115,7 +115,8 @@ def _run(interpreter: str, target: Callable[[Path], list[str]], config: CaptureC
         kts = [read_kineto(workdir / f"rank{r}.json") for r in range(config.world_size)]
         trace = merge_ranks(kts, source=Source.CAPTURE, model=source_model,
                             framework=f"torch {reports[0]['torch_version']}", batch_size=batch_size,
-                            params=reports[0]["params"], command=command)
+                            params=reports[0]["params"], command=command,
+                            comm_hook=reports[0].get("comm_hook"))
         if sparsity:
             masks = {r: read_masks(mask_path(workdir, r)) for r in range(config.world_size)}
             trace = attach_sparsity(trace, masks)

@@ -224,6 +224,7 @@ def _load_meta(raw: Any, where: _Where) -> TraceMeta:
         command=_get(raw, "command", where, str, optional=True),
         kineto_files=_str_tuple(raw, "kineto_files", where),
         gaps=_str_tuple(raw, "gaps", where),
+        comm_hook=_get(raw, "comm_hook", where, str, optional=True),
     )
 
 
@@ -292,6 +293,8 @@ def trace_to_dict(trace: Trace) -> dict[str, Any]:
         meta_doc["kineto_files"] = list(meta.kineto_files)
     if meta.gaps:
         meta_doc["gaps"] = list(meta.gaps)
+    if meta.comm_hook is not None:
+        meta_doc["comm_hook"] = meta.comm_hook
     return {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "meta": meta_doc,
         "ranks": [{"rank": r.rank, "iterations": [

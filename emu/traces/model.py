@@ -192,6 +192,9 @@ class TraceMeta:
     # What the source lacked and what the trace holds instead, one line each (an
     # import records a gap rather than invent a value; docs/trace-format.md)
     gaps: tuple[str, ...] = field(default_factory=tuple)
+    # The DDP communication hook the captured script registered (its function's name): with
+    # PyTorch's fp16, bf16 or PowerSGD hooks the all_reduces are the compressed buckets
+    comm_hook: str | None = None
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,21 @@ def test_unmodified_script_capture(no_leftovers: Path) -> None:
     assert (no_leftovers / "k" / "rank0.json").is_file() and (no_leftovers / "k" / "rank1.json").is_file()
 
 
+def test_a_comm_hook_is_recorded_with_its_compressed_buckets(no_leftovers: Path) -> None:
+    out = no_leftovers / "fp16.json.gz"
+    result = CliRunner().invoke(cli, [
+        "capture", "--world-size", "2", "--iters", "2", "--warmup", "2", "-o", str(out), "--",
+        "python", str(EXAMPLE), "--steps", "8", "--hidden", "256", "--comm-hook", "fp16"])
+    assert result.exit_code == 0, result.output
+    trace = load_trace(out)
+    assert trace.meta.comm_hook == "fp16_compress_hook" and trace.meta.gaps == ()
+    params = 512 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
+    for iteration_buckets in buckets(trace):  # the buckets cross as float16: half the bytes
+        assert sum(b.count for b in iteration_buckets) == params
+        assert {b.dtype.value for b in iteration_buckets} == {"float16"}
+        assert sum(b.bytes for b in iteration_buckets) == 2 * params
+
+
 def test_script_with_too_few_steps(no_leftovers: Path) -> None:
     result = CliRunner().invoke(cli, [
         "capture", "-o", str(no_leftovers / "o.json"), "--keep-kineto", str(no_leftovers),

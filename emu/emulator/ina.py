@@ -376,21 +376,16 @@ class InaGroup:
 
     def expected_sums(self, coll: InaCollective, blocks: np.ndarray) -> np.ndarray:
         """The exact int32 sums the switch must return for data blocks (rows, zero padded)."""
-        k, n = self.p.elements, self.p.workers
-        first, last = int(blocks.min()), int(blocks.max())
-        lo, hi = first * k, min((last + 1) * k, coll.real_elements)
-        units = np.zeros((last - first + 1) * k, np.int64)
-        beta = np.zeros((last - first + 1) * k, np.int64)
-        common = self.cache.span(coll, lo, hi, "common").astype(np.int64)
-        own = self.cache.span(coll, lo, hi, "own")
+        n = self.p.workers
+        uniq, inv = np.unique(blocks, return_inverse=True)  # gathered once each, page by page
+        common = self._rows(coll, uniq, "common", np.int64)
+        own = self._rows(coll, uniq, "own", np.int64)
         if coll.sparsity is None:
-            units[: hi - lo] = n * common + own
+            units = n * common + own
         else:  # H_B workers hold the block, and its owner is one of them (emu.emulator.payload)
-            holders = self.cache.span(coll, lo, hi, "holders").astype(np.int64)
-            units[: hi - lo] = sparse_sum_units(holders, common, own)
-        beta[: hi - lo] = self.cache.span(coll, lo, hi, "beta")
-        units = units.reshape(-1, k)[blocks - first]
-        beta = beta.reshape(-1, k)[blocks - first]
+            units = sparse_sum_units(self._rows(coll, uniq, "holders", np.int64), common, own)
+        units = units[inv]
+        beta = self._rows(coll, uniq, "beta", np.int64)[inv]
         agreed = coll.agreed[blocks]
         none = agreed == fixedpoint.EXP_NONE
         shift = np.where(none, 0, fixedpoint.scale_shift(agreed, n))

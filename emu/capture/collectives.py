@@ -275,10 +275,12 @@ _SPARSE_EXECUTION = "gloo:sparse_all_reduce"
 
 
 def _is_sparse_launch(ev: Event) -> bool:
-    """A sparse tensor has no strides: the profiler records ``[]`` where a dense one has ``[16, 1]``."""
-    strides = ev.args.get("Input Strides")
+    """A sparse tensor has no strides: the profiler records ``[]`` where a dense one has ``[16, 1]``;
+    so does a dense scalar (0-dim), whose shape is empty too, so a sparse one needs a shape."""
+    strides, dims = ev.args.get("Input Strides"), ev.args.get("Input Dims")
     return (ev.name == "c10d::allreduce_" and isinstance(strides, list) and bool(strides)
-            and strides[0] == [[]])
+            and strides[0] == [[]] and isinstance(dims, list) and bool(dims) and isinstance(dims[0], list)
+            and len(dims[0]) == 1 and isinstance(dims[0][0], list) and len(dims[0][0]) > 0)
 
 
 def sparse_rows(kt: KinetoTrace, ex: Event, count: int) -> SparseRows:
@@ -301,6 +303,8 @@ def sparse_rows(kt: KinetoTrace, ex: Event, count: int) -> SparseRows:
                 and len(dims[0]) == 2 and isinstance(values, list) and len(values) == 4 and values[1] == "1"
                 and str(values[3]).isdigit()):
             union = int(values[3])
+    if union is None and nnz and sum(nnz) < 2:  # a sum of one row or none: gloo's coalesce narrows nothing
+        union = sum(nnz)
     if len(nnz) != kt.world_size or not row or count % row or union is None:
         raise KinetoError(f"{kt.where(ex)}: an all_reduce of a sparse tensor whose rows the trace does not "
                           f"show ({len(nnz)} of {kt.world_size} ranks' 'aten::sparse_coo_tensor' events with "
@@ -340,9 +344,10 @@ def gloo_collectives(kt: KinetoTrace) -> list[CollEvent]:
         group_size = kt.world_size
         if times_group:
             count *= group_size
-        sparse = _is_sparse_launch(ev)
-        if sparse:
+        if _is_sparse_launch(ev):
             exec_names = (_SPARSE_EXECUTION,)
+        elif ev.name == "c10d::allreduce_":  # strides not recorded: the execution says which it was
+            exec_names = (*exec_names, _SPARSE_EXECUTION)
         match = None
         for k, ex in enumerate(executions):
             if used[k] or ex.name not in exec_names or ex.end_us < ev.ts_us:
@@ -368,7 +373,7 @@ def gloo_collectives(kt: KinetoTrace) -> list[CollEvent]:
                               "re-record with torch.profiler.profile(record_shapes=True)")
         else:
             dtype = _dtype(kt, ex, types[0], "Input type")
-        rows = sparse_rows(kt, ex, count) if sparse else None
+        rows = sparse_rows(kt, ex, count) if ex.name == _SPARSE_EXECUTION else None
         colls.append(CollEvent(
             kind=kind, dtype=dtype, count=count, group_size=group_size, group=None,
             issue_us=ev.ts_us, launch_end_us=ev.end_us, done_us=max(ex.end_us, ev.ts_us), tid=ev.tid,

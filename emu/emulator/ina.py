@@ -311,6 +311,7 @@ class InaGroup:
         k = self.p.elements
         first, last = int(blocks[0]), int(blocks[-1])
         if last - first + 1 > 4 * len(blocks):  # scattered (the sparse stream's): gather page by page
+            assert PayloadCache.PAGE % k == 0, "a page holds whole packets (k is 64 or 256)"
             per_page = PayloadCache.PAGE // k
             pages = blocks // per_page
             out = np.zeros((len(blocks), k), dtype)

@@ -252,7 +252,10 @@ class InaEndpoint:
             which = g.locate(chunks)
             for i in np.unique(rb):  # the slowest sub-chain of each row (emu.emulator.scaled_loss)
                 coll = g.colls[int(which[i])]
-                last = int(chunks[i]) >= coll.base + coll.chunks - g.p.slots
+                # the slot's last pass of the collective: the final chunks of the range, or in a
+                # sparse stream the result that ends the slot's partition (it may end early)
+                last = (int(batch.sparse[i, 1]) == wire.BLOCK_NONE if coll.stream is not None
+                        else int(chunks[i]) >= coll.base + coll.chunks - g.p.slots)
                 delay[i] = self.scaled.delay(int(chunks[i]), int(slots[i]), int(which[i]), float(per[i]), last)
         row_bytes = sizes[rb] / per[rb] * scale
         got = self.down.transmit(li, batch.stamps[rb, 0], row_bytes, packets=scale,

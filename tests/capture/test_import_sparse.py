@@ -59,3 +59,24 @@ def test_inspect_counts_the_sparse_tensors(trace) -> None:
     stats = summarize(trace).sparsity
     assert stats is not None and (stats.all_reduces, stats.all_reduces_total, stats.sparse_tensors) == (4, 8, 4)
     assert sparsity_line(stats).endswith("; 4 of sparse tensors, a row a block)")
+
+
+EDGE = GLOO_SPARSE.parent / "gloo-edge-all-reduces-world2"
+
+
+def test_a_dense_scalar_all_reduce_is_not_a_sparse_one() -> None:
+    # a 0-dim tensor's strides are empty too; its shape is what tells it from a sparse tensor
+    trace = import_kineto(sorted((EDGE / "scalar").glob("rank*.json.gz")))
+    for it in trace.ranks[0].iterations:
+        assert [(op.count, op.sparsity) for op in it.colls] == [(1000, None), (1, None)]
+
+
+def test_a_sparse_sum_of_one_row_imports() -> None:
+    # gloo's coalesce of a one-row sum narrows nothing: the union is the ranks' rows
+    trace = import_kineto(sorted((EDGE / "sparse_tiny").glob("rank*.json.gz")))
+    for program in trace.ranks:
+        for it in program.iterations:
+            dense, sparse = it.colls
+            assert dense.sparsity is None and sparse.count == 400
+            own = 1 if program.rank == 0 else 0
+            assert sparse.sparsity == Sparsity(block_elements=4, nonzero=own / 100, union=0.01, sparse_tensor=True)

@@ -76,6 +76,8 @@ class Row:
     complete: bool | None = None
     wall_s: float | None = None
     sent_fraction: float | None = None  # of a sparse replay's blocks' bytes, against dense (docs/sparse.md)
+    compression_ratio: float | None = None  # a compressed replay's bytes per worker, dense over compressed
+    compression_error: float | None = None  # one step's relative error of its aggregate (docs/compression.md)
     attempts: int = 0
     report: str | None = None
     log: str | None = None
@@ -256,6 +258,8 @@ def _replayed(point: Point, doc: dict[str, Any], predicted: float | None, attemp
                  verification_ok=(doc.get("verification") or {}).get("ok"), trustworthy=emulator.get("trustworthy"),
                  complete=doc.get("complete"), wall_s=emulator.get("wall_s"), attempts=attempts,
                  sent_fraction=(doc.get("sparsity") or {}).get("sent_fraction"),
+                 compression_ratio=(doc.get("compression") or {}).get("ratio"),
+                 compression_error=(doc.get("compression") or {}).get("error"),
                  report=f"points/{point.slug}.json")
 
 

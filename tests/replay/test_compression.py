@@ -104,3 +104,20 @@ def test_bad_options_are_config_errors(option: CompressOption, words: str) -> No
     with pytest.raises(ConfigError, match="--compress") as err:
         ReplayConfig(compress=option).check()
     assert words in str(err.value)
+
+
+def test_a_sweep_records_the_compressor_of_each_point(tmp_path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from emu.cli import cli
+
+    result = CliRunner().invoke(cli, ["sweep", "mlp", "--workers", "2", "--fabric", "ring", "--iters", "1",
+                                      "--payload-scale", "64", "--compress", "topk:0.01", "--out",
+                                      str(tmp_path / "s"), "--no-plots", "--no-predict"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "s" / "results.json").read_text())
+    rows = rows["points"]
+    assert len(rows) == 1 and rows[0]["compression_ratio"] > 50 and 0 < rows[0]["compression_error"] < 1
+    assert "compression_ratio" in (tmp_path / "s" / "results.csv").read_text().splitlines()[0]

@@ -62,6 +62,11 @@ class Fabric:
     def check(self, workers: int, elements: int) -> None:
         """Refuse, with ConfigError, a configuration this fabric cannot run."""
 
+    def beyond_p2p_limit(self, workers: int) -> bool:
+        """Whether a real point-to-point all_reduce of ``workers`` is past what emu replays (the
+        analytic estimate stands in for it)."""
+        return self.p2p_worker_limit is not None and workers > self.p2p_worker_limit
+
     def check_available(self) -> None:
         """Refuse, with an EmuError naming what to install, when the machine lacks what it needs."""
 

@@ -112,9 +112,9 @@ def sparse_ps_scale_limit(trace: Trace, config: ReplayConfig) -> int | None:
 def _check_scale(trace: Trace, config: ReplayConfig) -> None:
     """A real ring (or sharded parameter server) past the fabric's limit is millions of messages
     per collective: refuse it and give the analytic estimate instead."""
-    limit = config.network.p2p_worker_limit
-    if limit is None or config.workers <= limit:
+    if not config.network.beyond_p2p_limit(config.workers):
         return
+    limit = config.network.p2p_worker_limit
     largest = max((op for r in trace.ranks for it in r.iterations for op in it.colls), key=lambda op: op.bytes)
     estimate = physics.ring_time_us(largest.count, largest.dtype.itemsize, config.workers, config.link)
     raise ConfigError(

@@ -104,10 +104,9 @@ class SweepResult:
 def refusal(point: Point) -> str | None:
     """Why emu does not replay this point (and estimates it instead), or None."""
     config = point.config
-    limit = config.network.p2p_worker_limit
-    if limit is not None and config.workers > limit:
-        return (f"a real {config.fabric} of {config.workers} workers (more than {limit}) is not replayed: "
-                "analytic estimate")
+    if config.network.beyond_p2p_limit(config.workers):
+        return (f"a real {config.fabric} of {config.workers} workers (more than {config.network.p2p_worker_limit}) "
+                "is not replayed: analytic estimate")
     return None
 
 
@@ -120,8 +119,11 @@ def run_sweep(points: list[Point], out: Path, traces: TraceCache, *, with_predic
     from emu.replay import replay
     from emu.replay.programs import plan_programs
 
-    for trace, workers in dict.fromkeys((p.trace, p.config.workers) for p in points if refusal(p) is None):
-        plan_programs(traces.get(trace), workers, trace)  # a trace that cannot scale fails before any replay
+    # a trace that cannot scale, or be compressed as asked, fails before any replay (the grid's sparsity
+    # and compression are one value for every point)
+    for point in {(p.trace, p.config.workers): p for p in points if refusal(p) is None}.values():
+        plan_programs(traces.get(point.trace), point.config.workers, point.trace, point.config.sparsity,
+                      point.config.compress)
     folder = out / "points"
     folder.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []

@@ -95,12 +95,20 @@ def end(code: int) -> NoReturn:
     os._exit(code)
 
 
-def hook_name(hook: object) -> str:
+def hook_name(hook: object, depth: int = 0) -> str:
     """A communication hook's name: PyTorch's own by their function names (fp16_compress_hook,
-    bf16_compress_hook, powerSGD_hook, batched_powerSGD_hook, allreduce_hook), a wrapper's by
-    what it wraps (fp16_compress_wrapper returns a closure)."""
+    bf16_compress_hook, powerSGD_hook, batched_powerSGD_hook, allreduce_hook); a wrapper's with
+    what it wraps (``fp16_compress_wrapper(powerSGD_hook)``: the closure's callable cells, a
+    ``functools.partial``'s function, ``__wrapped__``)."""
     name = getattr(hook, "__qualname__", None) or getattr(hook, "__name__", None) or type(hook).__name__
-    return str(name).replace(".<locals>.", ":")[:200]
+    name = str(name).replace(".<locals>.", ":")
+    inner = getattr(hook, "__wrapped__", None) or getattr(hook, "func", None)
+    cells = [inner] if callable(inner) else [
+        c.cell_contents for c in (getattr(hook, "__closure__", None) or ()) if callable(getattr(c, "cell_contents", None))]
+    if cells and depth < 3:
+        outer = name.split(":", 1)[0]
+        name = f"{outer}({', '.join(hook_name(c, depth + 1) for c in cells)})"
+    return name[:200]
 
 
 def run(out: Path, warmup: int, steps: int, target: list[str]) -> int:

@@ -295,7 +295,8 @@ class SignSgd(Compressor):
         return packed_bytes(n, 1)
 
     def combine(self, parts: list[np.ndarray]) -> np.ndarray:
-        return np.sign(np.sum(parts, axis=0)).astype(np.float32)
+        """The majority vote; a tie (an even number of workers) is +1, as in GRACE."""
+        return np.where(np.sum(parts, axis=0) >= 0, 1.0, -1.0).astype(np.float32)
 
 
 class EfSignSgd(SignSgd):
@@ -348,7 +349,7 @@ class Natural(Compressor):
         nz = mag > 0
         low = np.floor(np.log2(np.where(nz, mag, 1.0)))
         up = np.random.default_rng(seed).random(len(x)) < (mag / np.exp2(low) - 1)
-        e = np.clip(low + up + self._BIAS, 1, 255)
+        e = np.clip(low + up + self._BIAS, 1, 254)  # 255 would decode to 2^128: inf in float32
         code = np.where(nz, e, 0).astype(np.uint64) << np.uint64(1) | (x < 0).astype(np.uint64)
         return pack_bits(code, 9)
 
@@ -448,6 +449,8 @@ def parse_compress(text: str) -> Compressor:
         param = float(value) if value else cls.default
     except ValueError:
         raise ConfigError(f"--compress {text!r}: {value!r} is not a number") from None
+    if param is not None and not math.isfinite(param):
+        raise ConfigError(f"--compress {text!r}: the parameter must be a finite number")
     comp = cls(param=param)
     comp.check()
     return comp

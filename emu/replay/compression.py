@@ -26,8 +26,18 @@ ERROR_ELEMENTS = 1 << 16  # the sample of the gradient the error is measured on
 ERROR_WORKERS = 16
 
 
-def _compressible(op: Op) -> bool:
-    return isinstance(op, Coll) and op.kind == CollKind.ALL_REDUCE and op.dtype.is_float and op.count > 0
+def compressible(op: Op, comp: Compressor) -> bool:
+    """A float all_reduce of a dense tensor (a gradient bucket). The framework's own sparse
+    all_reduce stays as it is (DDP's hooks do not take sparse gradients), and fp16 leaves 16-bit
+    tensors alone (nothing to gain)."""
+    return (isinstance(op, Coll) and op.kind == CollKind.ALL_REDUCE and op.dtype.is_float and op.count > 0
+            and not (op.sparsity is not None and op.sparsity.sparse_tensor)
+            and not (comp.name == "fp16" and op.dtype.itemsize <= 2))
+
+
+def _members(op: Coll, workers: int) -> int:
+    """The workers an all_gather of ``op`` gathers from: its sub-group's, else the job's."""
+    return op.group_size if op.group is not None else workers
 
 
 def for_op(comp: Compressor, op: Coll) -> Compressor:
@@ -36,11 +46,13 @@ def for_op(comp: Compressor, op: Coll) -> Compressor:
 
 
 def compressed(op: Coll, comp: Compressor, workers: int) -> Coll:
-    """The collective that carries ``op``'s gradient compressed (same id, no sparsity)."""
+    """The collective that carries ``op``'s gradient compressed (same id, no sparsity: a compressed
+    gradient is coded densely)."""
     size = comp.wire_bytes(op.count)
     if comp.aggregation == Aggregation.ALL_GATHER:
-        return replace(op, kind=CollKind.ALL_GATHER, dtype=Dtype.UINT8, count=size * workers,
-                       bytes=size * workers, sparsity=None, tensors=None)
+        members = _members(op, workers)
+        return replace(op, kind=CollKind.ALL_GATHER, dtype=Dtype.UINT8, count=size * members,
+                       bytes=size * members, sparsity=None, tensors=None)
     dtype = Dtype.FLOAT16 if comp.name == "fp16" else Dtype.FLOAT32
     count = -(-size // dtype.itemsize)
     return replace(op, dtype=dtype, count=count, bytes=count * dtype.itemsize, sparsity=None, tensors=None)
@@ -58,10 +70,10 @@ def with_compression(ranks: tuple[RankProgram, ...], workers: int, comp: Compres
             ops: list[Op] = []
             pending: dict[int, float] = {}  # collective id -> its decompression, due at its wait
             for op in it.ops:
-                if _compressible(op):
+                if compressible(op, comp):
                     assert isinstance(op, Coll)
                     c = for_op(comp, op)
-                    before, after = cost_us(c, op.count, workers, speed)
+                    before, after = cost_us(c, op.count, _members(op, workers), speed)
                     ops += [Compute(name="compress", dur_us=before), compressed(op, c, workers)]
                     pending[op.id] = after
                     continue
@@ -70,8 +82,8 @@ def with_compression(ranks: tuple[RankProgram, ...], workers: int, comp: Compres
                     due = sum(pending.pop(i, 0.0) for i in op.ids)
                     if due:
                         ops.append(Compute(name="decompress", dur_us=due))
-            if pending:  # nothing waited for them in the iteration: decompressed at its end
-                ops.append(Compute(name="decompress", dur_us=sum(pending.values())))
+            if pending:  # nothing waited for them in the iteration: decompressed once they are in
+                ops += [Wait(ids=tuple(pending)), Compute(name="decompress", dur_us=sum(pending.values()))]
             iterations.append(replace(it, ops=tuple(ops)))
         out.append(replace(r, iterations=tuple(iterations)))
     return tuple(out)
@@ -94,22 +106,35 @@ def error_of(comp: Compressor, op: Coll, workers: int, seed: int) -> tuple[float
     n = min(op.count, ERROR_ELEMENTS)
     c = for_op(comp, op)
     if isinstance(c, PowerSgd) and c.shapes is not None:
-        shapes, total = [], 0
-        for shape in c.shapes:
-            size = int(np.prod(shape)) if shape else 1
-            if shapes and total + size > ERROR_ELEMENTS:
-                break
-            shapes.append(shape)
-            total += size
-        c, n = replace(c, shapes=tuple(shapes)), total
+        c, n = _powersgd_sample(c)
     grads = gradients(seed, n, w)
     exact = np.sum(grads, axis=0, dtype=np.float64)
     got = aggregate(c, grads, seed).astype(np.float64)
     norm, got_norm = float(np.linalg.norm(exact)), float(np.linalg.norm(got))
     error = float(np.linalg.norm(got - exact)) / norm if norm else 0.0
     cosine = float(got @ exact) / (norm * got_norm) if norm and got_norm else 0.0
-    return error, cosine, (f"{n} elements of the first compressed all_reduce, {w} workers, one step without error "
-                   "feedback's memory, Gaussian gradients (a shared part and each worker's own)")
+    what = "its matrices' first rows" if isinstance(c, PowerSgd) else "the first elements"
+    return error, cosine, (f"{n} elements ({what}) of the largest compressed all_reduce, {w} workers, one step "
+                           "without error feedback's memory, Gaussian gradients (a shared part and each worker's own)")
+
+
+def _powersgd_sample(comp: PowerSgd) -> tuple[PowerSgd, int]:
+    """PowerSGD's error sample: the bucket's matrices (what it compresses), each cut to its first
+    rows so that together they hold about ``ERROR_ELEMENTS``, at least ``rank + 1`` rows each; the
+    vectors only where the bucket has no matrix."""
+    assert comp.shapes is not None
+    r = int(comp.param or 1)
+    matrices = [s for s in comp.shapes if len(s) >= 2]
+    if not matrices:
+        vectors = [s for s in comp.shapes if len(s) < 2][:1]
+        return replace(comp, shapes=tuple(vectors)), int(np.prod(vectors[0])) if vectors and vectors[0] else 1
+    share = max(1, ERROR_ELEMENTS // len(matrices))
+    shapes = []
+    for s in matrices:
+        cols = int(np.prod(s[1:]))
+        rows = min(s[0], max(r + 1, share // max(cols, 1)))
+        shapes.append((rows, cols))
+    return replace(comp, shapes=tuple(shapes)), sum(a * b for a, b in shapes)
 
 
 def report(ranks: tuple[RankProgram, ...], workers: int, comp: Compressor, speed: float,
@@ -118,14 +143,14 @@ def report(ranks: tuple[RankProgram, ...], workers: int, comp: Compressor, speed
     if comp.name == "none" or not ranks or not ranks[0].iterations:
         return None
     it: Iteration = ranks[0].iterations[0]
-    ops = [op for op in it.colls if _compressible(op)]
+    ops = [op for op in it.colls if compressible(op, comp)]
     dense = compressed_bytes = 0
     before = after = 0.0
     for op in ops:
         c = for_op(comp, op)
         dense += op.bytes
         compressed_bytes += c.wire_bytes(op.count)
-        b, a = cost_us(c, op.count, workers, speed)
+        b, a = cost_us(c, op.count, _members(op, workers), speed)
         before, after = before + b, after + a
     error, cosine, sample = error_of(comp, max(ops, key=lambda o: o.count), workers, seed) if ops else (
         None, None, None)

@@ -107,7 +107,11 @@ def with_sparsity(trace: Trace, workers: int, option: SparsityOption | None) -> 
 
 def replayed_sparse(trace: Trace, config: ReplayConfig, iters: int) -> list[tuple[int, Coll, Sparsity]]:
     """(seq, op, sparsity) of every sparse collective of the replay (worker 0's program: the
-    collectives' sizes and kinds are the same on every worker)."""
+    collectives' sizes and kinds are the same on every worker). With ``--compress`` the
+    all_reduces it compresses are not among them: a compressed gradient is coded densely."""
+    from emu.replay.compression import compressible
+
+    comp = config.compress.compressor if config.compress.active else None
     plan = job_plan(trace, config.workers, config.sparsity)
     program = _used(trace, config.workers)[0][0]
     out = []
@@ -117,6 +121,8 @@ def replayed_sparse(trace: Trace, config: ReplayConfig, iters: int) -> list[tupl
         row = _row(plan, it)
         for p, op in enumerate(colls):
             s = row[p] if p < len(row) else None
+            if comp is not None and compressible(replace(op, sparsity=s), comp):
+                continue
             if is_sparse(s, op.dtype.value):
                 assert s is not None
                 out.append((seq + p, op, s))

@@ -80,3 +80,17 @@ def test_a_sparse_sum_of_one_row_imports() -> None:
             assert dense.sparsity is None and sparse.count == 400
             own = 1 if program.rank == 0 else 0
             assert sparse.sparsity == Sparsity(block_elements=4, nonzero=own / 100, union=0.01, sparse_tensor=True)
+
+
+def test_a_wrapped_powersgd_hook_is_named_with_what_it_wraps() -> None:
+    pytest.importorskip("torch", reason="the hooks are PyTorch's")
+    import functools
+
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    from emu.capture.inject import hook_name
+
+    assert hook_name(default_hooks.fp16_compress_hook) == "fp16_compress_hook"
+    assert hook_name(default_hooks.fp16_compress_wrapper(powerSGD_hook.powerSGD_hook)) == \
+        "fp16_compress_wrapper(powerSGD_hook)"
+    assert hook_name(functools.partial(powerSGD_hook.batched_powerSGD_hook)) == "partial(batched_powerSGD_hook)"

@@ -121,3 +121,50 @@ def test_a_sweep_records_the_compressor_of_each_point(tmp_path) -> None:
     rows = rows["points"]
     assert len(rows) == 1 and rows[0]["compression_ratio"] > 50 and 0 < rows[0]["compression_error"] < 1
     assert "compression_ratio" in (tmp_path / "s" / "results.csv").read_text().splitlines()[0]
+
+
+def test_review_edges_of_the_rewrite() -> None:
+    """A collective nothing waits for is decompressed after a wait for it; an all_gather on a
+    sub-group gathers from the group; the framework's sparse all_reduce and 16-bit tensors under
+    fp16 stay as they are."""
+    from emu.replay.compression import with_compression
+    from emu.traces.model import Iteration, RankProgram, Sparsity
+
+    comp = parse_compress("topk:0.1")
+    a = Coll(id=0, kind=CollKind.ALL_REDUCE, dtype=Dtype.FLOAT32, count=1000, bytes=4000, group_size=8)
+    b = replace(a, id=1, group=(0, 1, 2, 3), group_size=4)
+    sparse = replace(a, id=2, sparsity=Sparsity(16, 0.1, 0.2, sparse_tensor=True))
+    half = replace(a, id=3, dtype=Dtype.FLOAT16, bytes=2000)
+    program = RankProgram(rank=0, iterations=(Iteration(step=0, measured_us=1.0, ops=(a, b, sparse, half)),))
+    ops = with_compression((program,), 8, comp, 1.0)[0].iterations[0].ops
+    colls = [op for op in ops if isinstance(op, Coll)]
+    assert [c.count for c in colls[:2]] == [8 * comp.wire_bytes(1000), 4 * comp.wire_bytes(1000)]
+    assert colls[2] == sparse and colls[3].kind == CollKind.ALL_GATHER  # topk compresses 16-bit too
+    assert isinstance(ops[-2], Wait) and set(ops[-2].ids) == {0, 1, 3} and ops[-1].name == "decompress"
+    fp16 = with_compression((program,), 8, parse_compress("fp16"), 1.0)[0].iterations[0].colls
+    assert fp16[3] == half and fp16[2] == sparse
+
+
+def test_compression_replaces_the_sparse_algorithms_and_says_so(no_children) -> None:
+    dlrm = load_trace(sample_path("dlrm"))
+    sparse = replay(dlrm, ReplayConfig(workers=4, fabric="ring", iters=1, payload_scale=64))
+    qsgd = replay(dlrm, ReplayConfig(workers=4, fabric="ring", iters=1, payload_scale=64,
+                                     compress=CompressOption("qsgd")))
+    assert sparse.sparsity is not None and sparse.sparsity.sparse_collectives == 1
+    assert qsgd.sparsity is None and qsgd.verification.ok  # the compressed bucket is coded densely
+    assert qsgd.summary.bytes_sent > sparse.summary.bytes_sent and qsgd.compression.ratio == pytest.approx(4.0)
+
+
+def test_powersgd_error_is_measured_on_matrices() -> None:
+    from emu.replay.compression import error_of
+
+    op = Coll(id=0, kind=CollKind.ALL_REDUCE, dtype=Dtype.FLOAT32, count=2048 * 1024 + 2048, bytes=4 * (2048 * 1024 + 2048),
+              group_size=8, tensors=((2048,), (2048, 1024)))
+    error, cosine, sample = error_of(parse_compress("powersgd:1"), op, 8, 0)
+    assert 0.5 < error < 1 and 0 < cosine < 0.9 and "matrices' first rows" in sample
+
+
+@pytest.mark.parametrize("text", ["qsgd:inf", "powersgd:nan", "topk:inf"])
+def test_non_finite_parameters_are_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="finite"):
+        parse_compress(text)

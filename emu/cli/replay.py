@@ -20,6 +20,9 @@ from emu.errors import CheckFailed, ConfigError, EmuError
 @click.option("--fabric", default="ina", show_default=True,
               help="ina, ring or ps; a comma-separated list replays each and compares them.")
 @click.option("--bandwidth", default="100Gbps", show_default=True, help="Link bandwidth, e.g. 10Gbps, 400Gbit.")
+@click.option("--bandwidth-schedule", default=None,
+              help="A bandwidth that changes over emulated time, TIME:BANDWIDTH steps from 0s, e.g. "
+                   "0s:100Gbps,20ms:10Gbps (replaces --bandwidth; docs/physics.md).")
 @click.option("--latency", default="5us", show_default=True, help="One-way link latency, e.g. 5us, 1ms.")
 @click.option("--loss", type=float, default=0.0, show_default=True, help="Packet loss probability per link.")
 @click.option("--jitter", default="0us", show_default=True, help="Uniform extra delay per packet, up to this.")
@@ -59,7 +62,8 @@ from emu.errors import CheckFailed, ConfigError, EmuError
               help="Write every worker's spans in emulated time (Perfetto / chrome://tracing).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report(s) as JSON on stdout.")
 @click.pass_context
-def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None, fabric: str, bandwidth: str, latency: str, loss: float, jitter: str,
+def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None, fabric: str, bandwidth: str,
+           bandwidth_schedule: str | None, latency: str, loss: float, jitter: str,
            iters: int | None, clock: str | None, tdf: str | None, payload_scale: str, stragglers: tuple[str, ...],
            sparsity: str, sparsity_block: int | None, compress: str, compress_speed: float, seed: int, slots: int | None, elements: str,
            processes: int | None, ps_shards: int | None, timeout: float, report_path: Path | None,
@@ -73,7 +77,7 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
     import json
     from dataclasses import replace
 
-    from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us
+    from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us, parse_schedule
     from emu.lifetime import Terminated
     from emu.replay import ReplayConfig
     from emu.replay import replay as run_replay
@@ -108,8 +112,15 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
     sparse.check()
     compression = CompressOption(compress, compress_speed)
     compression.check()
-    link = LinkSpec(bandwidth_bps=parse_bandwidth(bandwidth), latency_us=parse_duration_us(latency),
-                    loss=loss, jitter_us=parse_duration_us(jitter, "--jitter"))
+    schedule: tuple[tuple[float, float], ...] = ()
+    if bandwidth_schedule is not None:
+        if typed(ctx, "bandwidth"):
+            raise ConfigError("--bandwidth-schedule sets the bandwidth over time: drop --bandwidth (its first step "
+                              "is the bandwidth from 0s)")
+        schedule = parse_schedule(bandwidth_schedule)
+    link = LinkSpec(bandwidth_bps=schedule[0][1] if schedule else parse_bandwidth(bandwidth),
+                    latency_us=parse_duration_us(latency), loss=loss, jitter_us=parse_duration_us(jitter, "--jitter"),
+                    schedule=schedule)
     reports = []
     for name in fabrics:
         config = ReplayConfig(workers=workers, fabric=name, link=link, iters=iters,

@@ -77,19 +77,78 @@ class LinkSpec:
     latency_us: float = 5.0
     loss: float = 0.0
     jitter_us: float = 0.0
+    # a bandwidth that changes over emulated time: (from_us, bits per second) steps, the first from
+    # 0 at ``bandwidth_bps``; empty: constant (``--bandwidth-schedule``, ``parse_schedule``)
+    schedule: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not (MIN_BPS <= self.bandwidth_bps <= MAX_BPS or self.bandwidth_bps == math.inf):
             raise ConfigError(f"link bandwidth must be 1 kbit/s to 100 Tbit/s or ideal, got {self.bandwidth_bps:g}")
+        if self.schedule:
+            times = [t for t, _ in self.schedule]
+            if times[0] != 0 or self.schedule[0][1] != self.bandwidth_bps or times != sorted(set(times)):
+                raise ConfigError("--bandwidth-schedule: steps start at 0s with the link's bandwidth and go forward "
+                                  "in time, e.g. 0s:100Gbps,2s:10Gbps")
+            if any(not MIN_BPS <= b <= MAX_BPS for _, b in self.schedule):
+                raise ConfigError("--bandwidth-schedule: every step's bandwidth must be 1 kbit/s to 100 Tbit/s")
         if not (0 <= self.latency_us <= MAX_DELAY_US and 0 <= self.jitter_us <= MAX_DELAY_US):
             raise ConfigError("link latency and jitter must be 0 to a day")
         if not 0 <= self.loss < 1:
             raise ConfigError(f"--loss must be in [0, 1), got {self.loss}")
 
     def serialization_us(self, wire_bytes: float | np.ndarray) -> float | np.ndarray:
+        """At ``bandwidth_bps`` (with a schedule: its first step's, the links' reference rate)."""
         if math.isinf(self.bandwidth_bps):
             return wire_bytes * 0.0
         return wire_bytes * 8e6 / self.bandwidth_bps
+
+    @property
+    def peak_bps(self) -> float:
+        """The highest bandwidth the link ever has (what bounds how soon anything arrives)."""
+        return max([self.bandwidth_bps, *(b for _, b in self.schedule)])
+
+
+def parse_schedule(text: str) -> tuple[tuple[float, float], ...]:
+    """'0s:100Gbps,2s:10Gbps' -> ((0, 1e11), (2e6, 1e10)): from each time on, that bandwidth."""
+    steps = []
+    for part in text.split(","):
+        when, sep, rate = part.strip().partition(":")
+        if not sep:
+            raise ConfigError(f"--bandwidth-schedule {text!r}: give TIME:BANDWIDTH steps, e.g. 0s:100Gbps,2s:10Gbps")
+        steps.append((parse_duration_us(when, "--bandwidth-schedule"), parse_bandwidth(rate)))
+    if any(math.isinf(b) for _, b in steps):
+        raise ConfigError(f"--bandwidth-schedule {text!r}: every step needs a finite bandwidth")
+    return tuple(steps)
+
+
+class Capacity:
+    """Emulated time <-> the link's work: ``C(t)``, the microseconds of serialization at the
+    reference rate the link can do by time ``t`` (the integral of its bandwidth over the
+    reference). A FIFO link's recurrence ``d_i = max(r_i, d_{i-1}) + s_i`` holds in work
+    coordinates whatever the bandwidth does, since ``C`` is increasing: so a link with a schedule
+    maps its times in, solves as before, and maps them back, exactly. Without a schedule both
+    maps are the identity."""
+
+    def __init__(self, spec: LinkSpec) -> None:
+        self.active = bool(spec.schedule) and not math.isinf(spec.bandwidth_bps)
+        if self.active:
+            self.t = np.array([t for t, _ in spec.schedule])
+            self.rate = np.array([b for _, b in spec.schedule]) / spec.bandwidth_bps
+            self.c = np.r_[0.0, np.cumsum(np.diff(self.t) * self.rate[:-1])]
+
+    def to(self, t: np.ndarray | float) -> np.ndarray:
+        if not self.active:
+            return np.asarray(t, np.float64)
+        t = np.asarray(t, np.float64)
+        k = np.maximum(np.searchsorted(self.t, t, side="right") - 1, 0)
+        return self.c[k] + (t - self.t[k]) * self.rate[k]  # before 0: the first rate, extended
+
+    def back(self, c: np.ndarray | float) -> np.ndarray:
+        if not self.active:
+            return np.asarray(c, np.float64)
+        c = np.asarray(c, np.float64)
+        k = np.maximum(np.searchsorted(self.c, c, side="right") - 1, 0)
+        return self.t[k] + (c - self.c[k]) / self.rate[k]
 
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -139,6 +198,7 @@ class LinkArray:
         self.stream = self.endpoints * 2 + direction
         self.seed = seed
         self.reordered = 0
+        self.capacity = Capacity(spec)
 
     def _fate(self, idx: np.ndarray, lossy: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Jitter and loss for packets of endpoints idx (in FIFO order per endpoint)."""
@@ -180,14 +240,15 @@ class LinkArray:
         n = len(idx)
         if n == 0:
             return Transmitted(np.zeros(0), np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0))
-        first_ready = np.asarray(ready_us, dtype=np.float64)
+        cap = self.capacity  # with a bandwidth schedule: solved in work coordinates (Capacity)
+        first_ready = cap.to(np.asarray(ready_us, dtype=np.float64))
         count = np.ones(n) if packets is None else np.maximum(np.asarray(packets, dtype=np.float64), 1.0)
         ser = np.broadcast_to(np.asarray(self.spec.serialization_us(np.asarray(wire_bytes, np.float64)),
                                          dtype=np.float64), (n,))
         one = ser / count
         ready = first_ready
         if ready_last_us is not None:
-            ready = np.maximum(first_ready, np.asarray(ready_last_us, dtype=np.float64) + one - ser)
+            ready = np.maximum(first_ready, cap.to(np.asarray(ready_last_us, dtype=np.float64)) + one - ser)
         order = np.argsort(idx, kind="stable")
         e, r, sv = idx[order], ready[order], ser[order]
         new = np.r_[True, e[1:] != e[:-1]]
@@ -205,20 +266,20 @@ class LinkArray:
         # its own serialization (a row standing for many packets interleaves with its
         # neighbours on the real wire; only a packet-level inversion is a reordering).
         slack = sv + 1e-6
-        reference = np.where(new, self.last_ready[e], np.r_[-math.inf, r[:-1]])
+        reference = np.where(new, cap.to(self.last_ready[e]), np.r_[-math.inf, r[:-1]])
         early = r < reference - slack
         if early.any():
             # it waited at most for what was handed over before it but was due after it
             np.add.at(self.reorder_error_us, e[early], reference[early] - r[early] + sv[early])
             self.reordered += int(early.sum())
-        key = np.maximum(r - (cum - sv), self.free_us[e])
+        key = np.maximum(r - (cum - sv), cap.to(self.free_us[e]))
         grid.fill(-math.inf)
         grid[seg, pos] = key
         start = np.maximum.accumulate(grid, axis=1)[seg, pos]
         done = cum + start
         last = np.r_[starts[1:] - 1, n - 1]
-        self.free_us[firsts] = done[last]
-        self.last_ready[firsts] = np.maximum(self.last_ready[firsts], np.maximum.reduceat(r, starts))
+        self.free_us[firsts] = cap.back(done[last])
+        self.last_ready[firsts] = np.maximum(self.last_ready[firsts], cap.back(np.maximum.reduceat(r, starts)))
         counter0 = self.counter[e] + pos  # each row's number on its link
         jitter, lost = self._fate(e, lossy)
         lost_n = np.zeros(n)
@@ -231,8 +292,8 @@ class LinkArray:
         lost_out = np.empty(n, dtype=bool)
         lost_packets = np.empty(n)
         lat = self.spec.latency_us + jitter
-        last_out[order] = done + lat
-        first_out[order] = done - sv + one[order] + lat
+        last_out[order] = cap.back(done) + lat
+        first_out[order] = cap.back(done - sv + one[order]) + lat
         lost_out[order] = lost
         lost_packets[order] = lost_n
         return Transmitted(first_out, last_out, lost_out, lost_packets)
@@ -278,12 +339,15 @@ class LinkArray:
         delay, extra = self._segment_loss(i, packets, wire_bytes)
         ser = float(self.spec.serialization_us(wire_bytes + extra))
         self._check_order(i, ready_us, ser)
-        start = max(ready_us, self.free_us[i])
+        cap = self.capacity
+        start = float(cap.to(max(ready_us, self.free_us[i])))
         # the resent packets take their share of the link, but while their timers run the link
         # carries whatever comes next: only the segment's last packet waits for them
-        self.free_us[i] = start + ser
+        end = float(cap.back(start + ser))
+        self.free_us[i] = end
         self.counter[i] += packets
-        return (start + ser / packets + self.spec.latency_us, start + ser + delay + self.spec.latency_us, extra)
+        return (float(cap.back(start + ser / packets)) + self.spec.latency_us, end + delay + self.spec.latency_us,
+                extra)
 
     def receive_segment(self, i: int, first_us: float, last_us: float, wire_bytes: float,
                         packets: int) -> tuple[float, float]:
@@ -292,7 +356,9 @@ class LinkArray:
         delay, extra = self._segment_loss(i, packets, wire_bytes)
         ser = float(self.spec.serialization_us(wire_bytes + extra))
         self._check_order(i, first_us, ser)
-        done = max(max(first_us, self.free_us[i]) + ser, last_us + ser / packets)
+        cap = self.capacity
+        done = float(cap.back(max(float(cap.to(max(first_us, self.free_us[i]))) + ser,
+                                  float(cap.to(last_us)) + ser / packets)))
         self.free_us[i] = done  # the link is free while the resent packets' timers run
         done += delay
         jitter = 0.0

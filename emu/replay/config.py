@@ -297,8 +297,9 @@ class ReplayConfig:
     def lookahead_us(self) -> float:
         """The least emulated time between an endpoint's event and its earliest effect on another
         endpoint: one link's latency plus the serialization of the smallest packet (every path
-        crosses at least one link; the switch is instantaneous)."""
-        return self.link.latency_us + float(self.link.serialization_us(MIN_WIRE_BYTES))
+        crosses at least one link; the switch is instantaneous), at the link's highest bandwidth."""
+        peak = self.link.peak_bps
+        return self.link.latency_us + (0.0 if math.isinf(peak) else MIN_WIRE_BYTES * 8e6 / peak)
 
     @property
     def host_processes(self) -> int:
@@ -319,10 +320,12 @@ class ReplayConfig:
     def emulated_slots(self) -> int:
         if self.slots is not None:
             return self.slots
-        ser = float(self.link.serialization_us(agg_wire_bytes(self.elements)))
+        # the pool covers the largest bandwidth-delay product (a schedule's fastest step)
+        peak = self.link.peak_bps
+        ser = 0.0 if math.isinf(peak) else agg_wire_bytes(self.elements) * 8e6 / peak
         if ser == 0:
             return MIN_POOL
-        bdp_packets = self.rtt_us() / ser
+        bdp_packets = 2 * (ser + self.link.latency_us) / ser
         return int(min(65535, max(MIN_POOL, 2 ** math.ceil(math.log2(2 * bdp_packets)))))
 
     @property

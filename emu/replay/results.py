@@ -127,6 +127,7 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
     link = config.link
     cfg = {"workers": config.workers, "fabric": config.fabric, "iters": iters,
            "bandwidth_bps": None if math.isinf(link.bandwidth_bps) else link.bandwidth_bps,
+           "bandwidth_schedule": [list(step) for step in link.schedule] or None,
            "latency_us": link.latency_us, "loss": link.loss, "jitter_us": link.jitter_us,
            "clock": config.resolved_clock.value, "tdf": None if sync else config.dilation,
            "payload_scale": config.scale, "seed": config.seed,

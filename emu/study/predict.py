@@ -199,8 +199,12 @@ class _Schedule:
 
 def predict(trace: Trace, config: ReplayConfig) -> Prediction:
     """The analytic estimate of ``replay(trace, config)`` (module docstring). Raises ConfigError for
-    what a replay would refuse (bad options, sub-groups that cannot be scaled)."""
+    what a replay would refuse (bad options, sub-groups that cannot be scaled), and a bandwidth
+    schedule: the closed forms take one bandwidth."""
     config.check()
+    if config.link.schedule:
+        raise ConfigError("--bandwidth-schedule: emu predict's closed forms take one bandwidth; replay the schedule "
+                          "(emu replay --bandwidth-schedule), or predict each step's bandwidth apart")
     iters = config.iters or trace.iterations
     scale = config.payload_scale or choose_payload_scale(trace, config)
     classes = _classes(trace, config)

@@ -1,0 +1,57 @@
+"""A link whose bandwidth changes over emulated time (``--bandwidth-schedule``): exact times
+across a change, the identity without one, and replays between the constant ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from emu.emulator.links import Capacity, LinkArray, LinkSpec, parse_schedule
+from emu.errors import ConfigError
+
+STEPS = parse_schedule("0s:10Gbps,1ms:1Gbps,2ms:10Gbps")
+
+
+def test_a_packet_across_a_change_takes_each_rate_for_its_part() -> None:
+    spec = LinkSpec(bandwidth_bps=1e10, schedule=STEPS, latency_us=2.0)
+    # 12,500 bytes: 10 us at 10 Gb/s. From 995 us: 6,250 bytes in 5 us, the rest at 1 Gb/s in 50 us
+    got = LinkArray(spec, np.arange(1), 0, 0).transmit(np.array([0]), np.array([995.0]), np.array([12500.0]))
+    assert got.last_us[0] == pytest.approx(1050.0 + 2.0)
+    seg = LinkArray(spec, np.arange(1), 0, 0).send_segment(0, 995.0, 12500.0, 1)
+    assert seg[1] == pytest.approx(1052.0)
+    # a FIFO queue through both changes: the second packet starts when the first is done
+    link = LinkArray(spec, np.arange(1), 0, 0)
+    two = link.transmit(np.array([0, 0]), np.array([1990.0, 1990.0]), np.array([1250.0, 12500.0]))
+    assert two.last_us.tolist() == pytest.approx([2002.0, 2002.0 + 10.0])  # 1 250 B: 10 us at 1 Gb/s
+    assert link.free_us[0] == pytest.approx(2010.0)
+
+
+def test_no_schedule_is_the_identity_and_bad_steps_are_refused() -> None:
+    cap = Capacity(LinkSpec(bandwidth_bps=1e10))
+    t = np.array([-5.0, 0.0, 12.5, 1e9])
+    assert not cap.active and np.array_equal(cap.to(t), t) and np.array_equal(cap.back(t), t)
+    stepped = Capacity(LinkSpec(bandwidth_bps=1e10, schedule=STEPS))
+    assert np.allclose(stepped.back(stepped.to(t)), t)
+    with pytest.raises(ConfigError, match="start at 0s"):
+        LinkSpec(bandwidth_bps=1e10, schedule=((5.0, 1e10),))
+    with pytest.raises(ConfigError, match="start at 0s"):
+        LinkSpec(bandwidth_bps=1e9, schedule=STEPS)  # the first step is the link's bandwidth
+    with pytest.raises(ConfigError, match="TIME:BANDWIDTH"):
+        parse_schedule("100Gbps")
+
+
+def test_a_replay_under_a_schedule_lies_between_the_constant_ones(no_children) -> None:
+    from emu.replay import ReplayConfig, replay
+    from emu.traces import load_trace, sample_path
+
+    mlp = load_trace(sample_path("mlp"))
+
+    def run(link: LinkSpec) -> float:
+        r = replay(mlp, ReplayConfig(workers=4, fabric="ina", iters=2, payload_scale=64, link=link))
+        assert r.verification.ok
+        return r.summary.iteration_us_median
+
+    fast, slow = run(LinkSpec(bandwidth_bps=100e9)), run(LinkSpec(bandwidth_bps=10e9))
+    # 100 Gb/s for the first iteration's compute, then 10 Gb/s
+    mixed = run(LinkSpec(bandwidth_bps=100e9, schedule=((0.0, 100e9), (20_000.0, 10e9))))
+    assert fast < mixed <= slow + 1.0

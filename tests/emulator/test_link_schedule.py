@@ -55,3 +55,20 @@ def test_a_replay_under_a_schedule_lies_between_the_constant_ones(no_children) -
     # 100 Gb/s for the first iteration's compute, then 10 Gb/s
     mixed = run(LinkSpec(bandwidth_bps=100e9, schedule=((0.0, 100e9), (20_000.0, 10e9))))
     assert fast < mixed <= slow + 1.0
+
+
+@pytest.mark.parametrize("fabric", ["ring", "ps", "ina"])
+def test_a_schedule_replays_the_same_on_any_process_layout(fabric: str, no_children) -> None:
+    from dataclasses import replace
+
+    from emu.replay import ReplayConfig, replay
+    from emu.traces import load_trace, sample_path
+    from tests.replay.test_clock import exact_part
+
+    link = LinkSpec(bandwidth_bps=100e9, schedule=((0.0, 100e9), (20_000.0, 10e9), (60_000.0, 25e9)),
+                    loss=0.01, jitter_us=1.0)
+    cfg = ReplayConfig(workers=4, fabric=fabric, iters=2, payload_scale=64, link=link)
+    mlp = load_trace(sample_path("mlp"))
+    first, second = (exact_part(replay(mlp, replace(cfg, processes=p))) for p in (1, 2))
+    assert first == second and first["verification"]["ok"]
+    assert first["config"]["bandwidth_schedule"] == [[0.0, 100e9], [20_000.0, 10e9], [60_000.0, 25e9]]

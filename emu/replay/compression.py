@@ -18,12 +18,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from emu.emulator.compress import Aggregation, Compressor, PowerSgd, aggregate, cost_us
+from emu.emulator.compress import Aggregation, Compressor, ErrorFeedback, PowerSgd, aggregate, cost_us
 from emu.replay.report import CompressionReport
 from emu.traces.model import Coll, CollKind, Compute, Dtype, Iteration, Op, RankProgram, Wait
 
 ERROR_ELEMENTS = 1 << 16  # the sample of the gradient the error is measured on
 ERROR_WORKERS = 16
+ERROR_STEPS = 8  # steps the accumulated error is followed over (error feedback's effect)
 
 
 def compressible(op: Op, comp: Compressor) -> bool:
@@ -118,6 +119,37 @@ def error_of(comp: Compressor, op: Coll, workers: int, seed: int) -> tuple[float
                            "without error feedback's memory, Gaussian gradients (a shared part and each worker's own)")
 
 
+def accumulated_error(comp: Compressor, op: Coll, workers: int, seed: int,
+                      steps: int = ERROR_STEPS) -> list[float]:
+    """After each of ``steps`` steps (new gradients each), the relative L2 error of the sum of the
+    compressed aggregates so far against the sum of the exact ones: the error in the model's
+    accumulated update, which error feedback keeps bounded (what one step drops is sent later)
+    and an unbiased compressor averages down. The sample of ``error_of``; PowerSGD without its
+    memory."""
+    w = min(workers, ERROR_WORKERS)
+    n = min(op.count, ERROR_ELEMENTS)
+    c = for_op(comp, op)
+    if isinstance(c, PowerSgd) and c.shapes is not None:
+        c, n = _powersgd_sample(c)
+    memory = ErrorFeedback(c)
+    got = np.zeros(n)
+    exact = np.zeros(n)
+    out = []
+    for t in range(steps):
+        grads = gradients(seed + 7919 * (t + 1), n, w)
+        if isinstance(c, PowerSgd):
+            step = c.aggregate(grads, seed + t)
+        else:
+            shared = c.aggregation == Aggregation.ALL_REDUCE  # randomk's indices: one seed for all
+            step = c.combine([memory.step(i, 0, g, seed + 1009 * t + (0 if shared else i))[1]
+                              for i, g in enumerate(grads)])
+        got += step
+        exact += np.sum(grads, axis=0, dtype=np.float64)
+        norm = float(np.linalg.norm(exact))
+        out.append(round(float(np.linalg.norm(got - exact)) / norm, 6) if norm else 0.0)
+    return out
+
+
 def _powersgd_sample(comp: PowerSgd) -> tuple[PowerSgd, int]:
     """PowerSGD's error sample: the bucket's matrices (what it compresses), each cut to its first
     rows so that together they hold about ``ERROR_ELEMENTS``, at least ``rank + 1`` rows each; the
@@ -152,10 +184,11 @@ def report(ranks: tuple[RankProgram, ...], workers: int, comp: Compressor, speed
         compressed_bytes += c.wire_bytes(op.count)
         b, a = cost_us(c, op.count, _members(op, workers), speed)
         before, after = before + b, after + a
-    error, cosine, sample = error_of(comp, max(ops, key=lambda o: o.count), workers, seed) if ops else (
-        None, None, None)
+    largest = max(ops, key=lambda o: o.count) if ops else None
+    error, cosine, sample = error_of(comp, largest, workers, seed) if largest else (None, None, None)
+    drift = accumulated_error(comp, largest, workers, seed) if largest else None
     return CompressionReport(
         compressor=comp.label, aggregation=comp.aggregation.value, feedback=comp.feedback, collectives=len(ops),
         bytes_dense=dense, bytes_compressed=compressed_bytes,
         ratio=dense / compressed_bytes if compressed_bytes else 1.0, compress_us=before, decompress_us=after,
-        speed=speed, error=error, cosine=cosine, error_sample=sample)
+        speed=speed, error=error, cosine=cosine, error_sample=sample, error_accumulated=drift)

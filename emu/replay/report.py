@@ -131,6 +131,8 @@ class CompressionReport:
     error: float | None  # relative L2 error of the aggregate against the exact sum
     cosine: float | None  # cosine similarity of the aggregate and the exact sum (sign methods: their measure)
     error_sample: str | None  # what the error was measured on
+    # after each of 8 steps, the accumulated aggregates' error against the accumulated exact sums
+    error_accumulated: list[float] | None = None
 
 
 @dataclass(frozen=True)

@@ -168,3 +168,14 @@ def test_powersgd_error_is_measured_on_matrices() -> None:
 def test_non_finite_parameters_are_refused(text: str) -> None:
     with pytest.raises(ConfigError, match="finite"):
         parse_compress(text)
+
+
+def test_error_feedback_shrinks_the_accumulated_error() -> None:
+    from emu.replay.compression import accumulated_error
+
+    op = Coll(id=0, kind=CollKind.ALL_REDUCE, dtype=Dtype.FLOAT32, count=100_000, bytes=400_000, group_size=8)
+    topk = accumulated_error(parse_compress("topk:0.01"), op, 8, 0)
+    qsgd = accumulated_error(parse_compress("qsgd"), op, 8, 0)
+    assert len(topk) == len(qsgd) == 8
+    assert topk[-1] < topk[0] - 0.1 and all(b <= a for a, b in zip(topk, topk[1:], strict=False))
+    assert abs(qsgd[-1] - qsgd[0]) < 0.05  # unbiased: the relative error of the sum stays where it was

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from emu.emulator import fabric as fabrics
-from emu.emulator.links import parse_bandwidth, parse_duration_us
+from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us, parse_schedule
 from emu.emulator.wire import ELEMENTS_ALLOWED
 from emu.errors import ConfigError
 from emu.replay.config import ReplayConfig
@@ -36,14 +36,15 @@ MAX_DESIGN_BYTES = 1 << 20
 MAX_SLOTS = 1 << 24  # the --slots bound (ReplayConfig.check)
 
 # The dotted keys a design may set that map to the configuration, in the order they are written.
-KEYS: tuple[str, ...] = ("fabric", "link.bandwidth", "link.latency", "link.loss", "link.jitter",
-                         "switch.slots", "switch.elements")
+KEYS: tuple[str, ...] = ("fabric", "link.bandwidth", "link.bandwidth_schedule", "link.latency", "link.loss",
+                         "link.jitter", "switch.slots", "switch.elements")
 # The replay flags (click's parameter names) that set the same things: a flag the user typed wins.
-FLAG_KEYS: dict[str, str] = {"fabric": "fabric", "bandwidth": "link.bandwidth", "latency": "link.latency",
+FLAG_KEYS: dict[str, str] = {"fabric": "fabric", "bandwidth": "link.bandwidth",
+                             "bandwidth_schedule": "link.bandwidth_schedule", "latency": "link.latency",
                              "loss": "link.loss", "jitter": "link.jitter", "slots": "switch.slots",
                              "elements": "switch.elements"}
 _LABELS = ("name", "description")
-_TABLES = {"link": ("bandwidth", "latency", "loss", "jitter"), "switch": ("slots", "elements")}
+_TABLES = {"link": ("bandwidth", "bandwidth_schedule", "latency", "loss", "jitter"), "switch": ("slots", "elements")}
 _RESERVED = "topology"
 _ALLOWED = (*_LABELS, "fabric", *_TABLES)
 _EXAMPLE = "examples/designs/ina-100g.toml"
@@ -61,6 +62,9 @@ class NetworkDesign:
     fabric: str | None = None
     bandwidth_bps: float | None = None
     """math.inf for an ideal link."""
+    schedule: tuple[tuple[float, float], ...] | None = None
+    """A bandwidth that steps over emulated time (``link.bandwidth_schedule``); its first step is the
+    bandwidth."""
     latency_us: float | None = None
     loss: float | None = None
     jitter_us: float | None = None
@@ -83,7 +87,14 @@ class NetworkDesign:
         if unknown:
             raise ValueError(f"overlay: {unknown} are not design keys (one of {KEYS})")
         take = {key: self.value(key) for key in KEYS if key not in given and self.value(key) is not None}
+        if "link.bandwidth_schedule" in take and "link.bandwidth" in given:
+            raise ConfigError(f"{self.path}: link.bandwidth_schedule sets the bandwidth over time, and --bandwidth "
+                              "was given too: drop --bandwidth, or the design's schedule")
+        if "link.bandwidth_schedule" in given:  # the typed schedule's first step is the bandwidth
+            take.pop("link.bandwidth", None)
         link = {_FIELDS[k]: v for k, v in take.items() if k.startswith("link.")}
+        if "schedule" in link:
+            link["bandwidth_bps"] = link["schedule"][0][1]
         top: dict[str, Any] = {}
         if "fabric" in take:
             top["fabric"] = take["fabric"]
@@ -96,7 +107,8 @@ class NetworkDesign:
         return dataclasses.replace(config, **top) if top else config
 
 
-_FIELDS = {"fabric": "fabric", "link.bandwidth": "bandwidth_bps", "link.latency": "latency_us",
+_FIELDS = {"fabric": "fabric", "link.bandwidth": "bandwidth_bps", "link.bandwidth_schedule": "schedule",
+           "link.latency": "latency_us",
            "link.loss": "loss", "link.jitter": "jitter_us", "switch.slots": "slots",
            "switch.elements": "elements"}
 
@@ -160,6 +172,9 @@ def _design(doc: dict[str, Any], source: str) -> NetworkDesign:
             if key in sub:
                 dotted = f"{table}.{key}"
                 values[_FIELDS[dotted]] = _CHECKS[dotted](sub[key], source, dotted)
+    if values.get("schedule") is not None and values.get("bandwidth_bps") is not None:
+        raise ConfigError(f"{source}: link.bandwidth and link.bandwidth_schedule both set the bandwidth: keep "
+                          "one (the schedule's first step is the bandwidth from 0s)")
     return NetworkDesign(**values)
 
 
@@ -248,6 +263,20 @@ def _duration(value: Any, source: str, key: str) -> float:
                           'e.g. "5us", "1ms", "0us"') from None
 
 
+def _schedule(value: Any, source: str, key: str) -> tuple[tuple[float, float], ...]:
+    example = '"0s:100Gbps,20ms:10Gbps"'
+    if not isinstance(value, str):
+        raise ConfigError(f"{source}: {key} = {_show(value)} is {_kind(value)}: give a string of TIME:BANDWIDTH "
+                          f"steps such as {example}")
+    try:
+        steps = parse_schedule(value)
+        LinkSpec(bandwidth_bps=steps[0][1], schedule=steps)  # the steps' own rules
+    except ConfigError:
+        raise ConfigError(f"{source}: {key} = {_show(value)}: give TIME:BANDWIDTH steps from 0s, forward in "
+                          f"time, each from 1kbps to 100Tbps, e.g. {example}") from None
+    return steps
+
+
 def _loss(value: Any, source: str, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{source}: {key} = {_show(value)} is {_kind(value)}: give a number such as 0.01 "
@@ -269,7 +298,7 @@ def _whole(allowed: str, ok: Callable[[int], bool], example: int) -> Callable[[A
 
 
 _CHECKS: dict[str, Callable[[Any, str, str], Any]] = {
-    "link.bandwidth": _bandwidth, "link.latency": _duration, "link.loss": _loss, "link.jitter": _duration,
+    "link.bandwidth": _bandwidth, "link.bandwidth_schedule": _schedule, "link.latency": _duration, "link.loss": _loss, "link.jitter": _duration,
     "switch.slots": _whole(f"1..{MAX_SLOTS}", lambda v: 1 <= v <= MAX_SLOTS, 4096),
     "switch.elements": _whole(" or ".join(map(str, ELEMENTS_ALLOWED)), lambda v: v in ELEMENTS_ALLOWED, 64),
 }
@@ -310,9 +339,11 @@ def resolved_design(config: ReplayConfig, design: NetworkDesign | None = None) -
     """The design a run used, defaults filled in, for the report (bandwidth None: an ideal link).
     Without ``design``, the file and name are those the configuration records."""
     link = config.link
+    resolved_link: dict[str, Any] = {"bandwidth_bps": None if math.isinf(link.bandwidth_bps) else link.bandwidth_bps}
+    if link.schedule:  # only where there is one: designs without keep the keys they always had
+        resolved_link["bandwidth_schedule"] = [list(step) for step in link.schedule]
+    resolved_link.update(latency_us=link.latency_us, loss=link.loss, jitter_us=link.jitter_us)
     return {"file": design.path if design else config.design_file,
             "name": design.name if design else config.design_name,
-            "fabric": config.fabric,
-            "link": {"bandwidth_bps": None if math.isinf(link.bandwidth_bps) else link.bandwidth_bps,
-                     "latency_us": link.latency_us, "loss": link.loss, "jitter_us": link.jitter_us},
+            "fabric": config.fabric, "link": resolved_link,
             "switch": {"slots": config.emulated_slots, "elements": config.elements}}

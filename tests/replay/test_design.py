@@ -68,7 +68,23 @@ def test_every_key() -> None:
                      "x.toml")
     assert d == NetworkDesign(path="x.toml", name="n", description="d", fabric="ps", bandwidth_bps=100e9,
                               latency_us=1000.0, loss=0.01, jitter_us=0.5, slots=8192, elements=256)
-    assert [d.value(k) for k in KEYS] == ["ps", 100e9, 1000.0, 0.01, 0.5, 8192, 256]
+    assert [d.value(k) for k in KEYS] == ["ps", 100e9, None, 1000.0, 0.01, 0.5, 8192, 256]
+
+
+def test_a_bandwidth_schedule() -> None:
+    d = parse_design('[link]\nbandwidth_schedule = "0s:100Gbps,20ms:10Gbps"\n', "s.toml")
+    assert d.schedule == ((0.0, 100e9), (20_000.0, 10e9)) and d.bandwidth_bps is None
+    config = d.overlay(ReplayConfig(), frozenset())
+    config.check()
+    assert config.link.schedule == d.schedule and config.link.bandwidth_bps == 100e9
+    assert resolved_design(config)["link"]["bandwidth_schedule"] == [[0.0, 100e9], [20_000.0, 10e9]]
+    with pytest.raises(ConfigError, match="drop --bandwidth"):
+        d.overlay(ReplayConfig(), frozenset({"link.bandwidth"}))
+    for text, words in [('bandwidth = "10Gbps"\nbandwidth_schedule = "0s:10Gbps"', "keep one"),
+                        ('bandwidth_schedule = "1s:10Gbps"', "from 0s"), ("bandwidth_schedule = 5", "a string")]:
+        with pytest.raises(ConfigError, match="s.toml: link.") as err:
+            parse_design(f"[link]\n{text}\n", "s.toml")
+        assert words in str(err.value)
 
 
 def test_empty_and_partial() -> None:
@@ -83,7 +99,7 @@ def test_empty_and_partial() -> None:
 
 def test_unknown_keys_suggest_the_closest() -> None:
     refused('[link]\nbandwith = "1Gbps"\n', "link.bandwith", "did you mean link.bandwidth?",
-            "bandwidth, latency, loss, jitter")
+            "bandwidth, bandwidth_schedule, latency, loss, jitter")
     refused('bandwidth = "1Gbps"\n', "unknown key bandwidth", "did you mean link.bandwidth?", "[link]")
     refused("[link]\nslots = 4\n", "link.slots", "did you mean switch.slots?")
     refused('fabrik = "ina"\n', "fabrik", "did you mean fabric?")

@@ -170,25 +170,30 @@ def _powersgd_sample(comp: PowerSgd) -> tuple[PowerSgd, int]:
 
 
 def report(ranks: tuple[RankProgram, ...], workers: int, comp: Compressor, speed: float,
-           seed: int) -> CompressionReport | None:
-    """The report's ``compression`` for the rank programs before compression (None for ``none``)."""
+           seed: int, switch_sums: bool = False) -> CompressionReport | None:
+    """The report's ``compression`` for the rank programs before compression (None for ``none``).
+    ``switch_sums``: the fabric aggregates all_reduces in a switch whose packets carry int32 (INA),
+    so an all_reduce's bytes are 4 a value whatever the dtype, dense or compressed; an all_gather
+    runs point to point there, its packed bytes as they are."""
     if comp.name == "none" or not ranks or not ranks[0].iterations:
         return None
     it: Iteration = ranks[0].iterations[0]
     ops = [op for op in it.colls if compressible(op, comp)]
     dense = compressed_bytes = 0
     before = after = 0.0
+    in_switch = switch_sums and comp.aggregation == Aggregation.ALL_REDUCE
     for op in ops:
         c = for_op(comp, op)
-        dense += op.bytes
-        compressed_bytes += c.wire_bytes(op.count)
+        dense += 4 * op.count if switch_sums else op.bytes
+        compressed_bytes += 4 * compressed(op, c, workers).count if in_switch else c.wire_bytes(op.count)
         b, a = cost_us(c, op.count, _members(op, workers), speed)
         before, after = before + b, after + a
     largest = max(ops, key=lambda o: o.count) if ops else None
     error, cosine, sample = error_of(comp, largest, workers, seed) if largest else (None, None, None)
     drift = accumulated_error(comp, largest, workers, seed) if largest else None
     return CompressionReport(
-        compressor=comp.label, aggregation=comp.aggregation.value, feedback=comp.feedback, collectives=len(ops),
+        compressor=comp.label, aggregation=comp.aggregation.value, feedback=comp.feedback, in_switch=in_switch,
+        collectives=len(ops),
         bytes_dense=dense, bytes_compressed=compressed_bytes,
         ratio=dense / compressed_bytes if compressed_bytes else 1.0, compress_us=before, decompress_us=after,
         speed=speed, error=error, cosine=cosine, error_sample=sample, error_accumulated=drift)

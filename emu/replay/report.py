@@ -121,6 +121,7 @@ class CompressionReport:
     compressor: str
     aggregation: str  # the collective it uses: all_reduce or all_gather
     feedback: bool  # error feedback (GRACE's residual memory)
+    in_switch: bool  # INA summed it in the switch (as int32: 4 bytes a value); false: point to point
     collectives: int
     bytes_dense: int
     bytes_compressed: int

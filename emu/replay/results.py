@@ -152,7 +152,8 @@ def _compression(trace: Trace, config: ReplayConfig) -> CompressionReport | None
     if not config.compress.active:
         return None
     ranks = with_sparsity(trace, config.workers, config.sparsity)
-    return compression_report(ranks, config.workers, config.compress.compressor, config.compress.speed, config.seed)
+    return compression_report(ranks, config.workers, config.compress.compressor, config.compress.speed, config.seed,
+                              switch_sums=config.network.all_reduce == AllReduce.STREAM)
 
 
 def _sent(trace: Trace, config: ReplayConfig, iters: int) -> SparsityReport | None:

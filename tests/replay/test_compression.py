@@ -179,3 +179,12 @@ def test_error_feedback_shrinks_the_accumulated_error() -> None:
     assert len(topk) == len(qsgd) == 8
     assert topk[-1] < topk[0] - 0.1 and all(b <= a for a, b in zip(topk, topk[1:], strict=False))
     assert abs(qsgd[-1] - qsgd[0]) < 0.05  # unbiased: the relative error of the sum stays where it was
+
+
+def test_on_ina_an_all_reduce_counts_what_the_switch_carries(mlp, no_children) -> None:
+    """INA's packets carry int32: fp16 halves nothing there, and the report says so."""
+    ina, ring = run(mlp, "ina", "fp16"), run(mlp, "ring", "fp16")
+    assert ina.compression.in_switch and ina.compression.ratio == pytest.approx(1.0)
+    assert not ring.compression.in_switch and ring.compression.ratio == pytest.approx(2.0)
+    topk = run(mlp, "ina", "topk:0.01").compression  # an all_gather: point to point, packed bytes
+    assert not topk.in_switch and topk.ratio > 50

@@ -461,9 +461,9 @@ def aggregate(comp: Compressor, grads: list[np.ndarray], seed: int) -> np.ndarra
     if isinstance(comp, PowerSgd):
         return comp.aggregate(grads, seed)
     n = len(grads[0])
-    return comp.combine([comp.decompress(comp.compress(g, seed + w), n, seed + w) if comp.aggregation ==
-                         Aggregation.ALL_GATHER else comp.decompress(comp.compress(g, seed), n, seed)
-                         for w, g in enumerate(grads)])
+    shared = comp.aggregation == Aggregation.ALL_REDUCE  # one seed for all: randomk's indices agree
+    return comp.combine([comp.decompress(comp.compress(g, s), n, s)
+                         for s, g in ((seed if shared else seed + w, g) for w, g in enumerate(grads))])
 
 
 class ErrorFeedback:

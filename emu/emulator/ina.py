@@ -287,14 +287,9 @@ class InaGroup:
         return Packets(li, h, payload, send, self._emu_packets_sparse(coll, blk, is_exp), np.full(n, retx), extra)
 
     def _emu_packets_sparse(self, coll: InaCollective, blk: np.ndarray, is_exp: np.ndarray) -> np.ndarray:
-        """A round of a block stands for R emulated rounds (the last block: what is left); an
-        announcement for the emulated pool's; a header-only round after a partition's end, one."""
-        r = self.p.scale
-        last = coll.blocks - 1
-        per = np.where(blk == last, max(1.0, float(coll.emu_packets - r * last)), float(r))
-        per = np.where(blk < 0, 1.0, per)
-        emu_window = self.p.emulated_slots or self.p.slots * r
-        return np.where(is_exp, min(emu_window, coll.emu_packets) / coll.exp_chunks, per)
+        """As the dense stream's, with the round's block for ``b``; a header-only round after a
+        partition's end stands for one packet."""
+        return np.where(~is_exp & (blk < 0), 1.0, self._emu_packets(coll, blk, is_exp))
 
     def _emu_packets(self, coll: InaCollective, b: np.ndarray, is_exp: np.ndarray) -> np.ndarray:
         r = self.p.scale

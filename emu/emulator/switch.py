@@ -128,8 +128,9 @@ class AggregationSwitch:
         valid = ours & (((headers["msg_type"] == MsgType.CONTRIB) | is_sparse) & (slot < self.slots)
                         & (worker < self.workers) & (headers["size"].astype(np.int64) * 64 <= self.k))
         size = headers["size"].astype(np.int64)
-        self._row_ident = np.where(is_sparse, SPARSE_IDENT + sparse[:, 0].astype(np.int64), size)
-        self._row_nkey = (sparse[:, 1].astype(np.int64) << 8) | (127 - headers["exponent"].astype(np.int64))
+        # per row: what pins its round (size, or SPARSE_IDENT + block) and its (next, exponent) key
+        keys = (np.where(is_sparse, SPARSE_IDENT + sparse[:, 0].astype(np.int64), size),
+                (sparse[:, 1].astype(np.int64) << 8) | (127 - headers["exponent"].astype(np.int64)))
         self.stats.invalid += int(n - ours.sum())
         self.stats.malformed += int(ours.sum() - valid.sum())
         keep = np.flatnonzero(valid)
@@ -140,13 +141,13 @@ class AggregationSwitch:
             rows = keep[start:]
             end = self._clean_prefix(idx[rows], worker[rows], slot[rows])
             seg = rows[:end] if end > 0 else rows[:1]
-            fits, stale = self._fits_round(seg, idx, worker, chunk, self._row_ident)
+            fits, stale = self._fits_round(seg, idx, worker, chunk, keys[0])
             self.stats.stale += int(stale.sum())
             self.stats.malformed += int(len(seg) - fits.sum() - stale.sum())
             if end > 0 and fits.any():
-                out.append(self._apply(seg[fits], idx, worker, headers, payload, stamps))
+                out.append(self._apply(seg[fits], idx, worker, headers, payload, stamps, keys))
             elif end == 0 and fits[0]:
-                out.append(self._apply_one(seg[0], idx, worker, headers, payload, stamps))
+                out.append(self._apply_one(seg[0], idx, worker, headers, payload, stamps, keys))
             start += max(end, 1)
         return self._results(out)
 
@@ -229,7 +230,8 @@ class AggregationSwitch:
         return int(bad[0]) if len(bad) else len(idx)
 
     def _apply(self, rows: np.ndarray, idx_all: np.ndarray, worker_all: np.ndarray, headers: np.ndarray,
-               payload: np.ndarray, stamps: np.ndarray) -> tuple[np.ndarray, ...]:
+               payload: np.ndarray, stamps: np.ndarray,
+               keys: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, ...]:
         idx, worker = idx_all[rows], worker_all[rows]
         self.bitmap[idx ^ 1, worker] = False
         self.bitmap[idx, worker] = True
@@ -247,9 +249,9 @@ class AggregationSwitch:
         # packets all have one size
         sizes = np.maximum.reduceat(headers["size"].astype(np.int64)[rows[order]], starts)
         self.size[groups] = np.where(fresh, sizes, np.maximum(self.size[groups], sizes))
-        self.ident[groups] = np.where(fresh, self._row_ident[firsts], self.ident[groups])
+        self.ident[groups] = np.where(fresh, keys[0][firsts], self.ident[groups])
         self.nkey[groups] = np.minimum(np.where(fresh, _NO_NEXT, self.nkey[groups]),
-                                       np.minimum.reduceat(self._row_nkey[rows[order]], starts))
+                                       np.minimum.reduceat(keys[1][rows[order]], starts))
         self.chunk[groups] = np.where(fresh, headers["chunk"][firsts], self.chunk[groups])
         self.count[groups] = np.where(fresh, 0, self.count[groups]) + counts
         self.stats.payload_bytes += int((headers["size"][rows].astype(np.int64) * 256).sum())
@@ -294,7 +296,8 @@ class AggregationSwitch:
         return sorted_idx[starts], counts, starts, order, sums
 
     def _apply_one(self, row: int, idx_all: np.ndarray, worker_all: np.ndarray, headers: np.ndarray,
-                   payload: np.ndarray, stamps: np.ndarray) -> tuple[np.ndarray, ...]:
+                   payload: np.ndarray, stamps: np.ndarray,
+                   keys: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, ...]:
         idx, worker = int(idx_all[row]), int(worker_all[row])
         self.bitmap[idx ^ 1, worker] = False
         if self.bitmap[idx, worker]:
@@ -305,7 +308,7 @@ class AggregationSwitch:
                 return self._emit(np.array([idx]), np.array([worker]), when[None, :])
             self.stats.dropped += 1
             return ()
-        return self._apply(np.array([row]), idx_all, worker_all, headers, payload, stamps)
+        return self._apply(np.array([row]), idx_all, worker_all, headers, payload, stamps, keys)
 
     def _emit(self, idx: np.ndarray, dest: np.ndarray, when: np.ndarray) -> tuple[np.ndarray, ...]:
         rec = np.zeros(len(idx), AGG_HEADER)

@@ -103,11 +103,7 @@ def error_of(comp: Compressor, op: Coll, workers: int, seed: int) -> tuple[float
     cosine similarity (a sign method's aggregate is a direction: its L2 error is large by design),
     on the first ``ERROR_ELEMENTS`` of the gradient (PowerSGD: its first tensors) of
     ``ERROR_WORKERS`` at most."""
-    w = min(workers, ERROR_WORKERS)
-    n = min(op.count, ERROR_ELEMENTS)
-    c = for_op(comp, op)
-    if isinstance(c, PowerSgd) and c.shapes is not None:
-        c, n = _powersgd_sample(c)
+    c, n, w = _sample(comp, op, workers)
     grads = gradients(seed, n, w)
     exact = np.sum(grads, axis=0, dtype=np.float64)
     got = aggregate(c, grads, seed).astype(np.float64)
@@ -126,11 +122,7 @@ def accumulated_error(comp: Compressor, op: Coll, workers: int, seed: int,
     accumulated update, which error feedback keeps bounded (what one step drops is sent later)
     and an unbiased compressor averages down. The sample of ``error_of``; PowerSGD without its
     memory."""
-    w = min(workers, ERROR_WORKERS)
-    n = min(op.count, ERROR_ELEMENTS)
-    c = for_op(comp, op)
-    if isinstance(c, PowerSgd) and c.shapes is not None:
-        c, n = _powersgd_sample(c)
+    c, n, w = _sample(comp, op, workers)
     memory = ErrorFeedback(c)
     got = np.zeros(n)
     exact = np.zeros(n)
@@ -148,6 +140,17 @@ def accumulated_error(comp: Compressor, op: Coll, workers: int, seed: int,
         norm = float(np.linalg.norm(exact))
         out.append(round(float(np.linalg.norm(got - exact)) / norm, 6) if norm else 0.0)
     return out
+
+
+def _sample(comp: Compressor, op: Coll, workers: int) -> tuple[Compressor, int, int]:
+    """What the error is measured on: the compressor (PowerSGD's on a cut of its matrices), the
+    elements and the workers."""
+    c = for_op(comp, op)
+    if isinstance(c, PowerSgd) and c.shapes is not None:
+        c, n = _powersgd_sample(c)
+    else:
+        n = min(op.count, ERROR_ELEMENTS)
+    return c, n, min(workers, ERROR_WORKERS)
 
 
 def _powersgd_sample(comp: PowerSgd) -> tuple[PowerSgd, int]:

@@ -38,7 +38,7 @@ from emu.replay.report import (
     Summary,
     Verification,
 )
-from emu.replay.sparsity import config_summary, realized_report, replayed_sparse, with_sparsity
+from emu.replay.sparsity import config_summary, realized_report, replayed_sparse
 from emu.traces.io import trace_digest
 from emu.traces.model import Trace
 
@@ -151,8 +151,8 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
 def _compression(trace: Trace, config: ReplayConfig) -> CompressionReport | None:
     if not config.compress.active:
         return None
-    ranks = with_sparsity(trace, config.workers, config.sparsity)
-    return compression_report(ranks, config.workers, config.compress.compressor, config.compress.speed, config.seed,
+    # which all_reduces compress depends on the trace alone (its sparse tensors stay as they are)
+    return compression_report(trace.ranks, config.workers, config.compress.compressor, config.compress.speed, config.seed,
                               switch_sums=config.network.all_reduce == AllReduce.STREAM)
 
 

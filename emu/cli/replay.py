@@ -193,7 +193,9 @@ def _table(reports, path: Path) -> None:
     if any(r.compression is not None for r in reports):
         row("compression", lambda r: "none" if r.compression is None else
             f"{r.compression.compressor} ({r.compression.aggregation}"
-            f"{', in the switch' if r.compression.in_switch else ''}): {r.compression.ratio:.1f}x fewer bytes a worker, "
+            f"{', in the switch' if r.compression.in_switch else ''}"
+            f"{'; its lanes NOT exact' if r.compression.switch_exact is False else ''}): "
+            f"{r.compression.ratio:.1f}x fewer bytes a worker, "
             f"error {r.compression.error:.3g}, cosine {r.compression.cosine:.3f}")
         row("compress + decompress", lambda r: "-" if r.compression is None else
             f"{ms(r.compression.compress_us)} + {ms(r.compression.decompress_us)} per iteration")

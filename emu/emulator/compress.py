@@ -492,10 +492,12 @@ def _speeds() -> dict[str, dict[str, float]]:
     return json.loads(_SPEED_FILE.read_text())["elements_per_s"]
 
 
-def cost_us(comp: Compressor, n: int, workers: int, speed: float = 1.0) -> tuple[float, float]:
+def cost_us(comp: Compressor, n: int, workers: int, speed: float = 1.0,
+            summed: bool = False) -> tuple[float, float]:
     """(compress, decompress) time of one worker for ``n`` elements, from the throughputs measured
     on the build machine (``compress_speed.json``), ``speed`` times faster. Decompressing an
-    all_gather's output is ``workers`` messages (and their sum); an all_reduce's, one."""
+    all_gather's output is ``workers`` messages (and their sum); an all_reduce's, or what a switch
+    ``summed``, one."""
     rate = _speeds()[comp.name]
-    messages = workers if comp.aggregation == Aggregation.ALL_GATHER else 1
+    messages = workers if comp.aggregation == Aggregation.ALL_GATHER and not summed else 1
     return 1e6 * n / rate["compress"] / speed, 1e6 * n * messages / rate["decompress"] / speed

@@ -8,17 +8,22 @@ issued, decompressing (every gathered message, and their sum) compute after the 
 its result, both from the cost model the compressors measured (``cost_us``), ``--compress-speed``
 times faster. The fabric then moves and verifies those bytes as any others.
 
+On ``ina`` (``switch_sums``), the quantizers whose levels the switch can add (signsgd, terngrad,
+qsgd: ``emu.emulator.compress_switch``) are an all_reduce of int32 lanes instead, each lane a few
+levels, summed in the switch.
+
 What the compressor does to the numbers is measured apart, on gradients generated for the
 purpose (``error_of``): the relative error of one step's aggregate against the exact sum.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from emu.emulator.compress import Aggregation, Compressor, ErrorFeedback, PowerSgd, aggregate, cost_us
+from emu.emulator.compress_switch import lanes, switch_aggregate
 from emu.replay.report import CompressionReport
 from emu.traces.model import Coll, CollKind, Compute, Dtype, Iteration, Op, RankProgram, Wait
 
@@ -46,12 +51,25 @@ def for_op(comp: Compressor, op: Coll) -> Compressor:
     return replace(comp, shapes=op.tensors) if isinstance(comp, PowerSgd) else comp
 
 
-def compressed(op: Coll, comp: Compressor, workers: int) -> Coll:
+def summed_in_switch(op: Coll, comp: Compressor, workers: int, switch_sums: bool) -> bool:
+    """Whether the fabric's switch sums ``op`` compressed: an all_reduce compressor's form, or a
+    quantizer's levels in int32 lanes (where a lane holds a field at the group's size)."""
+    return switch_sums and (comp.aggregation == Aggregation.ALL_REDUCE
+                            or lanes(comp, op.count, _members(op, workers)) is not None)
+
+
+def compressed(op: Coll, comp: Compressor, workers: int, switch_sums: bool = False) -> Coll:
     """The collective that carries ``op``'s gradient compressed (same id, no sparsity: a compressed
-    gradient is coded densely)."""
+    gradient is coded densely). ``switch_sums``: the fabric sums all_reduces in a switch (INA),
+    which takes a quantizer's levels as an all_reduce of int32 lanes (the stream's packets carry
+    int32 whatever the all_reduce's float dtype: float32 is what the stream takes)."""
+    members = _members(op, workers)
+    if switch_sums and comp.aggregation == Aggregation.ALL_GATHER:
+        count = lanes(comp, op.count, members)
+        if count is not None:
+            return replace(op, dtype=Dtype.FLOAT32, count=count, bytes=4 * count, sparsity=None, tensors=None)
     size = comp.wire_bytes(op.count)
     if comp.aggregation == Aggregation.ALL_GATHER:
-        members = _members(op, workers)
         return replace(op, kind=CollKind.ALL_GATHER, dtype=Dtype.UINT8, count=size * members,
                        bytes=size * members, sparsity=None, tensors=None)
     dtype = Dtype.FLOAT16 if comp.name == "fp16" else Dtype.FLOAT32
@@ -60,8 +78,9 @@ def compressed(op: Coll, comp: Compressor, workers: int) -> Coll:
 
 
 def with_compression(ranks: tuple[RankProgram, ...], workers: int, comp: Compressor,
-                     speed: float) -> tuple[RankProgram, ...]:
-    """The rank programs with every float all_reduce compressed (the same objects for ``none``)."""
+                     speed: float, switch_sums: bool = False) -> tuple[RankProgram, ...]:
+    """The rank programs with every float all_reduce compressed (the same objects for ``none``);
+    ``switch_sums``: the fabric sums all_reduces in a switch (``compressed``)."""
     if comp.name == "none":
         return ranks
     out = []
@@ -74,8 +93,9 @@ def with_compression(ranks: tuple[RankProgram, ...], workers: int, comp: Compres
                 if compressible(op, comp):
                     assert isinstance(op, Coll)
                     c = for_op(comp, op)
-                    before, after = cost_us(c, op.count, _members(op, workers), speed)
-                    ops += [Compute(name="compress", dur_us=before), compressed(op, c, workers)]
+                    before, after = cost_us(c, op.count, _members(op, workers), speed,
+                                            summed_in_switch(op, c, workers, switch_sums))
+                    ops += [Compute(name="compress", dur_us=before), compressed(op, c, workers, switch_sums)]
                     pending[op.id] = after
                     continue
                 ops.append(op)
@@ -98,25 +118,46 @@ def gradients(seed: int, n: int, workers: int) -> list[np.ndarray]:
     return [((shared + rng.standard_normal(n)) * 2.0**-8).astype(np.float32) for _ in range(workers)]
 
 
-def error_of(comp: Compressor, op: Coll, workers: int, seed: int) -> tuple[float, float, str]:
+@dataclass(frozen=True)
+class StepError:
+    """One step's aggregate against the exact sum (``error_of``)."""
+
+    error: float  # relative L2 error
+    cosine: float  # cosine similarity (a sign method's aggregate is a direction: its L2 error is large by design)
+    sample: str  # what it was measured on
+    exact: bool | None  # summed in the switch: its int32 lanes held exactly the sums of the levels
+
+
+def _combined(c: Compressor, grads: list[np.ndarray], seed: int, packet_lanes: int) -> tuple[np.ndarray, bool | None]:
+    """The aggregate the workers end with: summed in the switch's lanes where ``packet_lanes``
+    (INA's values a packet) is given and the switch can sum ``c``, else decompressed and combined."""
+    if packet_lanes and lanes(c, len(grads[0]), len(grads)) is not None and c.aggregation == Aggregation.ALL_GATHER:
+        got = switch_aggregate(c, grads, seed, packet_lanes)
+        return got.aggregate, got.exact
+    return aggregate(c, grads, seed), None
+
+
+def error_of(comp: Compressor, op: Coll, workers: int, seed: int, packet_lanes: int = 0) -> StepError:
     """One step's relative L2 error of the compressed aggregate against the exact sum, and their
-    cosine similarity (a sign method's aggregate is a direction: its L2 error is large by design),
-    on the first ``ERROR_ELEMENTS`` of the gradient (PowerSGD: its first tensors) of
-    ``ERROR_WORKERS`` at most."""
+    cosine similarity, on the first ``ERROR_ELEMENTS`` of the gradient (PowerSGD: its first tensors)
+    of ``ERROR_WORKERS`` at most; ``packet_lanes``: summed in the switch where it can be."""
     c, n, w = _sample(comp, op, workers)
     grads = gradients(seed, n, w)
     exact = np.sum(grads, axis=0, dtype=np.float64)
-    got = aggregate(c, grads, seed).astype(np.float64)
+    combined, lanes_exact = _combined(c, grads, seed, packet_lanes)
+    got = combined.astype(np.float64)
     norm, got_norm = float(np.linalg.norm(exact)), float(np.linalg.norm(got))
     error = float(np.linalg.norm(got - exact)) / norm if norm else 0.0
     cosine = float(got @ exact) / (norm * got_norm) if norm and got_norm else 0.0
     what = "its matrices' first rows" if isinstance(c, PowerSgd) else "the first elements"
-    return error, cosine, (f"{n} elements ({what}) of the largest compressed all_reduce, {w} workers, one step "
-                           "without error feedback's memory, Gaussian gradients (a shared part and each worker's own)")
+    where = ", summed in the switch's int32 lanes" if lanes_exact is not None else ""
+    return StepError(error, cosine, f"{n} elements ({what}) of the largest compressed all_reduce, {w} workers{where}, "
+                     "one step without error feedback's memory, Gaussian gradients (a shared part and each "
+                     "worker's own)", lanes_exact)
 
 
 def accumulated_error(comp: Compressor, op: Coll, workers: int, seed: int,
-                      steps: int = ERROR_STEPS) -> list[float]:
+                      steps: int = ERROR_STEPS, packet_lanes: int = 0) -> list[float]:
     """After each of ``steps`` steps (new gradients each), the relative L2 error of the sum of the
     compressed aggregates so far against the sum of the exact ones: the error in the model's
     accumulated update, which error feedback keeps bounded (what one step drops is sent later)
@@ -131,6 +172,8 @@ def accumulated_error(comp: Compressor, op: Coll, workers: int, seed: int,
         grads = gradients(seed + 7919 * (t + 1), n, w)
         if isinstance(c, PowerSgd):
             step = c.aggregate(grads, seed + t)
+        elif not c.feedback:  # the quantizers: nothing carried over, maybe summed in the switch
+            step, _ = _combined(c, grads, seed + 1009 * t, packet_lanes)
         else:
             shared = c.aggregation == Aggregation.ALL_REDUCE  # randomk's indices: one seed for all
             step = c.combine([memory.step(i, 0, g, seed + 1009 * t + (0 if shared else i))[1]
@@ -173,30 +216,36 @@ def _powersgd_sample(comp: PowerSgd) -> tuple[PowerSgd, int]:
 
 
 def report(ranks: tuple[RankProgram, ...], workers: int, comp: Compressor, speed: float,
-           seed: int, switch_sums: bool = False) -> CompressionReport | None:
+           seed: int, switch_sums: bool = False, packet_elements: int = 64) -> CompressionReport | None:
     """The report's ``compression`` for the rank programs before compression (None for ``none``).
-    ``switch_sums``: the fabric aggregates all_reduces in a switch whose packets carry int32 (INA),
-    so an all_reduce's bytes are 4 a value whatever the dtype, dense or compressed; an all_gather
-    runs point to point there, its packed bytes as they are."""
+    ``switch_sums``: the fabric aggregates all_reduces in a switch whose packets carry int32 (INA)
+    of ``packet_elements`` a packet, so an all_reduce's bytes are 4 a value whatever the dtype,
+    dense or compressed, and a quantizer's levels are summed in int32 lanes; an all_gather runs
+    point to point there, its packed bytes as they are."""
     if comp.name == "none" or not ranks or not ranks[0].iterations:
         return None
     it: Iteration = ranks[0].iterations[0]
     ops = [op for op in it.colls if compressible(op, comp)]
     dense = compressed_bytes = 0
     before = after = 0.0
-    in_switch = switch_sums and comp.aggregation == Aggregation.ALL_REDUCE
+    in_switch = bool(ops) and all(summed_in_switch(op, comp, workers, switch_sums) for op in ops)
     for op in ops:
         c = for_op(comp, op)
+        summed = summed_in_switch(op, c, workers, switch_sums)
         dense += 4 * op.count if switch_sums else op.bytes
-        compressed_bytes += 4 * compressed(op, c, workers).count if in_switch else c.wire_bytes(op.count)
-        b, a = cost_us(c, op.count, _members(op, workers), speed)
+        compressed_bytes += 4 * compressed(op, c, workers, switch_sums).count if summed else c.wire_bytes(op.count)
+        b, a = cost_us(c, op.count, _members(op, workers), speed, summed)
         before, after = before + b, after + a
     largest = max(ops, key=lambda o: o.count) if ops else None
-    error, cosine, sample = error_of(comp, largest, workers, seed) if largest else (None, None, None)
-    drift = accumulated_error(comp, largest, workers, seed) if largest else None
+    lanes_ = packet_elements if in_switch else 0
+    step = error_of(comp, largest, workers, seed, lanes_) if largest else None
+    drift = accumulated_error(comp, largest, workers, seed, packet_lanes=lanes_) if largest else None
+    aggregation = comp.aggregation.value if not in_switch else Aggregation.ALL_REDUCE.value
     return CompressionReport(
-        compressor=comp.label, aggregation=comp.aggregation.value, feedback=comp.feedback, in_switch=in_switch,
+        compressor=comp.label, aggregation=aggregation, feedback=comp.feedback, in_switch=in_switch,
         collectives=len(ops),
         bytes_dense=dense, bytes_compressed=compressed_bytes,
         ratio=dense / compressed_bytes if compressed_bytes else 1.0, compress_us=before, decompress_us=after,
-        speed=speed, error=error, cosine=cosine, error_sample=sample, error_accumulated=drift)
+        speed=speed, error=step.error if step else None, cosine=step.cosine if step else None,
+        error_sample=step.sample if step else None, error_accumulated=drift,
+        switch_exact=step.exact if step else None)

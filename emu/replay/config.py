@@ -294,6 +294,11 @@ class ReplayConfig:
         """The fabric object ``fabric`` names (ConfigError for an unknown name)."""
         return fabrics.get(self.fabric)
 
+    @property
+    def switch_sums(self) -> bool:
+        """Whether the fabric sums float all_reduces in a switch (INA's stream)."""
+        return self.network.all_reduce == fabrics.AllReduce.STREAM
+
     def lookahead_us(self) -> float:
         """The least emulated time between an endpoint's event and its earliest effect on another
         endpoint: one link's latency plus the serialization of the smallest packet (every path

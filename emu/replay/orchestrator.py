@@ -181,7 +181,8 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     config.check()
     config.network.check_available()
     _check_scale(trace, config)
-    plan_programs(trace, config.workers, trace_path or "trace", config.sparsity, config.compress)  # bad input fails before any process
+    plan_programs(trace, config.workers, trace_path or "trace", config.sparsity, config.compress,
+                  switch_sums=config.switch_sums)  # bad input fails before any process
     calibration = None
     if config.payload_scale is None:
         config = replace(config, payload_scale=choose_payload_scale(trace, config))
@@ -230,7 +231,8 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
          chrome_trace: str | os.PathLike[str] | None,
          on_progress: Callable[[float], None] | None) -> tuple[ReplayReport, float]:
     """One replay with a concrete configuration; the report and the seconds the run itself took."""
-    programs = plan_programs(trace, config.workers, trace_path or "trace", config.sparsity, config.compress)
+    programs = plan_programs(trace, config.workers, trace_path or "trace", config.sparsity, config.compress,
+                             switch_sums=config.switch_sums)
     iters = config.iters or trace.iterations
     m = config.workers
     worker_hosts = _split(m, config.host_processes)

@@ -68,13 +68,16 @@ def _scale_op(op: Op, rank: int, worker: int, n: int, m: int, path: str) -> Op:
 
 
 def plan_programs(trace: Trace, workers: int, path: str = "trace", sparsity: SparsityOption | None = None,
-                  compress: CompressOption | None = None, job_workers: int | None = None) -> list[WorkerProgram]:
+                  compress: CompressOption | None = None, job_workers: int | None = None,
+                  switch_sums: bool = False) -> list[WorkerProgram]:
     """The programs of ``workers`` fake workers; ``job_workers``: the job's size where fewer are
-    planned (``emu predict``), which a compressed all_gather's size follows."""
+    planned (``emu predict``), which a compressed all_gather's size follows; ``switch_sums``: the
+    fabric sums all_reduces in a switch (INA), which takes some compressors' levels
+    (``emu.replay.compression.compressed``)."""
     n = trace.meta.world_size
     ranks = with_sparsity(trace, workers, sparsity)
     if compress is not None and compress.active:
-        ranks = with_compression(ranks, job_workers or workers, compress.compressor, compress.speed)
+        ranks = with_compression(ranks, job_workers or workers, compress.compressor, compress.speed, switch_sums)
     counts = {len(it.colls) for r in ranks for it in r.iterations}
     if len(counts) > 1:
         raise ConfigError(f"{path}: the iterations issue different numbers of collectives ({sorted(counts)}); "

@@ -121,7 +121,7 @@ class CompressionReport:
     compressor: str
     aggregation: str  # the collective it uses: all_reduce or all_gather
     feedback: bool  # error feedback (GRACE's residual memory)
-    in_switch: bool  # INA summed it in the switch (as int32: 4 bytes a value); false: point to point
+    in_switch: bool  # INA summed it in the switch (int32: 4 bytes a value, or a quantizer's lanes); false: point to point
     collectives: int
     bytes_dense: int
     bytes_compressed: int
@@ -134,6 +134,9 @@ class CompressionReport:
     error_sample: str | None  # what the error was measured on
     # after each of 8 steps, the accumulated aggregates' error against the accumulated exact sums
     error_accumulated: list[float] | None = None
+    # a quantizer summed in the switch: its int32 lanes held exactly the sums of the workers' levels
+    # (on the error's sample); None where nothing was summed in lanes
+    switch_exact: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,11 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
                       bytes_sent=bytes_sent) if times else None
     elements = sum(r.verify_elements for r in results)
     mismatches = sum(r.verify_mismatches for r in results)
-    verification = Verification(ok=mismatches == 0 and elements > 0, elements_checked=elements,
+    compression = _compression(trace, config)
+    # a quantizer summed in the switch's lanes must unpack to the exact sums of its levels, or its
+    # aggregate is wrong however intact the bytes
+    lanes_ok = compression is None or compression.switch_exact is not False
+    verification = Verification(ok=mismatches == 0 and elements > 0 and lanes_ok, elements_checked=elements,
                                 mismatches=mismatches)
     reordered = sum(r.reordered for r in results)
     reorder_error = max((r.reorder_error_us for r in results), default=0.0)
@@ -145,7 +149,7 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
     return ReplayReport(report_version=REPORT_VERSION, emu_version=emu.__version__, config=cfg, trace=trace_doc,
                         iterations=tuple(iterations), summary=summary, verification=verification,
                         emulator=emulator, fabric=fabric, sparsity=_sent(trace, config, planned),
-                        compression=_compression(trace, config))
+                        compression=compression)
 
 
 def _compression(trace: Trace, config: ReplayConfig) -> CompressionReport | None:
@@ -153,7 +157,8 @@ def _compression(trace: Trace, config: ReplayConfig) -> CompressionReport | None
         return None
     # which all_reduces compress depends on the trace alone (its sparse tensors stay as they are)
     return compression_report(trace.ranks, config.workers, config.compress.compressor, config.compress.speed, config.seed,
-                              switch_sums=config.network.all_reduce == AllReduce.STREAM)
+                              switch_sums=config.switch_sums,
+                              packet_elements=config.elements)
 
 
 def _sent(trace: Trace, config: ReplayConfig, iters: int) -> SparsityReport | None:

@@ -77,7 +77,7 @@ class _Class:
 
 
 def _programs(trace: Trace, workers: int, sparsity: SparsityOption | None = None,
-              compress: CompressOption | None = None) -> list[WorkerProgram]:
+              compress: CompressOption | None = None, switch_sums: bool = False) -> list[WorkerProgram]:
     """The programs of workers 0..min(M, len(ranks))-1, checked as a replay checks them."""
     n, r = trace.meta.world_size, len(trace.ranks)
     m = workers
@@ -85,11 +85,12 @@ def _programs(trace: Trace, workers: int, sparsity: SparsityOption | None = None
         m = PLAN_LIMIT + (workers - PLAN_LIMIT) % r  # same residue: the same last worker's program
         if m == n:
             m += r
-    return plan_programs(trace, m, sparsity=sparsity, compress=compress, job_workers=workers)[:min(r, workers)]
+    return plan_programs(trace, m, sparsity=sparsity, compress=compress, job_workers=workers,
+                         switch_sums=switch_sums)[:min(r, workers)]
 
 
 def _classes(trace: Trace, config: ReplayConfig) -> list[_Class]:
-    programs = _programs(trace, config.workers, config.sparsity, config.compress)
+    programs = _programs(trace, config.workers, config.sparsity, config.compress, config.switch_sums)
     factor, _ = straggling(config.stragglers, config.workers, config.seed)  # numpy over M, as replay draws
     prog = np.arange(config.workers) % len(programs)
     keys, first = np.unique(np.stack([prog.astype(float), factor], axis=1), axis=0, return_index=True)

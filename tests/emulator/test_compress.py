@@ -127,3 +127,40 @@ def test_bad_values_name_the_option(text: str, words: str) -> None:
     with pytest.raises(ConfigError, match="--compress") as err:
         parse_compress(text)
     assert words in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["signsgd", "terngrad", "qsgd:4", "qsgd:64"])
+def test_the_switch_lanes_hold_the_exact_sums_of_the_levels(name: str) -> None:
+    """Levels packed into int32 lanes and added as int32 (as the switch does) unpack to the exact
+    sums; the aggregate is the vote or an unbiased sum against the shared power-of-two scale."""
+    from emu.emulator.compress_switch import shared_scale, switch_aggregate
+
+    rng = np.random.default_rng(1)
+    grads = [(rng.standard_normal(5000) * 2.0**-6).astype(np.float32) for _ in range(8)]
+    comp = parse_compress(name)
+    got = switch_aggregate(comp, grads, 0, 64)
+    assert got.exact and got.aggregate.dtype == np.float32
+    exact = np.sum(grads, axis=0, dtype=np.float64)
+    scale = shared_scale(grads, 64 * got.fields_per_lane)
+    assert np.all(scale >= np.max(np.abs(grads), axis=0)) and np.all(np.log2(scale) == np.round(np.log2(scale)))
+    if name == "signsgd":  # the same vote as the all_gather's
+        assert np.array_equal(got.aggregate, comp.combine([comp.decompress(comp.compress(g, 0), 5000, 0)
+                                                           for g in grads]))
+        return
+    # unbiased: over many seeds the mean aggregate approaches the exact sum
+    mean = np.mean([switch_aggregate(comp, grads, s, 64).aggregate for s in range(0, 4000, 8)], axis=0)
+    assert np.linalg.norm(mean - exact) / np.linalg.norm(exact) < 0.1
+
+
+def test_a_lane_never_carries_into_the_next_field() -> None:
+    """Every worker at the largest level: each field's sum is 2 S M, the most it can hold."""
+    from emu.emulator.compress_switch import field_bits, pack_lanes, unpack_lanes
+
+    s, m = 64, 8
+    width = field_bits(s, m)
+    per = 31 // width
+    fields = np.full(10, 2 * s)
+    total = np.zeros(-(-10 // per), np.int32)
+    for _ in range(m):
+        total = total + pack_lanes(fields, width, per)
+    assert total.max() < 2**31 and np.array_equal(unpack_lanes(total, width, per, 10), np.full(10, 2 * s * m))

@@ -160,8 +160,9 @@ def test_powersgd_error_is_measured_on_matrices() -> None:
 
     op = Coll(id=0, kind=CollKind.ALL_REDUCE, dtype=Dtype.FLOAT32, count=2048 * 1024 + 2048, bytes=4 * (2048 * 1024 + 2048),
               group_size=8, tensors=((2048,), (2048, 1024)))
-    error, cosine, sample = error_of(parse_compress("powersgd:1"), op, 8, 0)
-    assert 0.5 < error < 1 and 0 < cosine < 0.9 and "matrices' first rows" in sample
+    step = error_of(parse_compress("powersgd:1"), op, 8, 0)
+    assert 0.5 < step.error < 1 and 0 < step.cosine < 0.9 and "matrices' first rows" in step.sample
+    assert step.exact is None  # nothing was summed in a switch's lanes
 
 
 @pytest.mark.parametrize("text", ["qsgd:inf", "powersgd:nan", "topk:inf"])
@@ -188,3 +189,39 @@ def test_on_ina_an_all_reduce_counts_what_the_switch_carries(mlp, no_children) -
     assert not ring.compression.in_switch and ring.compression.ratio == pytest.approx(2.0)
     topk = run(mlp, "ina", "topk:0.01").compression  # an all_gather: point to point, packed bytes
     assert not topk.in_switch and topk.ratio > 50
+
+
+@pytest.mark.parametrize("name", ["signsgd", "terngrad", "qsgd"])
+def test_on_ina_the_switch_sums_the_quantizers_levels(mlp, name: str, no_children) -> None:
+    """signsgd, terngrad and qsgd: an all_reduce of int32 lanes on ina, summed in the switch (no
+    fallback), bytes of the lanes; point to point (an all_gather of packed bits) on the ring."""
+    from emu.emulator.compress_switch import fields_per_lane
+
+    comp = parse_compress(name)
+    ina, ring = run(mlp, "ina", name, workers=8), run(mlp, "ring", name, workers=8)
+    assert ina.verification.ok and ina.verification.elements_checked > 0 and ring.verification.ok
+    c = ina.compression
+    assert c.in_switch and c.aggregation == "all_reduce" and c.switch_exact is True
+    assert ina.fabric.fallbacks == {}  # nothing ran point to point
+    f = fields_per_lane(comp, 8)
+    assert c.bytes_compressed == sum(4 * -(-op.count // f) for op in mlp.ranks[0].iterations[0].colls)
+    assert "int32 lanes" in c.error_sample
+    assert not ring.compression.in_switch and ring.compression.switch_exact is None
+    assert ring.compression.aggregation == "all_gather"
+    # the lanes' bytes go up and down once, the all_gather's cross M - 1 links one after another
+    assert ina.summary.iteration_us_median < ring.summary.iteration_us_median
+
+
+def test_in_switch_lanes_follow_the_workers(mlp) -> None:
+    """A field holds the sum of M levels: fewer fields a lane as M grows, none past 2^31."""
+    from emu.emulator.compress_switch import fields_per_lane, lanes
+
+    sign = parse_compress("signsgd")
+    assert [fields_per_lane(sign, m) for m in (2, 8, 256, 1024)] == [10, 6, 3, 2]
+    assert fields_per_lane(parse_compress("qsgd:64"), 8) == 2 and fields_per_lane(parse_compress("qsgd:64"), 256) == 1
+    assert lanes(parse_compress("qsgd:65536"), 1000, 1 << 14) is None  # S M >= 2^30: no field fits
+    assert lanes(parse_compress("topk"), 1000, 8) is None
+    op = mlp.ranks[0].iterations[0].colls[0]
+    big = plan_programs(mlp, 4, compress=CompressOption("qsgd:65536"), switch_sums=True)
+    assert [c.kind for c in big[0].iterations[0].colls] == [CollKind.ALL_REDUCE] * 2  # 17-bit fields: one a lane
+    assert big[0].iterations[0].colls[0].count == op.count

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -10,6 +11,9 @@ from emu.cli import cli
 from emu.cli.options import auto, trace_path, typed
 from emu.cli.output import Progress, err, human_bandwidth, human_bytes, ms, out
 from emu.errors import CheckFailed, ConfigError, EmuError
+
+if TYPE_CHECKING:
+    from emu.replay.report import AdaptiveReport, CompressionReport
 
 
 @cli.command()
@@ -46,7 +50,7 @@ from emu.errors import CheckFailed, ConfigError, EmuError
 @click.option("--compress", default="none", show_default=True,
               help="Gradient compressor of float all_reduces (docs/compression.md): none, fp16, topk[:R], "
                    "randomk[:R], dgc[:R], qsgd[:LEVELS], terngrad, signsgd, efsignsgd, onebit, natural, "
-                   "powersgd[:RANK].")
+                   "powersgd[:RANK], or adaptive[:FLOOR] (top-k chosen per bucket from the measured bandwidth).")
 @click.option("--compress-speed", type=float, default=1.0, show_default=True,
               help="Compression runs this many times faster than on the build machine (its cost model).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of payload, loss and jitter.")
@@ -167,8 +171,10 @@ def _table(reports, path: Path) -> None:
     from rich.table import Table
 
     first = reports[0]
-    t = Table(title=f"{path.name}: {first.config['workers']} workers, "
-                    f"{human_bandwidth(first.config['bandwidth_bps'])}, {first.config['latency_us']:g} us")
+    schedule = first.config.get("bandwidth_schedule")
+    bandwidth = (" then ".join(f"{human_bandwidth(bps)} from {t_us / 1000:g} ms" for t_us, bps in schedule)
+                 if schedule else human_bandwidth(first.config["bandwidth_bps"]))
+    t = Table(title=f"{path.name}: {first.config['workers']} workers, {bandwidth}, {first.config['latency_us']:g} us")
     t.add_column("")
     for r in reports:
         t.add_column(r.config["fabric"], justify="right")
@@ -191,12 +197,10 @@ def _table(reports, path: Path) -> None:
             f"{100 * r.sparsity.nonzero_fraction:.1f}% per worker, {100 * r.sparsity.union_fraction:.1f}% on some "
             f"(sent: {100 * r.sparsity.sent_fraction:.0f}%)")
     if any(r.compression is not None for r in reports):
-        row("compression", lambda r: "none" if r.compression is None else
-            f"{r.compression.compressor} ({r.compression.aggregation}"
-            f"{', in the switch' if r.compression.in_switch else ''}"
-            f"{'; its lanes NOT exact' if r.compression.switch_exact is False else ''}): "
-            f"{r.compression.ratio:.1f}x fewer bytes a worker, "
-            f"error {r.compression.error:.3g}, cosine {r.compression.cosine:.3f}")
+        row("compression", lambda r: "none" if r.compression is None else _compression(r.compression))
+        if any(r.compression is not None and r.compression.adaptive is not None for r in reports):
+            row("adaptive choices", lambda r: "-" if r.compression is None or r.compression.adaptive is None
+                else _choices(r.compression.adaptive))
         row("compress + decompress", lambda r: "-" if r.compression is None else
             f"{ms(r.compression.compress_us)} + {ms(r.compression.decompress_us)} per iteration")
     row("packets lost (resent)", lambda r: f"{r.fabric.packets_lost:,}")
@@ -212,6 +216,26 @@ def _table(reports, path: Path) -> None:
         if r.emulator.advice:
             err().print(f"{r.config['fabric']}: not trustworthy: {r.emulator.advice}", markup=False,
                         highlight=False, soft_wrap=True)
+
+
+def _compression(c: CompressionReport) -> str:
+    if c.adaptive is not None:
+        return (f"{c.compressor} ({c.adaptive.passes} pass{'es' if c.adaptive.passes > 1 else ''}): "
+                f"{c.ratio:.1f}x fewer bytes a worker, mean of the iterations")
+    return (f"{c.compressor} ({c.aggregation}{', in the switch' if c.in_switch else ''}"
+            f"{'; its lanes NOT exact' if c.switch_exact is False else ''}): "
+            f"{c.ratio:.1f}x fewer bytes a worker, error {c.error:.3g}, cosine {c.cosine:.3f}")
+
+
+def _choices(a: AdaptiveReport) -> str:
+    """Runs of iterations with the same choices: '0-2 none/none, 3-5 topk:0.01/none'."""
+    runs: list[list] = []
+    for step in a.steps:
+        if runs and runs[-1][2] == step.choices:
+            runs[-1][1] = step.iteration
+        else:
+            runs.append([step.iteration, step.iteration, step.choices])
+    return ", ".join(f"{lo}{'' if lo == hi else f'-{hi}'} {'/'.join(ch)}" for lo, hi, ch in runs)
 
 
 def _median(values: list[float]) -> float:

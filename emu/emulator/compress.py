@@ -442,7 +442,8 @@ def parse_compress(text: str) -> Compressor:
 
         near = difflib.get_close_matches(name, COMPRESSORS, n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
-        raise ConfigError(f"--compress {text!r}: unknown compressor{hint}; one of {', '.join(COMPRESSORS)}")
+        raise ConfigError(f"--compress {text!r}: unknown compressor{hint}; one of {', '.join(COMPRESSORS)} "
+                          "(or adaptive[:FLOOR] for emu replay)")
     if value and cls.default is None:
         raise ConfigError(f"--compress {text!r}: {name} takes no parameter; give --compress {name}")
     try:

@@ -18,6 +18,7 @@ purpose (``error_of``): the relative error of one step's aggregate against the e
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -41,7 +42,7 @@ def compressible(op: Op, comp: Compressor) -> bool:
             and not (comp.name == "fp16" and op.dtype.itemsize <= 2))
 
 
-def _members(op: Coll, workers: int) -> int:
+def members(op: Coll, workers: int) -> int:
     """The workers an all_gather of ``op`` gathers from: its sub-group's, else the job's."""
     return op.group_size if op.group is not None else workers
 
@@ -55,7 +56,7 @@ def summed_in_switch(op: Coll, comp: Compressor, workers: int, switch_sums: bool
     """Whether the fabric's switch sums ``op`` compressed: an all_reduce compressor's form, or a
     quantizer's levels in int32 lanes (where a lane holds a field at the group's size)."""
     return switch_sums and (comp.aggregation == Aggregation.ALL_REDUCE
-                            or lanes(comp, op.count, _members(op, workers)) is not None)
+                            or lanes(comp, op.count, members(op, workers)) is not None)
 
 
 def compressed(op: Coll, comp: Compressor, workers: int, switch_sums: bool = False) -> Coll:
@@ -63,15 +64,15 @@ def compressed(op: Coll, comp: Compressor, workers: int, switch_sums: bool = Fal
     gradient is coded densely). ``switch_sums``: the fabric sums all_reduces in a switch (INA),
     which takes a quantizer's levels as an all_reduce of int32 lanes (the stream's packets carry
     int32 whatever the all_reduce's float dtype: float32 is what the stream takes)."""
-    members = _members(op, workers)
+    group = members(op, workers)
     if switch_sums and comp.aggregation == Aggregation.ALL_GATHER:
-        count = lanes(comp, op.count, members)
+        count = lanes(comp, op.count, group)
         if count is not None:
             return replace(op, dtype=Dtype.FLOAT32, count=count, bytes=4 * count, sparsity=None, tensors=None)
     size = comp.wire_bytes(op.count)
     if comp.aggregation == Aggregation.ALL_GATHER:
-        return replace(op, kind=CollKind.ALL_GATHER, dtype=Dtype.UINT8, count=size * members,
-                       bytes=size * members, sparsity=None, tensors=None)
+        return replace(op, kind=CollKind.ALL_GATHER, dtype=Dtype.UINT8, count=size * group,
+                       bytes=size * group, sparsity=None, tensors=None)
     dtype = Dtype.FLOAT16 if comp.name == "fp16" else Dtype.FLOAT32
     count = -(-size // dtype.itemsize)
     return replace(op, dtype=dtype, count=count, bytes=count * dtype.itemsize, sparsity=None, tensors=None)
@@ -83,31 +84,40 @@ def with_compression(ranks: tuple[RankProgram, ...], workers: int, comp: Compres
     ``switch_sums``: the fabric sums all_reduces in a switch (``compressed``)."""
     if comp.name == "none":
         return ranks
-    out = []
-    for r in ranks:
-        iterations = []
-        for it in r.iterations:
-            ops: list[Op] = []
-            pending: dict[int, float] = {}  # collective id -> its decompression, due at its wait
-            for op in it.ops:
-                if compressible(op, comp):
-                    assert isinstance(op, Coll)
-                    c = for_op(comp, op)
-                    before, after = cost_us(c, op.count, _members(op, workers), speed,
-                                            summed_in_switch(op, c, workers, switch_sums))
-                    ops += [Compute(name="compress", dur_us=before), compressed(op, c, workers, switch_sums)]
-                    pending[op.id] = after
-                    continue
-                ops.append(op)
-                if isinstance(op, Wait):
-                    due = sum(pending.pop(i, 0.0) for i in op.ids)
-                    if due:
-                        ops.append(Compute(name="decompress", dur_us=due))
-            if pending:  # nothing waited for them in the iteration: decompressed once they are in
-                ops += [Wait(ids=tuple(pending)), Compute(name="decompress", dur_us=sum(pending.values()))]
-            iterations.append(replace(it, ops=tuple(ops)))
-        out.append(replace(r, iterations=tuple(iterations)))
-    return tuple(out)
+
+    def pick(op: Coll) -> Compressor | None:
+        return comp if compressible(op, comp) else None
+
+    return tuple(replace(r, iterations=tuple(compress_iteration(it, workers, pick, speed, switch_sums)
+                                             for it in r.iterations))
+                 for r in ranks)
+
+
+def compress_iteration(it: Iteration, workers: int, pick: Callable[[Coll], Compressor | None], speed: float,
+                       switch_sums: bool) -> Iteration:
+    """One iteration with each collective ``pick`` gives a compressor for compressed: compute to
+    compress before its issue, the compressed collective, compute to decompress after the wait
+    that needs it."""
+    ops: list[Op] = []
+    pending: dict[int, float] = {}  # collective id -> its decompression, due at its wait
+    for op in it.ops:
+        comp = pick(op) if isinstance(op, Coll) else None
+        if comp is not None:
+            assert isinstance(op, Coll)
+            c = for_op(comp, op)
+            before, after = cost_us(c, op.count, members(op, workers), speed,
+                                    summed_in_switch(op, c, workers, switch_sums))
+            ops += [Compute(name="compress", dur_us=before), compressed(op, c, workers, switch_sums)]
+            pending[op.id] = after
+            continue
+        ops.append(op)
+        if isinstance(op, Wait):
+            due = sum(pending.pop(i, 0.0) for i in op.ids)
+            if due:
+                ops.append(Compute(name="decompress", dur_us=due))
+    if pending:  # nothing waited for them in the iteration: decompressed once they are in
+        ops += [Wait(ids=tuple(pending)), Compute(name="decompress", dur_us=sum(pending.values()))]
+    return replace(it, ops=tuple(ops))
 
 
 def gradients(seed: int, n: int, workers: int) -> list[np.ndarray]:
@@ -234,7 +244,7 @@ def report(ranks: tuple[RankProgram, ...], workers: int, comp: Compressor, speed
         summed = summed_in_switch(op, c, workers, switch_sums)
         dense += 4 * op.count if switch_sums else op.bytes
         compressed_bytes += 4 * compressed(op, c, workers, switch_sums).count if summed else c.wire_bytes(op.count)
-        b, a = cost_us(c, op.count, _members(op, workers), speed, summed)
+        b, a = cost_us(c, op.count, members(op, workers), speed, summed)
         before, after = before + b, after + a
     largest = max(ops, key=lambda o: o.count) if ops else None
     lanes_ = packet_elements if in_switch else 0

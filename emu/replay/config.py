@@ -99,20 +99,53 @@ MAX_SPARSITY_BLOCK = 1 << 20  # elements per sparsity block, as a trace may reco
 DEFAULT_SPARSITY_BLOCK = 256  # OmniReduce's block
 
 
+ADAPTIVE = "adaptive"  # --compress adaptive[:FLOOR] (emu.replay.adaptive)
+ADAPTIVE_FLOOR = 0.001
+
+
 @dataclass(frozen=True)
 class CompressOption:
-    """``--compress NAME[:PARAM]`` and ``--compress-speed X`` (docs/compression.md)."""
+    """``--compress NAME[:PARAM]`` or ``--compress adaptive[:FLOOR]``, and ``--compress-speed X``
+    (docs/compression.md)."""
 
     text: str = "none"
     speed: float = 1.0  # the device compresses this many times faster than the build machine
+    # adaptive only: per replayed iteration, per compressible bucket, the compressor chosen
+    # (emu.replay.adaptive plans it pass by pass; None before the first pass)
+    plan: tuple[tuple[str, ...], ...] | None = None
+
+    @property
+    def adaptive(self) -> bool:
+        return self.text.strip().lower().partition(":")[0] == ADAPTIVE
+
+    @property
+    def floor(self) -> float:
+        """adaptive: the most aggressive top-k ratio the workers may choose."""
+        _, _, value = self.text.strip().partition(":")
+        try:
+            floor = float(value) if value else ADAPTIVE_FLOOR
+        except ValueError:
+            raise ConfigError(f"--compress {self.text!r}: {value!r} is not a number") from None
+        if not 0 < floor < 1:
+            raise ConfigError(f"--compress {self.text!r}: the floor is the most aggressive top-k ratio the workers "
+                              f"may choose, in (0, 1), e.g. adaptive:0.001")
+        return floor
 
     @property
     def compressor(self) -> Compressor:
+        """The compressor; adaptive: top-k at its floor, which stands for every choice where only
+        which collectives compress matters (they are the same for each)."""
+        if self.adaptive:
+            return parse_compress(f"topk:{self.floor!r}")
         return parse_compress(self.text)
 
     @property
+    def label(self) -> str:
+        return f"{ADAPTIVE}:{self.floor:g}" if self.adaptive else self.compressor.label
+
+    @property
     def active(self) -> bool:
-        return self.compressor.name != "none"
+        return self.adaptive or self.compressor.name != "none"
 
     def check(self) -> None:
         self.compressor.check()
@@ -279,6 +312,10 @@ class ReplayConfig:
         if self.clock == Clock.SYNC and not net.synchronizable:
             raise ConfigError(f"--fabric {self.fabric} cannot take part in the synchronized clock (it keeps no "
                               "emulated time): use --clock wall")
+        if self.compress.adaptive and self.resolved_clock != Clock.SYNC:
+            raise ConfigError("--compress adaptive replays in passes that must repeat each other exactly, which "
+                              "only the synchronized clock does: drop --clock wall and --tdf, or use a fabric "
+                              "that takes part in it")
         if self.resolved_clock == Clock.SYNC and self.timeout_rto_us < self.lookahead_us():
             raise ConfigError(f"the retransmission timeout ({self.timeout_rto_us:g} us) is shorter than one "
                               f"link's latency plus a packet ({self.lookahead_us():g} us): raise it")

@@ -25,6 +25,7 @@ import zmq
 from emu import lifetime
 from emu.emulator import physics
 from emu.errors import ConfigError, RunFailed
+from emu.replay.adaptive import run_passes
 from emu.replay.config import REAL_BYTES_PER_ITERATION, Clock, ReplayConfig
 from emu.replay.host import HostSetup
 from emu.replay.hostloop import host_main
@@ -189,7 +190,10 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     config = replace(config, clock=config.resolved_clock)
     if config.clock == Clock.WALL and config.tdf is None:
         config, calibration = _calibrate(trace, config, trace_path, on_status)
-    report, _ = _run(trace, config, trace_path, chrome_trace, on_progress)
+    if config.compress.adaptive:
+        report = _adaptive(trace, config, trace_path, chrome_trace, on_progress, on_status)
+    else:
+        report, _ = _run(trace, config, trace_path, chrome_trace, on_progress)
     if calibration is not None:
         report = replace(report, emulator=replace(report.emulator, calibration=calibration))
     limit = sparse_ps_scale_limit(trace, config)
@@ -199,6 +203,28 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
             f"{MIN_SPARSE_BLOCKS_PER_SHARD} real sparse blocks each, so the busiest shard's load, and the "
             f"iteration time, depend on R: use --payload-scale {_power_of_two_below(limit)} or auto")))
     return report
+
+
+def _adaptive(trace: Trace, config: ReplayConfig, trace_path: str | None,
+              chrome_trace: str | os.PathLike[str] | None, on_progress: Callable[[float], None] | None,
+              on_status: Callable[[str], None] | None) -> ReplayReport:
+    """``--compress adaptive``: replay pass after pass until every iteration's choices are those
+    its own measurement calls for (emu.replay.adaptive); the last pass's report, with the wall
+    time of them all."""
+    reports: list[ReplayReport] = []
+
+    def one(cfg: ReplayConfig) -> list[float]:
+        report, _ = _run(trace, cfg, trace_path, chrome_trace, on_progress)
+        reports.append(report)
+        assert report.compression is not None and report.compression.adaptive is not None
+        return [step.bandwidth_bps for step in report.compression.adaptive.steps]
+
+    _, passes = run_passes(config, trace.ranks, config.iters or trace.iterations, one, on_status)
+    last = reports[-1]
+    assert last.compression is not None and last.compression.adaptive is not None
+    compression = replace(last.compression, adaptive=replace(last.compression.adaptive, passes=passes))
+    return replace(last, compression=compression,
+                   emulator=replace(last.emulator, wall_s=sum(r.emulator.wall_s for r in reports)))
 
 
 def _power_of_two_below(n: int) -> int:

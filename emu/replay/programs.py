@@ -22,6 +22,7 @@ import numpy as np
 
 from emu.emulator.links import uniform
 from emu.errors import ConfigError
+from emu.replay.adaptive import planned_ranks
 from emu.replay.compression import with_compression
 from emu.replay.config import CompressOption, SparsityOption
 from emu.replay.sparsity import with_sparsity
@@ -76,7 +77,9 @@ def plan_programs(trace: Trace, workers: int, path: str = "trace", sparsity: Spa
     (``emu.replay.compression.compressed``)."""
     n = trace.meta.world_size
     ranks = with_sparsity(trace, workers, sparsity)
-    if compress is not None and compress.active:
+    if compress is not None and compress.adaptive and compress.plan is not None:
+        ranks = planned_ranks(ranks, compress.plan, job_workers or workers, n, compress.speed, switch_sums)
+    elif compress is not None and compress.active:  # adaptive before its plan: checked at its floor
         ranks = with_compression(ranks, job_workers or workers, compress.compressor, compress.speed, switch_sums)
     counts = {len(it.colls) for r in ranks for it in r.iterations}
     if len(counts) > 1:

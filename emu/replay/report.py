@@ -113,6 +113,28 @@ class SparsityReport:
 
 
 @dataclass(frozen=True)
+class AdaptiveStep:
+    """One iteration of ``--compress adaptive``: the bandwidth the workers agreed on before it,
+    and the compressor each bucket got (program order)."""
+
+    iteration: int
+    start_us: float | None  # emulated time the iteration began (its first worker)
+    bandwidth_bps: float
+    choices: list[str]
+
+
+@dataclass(frozen=True)
+class AdaptiveReport:
+    """What ``--compress adaptive`` chose over time (emu.replay.adaptive)."""
+
+    floor: float  # the most aggressive top-k ratio allowed
+    candidates: list[str]
+    passes: int  # replays until the choices were those their own measurements called for
+    agreement: str  # how the workers agreed on a bandwidth
+    steps: list[AdaptiveStep]
+
+
+@dataclass(frozen=True)
 class CompressionReport:
     """What ``--compress`` did, per worker and iteration (the first rank program's first iteration):
     the all_reduces it compressed, their bytes before and after (as each worker sends them: an
@@ -137,6 +159,7 @@ class CompressionReport:
     # a quantizer summed in the switch: its int32 lanes held exactly the sums of the workers' levels
     # (on the error's sample); None where nothing was summed in lanes
     switch_exact: bool | None = None
+    adaptive: AdaptiveReport | None = None  # --compress adaptive: the choices over time
 
 
 @dataclass(frozen=True)

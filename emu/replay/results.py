@@ -22,6 +22,7 @@ from emu.emulator.payload import holding
 from emu.emulator.sparse_ina import stream_bytes, streams_sparse
 from emu.emulator.sparse_p2p import INDEX_BYTES, ps_sparse, ring_sparse
 from emu.emulator.wire import agg_wire_bytes
+from emu.replay.adaptive import adaptive_report
 from emu.replay.compression import report as compression_report
 from emu.replay.config import Clock, ReplayConfig
 from emu.replay.design import resolved_design
@@ -75,7 +76,7 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
                       bytes_sent=bytes_sent) if times else None
     elements = sum(r.verify_elements for r in results)
     mismatches = sum(r.verify_mismatches for r in results)
-    compression = _compression(trace, config)
+    compression = _compression(trace, config, records)
     # a quantizer summed in the switch's lanes must unpack to the exact sums of its levels, or its
     # aggregate is wrong however intact the bytes
     lanes_ok = compression is None or compression.switch_exact is not False
@@ -140,7 +141,7 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
            "processes": config.host_processes, "ps_shards": config.shards if config.network.parameter_server else None,
            "stragglers": [st.text for st in config.stragglers] or None, "design": resolved_design(config),
            "sparsity": config_summary(trace, config, planned),
-           "compress": {"compressor": config.compress.compressor.label, "speed": config.compress.speed}
+           "compress": {"compressor": config.compress.label, "speed": config.compress.speed}
            if config.compress.active else None}
     meta = trace.meta
     trace_doc = {"path": trace_path, "model": meta.model, "source": meta.source.value,
@@ -152,13 +153,18 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
                         compression=compression)
 
 
-def _compression(trace: Trace, config: ReplayConfig) -> CompressionReport | None:
+def _compression(trace: Trace, config: ReplayConfig, records: dict[int, list[list[float]]]) -> CompressionReport | None:
     if not config.compress.active:
         return None
+    if config.compress.adaptive and config.compress.plan is not None:
+        plan = config.compress.plan
+        ends = {w: [row[1] for row in rec] for w, rec in records.items()}
+        starts = [min(rec[t][0] for rec in records.values() if t < len(rec))
+                  for t in range(len(plan)) if any(t < len(rec) for rec in records.values())]
+        return adaptive_report(trace.ranks, config, plan, ends, starts)
     # which all_reduces compress depends on the trace alone (its sparse tensors stay as they are)
     return compression_report(trace.ranks, config.workers, config.compress.compressor, config.compress.speed, config.seed,
-                              switch_sums=config.switch_sums,
-                              packet_elements=config.elements)
+                              switch_sums=config.switch_sums, packet_elements=config.elements)
 
 
 def _sent(trace: Trace, config: ReplayConfig, iters: int) -> SparsityReport | None:

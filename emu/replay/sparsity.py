@@ -114,19 +114,26 @@ def replayed_sparse(trace: Trace, config: ReplayConfig, iters: int) -> list[tupl
     comp = config.compress.compressor if config.compress.active else None
     plan = job_plan(trace, config.workers, config.sparsity)
     program = _used(trace, config.workers)[0][0]
+    # adaptive compression begins every iteration with its agreement's all_reduce, and compresses
+    # only the buckets its plan chose a compressor for (emu.replay.adaptive)
+    chosen = config.compress.plan if config.compress.adaptive else None
+    agree = 1 if chosen is not None else 0
     out = []
     seq = 0
     for it in range(iters):
         colls = program.iterations[it % len(program.iterations)].colls
         row = _row(plan, it)
+        bucket = 0
         for p, op in enumerate(colls):
             s = row[p] if p < len(row) else None
             if comp is not None and compressible(replace(op, sparsity=s), comp):
-                continue
+                bucket += 1
+                if chosen is None or chosen[it][bucket - 1] != "none":
+                    continue
             if is_sparse(s, op.dtype.value):
                 assert s is not None
-                out.append((seq + p, op, s))
-        seq += len(colls)
+                out.append((seq + agree + p, op, s))
+        seq += agree + len(colls)
     return out
 
 

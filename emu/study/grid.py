@@ -90,7 +90,7 @@ class Point:
         if c.sparsity != SparsityOption():  # only where given: the slugs of dense studies stay as they were
             doc["sparsity"] = [c.sparsity.text, c.sparsity.block_elements]
         if c.compress != CompressOption():
-            doc["compress"] = [c.compress.compressor.label, c.compress.speed]
+            doc["compress"] = [c.compress.label, c.compress.speed]
         for key in exclude:
             doc.pop(key)
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

@@ -200,12 +200,15 @@ class _Schedule:
 
 def predict(trace: Trace, config: ReplayConfig) -> Prediction:
     """The analytic estimate of ``replay(trace, config)`` (module docstring). Raises ConfigError for
-    what a replay would refuse (bad options, sub-groups that cannot be scaled), and a bandwidth
-    schedule: the closed forms take one bandwidth."""
+    what a replay would refuse (bad options, sub-groups that cannot be scaled), a bandwidth
+    schedule (the closed forms take one bandwidth) and adaptive compression (it follows the run)."""
     config.check()
     if config.link.schedule:
         raise ConfigError("--bandwidth-schedule: emu predict's closed forms take one bandwidth; replay the schedule "
                           "(emu replay --bandwidth-schedule), or predict each step's bandwidth apart")
+    if config.compress.adaptive:
+        raise ConfigError("--compress adaptive: its choices follow what the replay measures as it runs; emu predict "
+                          "takes one compressor (--compress topk:R), or replay it (emu replay --compress adaptive)")
     iters = config.iters or trace.iterations
     scale = config.payload_scale or choose_payload_scale(trace, config)
     classes = _classes(trace, config)

@@ -1,0 +1,128 @@
+"""``--compress adaptive``: per bucket, the least compression that keeps the bucket's time at what
+it was on the starting bandwidth, chosen from what the workers measured, replayed in passes until
+every iteration's choices are those its own measurement calls for."""
+
+from __future__ import annotations
+
+import pytest
+
+from emu.emulator.links import LinkSpec
+from emu.errors import ConfigError
+from emu.replay import ReplayConfig, replay
+from emu.replay.adaptive import buckets, candidates, choose, corrected, measured, rate_at, run_passes
+from emu.replay.config import Clock, CompressOption
+from emu.replay.programs import plan_programs
+from emu.study.predict import predict
+from emu.traces import load_trace, sample_path
+from emu.traces.model import Coll, CollKind, Trace, Wait
+
+DROP = LinkSpec(bandwidth_bps=100e9, schedule=((0.0, 100e9), (60_000.0, 1e9)))  # 100 Gb/s, 1 Gb/s from 60 ms
+
+
+@pytest.fixture(scope="module")
+def mlp() -> Trace:
+    return load_trace(sample_path("mlp"))
+
+
+def config(link: LinkSpec = DROP, text: str = "adaptive", speed: float = 1.0, **kw) -> ReplayConfig:
+    kw.setdefault("workers", 4)
+    return ReplayConfig(fabric=kw.pop("fabric", "ring"), link=link, compress=CompressOption(text, speed), **kw)
+
+
+def test_choices_follow_the_bandwidth(mlp) -> None:
+    """The least aggressive candidate within the budget; on this CPU's top-k speed nothing fits
+    below the starting bandwidth, so the fastest (the floor); with a GPU's speed the ratio falls
+    step by step as the bandwidth does."""
+    ops = buckets(mlp.ranks[0].iterations[0])
+    assert len(ops) == 2
+    cpu, gpu = config(workers=8), config(workers=8, speed=100)
+    assert choose(ops, 100e9, cpu) == ("none", "none")  # the budget itself: no compression
+    assert choose(ops, 1e9, cpu) == ("topk:0.001", "topk:0.001")
+    ladder = [choose(ops, bw, gpu)[0] for bw in (100e9, 50e9, 10e9, 5e9, 1e9)]
+    assert ladder == ["none", "topk:0.03", "topk:0.01", "topk:0.003", "topk:0.001"]
+    assert [c.label for c in candidates(0.005)] == ["none", "topk:0.1", "topk:0.03", "topk:0.01", "topk:0.005"]
+
+
+def test_the_measurement_is_the_least_rate_at_the_iterations_ends() -> None:
+    assert rate_at(DROP, 0) == 100e9 and rate_at(DROP, 59_999) == 100e9 and rate_at(DROP, 60_000) == 1e9
+    ends = {0: [50_000.0, 70_000.0, 80_000.0], 1: [59_000.0, 75_000.0, 90_000.0]}
+    assert measured(DROP, ends, 3) == [100e9, 100e9, 1e9]
+
+
+def test_passes_settle_where_each_choice_is_its_own(mlp) -> None:
+    """run_passes with a stand-in run: the bandwidth measured drops before iteration 2; the first
+    pass planned everything at 100 Gb/s, the second corrects from iteration 2 on, and is final."""
+    cfg = config(workers=8)
+    seen_plans = []
+
+    def run(c: ReplayConfig) -> list[float]:
+        seen_plans.append(c.compress.plan)
+        return [100e9, 100e9, 1e9, 1e9, 1e9]
+
+    plan, passes = run_passes(cfg, mlp.ranks, 5, run)
+    none, floor = ("none", "none"), ("topk:0.001", "topk:0.001")
+    assert passes == 2 and seen_plans[0] == (none,) * 5 and plan == (none, none, floor, floor, floor)
+    assert corrected(plan, [100e9, 100e9, 1e9, 1e9, 1e9], mlp.ranks, cfg) is None
+
+
+def test_programs_begin_each_iteration_with_the_agreement(mlp) -> None:
+    none, floor = ("none", "none"), ("topk:0.001", "topk:0.001")
+    opt = CompressOption("adaptive", plan=(none, floor, none))
+    progs = plan_programs(mlp, 4, compress=opt)
+    assert len(progs[0].iterations) == 3  # one program iteration per replayed iteration
+    for it, choice in zip(progs[0].iterations, opt.plan, strict=True):
+        first, wait = it.ops[0], it.ops[1]
+        assert isinstance(first, Coll) and first.kind == CollKind.ALL_REDUCE and first.count == 1
+        assert isinstance(wait, Wait) and wait.ids == (first.id,)
+        kinds = [c.kind for c in it.colls[1:]]
+        assert kinds == ([CollKind.ALL_REDUCE] * 2 if choice == none else [CollKind.ALL_GATHER] * 2)
+    assert progs[0].colls_per_iteration == 3
+
+
+def test_an_adaptive_replay_compresses_after_the_drop_and_is_exact(mlp, no_children) -> None:
+    """A real replay: the link drops to 1 Gb/s at 60 ms; the workers measure it at the end of the
+    iteration that spans it, and compress from the next one; two passes; the final choices are
+    those the final run's measurements call for; verification ok; the same report twice."""
+    cfg = config(iters=4, payload_scale=64)
+    r = replay(mlp, cfg)
+    a = r.compression.adaptive
+    assert r.verification.ok and r.emulator.trustworthy and a.passes == 2
+    bws = [s.bandwidth_bps for s in a.steps]
+    changed = bws.index(1e9)
+    assert 1 <= changed < 4 and all(b == 100e9 for b in bws[:changed]) and all(b == 1e9 for b in bws[changed:])
+    assert [s.choices for s in a.steps] == [list(choose(buckets(mlp.ranks[0].iterations[0]), b, cfg)) for b in bws]
+    assert a.steps[changed].choices == ["topk:0.001", "topk:0.001"] and a.steps[0].choices == ["none", "none"]
+    assert a.steps[changed].start_us >= 60_000 > a.steps[changed - 1].start_us
+    # the iteration that met the drop uncompressed is the slowest; compressed ones recover
+    times = [it.emulated_us for it in r.iterations]
+    assert max(times) == times[changed - 1] and times[-1] < times[changed - 1] / 2
+    assert r.compression.compressor == "adaptive:0.001" and r.to_dict()["config"]["compress"]["compressor"] == "adaptive:0.001"
+    again = replay(mlp, cfg)
+    assert [it.emulated_us for it in again.iterations] == times
+
+
+def test_adaptive_refusals(mlp) -> None:
+    with pytest.raises(ConfigError, match="synchronized clock"):
+        config(clock=Clock.WALL).check()
+    with pytest.raises(ConfigError, match="floor"):
+        config(text="adaptive:2").check()
+    with pytest.raises(ConfigError, match="emu predict takes one compressor"):
+        predict(mlp, config(link=LinkSpec(bandwidth_bps=10e9)))
+
+
+def test_the_sparse_report_counts_the_agreement(no_children) -> None:
+    """dlrm's sparse all_reduce stays sparse under adaptive compression; the report's payload
+    hashes use its stream numbers in the programs, which the agreement shifts by one an iteration."""
+    from emu.replay.sparsity import replayed_sparse
+
+    dlrm = load_trace(sample_path("dlrm"))
+    cfg = config(iters=3, payload_scale=64)
+    plan = (tuple("none" for _ in buckets(dlrm.ranks[0].iterations[0])),) * 3
+    planned = config(iters=3, payload_scale=64, text="adaptive")
+    planned = ReplayConfig(**{**planned.__dict__, "compress": CompressOption("adaptive", plan=plan)})
+    progs = plan_programs(dlrm, 4, compress=planned.compress)
+    want = [it * progs[0].colls_per_iteration + k for it in range(3)
+            for k, op in enumerate(progs[0].iterations[it].colls) if op.sparsity is not None]
+    assert want and [seq for seq, _, _ in replayed_sparse(dlrm, planned, 3)] == want
+    r = replay(dlrm, cfg)
+    assert r.verification.ok and r.sparsity is not None and r.sparsity.collectives == 3

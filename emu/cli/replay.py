@@ -222,6 +222,8 @@ def _compression(c: CompressionReport) -> str:
     if c.adaptive is not None:
         return (f"{c.compressor} ({c.adaptive.passes} pass{'es' if c.adaptive.passes > 1 else ''}): "
                 f"{c.ratio:.1f}x fewer bytes a worker, mean of the iterations")
+    if c.error is None or c.cosine is None:
+        return f"{c.compressor}: no all_reduce it compresses"
     return (f"{c.compressor} ({c.aggregation}{', in the switch' if c.in_switch else ''}"
             f"{'; its lanes NOT exact' if c.switch_exact is False else ''}): "
             f"{c.ratio:.1f}x fewer bytes a worker, error {c.error:.3g}, cosine {c.cosine:.3f}")

@@ -9,8 +9,8 @@ same scale (as THC's homomorphic compression does, and TernGrad's own "scaler sh
 - ``qsgd:S``: a level in -S..S, ``|x| / s * S`` rounded stochastically; the sum times ``s / S``.
 
 The shared scale ``s`` is a power of two per packet, the largest exponent among the workers'
-values in it: exactly what the INA stream already negotiates for its fixed-point conversion
-(SwitchML's block exponent), so it costs no extra round. (QSGD scales by the vector's norm,
+values in it: what the INA stream already negotiates for its fixed-point conversion (SwitchML's
+block exponent, ``fixedpoint.block_exponents``), so it costs no extra round. (QSGD scales by the vector's norm,
 which would need one; a block's largest magnitude is a finer scale anyway.)
 
 Packing: a level ``l`` travels as the field ``l + S`` (never negative), and a field must hold
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from emu.emulator.compress import Compressor, Qsgd, SignSgd, TernGrad
+from emu.emulator.fixedpoint import EXP_NONE, block_exponents
 
 LANE_BITS = 31  # a lane's value stays below 2**31: the switch adds signed int32
 
@@ -81,17 +82,17 @@ def _value(comp: Compressor, total: np.ndarray, scale: np.ndarray) -> np.ndarray
 
 
 def shared_scale(grads: list[np.ndarray], block: int) -> np.ndarray:
-    """Per value: the power of two the stream negotiates for its packet, ``2**e`` with ``e`` the
-    largest exponent among the workers' values there (so every magnitude is at most the scale)."""
+    """Per value: ``2**E``, with ``E`` the exponent the stream negotiates for the value's packet
+    (``fixedpoint.block_exponents`` of each worker's values there, the largest over the workers),
+    so every magnitude is at most the scale; 1 for a packet of zeros."""
     n = len(grads[0])
-    top = np.zeros(-(-n // block))
+    blocks = -(-n // block)
+    agreed = np.full(blocks, EXP_NONE, np.int64)
     for g in grads:
-        mag = np.abs(g.astype(np.float64))
-        padded = np.zeros(len(top) * block)
-        padded[:n] = mag
-        top = np.maximum(top, padded.reshape(-1, block).max(axis=1))
-    _, e = np.frexp(top)  # top = m 2**e with m in [0.5, 1): 2**e >= top
-    return np.repeat(np.where(top > 0, np.ldexp(1.0, e), 1.0), block)[:n]
+        padded = np.zeros(blocks * block)
+        padded[:n] = g
+        agreed = np.maximum(agreed, block_exponents(padded.reshape(blocks, block)).astype(np.int64))
+    return np.repeat(np.where(agreed == EXP_NONE, 1.0, np.ldexp(1.0, agreed)), block)[:n]
 
 
 def pack_lanes(fields: np.ndarray, width: int, per_lane: int) -> np.ndarray:
@@ -117,10 +118,13 @@ class SwitchSum:
     fields_per_lane: int
 
 
-def switch_aggregate(comp: Compressor, grads: list[np.ndarray], seed: int, packet_lanes: int) -> SwitchSum:
+def switch_aggregate(comp: Compressor, grads: list[np.ndarray], seed: int, packet_lanes: int,
+                     workers: int | None = None) -> SwitchSum:
     """What the workers end with when the switch sums ``comp``'s levels: levels against the shared
-    scale, packed into lanes, the lanes added as int32 (what the switch does), unpacked."""
-    m = len(grads)
+    scale, packed into lanes, the lanes added as int32 (what the switch does), unpacked. The
+    fields are as wide as ``workers`` (default: the gradients given) need: the replay's packing
+    checked on a sample of its workers."""
+    m = workers or len(grads)
     s = levels_of(comp)
     f = fields_per_lane(comp, m)
     if s is None or not f:
@@ -132,7 +136,7 @@ def switch_aggregate(comp: Compressor, grads: list[np.ndarray], seed: int, packe
     summed = np.zeros(-(-n // f), np.int32)
     for lv in levels:
         summed = summed + pack_lanes(lv + s, width, f)  # int32 adds, as the switch's
-    total = unpack_lanes(summed, width, f, n) - m * s
+    total = unpack_lanes(summed, width, f, n) - len(grads) * s
     exact = bool(np.array_equal(total, np.sum(levels, axis=0)))
     return SwitchSum(aggregate=_value(comp, total, scale).astype(np.float32), exact=exact, fields_per_lane=f)
 

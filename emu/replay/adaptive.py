@@ -10,10 +10,11 @@ time 0 (Kimad's time budget, set by the network the job was tuned for). Where no
 fastest candidate: on a fast link compressing costs more compute than it saves.
 
 Measuring and agreeing. Every collective needs the same size on every worker, so the workers
-must agree. Each worker measures its link's rate when its iteration ends (its NIC's count of the
-last bytes it serialized: the link's bandwidth then, ``--bandwidth-schedule``); at the start of
-the next iteration they agree on the least of these with a 4-byte all_reduce, which the replay
-runs (its time is in the iteration), and every worker applies the same rule to it.
+must agree. Each worker measures its link's rate at the instant its iteration ends (an ideal NIC
+counter: the link's bandwidth then, ``--bandwidth-schedule``, with no noise); at the start of the
+next iteration they agree on the least of these with a 4-byte all_reduce, which the replay runs
+for its time (a sum standing in for the minimum: the same bytes), and every worker applies the
+same rule to it.
 The first iteration uses the link's bandwidth at time 0.
 
 Exact by passes. emu's programs are planned before the run, so the replay runs in passes
@@ -67,16 +68,18 @@ def rate_at(link: LinkSpec, t_us: float) -> float:
 
 def predicted_us(op: Coll, comp: Compressor, bandwidth_bps: float, config: ReplayConfig) -> float:
     """One bucket's time at ``bandwidth_bps`` with ``comp``: compress, the collective alone on the
-    links (the fabric's closed form), decompress."""
-    m = config.workers
+    links (the fabric's closed form, with the bucket's sparsity where it stays uncompressed),
+    decompress."""
+    m = members(op, config.workers)
     link = LinkSpec(bandwidth_bps=bandwidth_bps, latency_us=config.link.latency_us)
-    coll = op if comp.name == "none" else compressed(op, comp, m, config.switch_sums)
+    coll = op if comp.name == "none" else compressed(op, comp, config.workers, config.switch_sums)
     wire = physics.collective_time_us(coll.kind, coll.count, coll.dtype.itemsize, coll.dtype.is_float, m, link,
                                       config.network.all_reduce, config.elements, config.emulated_slots,
-                                      ps_shards=config.shards)
+                                      config.timeout_rto_us, config.shards, config.scale, coll.sparsity,
+                                      config.network.sparse_stream)
     if comp.name == "none":
         return wire
-    before, after = cost_us(comp, op.count, members(op, m), config.compress.speed)
+    before, after = cost_us(comp, op.count, m, config.compress.speed)
     return before + wire + after
 
 
@@ -133,15 +136,15 @@ def planned_ranks(ranks: tuple[RankProgram, ...], plan: Plan, workers: int, worl
         for t, labels in enumerate(plan):
             it = r.iterations[t % len(r.iterations)]
             chosen = dict(zip((op.id for op in buckets(it)), labels, strict=True))
-            agree_id = max((op.id for op in it.colls), default=-1) + 1
-            agree = Coll(id=agree_id, kind=CollKind.ALL_REDUCE, dtype=Dtype.FLOAT32, count=1, bytes=4,
-                         group_size=world_size)
 
             def pick(op: Coll, chosen: dict[int, str] = chosen) -> Compressor | None:
                 label = chosen.get(op.id, "none")
                 return None if label == "none" else parse_compress(label)
 
             body = compress_iteration(it, workers, pick, speed, switch_sums)
+            agree_id = max((op.id for op in body.colls), default=-1) + 1
+            agree = Coll(id=agree_id, kind=CollKind.ALL_REDUCE, dtype=Dtype.FLOAT32, count=1, bytes=4,
+                         group_size=world_size)
             iterations.append(replace(body, ops=(agree, Wait(ids=(agree_id,)), *body.ops)))
         out.append(replace(r, iterations=tuple(iterations)))
     return tuple(out)
@@ -162,7 +165,9 @@ def corrected(plan: Plan, seen: list[float], ranks: tuple[RankProgram, ...], con
     (that choice held to the end), or None where every iteration's choice is its own."""
     for t, choice in enumerate(_wanted(ranks, seen, config)):
         if choice != plan[t]:
-            return plan[:t] + (choice,) * (len(plan) - t)
+            # from t on at the bandwidth measured before t, each iteration's own buckets
+            held = _wanted(ranks, list(seen[:t]) + [seen[t]] * (len(plan) - t), config)
+            return plan[:t] + tuple(held[t:])
     return None
 
 

@@ -97,9 +97,13 @@ def compress_iteration(it: Iteration, workers: int, pick: Callable[[Coll], Compr
                        switch_sums: bool) -> Iteration:
     """One iteration with each collective ``pick`` gives a compressor for compressed: compute to
     compress before its issue, the compressed collective, compute to decompress after the wait
-    that needs it."""
+    that needs it. PowerSGD's two all_reduces (P, then Q) are issued back to back: the stream is
+    FIFO, so Q starts when P has completed, as the hook's callback chain starts it; a wait for
+    the bucket waits for both."""
     ops: list[Op] = []
     pending: dict[int, float] = {}  # collective id -> its decompression, due at its wait
+    second: dict[int, int] = {}  # a PowerSGD bucket's id -> its Q all_reduce's id
+    next_id = max((op.id for op in it.colls), default=-1) + 1
     for op in it.ops:
         comp = pick(op) if isinstance(op, Coll) else None
         if comp is not None:
@@ -107,16 +111,28 @@ def compress_iteration(it: Iteration, workers: int, pick: Callable[[Coll], Compr
             c = for_op(comp, op)
             before, after = cost_us(c, op.count, members(op, workers), speed,
                                     summed_in_switch(op, c, workers, switch_sums))
-            ops += [Compute(name="compress", dur_us=before), compressed(op, c, workers, switch_sums)]
+            ops.append(Compute(name="compress", dur_us=before))
+            if isinstance(c, PowerSgd) and c.sizes(op.count)[1]:
+                p, q = c.sizes(op.count)
+                ops += [replace(op, dtype=Dtype.FLOAT32, count=p, bytes=4 * p, sparsity=None, tensors=None),
+                        replace(op, id=next_id, dtype=Dtype.FLOAT32, count=q, bytes=4 * q, sparsity=None, tensors=None)]
+                second[op.id] = next_id
+                next_id += 1
+            else:
+                ops.append(compressed(op, c, workers, switch_sums))
             pending[op.id] = after
             continue
+        if isinstance(op, Wait) and any(i in second for i in op.ids):
+            op = Wait(ids=tuple(j for i in op.ids for j in ((i, second[i]) if i in second else (i,))),
+                      blocked_us=op.blocked_us)
         ops.append(op)
         if isinstance(op, Wait):
             due = sum(pending.pop(i, 0.0) for i in op.ids)
             if due:
                 ops.append(Compute(name="decompress", dur_us=due))
     if pending:  # nothing waited for them in the iteration: decompressed once they are in
-        ops += [Wait(ids=tuple(pending)), Compute(name="decompress", dur_us=sum(pending.values()))]
+        ids = tuple(j for i in pending for j in ((i, second[i]) if i in second else (i,)))
+        ops += [Wait(ids=ids), Compute(name="decompress", dur_us=sum(pending.values()))]
     return replace(it, ops=tuple(ops))
 
 
@@ -138,11 +154,14 @@ class StepError:
     exact: bool | None  # summed in the switch: its int32 lanes held exactly the sums of the levels
 
 
-def _combined(c: Compressor, grads: list[np.ndarray], seed: int, packet_lanes: int) -> tuple[np.ndarray, bool | None]:
+def _combined(c: Compressor, grads: list[np.ndarray], seed: int, packet_lanes: int,
+              workers: int) -> tuple[np.ndarray, bool | None]:
     """The aggregate the workers end with: summed in the switch's lanes where ``packet_lanes``
-    (INA's values a packet) is given and the switch can sum ``c``, else decompressed and combined."""
-    if packet_lanes and lanes(c, len(grads[0]), len(grads)) is not None and c.aggregation == Aggregation.ALL_GATHER:
-        got = switch_aggregate(c, grads, seed, packet_lanes)
+    (INA's values a packet) is given and the switch can sum ``c`` at ``workers`` (the job's: the
+    lanes are packed as the replay packs them, for a sample of its workers), else decompressed
+    and combined."""
+    if packet_lanes and lanes(c, len(grads[0]), workers) is not None and c.aggregation == Aggregation.ALL_GATHER:
+        got = switch_aggregate(c, grads, seed, packet_lanes, workers)
         return got.aggregate, got.exact
     return aggregate(c, grads, seed), None
 
@@ -154,7 +173,7 @@ def error_of(comp: Compressor, op: Coll, workers: int, seed: int, packet_lanes: 
     c, n, w = _sample(comp, op, workers)
     grads = gradients(seed, n, w)
     exact = np.sum(grads, axis=0, dtype=np.float64)
-    combined, lanes_exact = _combined(c, grads, seed, packet_lanes)
+    combined, lanes_exact = _combined(c, grads, seed, packet_lanes, members(op, workers))
     got = combined.astype(np.float64)
     norm, got_norm = float(np.linalg.norm(exact)), float(np.linalg.norm(got))
     error = float(np.linalg.norm(got - exact)) / norm if norm else 0.0
@@ -183,7 +202,7 @@ def accumulated_error(comp: Compressor, op: Coll, workers: int, seed: int,
         if isinstance(c, PowerSgd):
             step = c.aggregate(grads, seed + t)
         elif not c.feedback:  # the quantizers: nothing carried over, maybe summed in the switch
-            step, _ = _combined(c, grads, seed + 1009 * t, packet_lanes)
+            step, _ = _combined(c, grads, seed + 1009 * t, packet_lanes, members(op, workers))
         else:
             shared = c.aggregation == Aggregation.ALL_REDUCE  # randomk's indices: one seed for all
             step = c.combine([memory.step(i, 0, g, seed + 1009 * t + (0 if shared else i))[1]

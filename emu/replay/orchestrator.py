@@ -47,6 +47,7 @@ from emu.replay.report import (
     write_chrome_trace,
 )
 from emu.replay.results import LAG_TOLERANCE, build_report
+from emu.replay.sparsity import with_sparsity
 from emu.replay.switchd import SwitchSetup, switch_main
 from emu.traces.model import Trace
 
@@ -219,7 +220,9 @@ def _adaptive(trace: Trace, config: ReplayConfig, trace_path: str | None,
         assert report.compression is not None and report.compression.adaptive is not None
         return [step.bandwidth_bps for step in report.compression.adaptive.steps]
 
-    _, passes = run_passes(config, trace.ranks, config.iters or trace.iterations, one, on_status)
+    # the buckets are the all_reduces the job's sparsity leaves compressible (a sparse tensor is not)
+    ranks = with_sparsity(trace, config.workers, config.sparsity)
+    _, passes = run_passes(config, ranks, config.iters or trace.iterations, one, on_status)
     last = reports[-1]
     assert last.compression is not None and last.compression.adaptive is not None
     compression = replace(last.compression, adaptive=replace(last.compression.adaptive, passes=passes))

@@ -39,7 +39,7 @@ from emu.replay.report import (
     Summary,
     Verification,
 )
-from emu.replay.sparsity import config_summary, realized_report, replayed_sparse
+from emu.replay.sparsity import config_summary, realized_report, replayed_sparse, with_sparsity
 from emu.traces.io import trace_digest
 from emu.traces.model import Trace
 
@@ -76,7 +76,7 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
                       bytes_sent=bytes_sent) if times else None
     elements = sum(r.verify_elements for r in results)
     mismatches = sum(r.verify_mismatches for r in results)
-    compression = _compression(trace, config, records)
+    compression = _compression(trace, config, records, iters)
     # a quantizer summed in the switch's lanes must unpack to the exact sums of its levels, or its
     # aggregate is wrong however intact the bytes
     lanes_ok = compression is None or compression.switch_exact is not False
@@ -153,17 +153,20 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
                         compression=compression)
 
 
-def _compression(trace: Trace, config: ReplayConfig, records: dict[int, list[list[float]]]) -> CompressionReport | None:
+def _compression(trace: Trace, config: ReplayConfig, records: dict[int, list[list[float]]],
+                 iters: int) -> CompressionReport | None:
+    """``iters``: the iterations every worker completed (a partial run's last may be unfinished)."""
     if not config.compress.active:
         return None
+    # which all_reduces compress depends on their sparsity as the job resolved it (a sparse tensor
+    # stays as it is), so on the programs the workers ran, before compression
+    ranks = with_sparsity(trace, config.workers, config.sparsity)
     if config.compress.adaptive and config.compress.plan is not None:
         plan = config.compress.plan
-        ends = {w: [row[1] for row in rec] for w, rec in records.items()}
-        starts = [min(rec[t][0] for rec in records.values() if t < len(rec))
-                  for t in range(len(plan)) if any(t < len(rec) for rec in records.values())]
-        return adaptive_report(trace.ranks, config, plan, ends, starts)
-    # which all_reduces compress depends on the trace alone (its sparse tensors stay as they are)
-    return compression_report(trace.ranks, config.workers, config.compress.compressor, config.compress.speed, config.seed,
+        ends = {w: [row[1] for row in rec[:iters]] for w, rec in records.items()}
+        starts = [min(rec[t][0] for rec in records.values()) for t in range(iters)]
+        return adaptive_report(ranks, config, plan, ends, starts)
+    return compression_report(ranks, config.workers, config.compress.compressor, config.compress.speed, config.seed,
                               switch_sums=config.switch_sums, packet_elements=config.elements)
 
 

@@ -106,34 +106,20 @@ def with_sparsity(trace: Trace, workers: int, option: SparsityOption | None) -> 
 
 
 def replayed_sparse(trace: Trace, config: ReplayConfig, iters: int) -> list[tuple[int, Coll, Sparsity]]:
-    """(seq, op, sparsity) of every sparse collective of the replay (worker 0's program: the
-    collectives' sizes and kinds are the same on every worker). With ``--compress`` the
-    all_reduces it compresses are not among them: a compressed gradient is coded densely."""
-    from emu.replay.compression import compressible
+    """(seq, op, sparsity) of every sparse collective of the replay, read from worker 0's program as
+    planned (the collectives' sizes and kinds are the same on every worker): with ``--compress`` the
+    all_reduces it compressed are coded densely and not among them, and the stream numbers count
+    what compression adds (PowerSGD's second all_reduce, adaptive compression's agreement)."""
+    from emu.replay.programs import plan_programs
 
-    comp = config.compress.compressor if config.compress.active else None
-    plan = job_plan(trace, config.workers, config.sparsity)
-    program = _used(trace, config.workers)[0][0]
-    # adaptive compression begins every iteration with its agreement's all_reduce, and compresses
-    # only the buckets its plan chose a compressor for (emu.replay.adaptive)
-    chosen = config.compress.plan if config.compress.adaptive else None
-    agree = 1 if chosen is not None else 0
+    program = plan_programs(trace, config.workers, sparsity=config.sparsity, compress=config.compress,
+                            switch_sums=config.switch_sums, first=1)[0]
     out = []
-    seq = 0
     for it in range(iters):
-        colls = program.iterations[it % len(program.iterations)].colls
-        row = _row(plan, it)
-        bucket = 0
-        for p, op in enumerate(colls):
-            s = row[p] if p < len(row) else None
-            if comp is not None and compressible(replace(op, sparsity=s), comp):
-                bucket += 1
-                if chosen is None or chosen[it][bucket - 1] != "none":
-                    continue
-            if is_sparse(s, op.dtype.value):
-                assert s is not None
-                out.append((seq + agree + p, op, s))
-        seq += agree + len(colls)
+        for k, op in enumerate(program.iterations[it % len(program.iterations)].colls):
+            if is_sparse(op.sparsity, op.dtype.value):
+                assert op.sparsity is not None
+                out.append((it * program.colls_per_iteration + k, op, op.sparsity))
     return out
 
 

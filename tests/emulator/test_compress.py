@@ -164,3 +164,12 @@ def test_a_lane_never_carries_into_the_next_field() -> None:
     for _ in range(m):
         total = total + pack_lanes(fields, width, per)
     assert total.max() < 2**31 and np.array_equal(unpack_lanes(total, width, per, 10), np.full(10, 2 * s * m))
+
+
+def test_the_shared_scale_is_the_streams_block_exponent() -> None:
+    """An exact power of two is its own scale (fixedpoint.block_exponents), zeros scale by 1."""
+    from emu.emulator.compress_switch import shared_scale
+
+    grads = [np.array([1.0, 0.25, 0.0, 0.0], np.float32), np.array([-0.5, 0.75, 0.0, 0.0], np.float32)]
+    assert list(shared_scale(grads, 2)) == [1.0, 1.0, 1.0, 1.0]
+    assert list(shared_scale([np.array([0.3, 3.0], np.float32)], 1)) == [0.5, 4.0]

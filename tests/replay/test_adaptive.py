@@ -126,3 +126,55 @@ def test_the_sparse_report_counts_the_agreement(no_children) -> None:
     assert want and [seq for seq, _, _ in replayed_sparse(dlrm, planned, 3)] == want
     r = replay(dlrm, cfg)
     assert r.verification.ok and r.sparsity is not None and r.sparsity.collectives == 3
+
+
+def test_a_sparse_tensor_made_dense_becomes_a_bucket(no_children) -> None:
+    """The buckets are the all_reduces the job's sparsity leaves compressible: with --sparsity none
+    gloo's sparse-tensor all_reduce is dense, so adaptive compression may compress it (a real
+    trace: the sparse embedding's)."""
+    from emu.capture import import_kineto
+    from emu.replay.config import SparsityOption
+    from tests.conftest import GLOO_SPARSE
+
+    trace = import_kineto(sorted(GLOO_SPARSE.glob("rank*.json.gz")))
+    drop = LinkSpec(bandwidth_bps=100e9, schedule=((0.0, 100e9), (1.0, 1e6)))  # 1 Mb/s from 1 us
+    counts = []
+    for option in (SparsityOption(), SparsityOption.parse("none")):
+        r = replay(trace, config(link=drop, workers=2, iters=3, payload_scale=1, sparsity=option))
+        assert r.verification.ok and r.compression.adaptive.passes == 2
+        steps = r.compression.adaptive.steps
+        assert all(c == "none" for c in steps[0].choices) and all(c != "none" for c in steps[-1].choices)
+        counts.append({len(s.choices) for s in steps})
+    assert counts[1] == {n + 1 for n in counts[0]}  # the sparse tensor's all_reduce, dense, joins them
+
+
+def test_a_correction_follows_each_iterations_own_buckets(mlp) -> None:
+    """Iterations of the cycle with different buckets: from the first wrong choice on, each later
+    iteration gets choices for its own buckets at the new bandwidth."""
+    from dataclasses import replace as _replace
+
+    from emu.replay.adaptive import planned_ranks
+    from emu.traces.model import Dtype
+
+    it0 = mlp.ranks[0].iterations[0]
+    first = it0.colls[0]
+    it1 = _replace(it0, ops=tuple(_replace(op, dtype=Dtype.INT32) if op is first else op for op in it0.ops))
+    ranks = tuple(_replace(r, iterations=(it0, it1)) for r in mlp.ranks)
+    assert [len(buckets(it)) for it in (it0, it1)] == [2, 1]
+    cfg = config(workers=8)
+    none2, none1 = ("none", "none"), ("none",)
+    plan = (none2, none1, none2, none1)
+    fixed = corrected(plan, [100e9, 1e9, 1e9, 1e9], ranks, cfg)
+    assert fixed == (none2, ("topk:0.001",), ("topk:0.001",) * 2, ("topk:0.001",))
+    programs = planned_ranks(ranks, fixed, 8, mlp.meta.world_size, 1.0, False)
+    assert len(programs[0].iterations) == 4
+
+
+def test_the_table_says_when_nothing_was_compressed() -> None:
+    from emu.cli.replay import _compression
+    from emu.replay.report import CompressionReport
+
+    c = CompressionReport(compressor="fp16", aggregation="all_reduce", feedback=False, in_switch=False, collectives=0,
+                          bytes_dense=0, bytes_compressed=0, ratio=1.0, compress_us=0.0, decompress_us=0.0, speed=1.0,
+                          error=None, cosine=None, error_sample=None)
+    assert _compression(c) == "fp16: no all_reduce it compresses"

@@ -225,3 +225,23 @@ def test_in_switch_lanes_follow_the_workers(mlp) -> None:
     big = plan_programs(mlp, 4, compress=CompressOption("qsgd:65536"), switch_sums=True)
     assert [c.kind for c in big[0].iterations[0].colls] == [CollKind.ALL_REDUCE] * 2  # 17-bit fields: one a lane
     assert big[0].iterations[0].colls[0].count == op.count
+
+
+def test_powersgd_issues_its_two_all_reduces_back_to_back(mlp, no_children) -> None:
+    """P then Q, each its own all_reduce on the FIFO stream (Q starts when P completed); the
+    bucket's wait waits for both; the replay verifies both."""
+    comp = parse_compress("powersgd:2")
+    progs = plan_programs(mlp, 4, compress=CompressOption("powersgd:2"))
+    it = progs[0].iterations[0]
+    buckets = mlp.ranks[0].iterations[0].colls
+    colls = it.colls
+    assert len(colls) == 2 * len(buckets)
+    for k, op in enumerate(buckets):
+        p, q = replace(comp, shapes=op.tensors).sizes(op.count)
+        first, second = colls[2 * k], colls[2 * k + 1]
+        assert (first.id, first.count, second.count) == (op.id, p, q) and second.id not in {b.id for b in buckets}
+        waits = [w for w in it.ops if isinstance(w, Wait) and op.id in w.ids]
+        assert waits and all(second.id in w.ids for w in waits)
+    r = run(mlp, "ring", "powersgd:2")
+    assert r.verification.ok and r.compression.bytes_compressed == sum(
+        4 * sum(replace(comp, shapes=op.tensors).sizes(op.count)) for op in buckets)

@@ -34,16 +34,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def rank_env(rank: int, world_size: int, port: int, base: dict[str, str]) -> dict[str, str]:
-    """torchrun's environment for one rank on one host."""
+def rank_env(rank: int, world_size: int, port: int, base: dict[str, str], local_world_size: int | None = None,
+             run_id: str = "emu-capture") -> dict[str, str]:
+    """torchrun's environment for one rank on one host (of ``local_world_size`` ranks there)."""
     env = dict(base)
     package_root = str(Path(emu.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     env.update({
         "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(local_world_size or world_size), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
         "ROLE_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-        "TORCHELASTIC_RUN_ID": "emu-capture",
+        "TORCHELASTIC_RUN_ID": run_id,
     })
     # torchrun's default too: N ranks sharing the cores must not each spawn N threads.
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -123,19 +124,21 @@ def _first_failure(ranks: Sequence[RankProcess]) -> RankProcess | None:
 
 def run_ranks(argv: Sequence[str], world_size: int, workdir: Path, *, timeout_s: float,
               env: dict[str, str] | None = None, on_tick: Callable[[float], None] | None = None,
-              network: RankNetwork | None = None) -> None:
-    """Run argv as world_size ranks; return when all exited 0. A rank that fails (or a run
-    past ``timeout_s``) raises CaptureError (exit code 1) naming the rank and its log, which
-    stays in ``workdir``."""
+              network: RankNetwork | None = None, processes: int | None = None, port: int | None = None,
+              run_id: str = "emu-capture") -> None:
+    """Run argv as world_size ranks (the first ``processes`` of them, where fewer are real: emu
+    run); return when all exited 0. A rank that fails (or a run past ``timeout_s``) raises
+    CaptureError (exit code 1) naming the rank and its log, which stays in ``workdir``."""
     if world_size < 1:
         raise ConfigError(f"--world-size must be at least 1, got {world_size}")
-    port = free_port()
+    port = port or free_port()
     base = dict(os.environ if env is None else env)
     ranks: list[RankProcess] = []
+    started = world_size if processes is None else processes
     try:
-        for rank in range(world_size):
+        for rank in range(started):
             log = workdir / f"rank{rank}.log"
-            cmd, renv = list(argv), rank_env(rank, world_size, port, base)
+            cmd, renv = list(argv), rank_env(rank, world_size, port, base, started, run_id)
             if network is not None:
                 cmd = network.prefix(rank) + cmd
                 renv.update(network.env(rank))

@@ -62,16 +62,17 @@ class CaptureConfig:
             raise ConfigError(f"--timeout must be positive, got {self.timeout_s}")
 
 
-def _interpreter_and_target(argv: Sequence[str]) -> tuple[str, list[str]]:
-    """Split ``python train.py args`` (or ``python -m pkg args``, or ``train.py args``)."""
+def _interpreter_and_target(argv: Sequence[str], command: str = "emu capture -o t.json.gz") -> tuple[str, list[str]]:
+    """Split ``python train.py args`` (or ``python -m pkg args``, or ``train.py args``); ``command``
+    is what the user ran, for the messages."""
     if not argv:
         raise ConfigError("give the training command after --, e.g. "
-                          "'emu capture -o t.json.gz -- python train.py'")
+                          f"'{command} -- python train.py'")
     first = argv[0]
     if first.endswith(".py"):
         return sys.executable, list(argv)
     if not _PYTHON.match(Path(first).name):
-        raise ConfigError(f"emu capture runs Python training scripts; {first!r} is not python: give "
+        raise ConfigError(f"{command.split(' -')[0]} runs Python training scripts; {first!r} is not python: give "
                           "'-- python train.py [args]' (torchrun is not needed: emu starts the ranks)")
     rest = list(argv[1:])
     if not rest or (rest[0] == "-m" and len(rest) < 2):

@@ -82,6 +82,7 @@ from emu.cli import clean as _clean  # noqa: E402,F401
 from emu.cli import inspect as _inspect  # noqa: E402,F401
 from emu.cli import predict as _predict  # noqa: E402,F401
 from emu.cli import replay as _replay  # noqa: E402,F401
+from emu.cli import run as _run  # noqa: E402,F401
 from emu.cli import sweep as _sweep  # noqa: E402,F401
 from emu.cli import validate as _validate  # noqa: E402,F401
 

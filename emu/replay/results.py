@@ -146,7 +146,8 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
     meta = trace.meta
     trace_doc = {"path": trace_path, "model": meta.model, "source": meta.source.value,
                  "world_size": meta.world_size, "backend": meta.backend, "params": meta.params,
-                 "batch_size": meta.batch_size, "iterations": trace.iterations, "sha256": trace_digest(trace)}
+                 "batch_size": meta.batch_size, "iterations": trace.iterations, "sha256": trace_digest(trace),
+                 "gaps": list(meta.gaps)}  # what the source lacked (a live trace: how its compute was measured)
     return ReplayReport(report_version=REPORT_VERSION, emu_version=emu.__version__, config=cfg, trace=trace_doc,
                         iterations=tuple(iterations), summary=summary, verification=verification,
                         emulator=emulator, fabric=fabric, sparsity=_sent(trace, config, planned),

@@ -76,6 +76,7 @@ class Source(str, Enum):
     CAPTURE = "capture"  # emu ran the workload itself
     KINETO = "kineto"  # imported from profiler traces a user already had
     SYNTHETIC = "synthetic"  # made by emu for a physics check (emu.traces.synthetic)
+    LIVE = "live"  # recorded by emu run from the real ranks' calls into its backend (emu.run)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,95 @@
+"""``emu run``: real ranks of an unmodified script inside a job of M workers (docs/run.md)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from emu.cli import cli
+from emu.cli.options import auto, typed
+from emu.cli.output import Progress, err
+from emu.errors import CheckFailed, ConfigError
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.option("--workers", "-w", type=int, required=True, help="Workers of the job (M): the real ranks and the rest.")
+@click.option("--real", type=int, default=1, show_default=True,
+              help="Real ranks of the script (K, at most the cores; M must be a multiple).")
+@click.option("--network", "network", type=click.Path(dir_okay=False),
+              help="A network design file (TOML: fabric, [link], [switch]); flags typed beside it win.")
+@click.option("--fabric", default="ina", show_default=True, help="ina, ring or ps.")
+@click.option("--bandwidth", default="100Gbps", show_default=True, help="Link bandwidth, e.g. 10Gbps.")
+@click.option("--latency", default="5us", show_default=True, help="One-way link latency, e.g. 5us.")
+@click.option("--loss", type=float, default=0.0, show_default=True, help="Packet loss probability per link.")
+@click.option("--iters", type=int, help="Iterations to replay (default: those recorded after the warm-up).")
+@click.option("--warmup", type=int, default=2, show_default=True,
+              help="Optimizer steps not recorded first (DDP builds, then rebuilds, its buckets).")
+@click.option("--compute-clock", type=click.Choice(["thread", "wall"]), default="thread", show_default=True,
+              help="How a real rank's compute is measured: its thread's CPU time, or wall time.")
+@click.option("--payload-scale", default="auto", show_default=True,
+              help="Packets on the emulated wire per packet really sent, or auto.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of payload, loss and jitter.")
+@click.option("--timeout", type=float, default=3600.0, show_default=True, help="Seconds the script may run.")
+@click.option("--trace-out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the real ranks' program as an emu trace, to replay later without the script.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the JSON report here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def run(ctx: click.Context, workers: int, real: int, network: str | None, fabric: str, bandwidth: str, latency: str,
+        loss: float, iters: int | None, warmup: int, compute_clock: str, payload_scale: str, seed: int,
+        timeout: float, trace_out: Path | None, report_path: Path | None, as_json: bool,
+        args: tuple[str, ...]) -> None:
+    """Run K real ranks of a script inside a job of M workers; the rest is emulated.
+
+    \b
+      emu run --workers 64 -- python examples/ddp_train.py --steps 8
+      emu run --workers 8 --real 2 --fabric ring --bandwidth 10Gbps -- python train.py
+    """
+    import json
+    from dataclasses import replace
+
+    from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us
+    from emu.replay import ReplayConfig
+    from emu.replay.report import check_writable
+    from emu.run.session import RunConfig, run_job
+    from emu.traces.io import save_trace
+
+    argv = list(args[1:] if args[:1] == ("--",) else args)
+    if not argv:
+        raise ConfigError("give the training command after --, e.g. 'emu run --workers 8 -- python train.py'")
+    for path, option in ((trace_out, "--trace-out"), (report_path, "--report")):
+        if path is not None:
+            check_writable(path, option)
+    link = LinkSpec(bandwidth_bps=parse_bandwidth(bandwidth), latency_us=parse_duration_us(latency), loss=loss)
+    config = ReplayConfig(workers=workers, fabric=fabric, link=link, iters=iters, seed=seed, timeout_s=timeout,
+                          payload_scale=auto(payload_scale, int, "--payload-scale"))
+    if network is not None:
+        from emu.replay.design import FLAG_KEYS, load_design
+
+        design = load_design(network)
+        given = frozenset(key for name, key in FLAG_KEYS.items() if typed(ctx, name))
+        config = replace(design.overlay(config, given), design_file=network, design_name=design.name)
+    run_config = RunConfig(replay=config, real=real, clock=compute_clock, warmup=warmup, timeout_s=timeout)
+    with Progress(f"run {real} of {workers}") as bar:
+        result = run_job(argv, run_config, cores=os.cpu_count() or 1, on_status=bar.status, on_progress=bar.update)
+    report = result.report
+    if trace_out is not None:
+        save_trace(result.trace, trace_out)
+        err().print(f"wrote {trace_out}", markup=False, highlight=False)
+    if report_path is not None:
+        report.save(report_path)
+        err().print(f"wrote {report_path}", markup=False, highlight=False)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        from emu.cli.replay import _table
+
+        _table([report], Path(argv[1] if len(argv) > 1 and argv[0].startswith("python") else argv[0]))
+        err().print(f"real ranks' results checked: {result.elements_checked:,} elements, "
+                    f"{result.mismatches} mismatched", markup=False, highlight=False)
+    if not report.verification.ok or result.mismatches:
+        raise CheckFailed("verification failed: the fabric's or the real ranks' results did not match their sums")

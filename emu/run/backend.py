@@ -1,0 +1,189 @@
+"""emu's torch.distributed backend, in a real rank's process (docs/run.md).
+
+A process group written in Python (torch accepts them: its own tests define one) and registered
+as the ``emu`` backend. Every collective goes to emu run's coordinator with the rank's tensors and
+the compute the rank did since its previous call into the backend returned; the answer, what a job
+of M workers gives, is copied into the rank's tensors, so the returned work is complete. Waits
+and the optimizer's steps are reported too, so the coordinator can record the rank's program.
+
+Compute is measured on the calling thread's CPU clock by default (``thread``): the real ranks
+and emu share the machine's cores, and CPU time is what the rank's work costs whatever else
+runs; ``wall`` measures wall time instead (for work spread over threads, or on a quiet machine).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import zmq
+
+from emu.run import protocol
+
+NAME = "emu"
+TIMEOUT_MS = 3_600_000  # a collective waits at most an hour for the other real ranks
+_REDUCE = ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"), (dist.ReduceOp.MAX, "max"),
+           (dist.ReduceOp.MIN, "min"), (dist.ReduceOp.PRODUCT, "product"))
+_DTYPE = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.int64: "int64",
+          torch.int32: "int32", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool"}
+
+
+class Unsupported(RuntimeError):
+    """A call emu run cannot serve (the script sees it as the backend's error)."""
+
+
+class Channel:
+    """The rank's connection to the coordinator, and its compute clock."""
+
+    def __init__(self, address: str, rank: int, clock: str) -> None:
+        self.rank = rank
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.REQ)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVTIMEO, TIMEOUT_MS)
+        self.sock.connect(address)
+        self.clock = time.thread_time if clock == "thread" else time.perf_counter
+        self.mark = self.clock()
+        self.wall_mark = time.perf_counter()
+        self.seq = 0
+
+    def call(self, head: dict[str, Any], frames: list[bytes] | None = None) -> list[bytes]:
+        """Send a request with the compute since the last call returned; the reply's frames."""
+        head = {"v": protocol.VERSION, "rank": self.rank, "compute_us": max(0.0, (self.clock() - self.mark) * 1e6),
+                **head}
+        self.sock.send_multipart(protocol.encode(head, frames))
+        try:
+            reply = self.sock.recv_multipart()
+        except zmq.Again:
+            raise RuntimeError(f"emu run: no answer from the coordinator within {TIMEOUT_MS / 1000:.0f} s") from None
+        self.mark = self.clock()  # time in here is emu's, not the rank's
+        return reply[1:]
+
+    def step(self, phase: str) -> None:
+        now = time.perf_counter()
+        extra = {"wall_us": (now - self.wall_mark) * 1e6} if phase == "post" else {}
+        self.call({"kind": "step", "phase": phase, **extra})
+        if phase == "post":
+            self.wall_mark = time.perf_counter()
+
+
+class EmuWork(dist._Work):
+    """A finished collective: its result is in the tensors already. ``wait`` tells the
+    coordinator where the rank waited for it (a blocking call waits at once)."""
+
+    def __init__(self, channel: Channel, seq: int, result: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.channel, self.seq = channel, seq
+        self.future = torch.futures.Future()
+        self.future.set_result(result)
+        self.waited = False
+
+    def wait(self, timeout: object = None) -> bool:
+        if not self.waited:
+            self.waited = True
+            self.channel.call({"kind": "wait", "ids": [self.seq]})
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self.future
+
+
+class EmuProcessGroup(dist.ProcessGroup):
+    """Rank ``rank`` of a job of ``size`` workers, most of them emulated."""
+
+    def __init__(self, channel: Channel, rank: int, size: int) -> None:
+        super().__init__(rank, size)
+        self.channel = channel
+
+    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+        return NAME
+
+    def _issue(self, coll: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
+               op: object = None, root: int | None = None) -> EmuWork:
+        dtypes = {t.dtype for t in inputs}
+        if len(dtypes) > 1 or (dtypes and next(iter(dtypes)) not in _DTYPE):
+            raise Unsupported(f"emu run: {coll} of {sorted(map(str, dtypes))} is not supported "
+                              f"(one of {', '.join(map(str, _DTYPE))})")
+        if any(t.device.type != "cpu" for t in inputs):
+            raise Unsupported(f"emu run: {coll} of a {inputs[0].device.type} tensor; emu run's real ranks run "
+                              "on the CPU (give the script CPU tensors)")
+        reduce = None
+        if op is not None:
+            # opts carry a ReduceOp object, which compares equal to its type but does not hash as it
+            reduce = next((name for kind, name in _REDUCE if op == kind), None)
+            if reduce is None:
+                raise Unsupported(f"emu run: the reduction {op} is not supported (sum, avg, max, min, product)")
+        arrays = [t.detach().contiguous().numpy() for t in inputs]
+        seq = self.channel.seq
+        self.channel.seq += 1
+        head = {"kind": "coll", "seq": seq, "coll": coll, "dtype": _DTYPE[next(iter(dtypes))] if dtypes else "uint8",
+                "shapes": [list(a.shape) for a in arrays], "op": reduce, "root": root}
+        reply = self.channel.call(head, [a.tobytes() for a in arrays])
+        if len(reply) != len(outputs):
+            raise RuntimeError(f"emu run: {coll} came back with {len(reply)} tensors, not {len(outputs)}")
+        for out, frame in zip(outputs, reply, strict=True):
+            arr = np.frombuffer(frame, dtype=protocol.DTYPES[head["dtype"]]).reshape(tuple(out.shape))
+            out.copy_(torch.from_numpy(arr.copy()))
+        return EmuWork(self.channel, seq, outputs)
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> EmuWork:
+        _one("allreduce", tensors)
+        return self._issue("all_reduce", tensors, tensors, opts.reduceOp)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> EmuWork:
+        _one("broadcast", tensors)
+        return self._issue("broadcast", tensors, tensors, root=int(opts.rootRank))
+
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> EmuWork:
+        _one("allgather", inputs)
+        if len(outputs) != 1 or len(outputs[0]) != self.size():
+            raise Unsupported(f"emu run: allgather needs one list of {self.size()} outputs")
+        return self._issue("all_gather", inputs, outputs[0])
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> EmuWork:
+        parts = list(output.view(self.size(), *input.shape).unbind(0))
+        return self._issue("all_gather", [input], parts)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> EmuWork:
+        _one("reduce_scatter", outputs)
+        if len(inputs) != 1 or len(inputs[0]) != self.size():
+            raise Unsupported(f"emu run: reduce_scatter needs one list of {self.size()} inputs")
+        return self._issue("reduce_scatter", inputs[0], outputs, opts.reduceOp)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> EmuWork:
+        parts = list(input.view(self.size(), *output.shape).unbind(0))
+        return self._issue("reduce_scatter", parts, [output], opts.reduceOp)
+
+    def barrier(self, opts: Any) -> EmuWork:
+        return self._issue("barrier", [], [])
+
+
+def _one(name: str, tensors: list[torch.Tensor]) -> None:
+    if len(tensors) != 1:
+        raise Unsupported(f"emu run: {name} of {len(tensors)} tensors at once is not supported")
+
+
+_CHANNEL: list[Channel] = []
+
+
+def channel() -> Channel | None:
+    return _CHANNEL[0] if _CHANNEL else None
+
+
+def register(address: str, clock: str) -> None:
+    """Register the ``emu`` backend, which connects to the coordinator at ``address``."""
+
+    def create(store: object, rank: int, size: int, timeout: object) -> EmuProcessGroup:
+        if not _CHANNEL:
+            _CHANNEL.append(Channel(address, rank, clock))
+            _CHANNEL[0].call({"kind": "hello", "world_size": size})
+        return EmuProcessGroup(_CHANNEL[0], rank, size)
+
+    dist.Backend.register_backend(NAME, create, devices=["cpu"])
+

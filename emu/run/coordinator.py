@@ -1,0 +1,245 @@
+"""emu run's coordinator: the real ranks' collectives, answered as a job of M workers would, and
+their program, recorded (docs/run.md).
+
+The K real ranks call into emu's backend; each call comes here. A collective is answered once
+every real rank has issued it, with what a job of M workers gives when worker ``w`` holds the
+data of real rank ``w mod K`` (the fake workers mirror the real ones, ``M / K`` each): an
+all_reduce's sum is ``M / K`` times the real ranks' sum, so DDP's average over M is the K real
+ranks' average and training proceeds as a K-rank run would. Each result is computed in float64
+from the ranks' tensors and checked: the sum is formed twice, in two orders, and must agree to
+the dtype's precision.
+
+Every call also carries the compute the rank did since its previous call returned, so the
+coordinator records each rank's program (compute, collectives, waits), cut into iterations at
+the optimizer's steps: an emu trace of the live run (``emu.traces`` schema 1, source ``live``).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zmq
+
+from emu.errors import RunFailed
+from emu.run import protocol
+from emu.traces.model import Coll, CollKind, Compute, Dtype, Iteration, Op, RankProgram, Wait
+
+POLL_MS = 50
+_KIND = {"all_reduce": CollKind.ALL_REDUCE, "broadcast": CollKind.BROADCAST, "all_gather": CollKind.ALL_GATHER,
+         "reduce_scatter": CollKind.REDUCE_SCATTER, "barrier": CollKind.BARRIER}
+
+
+class RunProtocolFailed(RunFailed):
+    """The real ranks disagreed, or sent what emu run cannot answer."""
+
+
+@dataclass
+class _Rank:
+    """One real rank's program as it is recorded."""
+
+    ops: list[Op] = field(default_factory=list)
+    outstanding: list[int] = field(default_factory=list)  # collectives not yet waited for
+    iterations: list[Iteration] = field(default_factory=list)
+    collectives: int = 0
+
+
+@dataclass
+class Checked:
+    """What verification saw: elements of results checked, and those that disagreed."""
+
+    elements: int = 0
+    mismatches: int = 0
+
+
+class Coordinator:
+    """Serves the real ranks on ``address`` from a thread of its own (``start``, ``stop``)."""
+
+    def __init__(self, address: str, workers: int, real: int) -> None:
+        if workers % real:
+            raise ValueError("the workers must be a multiple of the real ranks")
+        self.address, self.m, self.k = address, workers, real
+        self.mirror = workers // real  # fake workers (and itself) that hold each real rank's data
+        self.ranks = [_Rank() for _ in range(real)]
+        self.pending: dict[int, dict[int, tuple[bytes, dict[str, Any], list[np.ndarray]]]] = {}
+        self.checked = Checked()
+        self.error: BaseException | None = None
+        self.done: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="emu-run-coordinator", daemon=True)
+        self._ready = threading.Event()
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait(10)
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def check(self) -> None:
+        """Raise what went wrong in the coordinator's thread, if anything."""
+        if self.error is not None:
+            raise self.error
+
+    # -- the thread ---------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_FRAME + protocol.MAX_HEADER)
+        try:
+            sock.bind(self.address)
+        except zmq.ZMQError as exc:
+            self.error = RunFailed(f"emu run cannot listen on {self.address}: {exc}")
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                if not sock.poll(POLL_MS):
+                    continue
+                parts = sock.recv_multipart(copy=True)
+                if len(parts) < 3 or parts[1] != b"":
+                    continue  # not a REQ socket's envelope: dropped
+                ident, body = parts[0], parts[2:]
+                for to, reply in self._handle(ident, body):
+                    sock.send_multipart([to, b"", *reply], copy=False)
+        except (protocol.ProtocolError, RunProtocolFailed, ValueError) as exc:
+            self.error = exc if isinstance(exc, RunFailed) else RunProtocolFailed(str(exc))
+        except Exception as exc:  # reported to the caller, which stops the ranks
+            self.error = RunFailed(f"emu run's coordinator failed: {exc!r}")
+        finally:
+            sock.close(0)
+            ctx.term()
+
+    def _handle(self, ident: bytes, body: list[bytes]) -> list[tuple[bytes, list]]:
+        head = protocol.header_of(body)
+        r = head["rank"]
+        if not 0 <= r < self.k:
+            raise RunProtocolFailed(f"a request from rank {r}, not one of the {self.k} real ranks")
+        rank = self.ranks[r]
+        ok = protocol.encode({"v": protocol.VERSION, "ok": True})
+        kind = head["kind"]
+        if kind in ("hello", "done"):
+            if kind == "done":
+                self.done.add(r)
+            return [(ident, ok)]
+        rank.ops.append(Compute(name="compute", dur_us=float(head["compute_us"])))
+        if kind == "wait":
+            ids = tuple(int(i) for i in head.get("ids", ()) if int(i) in rank.outstanding)
+            if ids:
+                rank.ops.append(Wait(ids=ids))
+                rank.outstanding = [i for i in rank.outstanding if i not in ids]
+            return [(ident, ok)]
+        if kind == "step":
+            if head.get("phase") == "pre":  # the optimizer steps once every gradient is reduced
+                if rank.outstanding:
+                    rank.ops.append(Wait(ids=tuple(rank.outstanding)))
+                    rank.outstanding = []
+            else:
+                rank.iterations.append(Iteration(step=len(rank.iterations), measured_us=float(head.get("wall_us", 0.0)),
+                                                 ops=tuple(op for op in rank.ops if not _empty(op))))
+                rank.ops = []
+            return [(ident, ok)]
+        seq = head.get("seq")
+        if seq != rank.collectives:
+            raise RunProtocolFailed(f"rank {r} issued collective {seq!r}, expected {rank.collectives}")
+        rank.collectives += 1
+        got = self.pending.setdefault(seq, {})
+        got[r] = (ident, head, protocol.arrays(head, body))
+        if len(got) < self.k:
+            return []
+        del self.pending[seq]
+        return self._answer(seq, got)
+
+    def _answer(self, seq: int, got: dict[int, tuple[bytes, dict[str, Any], list[np.ndarray]]]) -> list[tuple[bytes, list]]:
+        first = got[0][1]
+        for r, (_, head, _) in got.items():
+            same = all(head.get(key) == first.get(key) for key in ("coll", "dtype", "shapes", "op", "root"))
+            if not same:
+                raise RunProtocolFailed(
+                    f"collective {seq}: rank {r} issued {head['coll']} of {head['dtype']} {head['shapes']} "
+                    f"({head.get('op')}, root {head.get('root')}) where rank 0 issued {first['coll']} of "
+                    f"{first['dtype']} {first['shapes']} ({first.get('op')}, root {first.get('root')})")
+        coll = first["coll"]
+        data = [got[r][2] for r in range(self.k)]
+        results = self._results(coll, first, data)
+        for r in range(self.k):
+            self.ranks[r].ops.append(self._record(seq, first, data[r]))
+            self.ranks[r].outstanding.append(seq)
+        header = {"v": protocol.VERSION, "ok": True}
+        return [(got[r][0], protocol.encode(header, [np.ascontiguousarray(a).tobytes() for a in results[r]]))
+                for r in range(self.k)]
+
+    def _results(self, coll: str, head: dict[str, Any], data: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+        """Per real rank, the tensors its call returns (all_gather: the M outputs)."""
+        dt = np.dtype(protocol.DTYPES[head["dtype"]])
+        if coll == "barrier":
+            return [[] for _ in range(self.k)]
+        if coll == "broadcast":
+            src = int(head.get("root") or 0) % self.k  # a fake root holds its real rank's data
+            return [[data[src][0]] for _ in range(self.k)]
+        if coll == "all_gather":
+            outs = [data[w % self.k][0] for w in range(self.m)]
+            return [outs for _ in range(self.k)]
+        if coll == "all_reduce":
+            reduced = self._reduce([d[0] for d in data], head["op"], dt)
+            return [[reduced] for _ in range(self.k)]
+        # reduce_scatter: each worker's inputs are its real rank's list of M; real rank r gets the
+        # reduction of every worker's r-th input
+        if any(len(d) != self.m for d in data):
+            raise RunProtocolFailed(f"reduce_scatter: give {self.m} input tensors (one per worker)")
+        return [[self._reduce([d[r] for d in data], head["op"], dt)] for r in range(self.k)]
+
+    def _reduce(self, xs: list[np.ndarray], op: str, dt: np.dtype) -> np.ndarray:
+        """The reduction over M workers that hold the K real ranks' tensors, ``M / K`` each."""
+        wide = [x.astype(np.float64) if dt.kind == "f" else x.astype(np.int64) for x in xs]
+        if op in ("sum", "avg"):
+            total = sum(wide) * self.mirror
+            again = sum(reversed([w * self.mirror for w in wide]))  # another order: the check
+            self._check(total, again, dt)
+            if op == "avg":
+                total = total / self.m
+        elif op == "max":
+            total = np.maximum.reduce(wide)
+        elif op == "min":
+            total = np.minimum.reduce(wide)
+        else:
+            total = np.prod(wide, axis=0) ** self.mirror
+        if dt.kind in "iub":
+            total = np.asarray(total).astype(np.int64)
+        return np.asarray(total).astype(dt)
+
+    def _check(self, a: np.ndarray, b: np.ndarray, dt: np.dtype) -> None:
+        tol = 0 if dt.kind != "f" else 8 * np.finfo(dt).eps * (np.abs(a) + 1e-30)
+        bad = int(np.count_nonzero(np.abs(a - b) > tol))
+        self.checked.elements += int(a.size)
+        self.checked.mismatches += bad
+
+    def _record(self, seq: int, head: dict[str, Any], tensors: list[np.ndarray]) -> Coll:
+        kind = _KIND[head["coll"]]
+        dtype = Dtype(head["dtype"])
+        n = int(tensors[0].size) if tensors else 0
+        count = {CollKind.ALL_GATHER: n * self.m, CollKind.REDUCE_SCATTER: n * self.m}.get(kind, n)
+        if kind == CollKind.REDUCE_SCATTER:
+            count = sum(int(t.size) for t in tensors)
+        return Coll(id=seq, kind=kind, dtype=dtype, count=count, bytes=count * dtype.itemsize, group_size=self.m,
+                    root=int(head["root"]) if kind == CollKind.BROADCAST and head.get("root") is not None else None)
+
+    def programs(self, warmup: int) -> tuple[RankProgram, ...]:
+        """Each real rank's recorded iterations after the first ``warmup`` (DDP builds, then
+        rebuilds, its buckets there)."""
+        return tuple(RankProgram(rank=r, iterations=tuple(
+            Iteration(step=i, measured_us=it.measured_us, ops=it.ops)
+            for i, it in enumerate(self.ranks[r].iterations[warmup:])))
+            for r in range(self.k))
+
+
+def _empty(op: Op) -> bool:
+    return isinstance(op, Compute) and op.dur_us == 0.0

@@ -1,0 +1,52 @@
+"""What a real rank of ``emu run`` does around the unmodified script (``python -m emu.run``)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch.distributed as dist
+import zmq
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from emu.capture.inject import _run_target
+from emu.run import backend
+
+
+def run(address: str, clock: str, target: list[str]) -> int:
+    """Run ``target`` with emu's backend in place of the one it asks for; its exit status."""
+    backend.register(address, clock)
+    original = dist.init_process_group
+
+    @functools.wraps(original)
+    def init_process_group(*args: object, **kwargs: object) -> object:
+        # whatever the script asks for (gloo, nccl, "cpu:gloo,cuda:nccl" or nothing), emu's backend
+        if args:
+            args = (backend.NAME, *args[1:])
+        else:
+            kwargs["backend"] = backend.NAME
+        return original(*args, **kwargs)
+
+    dist.init_process_group = init_process_group  # type: ignore[assignment]
+    followed: list[int] = []
+
+    def on(phase: str, optimizer: object, *_: object) -> None:
+        if not followed:
+            followed.append(id(optimizer))
+        ch = backend.channel()
+        if followed[0] == id(optimizer) and ch is not None:
+            ch.step(phase)
+
+    pre = register_optimizer_step_pre_hook(functools.partial(on, "pre"))
+    post = register_optimizer_step_post_hook(functools.partial(on, "post"))
+    try:
+        code = _run_target(target)
+    finally:
+        pre.remove()
+        post.remove()
+        ch = backend.channel()
+        if ch is not None:
+            try:
+                ch.call({"kind": "done"})
+            except (zmq.ZMQError, RuntimeError):  # the channel broke with the script: its error stands
+                pass
+    return code

@@ -1,0 +1,92 @@
+"""emu run: real ranks of an unmodified script (real torch processes) inside a job of M workers."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from emu.capture.launcher import run_ranks
+from emu.cli import cli
+from emu.errors import ConfigError
+from emu.replay import ReplayConfig
+from emu.run.session import RunConfig, run_job
+from emu.traces.io import load_trace
+from emu.traces.model import Coll, CollKind, Compute, Source, Wait
+
+TINY = Path(__file__).resolve().parent.parent / "data" / "run" / "tiny_ddp.py"
+
+
+def test_training_proceeds_as_the_real_ranks_alone_would(tmp_path, monkeypatch, no_children) -> None:
+    """2 real ranks of a job of 4 end with the parameters a real 2-rank gloo run reaches: the fake
+    workers mirror the real ones, so DDP's average over 4 is the 2 ranks' average. A plain
+    all_reduce outside DDP sums what 4 workers hold: twice the real ranks' sum."""
+    emu_out, gloo_out = tmp_path / "emu", tmp_path / "gloo"
+    emu_out.mkdir()
+    gloo_out.mkdir()
+    monkeypatch.setenv("EMU_TEST_OUT", str(emu_out))
+    result = run_job(["python", str(TINY)], RunConfig(replay=ReplayConfig(workers=4, fabric="ring"), real=2), cores=2)
+    run_ranks([sys.executable, str(TINY)], 2, gloo_out, timeout_s=120, env={**os.environ, "EMU_TEST_OUT": str(gloo_out)})
+    for r in (0, 1):
+        got, want = np.load(emu_out / f"rank{r}.npy"), np.load(gloo_out / f"rank{r}.npy")
+        np.testing.assert_allclose(got[:-1], want[:-1], rtol=1e-4, atol=1e-6)
+        assert got[-1] == 2 * want[-1] == 2 * (1 + 2)
+    assert result.report.verification.ok and result.mismatches == 0 and result.elements_checked > 0
+    trace = result.trace
+    assert trace.meta.source == Source.LIVE and trace.meta.world_size == 4 and len(trace.ranks) == 2
+    assert trace.iterations == 5 - 2  # the first two optimizer steps warm up
+    it = trace.ranks[0].iterations[0]
+    assert any(isinstance(op, Compute) and op.dur_us > 0 for op in it.ops)
+    colls = it.colls
+    assert colls and all(c.kind == CollKind.ALL_REDUCE and c.group_size == 4 for c in colls)
+    waited = {i for op in it.ops if isinstance(op, Wait) for i in op.ids}
+    assert waited == {c.id for c in colls}  # the optimizer's step waits for every bucket
+    assert [len(r.iterations[0].colls) for r in trace.ranks] == [len(colls)] * 2
+
+
+def test_the_cli_runs_the_script_and_writes_the_trace(tmp_path, no_children) -> None:
+    out, report = tmp_path / "live.json.gz", tmp_path / "r.json"
+    res = CliRunner().invoke(cli, ["run", "--workers", "8", "--fabric", "ina", "--trace-out", str(out),
+                                   "--report", str(report), "--", "python", str(TINY)])
+    assert res.exit_code == 0, res.output
+    trace = load_trace(out)
+    assert trace.meta.source == Source.LIVE and trace.meta.world_size == 8 and "thread CPU" in trace.meta.gaps[0]
+    assert report.exists() and "verification" in res.output
+
+
+def test_bad_requests_are_config_errors(no_children) -> None:
+    with pytest.raises(ConfigError, match="multiple of --real"):
+        run_job(["python", str(TINY)], RunConfig(replay=ReplayConfig(workers=5), real=2), cores=2)
+    with pytest.raises(ConfigError, match="cores"):
+        run_job(["python", str(TINY)], RunConfig(replay=ReplayConfig(workers=8), real=4), cores=2)
+    res = CliRunner().invoke(cli, ["run", "--workers", "8", "--", "ls"])
+    assert res.exit_code == 2 and "not python" in res.output
+
+
+def test_a_failing_script_fails_the_run(tmp_path, no_children) -> None:
+    script = tmp_path / "bad.py"
+    script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\nraise SystemExit(3)\n")
+    res = CliRunner().invoke(cli, ["run", "--workers", "4", "--", "python", str(script)])
+    assert res.exit_code == 1 and "rank 0 exited with code 3" in res.output
+
+
+def test_the_coordinator_answers_as_m_workers() -> None:
+    """Without processes: the reductions over M workers that mirror K real ranks."""
+    from emu.run.coordinator import Coordinator
+
+    c = Coordinator("ipc:///nonexistent", 6, 2)
+    a, b = np.array([1.0, -2.0], np.float32), np.array([3.0, 5.0], np.float32)
+    dt = np.dtype("<f4")
+    assert list(c._reduce([a, b], "sum", dt)) == [12.0, 9.0]
+    assert list(c._reduce([a, b], "avg", dt)) == [2.0, 1.5]
+    assert list(c._reduce([a, b], "max", dt)) == [3.0, 5.0]
+    assert list(c._reduce([a, b], "product", dt)) == [27.0, -1000.0]
+    gathered = c._results("all_gather", {"dtype": "float32"}, [[a], [b]])[1]
+    assert [list(x) for x in gathered] == [list(a), list(b)] * 3
+    assert [list(x[0]) for x in c._results("broadcast", {"dtype": "float32", "root": 5}, [[a], [b]])] == [list(b)] * 2
+    coll = c._record(7, {"coll": "all_gather", "dtype": "float32", "root": None}, [a])
+    assert isinstance(coll, Coll) and coll.count == 12 and coll.bytes == 48

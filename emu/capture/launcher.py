@@ -125,7 +125,7 @@ def _first_failure(ranks: Sequence[RankProcess]) -> RankProcess | None:
 def run_ranks(argv: Sequence[str], world_size: int, workdir: Path, *, timeout_s: float,
               env: dict[str, str] | None = None, on_tick: Callable[[float], None] | None = None,
               network: RankNetwork | None = None, processes: int | None = None, port: int | None = None,
-              run_id: str = "emu-capture") -> None:
+              run_id: str = "emu-capture", timeout_hint: str = "raise --timeout or profile fewer steps") -> None:
     """Run argv as world_size ranks (the first ``processes`` of them, where fewer are real: emu
     run); return when all exited 0. A rank that fails (or a run past ``timeout_s``) raises
     CaptureError (exit code 1) naming the rank and its log, which stays in ``workdir``."""
@@ -161,8 +161,8 @@ def run_ranks(argv: Sequence[str], world_size: int, workdir: Path, *, timeout_s:
                 return
             elapsed = time.monotonic() - start
             if elapsed > timeout_s:
-                raise CaptureError(f"the ranks did not finish within {timeout_s:.0f} s; raise "
-                                   f"--timeout or profile fewer steps (logs: {workdir})")
+                raise CaptureError(f"the ranks did not finish within {timeout_s:.0f} s; {timeout_hint} "
+                                   f"(logs: {workdir})")
             if on_tick is not None:
                 on_tick(elapsed)
             time.sleep(0.05)

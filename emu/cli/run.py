@@ -56,7 +56,6 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, fabric
     from emu.replay import ReplayConfig
     from emu.replay.report import check_writable
     from emu.run.session import RunConfig, run_job
-    from emu.traces.io import save_trace
 
     argv = list(args[1:] if args[:1] == ("--",) else args)
     if not argv:
@@ -75,10 +74,10 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, fabric
         config = replace(design.overlay(config, given), design_file=network, design_name=design.name)
     run_config = RunConfig(replay=config, real=real, clock=compute_clock, warmup=warmup, timeout_s=timeout)
     with Progress(f"run {real} of {workers}") as bar:
-        result = run_job(argv, run_config, cores=os.cpu_count() or 1, on_status=bar.status, on_progress=bar.update)
+        result = run_job(argv, run_config, cores=os.cpu_count() or 1, on_status=bar.status, on_progress=bar.update,
+                         trace_out=trace_out)
     report = result.report
     if trace_out is not None:
-        save_trace(result.trace, trace_out)
         err().print(f"wrote {trace_out}", markup=False, highlight=False)
     if report_path is not None:
         report.save(report_path)
@@ -88,7 +87,8 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, fabric
     else:
         from emu.cli.replay import _table
 
-        _table([report], Path(argv[1] if len(argv) > 1 and argv[0].startswith("python") else argv[0]))
+        words = argv[1:] if len(argv) > 1 and not argv[0].endswith(".py") else argv
+        _table([report], Path(words[1] if words[0] == "-m" and len(words) > 1 else words[0]))
         err().print(f"real ranks' results checked: {result.elements_checked:,} elements, "
                     f"{result.mismatches} mismatched", markup=False, highlight=False)
     if not report.verification.ok or result.mismatches:

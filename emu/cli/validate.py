@@ -67,7 +67,7 @@ def validate(quick: bool, models: str, steps: int, calibrate: bool, keep: Path |
             out().print(f"failed: {f.name}: {f.error}", markup=False, highlight=False, soft_wrap=True)
         s = result.summary
         parts = [f"{kind}: {s[f'{kind}_mean_abs_error_pct']:.1f}% / {s[f'{kind}_max_abs_error_pct']:.1f}%"
-                 for kind in ("same", "extrapolated", "calibrated") if any(c.kind.value == kind for c in result.cases)]
+                 for kind in ("same", "extrapolated", "calibrated", "held out", "run") if any(c.kind.value == kind for c in result.cases)]
         out().print(f"mean |error| {s['mean_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}% "
                     f"(mean / max by kind: {'; '.join(parts)})", markup=False, highlight=False)
     if result.failures:

@@ -1,4 +1,4 @@
-"""Entry point of a real rank of ``emu run``: ``python -m emu.run --address ADDR --clock thread -- TARGET``.
+"""Entry point of a real rank of ``emu run``: ``python -m emu.run --address ADDR --clock thread --timeout S -- TARGET``.
 
 emu run starts this; users run ``emu run`` instead. It registers emu's backend, maps the
 backend the script asks ``init_process_group`` for (gloo, nccl, or none) onto it, follows the
@@ -17,12 +17,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m emu.run")
     parser.add_argument("--address", required=True)
     parser.add_argument("--clock", choices=["thread", "wall"], required=True)
+    parser.add_argument("--timeout", type=float, required=True, help="seconds a call may wait for the coordinator")
     parser.add_argument("target", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     target = args.target[1:] if args.target[:1] == ["--"] else args.target
     if not target:
         parser.error("give the script to run after --")
-    end(run(args.address, args.clock, target))
+    end(run(args.address, args.clock, args.timeout, target))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ runs; ``wall`` measures wall time instead (for work spread over threads, or on a
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -24,7 +25,6 @@ import zmq
 from emu.run import protocol
 
 NAME = "emu"
-TIMEOUT_MS = 3_600_000  # a collective waits at most an hour for the other real ranks
 _REDUCE = ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"), (dist.ReduceOp.MAX, "max"),
            (dist.ReduceOp.MIN, "min"), (dist.ReduceOp.PRODUCT, "product"))
 _DTYPE = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.int64: "int64",
@@ -38,36 +38,68 @@ class Unsupported(RuntimeError):
 class Channel:
     """The rank's connection to the coordinator, and its compute clock."""
 
-    def __init__(self, address: str, rank: int, clock: str) -> None:
+    def __init__(self, address: str, rank: int, clock: str, timeout_s: float) -> None:
         self.rank = rank
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.REQ)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.RCVTIMEO, TIMEOUT_MS)
+        self.timeout_ms = int(min(timeout_s, 30 * 86400) * 1000)
+        self.sock.setsockopt(zmq.RCVTIMEO, self.timeout_ms)
         self.sock.connect(address)
         self.clock = time.thread_time if clock == "thread" else time.perf_counter
         self.mark = self.clock()
         self.wall_mark = time.perf_counter()
         self.seq = 0
+        self.outstanding: list[int] = []  # collectives issued and not yet waited for
+        self.queued = False  # a wait at the end of the running backward pass is queued
 
-    def call(self, head: dict[str, Any], frames: list[bytes] | None = None) -> list[bytes]:
-        """Send a request with the compute since the last call returned; the reply's frames."""
-        head = {"v": protocol.VERSION, "rank": self.rank, "compute_us": max(0.0, (self.clock() - self.mark) * 1e6),
-                **head}
+    def compute_us(self) -> float:
+        """The rank's compute since its previous call into the backend returned."""
+        return max(0.0, (self.clock() - self.mark) * 1e6)
+
+    def resume(self) -> None:
+        """The backend returns to the script: its compute starts again (time in here is emu's)."""
+        self.mark = self.clock()
+
+    def call(self, head: dict[str, Any], frames: list[bytes] | None = None,
+             compute_us: float | None = None) -> list[bytes]:
+        """Send a request; the reply's frames. ``compute_us``: measured before the request was
+        built (default: now); the caller resumes the clock when it has copied the reply out."""
+        head = {"v": protocol.VERSION, "rank": self.rank,
+                "compute_us": self.compute_us() if compute_us is None else compute_us, **head}
         self.sock.send_multipart(protocol.encode(head, frames))
         try:
             reply = self.sock.recv_multipart()
         except zmq.Again:
-            raise RuntimeError(f"emu run: no answer from the coordinator within {TIMEOUT_MS / 1000:.0f} s") from None
-        self.mark = self.clock()  # time in here is emu's, not the rank's
+            raise RuntimeError(f"emu run: no answer from emu's coordinator within {self.timeout_ms / 1000:.0f} s "
+                               "(--timeout)") from None
         return reply[1:]
 
+    def wait(self, ids: list[int]) -> None:
+        """Tell the coordinator the rank waited here for ``ids``."""
+        ids = [i for i in ids if i in self.outstanding]
+        if ids:
+            compute = self.compute_us()
+            self.outstanding = [i for i in self.outstanding if i not in ids]
+            self.call({"kind": "wait", "ids": ids}, compute_us=compute)
+            self.resume()
+
+    def end_of_backward(self) -> None:
+        """Queued into autograd's engine when backward issued collectives: DDP waits for its
+        buckets as backward ends (its own callback, queued first, runs first)."""
+        self.queued = False
+        self.wait(list(self.outstanding))
+
     def step(self, phase: str) -> None:
+        compute = self.compute_us()
         now = time.perf_counter()
         extra = {"wall_us": (now - self.wall_mark) * 1e6} if phase == "post" else {}
-        self.call({"kind": "step", "phase": phase, **extra})
+        if phase == "pre":  # whatever backward left unwaited, the optimizer needs now
+            self.outstanding = []
+        self.call({"kind": "step", "phase": phase, **extra}, compute_us=compute)
         if phase == "post":
             self.wall_mark = time.perf_counter()
+        self.resume()
 
 
 class EmuWork(dist._Work):
@@ -79,12 +111,9 @@ class EmuWork(dist._Work):
         self.channel, self.seq = channel, seq
         self.future = torch.futures.Future()
         self.future.set_result(result)
-        self.waited = False
 
     def wait(self, timeout: object = None) -> bool:
-        if not self.waited:
-            self.waited = True
-            self.channel.call({"kind": "wait", "ids": [self.seq]})
+        self.channel.wait([self.seq])
         return True
 
     def is_completed(self) -> bool:
@@ -118,19 +147,30 @@ class EmuProcessGroup(dist.ProcessGroup):
             # opts carry a ReduceOp object, which compares equal to its type but does not hash as it
             reduce = next((name for kind, name in _REDUCE if op == kind), None)
             if reduce is None:
-                raise Unsupported(f"emu run: the reduction {op} is not supported (sum, avg, max, min, product)")
+                raise Unsupported(f"emu run: the reduction {getattr(op, 'op', op)} is not supported (sum, avg, max, "
+                                  "min, product)")
+        ch = self.channel
+        compute = ch.compute_us()  # before the copies: they are emu's work, not the script's
         arrays = [t.detach().contiguous().numpy() for t in inputs]
-        seq = self.channel.seq
-        self.channel.seq += 1
+        if sum(a.nbytes for a in arrays) > protocol.MAX_FRAME:
+            raise Unsupported(f"emu run: a {coll} of {sum(a.nbytes for a in arrays)} bytes, more than 4 GiB")
+        seq = ch.seq
+        ch.seq += 1
         head = {"kind": "coll", "seq": seq, "coll": coll, "dtype": _DTYPE[next(iter(dtypes))] if dtypes else "uint8",
                 "shapes": [list(a.shape) for a in arrays], "op": reduce, "root": root}
-        reply = self.channel.call(head, [a.tobytes() for a in arrays])
+        reply = ch.call(head, [a.tobytes() for a in arrays], compute_us=compute)
         if len(reply) != len(outputs):
             raise RuntimeError(f"emu run: {coll} came back with {len(reply)} tensors, not {len(outputs)}")
         for out, frame in zip(outputs, reply, strict=True):
             arr = np.frombuffer(frame, dtype=protocol.DTYPES[head["dtype"]]).reshape(tuple(out.shape))
             out.copy_(torch.from_numpy(arr.copy()))
-        return EmuWork(self.channel, seq, outputs)
+        ch.outstanding.append(seq)
+        if not ch.queued and torch._C._current_autograd_node() is not None:
+            # issued from backward (DDP's buckets): the rank waits for it when backward ends
+            ch.queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(ch.end_of_backward)
+        ch.resume()
+        return EmuWork(ch, seq, outputs)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> EmuWork:
         _one("allreduce", tensors)
@@ -163,6 +203,37 @@ class EmuProcessGroup(dist.ProcessGroup):
     def barrier(self, opts: Any) -> EmuWork:
         return self._issue("barrier", [], [])
 
+    # what emu run does not serve yet: an error that names the call (docs/run.md, "Limits")
+    def send(self, *args: object) -> EmuWork:
+        raise Unsupported("emu run: send/recv (point to point) is not supported yet")
+
+    def recv(self, *args: object) -> EmuWork:
+        raise Unsupported("emu run: send/recv (point to point) is not supported yet")
+
+    def recv_anysource(self, *args: object) -> EmuWork:
+        raise Unsupported("emu run: send/recv (point to point) is not supported yet")
+
+    def alltoall(self, *args: object) -> EmuWork:
+        raise Unsupported("emu run: all_to_all is not supported yet")
+
+    def alltoall_base(self, *args: object) -> EmuWork:
+        raise Unsupported("emu run: all_to_all is not supported yet")
+
+    def reduce(self, *args: object) -> EmuWork:
+        raise Unsupported("emu run: reduce is not supported yet (all_reduce is)")
+
+    def gather(self, *args: object) -> EmuWork:
+        raise Unsupported("emu run: gather is not supported yet (all_gather is)")
+
+    def scatter(self, *args: object) -> EmuWork:
+        raise Unsupported("emu run: scatter is not supported yet")
+
+    def allreduce_coalesced(self, *args: object) -> EmuWork:
+        raise Unsupported("emu run: coalesced all_reduce (several tensors at once) is not supported yet")
+
+    def allgather_coalesced(self, *args: object) -> EmuWork:
+        raise Unsupported("emu run: coalesced all_gather (several tensors at once) is not supported yet")
+
 
 def _one(name: str, tensors: list[torch.Tensor]) -> None:
     if len(tensors) != 1:
@@ -176,14 +247,17 @@ def channel() -> Channel | None:
     return _CHANNEL[0] if _CHANNEL else None
 
 
-def register(address: str, clock: str) -> None:
+def register(address: str, clock: str, timeout_s: float) -> None:
     """Register the ``emu`` backend, which connects to the coordinator at ``address``."""
 
     def create(store: object, rank: int, size: int, timeout: object) -> EmuProcessGroup:
-        if not _CHANNEL:
-            _CHANNEL.append(Channel(address, rank, clock))
-            _CHANNEL[0].call({"kind": "hello", "world_size": size})
+        world = int(os.environ.get("WORLD_SIZE", "0"))
+        if _CHANNEL or size != world:
+            raise Unsupported(f"emu run: process groups other than the job's ({size} of its {world} ranks: "
+                              "new_group, a device mesh's dimensions) are not supported yet")
+        _CHANNEL.append(Channel(address, rank, clock, timeout_s))
+        _CHANNEL[0].call({"kind": "hello", "world_size": size})
+        _CHANNEL[0].resume()
         return EmuProcessGroup(_CHANNEL[0], rank, size)
 
     dist.Backend.register_backend(NAME, create, devices=["cpu"])
-

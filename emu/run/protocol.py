@@ -3,7 +3,7 @@
 A request is a zmq multipart message: a JSON header, then one raw frame per tensor (its bytes,
 little-endian, C order). The coordinator answers every request, with a JSON header and the
 result's frames. Nothing is pickled; every header and frame is bounded and checked against
-what the header declares, and a request that fails a check is refused with its reason.
+what the header declares; a request that fails a check ends the run, which reports why.
 
 Header keys: ``v`` (the protocol version), ``rank``, ``kind`` (``hello``, ``coll``, ``wait``,
 ``step``, ``done``), ``compute_us`` (the rank's compute since its previous call returned), and

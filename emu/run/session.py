@@ -21,14 +21,18 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+import zmq
+
 from emu.capture.launcher import free_port, run_ranks
 from emu.capture.run import _interpreter_and_target
-from emu.errors import ConfigError, RunFailed
+from emu.errors import ConfigError, EmuError, RunFailed, TraceError
 from emu.lifetime import current
 from emu.replay import ReplayConfig, replay
 from emu.replay.report import ReplayReport
 from emu.run.coordinator import Coordinator
+from emu.traces.io import save_trace
 from emu.traces.model import Source, Trace, TraceMeta
+from emu.traces.validate import validate_trace
 
 DEFAULT_WARMUP = 2  # optimizer steps: DDP builds, then rebuilds, its buckets in the first two
 
@@ -46,6 +50,8 @@ class RunConfig:
 
     def check(self, cores: int) -> None:
         m = self.replay.workers
+        if m < 1:
+            raise ConfigError(f"--workers must be at least 1, got {m}")
         if not 1 <= self.real <= m:
             raise ConfigError(f"--real must be 1 to --workers ({m}), got {self.real}")
         if m % self.real:
@@ -71,56 +77,94 @@ class RunResult:
 
 def run_job(argv: Sequence[str], config: RunConfig, *, cores: int,
             on_status: Callable[[str], None] | None = None,
-            on_progress: Callable[[float], None] | None = None) -> RunResult:
+            on_progress: Callable[[float], None] | None = None,
+            trace_out: Path | None = None) -> RunResult:
     """Run the script as the real ranks of a job of ``config.replay.workers``, then replay what
-    they did at that size; the recorded trace and the report."""
+    they did at that size; the recorded trace (written to ``trace_out`` first, where given) and
+    the report."""
     config.check(cores)
     interpreter, target = _interpreter_and_target(argv, "emu run --workers M")
     m, k = config.replay.workers, config.real
-    workdir = Path(tempfile.mkdtemp(prefix="emu-run-"))
-    record = current()
-    if record is not None:
-        record.add_folder(str(workdir))
-    coordinator = Coordinator(f"ipc://{workdir}/run", m, k)
-    import torch.distributed as dist  # the store the ranks' rendezvous joins (a server, no waiting)
-
-    port = free_port()
-    store = dist.TCPStore("127.0.0.1", port, None, True, wait_for_workers=False)
-    env_extra = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
-    coordinator.start()
-    failed = True
-    try:
-        if on_status is not None:
-            on_status(f"running {k} real rank{'s' if k > 1 else ''} of {m} workers")
-        run_ranks([interpreter, "-m", "emu.run", "--address", coordinator.address, "--clock", config.clock, "--",
-                   *target], m, workdir, timeout_s=config.timeout_s, env={**os.environ, **env_extra},
-                  on_tick=lambda _: coordinator.check(), processes=k, port=port, run_id="emu-run")
-        coordinator.check()
-        failed = False
-    finally:
-        coordinator.stop()
-        del store
-        if not failed:
-            shutil.rmtree(workdir, ignore_errors=True)
+    coordinator = _record(interpreter, target, config, on_status)
     programs = coordinator.programs(config.warmup)
     steps = min((len(p.iterations) for p in programs), default=0)
     if steps < 1:
         got = min(len(r.iterations) for r in coordinator.ranks)
-        raise RunFailed(f"the script ran {got} optimizer step{'s' if got != 1 else ''}; emu run needs at least "
-                        f"{config.warmup + 1} ({config.warmup} to warm up, --warmup): give it more steps")
+        raise ConfigError(f"the script ran {got} optimizer step{'s' if got != 1 else ''}; emu run needs at least "
+                          f"{config.warmup + 1} ({config.warmup} to warm up, --warmup): give it more steps")
+    clock = "thread CPU" if config.clock == "thread" else "wall"
     meta = TraceMeta(source=Source.LIVE, world_size=m, backend="emu", device="cpu",
-                     framework=f"torch {_torch_version()}", dtype="float32",
+                     framework=f"torch {_torch_version()}", dtype=_dtype(programs),
                      captured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                      command=shlex.join(argv), gaps=(
-                         f"compute measured live on each real rank's {'thread CPU' if config.clock == 'thread' else 'wall'}"
-                         f" clock between its calls into emu's backend ({k} of {m} ranks real; the rest "
-                         "mirror them)",))
+                         f"compute measured live on each real rank's {clock} clock between its calls into emu's "
+                         f"backend ({k} of {m} ranks real; the rest mirror them)",))
     trace = Trace(meta=meta, ranks=programs)
+    try:
+        validate_trace(trace, "the recorded program")
+    except TraceError as exc:
+        raise RunFailed(f"emu run recorded a program it cannot replay: {exc}") from None
+    if trace_out is not None:
+        save_trace(trace, trace_out)
     if on_status is not None:
         on_status(f"replaying the {steps} recorded iterations at {m} workers")
-    report = replay(trace, config.replay, trace_path=None, on_status=on_status, on_progress=on_progress)
+    report = replay(trace, config.replay, trace_path=None if trace_out is None else str(trace_out),
+                    on_status=on_status, on_progress=on_progress)
     return RunResult(trace=trace, report=report, elements_checked=coordinator.checked.elements,
                      mismatches=coordinator.checked.mismatches)
+
+
+def _record(interpreter: str, target: list[str], config: RunConfig,
+            on_status: Callable[[str], None] | None) -> Coordinator:
+    """Run the real ranks against a coordinator that serves and records them; the coordinator.
+    The work folder (the ranks' logs, the socket) goes on every path but a failed run's, whose
+    error names a log in it."""
+    import torch.distributed as dist  # the store the ranks' rendezvous joins (a server, no waiting)
+
+    m, k = config.replay.workers, config.real
+    workdir = Path(tempfile.mkdtemp(prefix="emu-run-"))
+    if len(str(workdir)) + len("/run") > getattr(zmq, "IPC_PATH_MAX_LEN", 107):
+        shutil.rmtree(workdir, ignore_errors=True)  # a deep $TMPDIR: socket paths have a limit
+        workdir = Path(tempfile.mkdtemp(prefix="emu-run-", dir="/tmp"))
+    record = current()
+    if record is not None:
+        record.add_folder(str(workdir))
+    coordinator = Coordinator(f"ipc://{workdir}/run", m, k)
+    keep = False
+    store = None
+    try:
+        port = free_port()
+        store = dist.TCPStore("127.0.0.1", port, None, True, wait_for_workers=False)
+        coordinator.start()
+        if on_status is not None:
+            on_status(f"running {k} real rank{'s' if k > 1 else ''} of {m} workers")
+        # torchrun's agent hosts the store; a barrier after init would wait for M ranks
+        env = {**os.environ, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCH_DIST_INIT_BARRIER": "0"}
+        argv = [interpreter, "-m", "emu.run", "--address", coordinator.address, "--clock", config.clock,
+                "--timeout", str(config.timeout_s), "--", *target]
+        try:
+            run_ranks(argv, m, workdir, timeout_s=config.timeout_s, env=env, on_tick=lambda _: coordinator.check(),
+                      processes=k, port=port, run_id="emu-run", timeout_hint="raise --timeout or run fewer steps")
+            coordinator.check()
+        except EmuError:
+            keep = True  # the error names a rank's log in the folder
+            raise
+    finally:
+        coordinator.stop()
+        del store
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return coordinator
+
+
+def _dtype(programs: tuple) -> str:
+    """The dtype that carries most of the collectives' bytes."""
+    weight: dict[str, int] = {}
+    for p in programs:
+        for it in p.iterations:
+            for op in it.colls:
+                weight[op.dtype.value] = weight.get(op.dtype.value, 0) + op.bytes
+    return max(weight, key=lambda d: weight[d]) if weight else "float32"
 
 
 def _torch_version() -> str:

@@ -27,7 +27,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from functools import partial
 from pathlib import Path
@@ -63,6 +63,8 @@ class CaseKind(str, Enum):
     SAME = "same"  # the trace captured at this very setting, replayed with its link
     EXTRAPOLATED = "extrapolated"  # a trace captured unshaped, replayed with this setting's link
     CALIBRATED = "calibrated"  # the trace replayed with a link fitted to its own collectives
+    HELD_OUT = "held out"  # each step predicted with a link fitted to the trace's other steps
+    RUN = "run"  # emu run of the same script, both ranks real, the network emulated with this setting's link
 
 
 @dataclass(frozen=True)
@@ -216,9 +218,10 @@ class _Runs:
 def run_validation(models: tuple[str, ...] = ("mlp", "cnn"), settings: tuple[Setting, ...] = DEFAULT_SETTINGS,
                    steps: int = 20, a100_trace: Path | None = A100_TRACE, calibrate: bool = False,
                    keep: Path | None = None, report_path: Path | None = None,
-                   on_status: Callable[[str], None] | None = None) -> ValidateReport:
+                   on_status: Callable[[str], None] | None = None, runs_too: bool = True) -> ValidateReport:
     """Run every case; ``calibrate`` adds, per capture, a replay with the link fitted to the
-    capture's own observed collective times; ``keep`` is a folder that gets every captured
+    capture's own observed collective times; ``runs_too`` adds, per setting, ``emu run`` of the
+    same workload with both ranks real; ``keep`` is a folder that gets every captured
     trace and every real run's step times (otherwise they go with a temporary folder, kept
     only if a run failed, for its logs); ``report_path`` gets the report after every case."""
     def status(text: str) -> None:
@@ -258,6 +261,10 @@ def run_validation(models: tuple[str, ...] = ("mlp", "cnn"), settings: tuple[Set
                 status(f"{model} at {setting.name}: replay")
                 progress.case(name, partial(_replayed, name, CaseKind.SAME, measured, spread, trace, setting,
                                             trace))
+                if runs_too:
+                    status(f"{model} at {setting.name}: emu run")
+                    label = f"{name} (emu run)"
+                    progress.case(label, partial(_emu_run, label, model, setting, steps, measured, spread, trace))
                 if calibrate and setting.rate_bps is not None:
                     progress.case(f"{name} (fitted link)", partial(_calibrated, f"{name} (fitted link)", measured,
                                                                    spread, trace))
@@ -268,8 +275,8 @@ def run_validation(models: tuple[str, ...] = ("mlp", "cnn"), settings: tuple[Set
                     progress.case(label, partial(_replayed, label, CaseKind.EXTRAPOLATED, measured, spread,
                                                  traces[base.name], setting, trace))
         if a100_trace is not None and a100_trace.exists():
-            status("A100 NCCL trace: calibrated replay")
-            progress.case("a100-nccl world 2 (fitted link)", partial(_a100, a100_trace))
+            status("A100 NCCL trace: replays with links fitted to the other steps")
+            progress.case("a100-nccl world 2 (link fitted to the other steps)", partial(_a100, a100_trace))
     finally:
         if runs.failed:
             progress.notes.append(f"the logs of the runs that failed are kept in {runs.root}")
@@ -324,12 +331,46 @@ def _calibrated(name: str, measured: float, spread: float, trace: Trace) -> Case
 
 
 def _a100(path: Path) -> CaseResult:
+    """Each step of the A100 trace predicted with a link fitted to its other steps (leave one
+    out), so that no step is predicted from its own collective times."""
     trace = import_kineto([path])
-    fit = fit_link(trace)
-    steps_us = [it.measured_us for r in trace.ranks for it in r.iterations]
-    return _case("a100-nccl world 2 (fitted link)", CaseKind.CALIBRATED, statistics.median(steps_us),
-                 (max(steps_us) - min(steps_us)) / 2, predict(trace, fit.link()),
-                 f"fit {fit.bandwidth_bps / 1e9:.1f} Gb/s, {fit.latency_us:.1f} us per hop")
+    n = trace.iterations
+    if n < 2:
+        raise ConfigError(f"{path}: {n} step; a held-out fit needs two")
+    measured, predicted, fits = [], [], []
+    for i in range(n):
+        rest = _steps(trace, [j for j in range(n) if j != i])
+        fit = fit_link(rest)
+        fits.append(fit)
+        predicted.append(predict(_steps(trace, [i]), fit.link()))
+        measured.append(statistics.median(r.iterations[i].measured_us for r in trace.ranks))
+    return _case("a100-nccl world 2 (link fitted to the other steps)", CaseKind.HELD_OUT, statistics.median(measured),
+                 (max(measured) - min(measured)) / 2, statistics.median(predicted),
+                 f"{n} steps, each predicted with a link fitted to the others: "
+                 f"{min(f.bandwidth_bps for f in fits) / 1e9:.1f} to {max(f.bandwidth_bps for f in fits) / 1e9:.1f} Gb/s")
+
+
+def _steps(trace: Trace, keep: list[int]) -> Trace:
+    """The trace with only the iterations ``keep`` of every rank."""
+    return replace(trace, ranks=tuple(replace(r, iterations=tuple(r.iterations[i] for i in keep))
+                                      for r in trace.ranks))
+
+
+def _emu_run(name: str, model: str, setting: Setting, steps: int, measured: float, spread: float,
+             trace: Trace) -> CaseResult:
+    """``emu run --workers 2 --real 2`` of the workload the real runs ran: both ranks real, their
+    compute measured live with no profiler, the network emulated with the setting's link (as the
+    ``same`` case's replay has it); the prediction is the median emulated step."""
+    from emu.run.session import RunConfig, run_job
+
+    argv = ["python", "-m", "emu.capture.workload", "--model", model, "--steps", str(steps + 3),
+            "--bucket-cap-mb", str(setting.bucket_cap_mb)]
+    config = RunConfig(replay=ReplayConfig(workers=2, fabric="ring", link=_link(setting, trace)), real=2, warmup=3)
+    result = run_job(argv, config, cores=max(2, os.cpu_count() or 1))
+    if not result.report.verification.ok or not result.report.emulator.trustworthy:
+        raise ReplayError(f"emu run of {model} at {setting.name}: verification or trust failed")
+    return _case(name, CaseKind.RUN, measured, spread, result.report.summary.iteration_us_median,
+                 f"{len(result.trace.ranks[0].iterations)} steps, compute on the thread CPU clock")
 
 
 def _case(name: str, kind: CaseKind, measured: float, spread: float, predicted: float, detail: str = "") -> CaseResult:

@@ -30,7 +30,10 @@ def test_training_proceeds_as_the_real_ranks_alone_would(tmp_path, monkeypatch, 
     gloo_out.mkdir()
     monkeypatch.setenv("EMU_TEST_OUT", str(emu_out))
     result = run_job(["python", str(TINY)], RunConfig(replay=ReplayConfig(workers=4, fabric="ring"), real=2), cores=2)
-    run_ranks([sys.executable, str(TINY)], 2, gloo_out, timeout_s=120, env={**os.environ, "EMU_TEST_OUT": str(gloo_out)})
+    # the real gloo run, through capture's rank entry point with no profiled step: it ends the rank
+    # without gloo's finalization race (emu.capture.inject.end)
+    run_ranks([sys.executable, "-m", "emu.capture", "--out", str(gloo_out), "--warmup", "0", "--steps", "0", "--",
+               str(TINY)], 2, gloo_out, timeout_s=120, env={**os.environ, "EMU_TEST_OUT": str(gloo_out)})
     for r in (0, 1):
         got, want = np.load(emu_out / f"rank{r}.npy"), np.load(gloo_out / f"rank{r}.npy")
         np.testing.assert_allclose(got[:-1], want[:-1], rtol=1e-4, atol=1e-6)
@@ -90,3 +93,56 @@ def test_the_coordinator_answers_as_m_workers() -> None:
     assert [list(x[0]) for x in c._results("broadcast", {"dtype": "float32", "root": 5}, [[a], [b]])] == [list(b)] * 2
     coll = c._record(7, {"coll": "all_gather", "dtype": "float32", "root": None}, [a])
     assert isinstance(coll, Coll) and coll.count == 12 and coll.bytes == 48
+
+
+def _script(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text("import torch, torch.distributed as dist\nfrom torch import nn\n"
+                    "dist.init_process_group('gloo')\nrank = dist.get_rank()\n" + body)
+    return path
+
+
+def test_what_emu_run_cannot_serve_fails_with_its_name(tmp_path, no_children) -> None:
+    """A sub-group, and a rank that ends while another waits in a collective: exit 1 at once,
+    naming what went wrong (not a hang until --timeout)."""
+    group = _script(tmp_path, "group.py", "g = dist.new_group([0])\n")
+    res = CliRunner().invoke(cli, ["run", "--workers", "4", "--", "python", str(group)])
+    assert res.exit_code == 1 and "process groups other than the job's" in res.output
+    lonely = _script(tmp_path, "lonely.py", "if rank == 0:\n    dist.barrier()\n")
+    res = CliRunner().invoke(cli, ["run", "--workers", "4", "--real", "2", "--timeout", "60", "--",
+                                   "python", str(lonely)])
+    # whichever reaches emu first, the rank that finished or the one that waits, the run ends at once
+    assert res.exit_code == 1 and "rank 1 finished while rank 0 waits for it in collective 0" in res.output, res.output
+    p2p = _script(tmp_path, "p2p.py", "t = torch.ones(2)\ndist.send(t, 1) if rank == 0 else dist.recv(t, 0)\n")
+    res = CliRunner().invoke(cli, ["run", "--workers", "2", "--", "python", str(p2p)])
+    assert res.exit_code == 1 and "send/recv (point to point) is not supported yet" in res.output
+
+
+def test_a_closure_optimizer_records_a_program_that_replays(tmp_path, no_children) -> None:
+    """LBFGS runs backward inside its step: the buckets it issues there are waited for as that
+    backward ends, and every iteration closes on its own collectives."""
+    lbfgs = _script(tmp_path, "lbfgs.py", (
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "torch.manual_seed(0)\nmodel = DDP(nn.Linear(8, 2))\nopt = torch.optim.LBFGS(model.parameters(), max_iter=2)\n"
+        "x, y = torch.randn(16, 8), torch.randn(16, 2)\n"
+        "def closure():\n    opt.zero_grad()\n    loss = ((model(x) - y) ** 2).mean()\n    loss.backward()\n"
+        "    return loss\n"
+        "for _ in range(5):\n    opt.step(closure)\n"))
+    result = run_job(["python", str(lbfgs)], RunConfig(replay=ReplayConfig(workers=4, fabric="ring")), cores=2)
+    assert result.report.verification.ok and result.trace.iterations == 3
+    for it in result.trace.ranks[0].iterations:
+        issued = {c.id for c in it.colls}
+        assert issued and {i for op in it.ops if isinstance(op, Wait) for i in op.ids} == issued
+
+
+def test_the_coordinator_checks_what_it_sends() -> None:
+    from emu.run.coordinator import Coordinator
+
+    c = Coordinator("ipc:///nonexistent", 4, 2)
+    a, b = np.array([1.0, 2.0], np.float32), np.array([3.0, 4.0], np.float32)
+    head = {"coll": "all_reduce", "dtype": "float32", "op": "sum", "root": None}
+    good = c._results("all_reduce", head, [[a], [b]])
+    c._verify("all_reduce", head, [[a], [b]], good)
+    assert (c.checked.elements, c.checked.mismatches) == (4, 0)
+    c._verify("all_reduce", head, [[a], [b]], [[np.array([8.0, 12.0], np.float32)], [good[1][0] * 1.01]])
+    assert c.checked.mismatches == 2  # the second rank's reply is 1% off

@@ -99,10 +99,12 @@ def test_error_arithmetic() -> None:
     assert s["mean_abs_error_pct"] == pytest.approx(28 / 3) and s["max_abs_error_pct"] == pytest.approx(20.0)
 
 
-def test_a100_calibrated_case(no_children) -> None:
+def test_a100_case_predicts_each_step_from_the_others(no_children) -> None:
+    """No step is predicted with a link fitted to its own collectives (leave one out)."""
     report = run_validation(models=(), settings=())
     (case,) = report.cases
-    assert case.kind == "calibrated" and 219_000 < case.measured_us < 225_000
+    assert case.kind == "held out" and 219_000 < case.measured_us < 225_000
+    assert "each predicted with a link fitted to the others" in case.detail
     assert abs(case.error_pct) < 2.0
 
 
@@ -110,13 +112,16 @@ def test_a100_calibrated_case(no_children) -> None:
 def test_one_real_case(no_children) -> None:
     setting = Setting("300Mbit/25MB", 300e6, 25) if available() is None else Setting("unshaped/25MB", None, 25)
     report = run_validation(models=("mlp",), settings=(setting,), steps=3, a100_trace=None)
-    (case,) = report.cases
-    assert case.kind == "same" and case.measured_us > 0 and case.predicted_us > 0
-    assert case.error_pct == pytest.approx(100 * (case.predicted_us - case.measured_us) / case.measured_us)
+    same, run = report.cases
+    assert (same.kind, run.kind) == ("same", "run") and run.name == f"mlp {setting.name} (emu run)"
+    assert same.measured_us == run.measured_us > 0
+    # three timed steps on a shared machine: a loose bound (FIDELITY.md has the full runs' figures);
+    # at 300 Mbit/s the link dominates and both must come close
+    bound = 15 if available() is None else 35
+    assert abs(same.error_pct) < bound and abs(run.error_pct) < bound, report.cases
     if available() is None:
         netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert "emu-v" not in netns  # every namespace it made, it removed
-        assert abs(case.error_pct) < 15  # the link dominates at 300 Mbit/s; FIDELITY.md has the real figures
 
 
 def test_crashed_run_is_retried_once_then_recorded(crashes: Path, tmp_path: Path, no_children) -> None:
@@ -157,7 +162,7 @@ def test_validation_with_a_failed_case_exits_1(crashes: Path, tmp_path: Path,
 def test_other_cases_complete_after_a_failed_one(crashes: Path, tmp_path: Path, no_children) -> None:
     good = Setting("unshaped/25MB", None, 25)
     report = run_validation(models=("mlp",), settings=(CRASHING, good), steps=3, a100_trace=None,
-                            keep=tmp_path / "keep", report_path=tmp_path / "report.json")
+                            keep=tmp_path / "keep", report_path=tmp_path / "report.json", runs_too=False)
     assert [f.name for f in report.failures] == ["mlp unshaped/3.5MB"]
     assert [c.name for c in report.cases] == ["mlp unshaped/25MB"] and report.cases[0].predicted_us > 0
     saved = json.loads((tmp_path / "report.json").read_text())

@@ -28,6 +28,8 @@ from emu.errors import CheckFailed, ConfigError
               help="Optimizer steps not recorded first (DDP builds, then rebuilds, its buckets).")
 @click.option("--compute-clock", type=click.Choice(["thread", "wall"]), default="thread", show_default=True,
               help="How a real rank's compute is measured: its thread's CPU time, or wall time.")
+@click.option("--straggler", "stragglers", multiple=True,
+              help="Slow compute in the replay: WORKERS:FACTOR (3,7:1.5), random:FRACTION:FACTOR, lognormal:SIGMA.")
 @click.option("--payload-scale", default="auto", show_default=True,
               help="Packets on the emulated wire per packet really sent, or auto.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of payload, loss and jitter.")
@@ -40,7 +42,8 @@ from emu.errors import CheckFailed, ConfigError
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def run(ctx: click.Context, workers: int, real: int, network: str | None, fabric: str, bandwidth: str, latency: str,
-        loss: float, iters: int | None, warmup: int, compute_clock: str, payload_scale: str, seed: int,
+        loss: float, iters: int | None, warmup: int, compute_clock: str, stragglers: tuple[str, ...],
+        payload_scale: str, seed: int,
         timeout: float, trace_out: Path | None, report_path: Path | None, as_json: bool,
         args: tuple[str, ...]) -> None:
     """Run K real ranks of a script inside a job of M workers; the rest is emulated.
@@ -54,6 +57,7 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, fabric
 
     from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us
     from emu.replay import ReplayConfig
+    from emu.replay.config import Straggler
     from emu.replay.report import check_writable
     from emu.run.session import RunConfig, run_job
 
@@ -65,7 +69,8 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, fabric
             check_writable(path, option)
     link = LinkSpec(bandwidth_bps=parse_bandwidth(bandwidth), latency_us=parse_duration_us(latency), loss=loss)
     config = ReplayConfig(workers=workers, fabric=fabric, link=link, iters=iters, seed=seed, timeout_s=timeout,
-                          payload_scale=auto(payload_scale, int, "--payload-scale"))
+                          payload_scale=auto(payload_scale, int, "--payload-scale"),
+                          stragglers=tuple(Straggler.parse(x) for x in stragglers))
     if network is not None:
         from emu.replay.design import FLAG_KEYS, load_design
 

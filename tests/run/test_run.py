@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -54,11 +55,13 @@ def test_training_proceeds_as_the_real_ranks_alone_would(tmp_path, monkeypatch, 
 def test_the_cli_runs_the_script_and_writes_the_trace(tmp_path, no_children) -> None:
     out, report = tmp_path / "live.json.gz", tmp_path / "r.json"
     res = CliRunner().invoke(cli, ["run", "--workers", "8", "--fabric", "ina", "--trace-out", str(out),
-                                   "--report", str(report), "--", "python", str(TINY)])
+                                   "--straggler", "3:2", "--report", str(report), "--", "python", str(TINY)])
     assert res.exit_code == 0, res.output
     trace = load_trace(out)
     assert trace.meta.source == Source.LIVE and trace.meta.world_size == 8 and "thread CPU" in trace.meta.gaps[0]
-    assert report.exists() and "verification" in res.output
+    doc = json.loads(report.read_text())
+    assert doc["trace"]["source"] == "live" and doc["trace"]["path"] == str(out) and doc["trace"]["gaps"]
+    assert doc["config"]["stragglers"] == ["3:2.0"] and doc["verification"]["ok"] and "verification" in res.output
 
 
 def test_bad_requests_are_config_errors(no_children) -> None:

@@ -27,6 +27,13 @@ def run(address: str, clock: str, timeout_s: float, target: list[str]) -> int:
         return original(*args, **kwargs)
 
     dist.init_process_group = init_process_group  # type: ignore[assignment]
+    try:  # init_device_mesh calls its own imported name: without this it would start gloo and hang
+        import torch.distributed.device_mesh as device_mesh
+
+        if hasattr(device_mesh, "init_process_group"):
+            device_mesh.init_process_group = init_process_group  # type: ignore[attr-defined]
+    except ImportError:
+        pass
     followed: list[int] = []
 
     def on(phase: str, optimizer: object, *_: object) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,15 @@ from emu.traces.io import load_trace
 from emu.traces.model import Coll, CollKind, Compute, Source, Wait
 
 TINY = Path(__file__).resolve().parent.parent / "data" / "run" / "tiny_ddp.py"
+
+
+@pytest.fixture(autouse=True)
+def _private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """emu run keeps a failed run's folder (its error names a rank's log there): in the test's own
+    folder, not the machine's /tmp."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
 
 
 def test_training_proceeds_as_the_real_ranks_alone_would(tmp_path, monkeypatch, no_children) -> None:
@@ -78,6 +88,8 @@ def test_a_failing_script_fails_the_run(tmp_path, no_children) -> None:
     script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\nraise SystemExit(3)\n")
     res = CliRunner().invoke(cli, ["run", "--workers", "4", "--", "python", str(script)])
     assert res.exit_code == 1 and "rank 0 exited with code 3" in res.output
+    log = Path(res.output.rsplit("(log: ", 1)[1].split(")")[0])
+    assert log.parent.parent == tmp_path / "tmp" and log.exists()  # kept: the error names it
 
 
 def test_the_coordinator_answers_as_m_workers() -> None:
@@ -111,6 +123,10 @@ def test_what_emu_run_cannot_serve_fails_with_its_name(tmp_path, no_children) ->
     group = _script(tmp_path, "group.py", "g = dist.new_group([0])\n")
     res = CliRunner().invoke(cli, ["run", "--workers", "4", "--", "python", str(group)])
     assert res.exit_code == 1 and "process groups other than the job's" in res.output
+    mesh = tmp_path / "mesh.py"
+    mesh.write_text("from torch.distributed.device_mesh import init_device_mesh\nmesh = init_device_mesh('cpu', (2, 2))\n")
+    res = CliRunner().invoke(cli, ["run", "--workers", "4", "--timeout", "60", "--", "python", str(mesh)])
+    assert res.exit_code == 1 and "a device mesh's dimensions" in res.output  # not a hang in gloo
     lonely = _script(tmp_path, "lonely.py", "if rank == 0:\n    dist.barrier()\n")
     res = CliRunner().invoke(cli, ["run", "--workers", "4", "--real", "2", "--timeout", "60", "--",
                                    "python", str(lonely)])

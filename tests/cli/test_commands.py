@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-CONTRACT = ("capture", "inspect", "replay", "sweep", "predict", "check", "validate", "clean")
+CONTRACT = ("capture", "inspect", "replay", "run", "sweep", "predict", "check", "validate", "clean")
 
 
 def test_every_contract_command_is_registered_in_a_fresh_process() -> None:

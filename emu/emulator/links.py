@@ -102,6 +102,14 @@ class LinkSpec:
             return wire_bytes * 0.0
         return wire_bytes * 8e6 / self.bandwidth_bps
 
+    def bandwidth_at(self, t_us: float) -> float:
+        """The bandwidth at emulated time ``t_us`` (the schedule's step then, else the constant)."""
+        rate = self.bandwidth_bps
+        for start, bps in self.schedule:
+            if start <= t_us:
+                rate = bps
+        return rate
+
     @property
     def peak_bps(self) -> float:
         """The highest bandwidth the link ever has (what bounds how soon anything arrives)."""

@@ -34,15 +34,14 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from emu.emulator import physics
-from emu.emulator.compress import Compressor, NoCompression, TopK, cost_us
+from emu.emulator.compress import Compressor, NoCompression, TopK, cost_us, parse_compress
 from emu.emulator.links import LinkSpec
 from emu.replay.compression import compress_iteration, compressed, compressible, members
-from emu.replay.config import ReplayConfig
+from emu.replay.config import ADAPTIVE_FLOOR, ReplayConfig
 from emu.replay.report import AdaptiveReport, AdaptiveStep, CompressionReport
 from emu.traces.model import Coll, CollKind, Dtype, Iteration, RankProgram, Wait
 
 LADDER = (0.1, 0.03, 0.01, 0.003, 0.001)  # top-k ratios, least to most aggressive
-DEFAULT_FLOOR = 0.001
 BUDGET_SLACK = 1e-9  # a candidate at exactly the budget fits, whatever the float rounding
 
 
@@ -55,15 +54,6 @@ def candidates(floor: float) -> list[Compressor]:
     """No compression, then top-k at each ratio of the ladder down to ``floor`` (and at ``floor``)."""
     ratios = sorted({r for r in LADDER if r >= floor} | {floor}, reverse=True)
     return [NoCompression(), *(TopK(param=r) for r in ratios if r < 1)]
-
-
-def rate_at(link: LinkSpec, t_us: float) -> float:
-    """The link's bandwidth at emulated time ``t_us`` (what its NIC measures then)."""
-    rate = link.bandwidth_bps
-    for start, bps in link.schedule:
-        if start <= t_us:
-            rate = bps
-    return rate
 
 
 def predicted_us(op: Coll, comp: Compressor, bandwidth_bps: float, config: ReplayConfig) -> float:
@@ -89,7 +79,7 @@ def choose(ops: list[Coll], bandwidth_bps: float, config: ReplayConfig) -> tuple
     time budget: compress no more than it takes to keep the time the job had); where none is,
     the fastest."""
     cands = candidates(config.compress.floor)
-    start = rate_at(config.link, 0.0)
+    start = config.link.bandwidth_at(0.0)
     out = []
     for op in ops:
         budget = predicted_us(op, cands[0], start, config)
@@ -102,13 +92,13 @@ def choose(ops: list[Coll], bandwidth_bps: float, config: ReplayConfig) -> tuple
 
 def buckets(it: Iteration) -> list[Coll]:
     """The all_reduces adaptive compression may compress, in program order."""
-    probe = TopK(param=DEFAULT_FLOOR)
+    probe = TopK(param=ADAPTIVE_FLOOR)
     return [op for op in it.colls if compressible(op, probe)]
 
 
 def initial_plan(ranks: tuple[RankProgram, ...], config: ReplayConfig, iters: int) -> Plan:
     """Every iteration's choices at the link's bandwidth at time 0."""
-    return tuple(_wanted(ranks, [rate_at(config.link, 0.0)] * iters, config))
+    return tuple(_wanted(ranks, [config.link.bandwidth_at(0.0)] * iters, config))
 
 
 def _wanted(ranks: tuple[RankProgram, ...], seen: list[float], config: ReplayConfig) -> list[tuple[str, ...]]:
@@ -128,8 +118,6 @@ def planned_ranks(ranks: tuple[RankProgram, ...], plan: Plan, workers: int, worl
                   switch_sums: bool) -> tuple[RankProgram, ...]:
     """The rank programs over every iteration of the plan (one per replayed iteration), each
     beginning with the agreement's all_reduce and its wait, its buckets compressed as chosen."""
-    from emu.emulator.compress import parse_compress
-
     out = []
     for r in ranks:
         iterations = []
@@ -153,9 +141,9 @@ def planned_ranks(ranks: tuple[RankProgram, ...], plan: Plan, workers: int, worl
 def measured(link: LinkSpec, ends_us: dict[int, list[float]], iters: int) -> list[float]:
     """Per iteration, the bandwidth the workers agree on: the link's at time 0, then the least of
     every worker's link rate when its previous iteration ended."""
-    out = [rate_at(link, 0.0)]
+    out = [link.bandwidth_at(0.0)]
     for t in range(1, iters):
-        rates = [rate_at(link, ends[t - 1]) for ends in ends_us.values() if len(ends) >= t]
+        rates = [link.bandwidth_at(ends[t - 1]) for ends in ends_us.values() if len(ends) >= t]
         out.append(min(rates) if rates else out[-1])
     return out
 
@@ -199,20 +187,19 @@ def run_passes(config: ReplayConfig, ranks: tuple[RankProgram, ...], iters: int,
 
 
 def adaptive_report(ranks: tuple[RankProgram, ...], config: ReplayConfig, plan: Plan, ends_us: dict[int, list[float]],
-                    starts_us: list[float], passes: int = 1) -> CompressionReport:
-    """The report's ``compression`` for an adaptive replay: bytes and compute are means over the
-    iterations, per worker, of what was chosen; each choice's error is what ``--compress topk:R``
-    reports for it, so none is given here."""
-    from emu.emulator.compress import parse_compress
-
+                    starts_us: list[float]) -> CompressionReport:
+    """The report's ``compression`` for an adaptive replay (one pass: the orchestrator sets how
+    many it took): bytes and compute are means over the iterations, per worker, of what was
+    chosen; each choice's error is what ``--compress topk:R`` reports for it, so none is given."""
     m = config.workers
     its = ranks[0].iterations
     dense = sent = before = after = 0.0
     for t, labels in enumerate(plan):
         for op, label in zip(buckets(its[t % len(its)]), labels, strict=True):
-            dense += 4 * op.count if config.switch_sums else op.bytes
+            size = 4 * op.count if config.switch_sums else op.bytes  # INA's packets carry int32
+            dense += size
             if label == "none":
-                sent += 4 * op.count if config.switch_sums else op.bytes
+                sent += size
                 continue
             c = parse_compress(label)
             sent += c.wire_bytes(op.count)
@@ -228,7 +215,7 @@ def adaptive_report(ranks: tuple[RankProgram, ...], config: ReplayConfig, plan: 
         speed=config.compress.speed, error=None, cosine=None,
         error_sample="adaptive: each choice's error is what --compress topk:R reports", error_accumulated=None,
         adaptive=AdaptiveReport(
-            floor=config.compress.floor, candidates=[c.label for c in cands], passes=passes,
+            floor=config.compress.floor, candidates=[c.label for c in cands], passes=1,
             agreement="each worker's link rate when its iteration ended; the least, agreed by a 4-byte all_reduce "
                       "at the start of the next (in the replay's time)",
             steps=steps(plan, seen, starts_us)))

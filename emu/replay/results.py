@@ -39,7 +39,7 @@ from emu.replay.report import (
     Summary,
     Verification,
 )
-from emu.replay.sparsity import config_summary, realized_report, replayed_sparse, with_sparsity
+from emu.replay.sparsity import Replayed, config_summary, realized_report, replayed_sparse, with_sparsity
 from emu.traces.io import trace_digest
 from emu.traces.model import Trace
 
@@ -130,6 +130,7 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
         processes=processes, events=sum(r.events for r in results), advice=advice,
         windows=switch.windows if sync else None, real_bytes=float(sum(r.real_bytes for r in results)))
     link = config.link
+    sparse = replayed_sparse(trace, config, max(1, planned))  # once, for what was asked and what was sent
     cfg = {"workers": config.workers, "fabric": config.fabric, "iters": iters,
            "bandwidth_bps": None if math.isinf(link.bandwidth_bps) else link.bandwidth_bps,
            "bandwidth_schedule": [list(step) for step in link.schedule] or None,
@@ -140,7 +141,7 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
            "packet_wire_bytes": agg_wire_bytes(config.elements), "rto_us": config.timeout_rto_us,
            "processes": config.host_processes, "ps_shards": config.shards if config.network.parameter_server else None,
            "stragglers": [st.text for st in config.stragglers] or None, "design": resolved_design(config),
-           "sparsity": config_summary(trace, config, planned),
+           "sparsity": config_summary(trace, config, sparse),
            "compress": {"compressor": config.compress.label, "speed": config.compress.speed}
            if config.compress.active else None}
     meta = trace.meta
@@ -150,7 +151,7 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
                  "gaps": list(meta.gaps)}  # what the source lacked (a live trace: how its compute was measured)
     return ReplayReport(report_version=REPORT_VERSION, emu_version=emu.__version__, config=cfg, trace=trace_doc,
                         iterations=tuple(iterations), summary=summary, verification=verification,
-                        emulator=emulator, fabric=fabric, sparsity=_sent(trace, config, planned),
+                        emulator=emulator, fabric=fabric, sparsity=_sent(config, sparse),
                         compression=compression)
 
 
@@ -171,18 +172,18 @@ def _compression(trace: Trace, config: ReplayConfig, records: dict[int, list[lis
                               switch_sums=config.switch_sums, packet_elements=config.elements)
 
 
-def _sent(trace: Trace, config: ReplayConfig, iters: int) -> SparsityReport | None:
+def _sent(config: ReplayConfig, replayed: Replayed) -> SparsityReport | None:
     """The realized sparsity, with what the fabric sent of the sparse all_reduces (docs/sparse.md):
     which ran sparse (the algorithms' own choice, emu.emulator.sparse_p2p) and the bytes of blocks,
     values and indices, that crossed the links over those of the dense algorithm, from the same
     hashes that made the payload (so the same on every process layout)."""
-    report = realized_report(trace, config, iters)
+    report = realized_report(config, replayed)
     if report is None:
         return None
     m, fabric = config.workers, config.network.all_reduce
     sparse = dense = 0
     sent = full = 0.0
-    for seq, op, s in replayed_sparse(trace, config, max(1, iters)):
+    for seq, op, s in replayed:
         size = op.dtype.itemsize
         real = -(-op.count // config.scale) if op.count else 0
         if fabric == AllReduce.STREAM:  # int32 values in packets of k (emu.emulator.sparse_ina)

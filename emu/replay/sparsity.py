@@ -25,6 +25,7 @@ from emu.replay.report import SparsityReport
 from emu.traces.model import Coll, CollKind, RankProgram, Sparsity, Trace
 
 Plan = tuple[tuple[Sparsity | None, ...], ...]  # [iteration of the cycle][collective position]
+Replayed = list[tuple[int, Coll, Sparsity]]  # (seq, op, sparsity) of a replay's sparse all_reduces
 
 
 def _used(trace: Trace, workers: int) -> list[tuple[RankProgram, int]]:
@@ -105,7 +106,7 @@ def with_sparsity(trace: Trace, workers: int, option: SparsityOption | None) -> 
     return tuple(out)
 
 
-def replayed_sparse(trace: Trace, config: ReplayConfig, iters: int) -> list[tuple[int, Coll, Sparsity]]:
+def replayed_sparse(trace: Trace, config: ReplayConfig, iters: int) -> Replayed:
     """(seq, op, sparsity) of every sparse collective of the replay, read from worker 0's program as
     planned (the collectives' sizes and kinds are the same on every worker): with ``--compress`` the
     all_reduces it compressed are coded densely and not among them, and the stream numbers count
@@ -128,11 +129,11 @@ def trace_has_sparsity(trace: Trace) -> bool:
                for r in trace.ranks for it in r.iterations for op in it.colls)
 
 
-def config_summary(trace: Trace, config: ReplayConfig, iters: int) -> dict | None:
+def config_summary(trace: Trace, config: ReplayConfig, sparse: Replayed) -> dict | None:
     """``config.sparsity`` of the report: null when the replay is dense and the trace recorded
-    none; else the source and the asked fractions, weighted by the collectives' bytes (6 digits)."""
+    none; else the source and the asked fractions of the replayed sparse all_reduces
+    (``replayed_sparse``), weighted by the collectives' bytes (6 digits)."""
     option = config.sparsity
-    sparse = replayed_sparse(trace, config, max(1, iters))
     if not sparse:
         if option.source == "none" and trace_has_sparsity(trace):
             return {"source": "none", "nonzero": None, "union": None, "block_elements": None}
@@ -147,11 +148,10 @@ def config_summary(trace: Trace, config: ReplayConfig, iters: int) -> dict | Non
             "block_elements": blocks[0] if len(blocks) == 1 else blocks}
 
 
-def realized_report(trace: Trace, config: ReplayConfig, iters: int) -> SparsityReport | None:
-    """What the payload of the replayed sparse all_reduces held, from the same hashes that made it:
-    the fractions of their blocks non-zero on some worker and on each worker (mean), block-weighted.
-    None when every all_reduce was dense."""
-    sparse = replayed_sparse(trace, config, max(1, iters))
+def realized_report(config: ReplayConfig, sparse: Replayed) -> SparsityReport | None:
+    """What the payload of the replayed sparse all_reduces (``replayed_sparse``) held, from the same
+    hashes that made it: the fractions of their blocks non-zero on some worker and on each worker
+    (mean), block-weighted. None when every all_reduce was dense."""
     if not sparse:
         return None
     total = Realized()

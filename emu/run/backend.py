@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -123,6 +124,15 @@ class EmuWork(dist._Work):
         return self.future
 
 
+def _refuse(what: str, instead: str = "") -> Callable[..., EmuWork]:
+    """A process-group method that refuses its call, naming it (and what to use instead)."""
+
+    def method(self: object, *args: object) -> EmuWork:
+        raise Unsupported(f"emu run: {what} is not supported yet{f' ({instead} is)' if instead else ''}")
+
+    return method
+
+
 class EmuProcessGroup(dist.ProcessGroup):
     """Rank ``rank`` of a job of ``size`` workers, most of them emulated."""
 
@@ -204,35 +214,13 @@ class EmuProcessGroup(dist.ProcessGroup):
         return self._issue("barrier", [], [])
 
     # what emu run does not serve yet: an error that names the call (docs/run.md, "Limits")
-    def send(self, *args: object) -> EmuWork:
-        raise Unsupported("emu run: send/recv (point to point) is not supported yet")
-
-    def recv(self, *args: object) -> EmuWork:
-        raise Unsupported("emu run: send/recv (point to point) is not supported yet")
-
-    def recv_anysource(self, *args: object) -> EmuWork:
-        raise Unsupported("emu run: send/recv (point to point) is not supported yet")
-
-    def alltoall(self, *args: object) -> EmuWork:
-        raise Unsupported("emu run: all_to_all is not supported yet")
-
-    def alltoall_base(self, *args: object) -> EmuWork:
-        raise Unsupported("emu run: all_to_all is not supported yet")
-
-    def reduce(self, *args: object) -> EmuWork:
-        raise Unsupported("emu run: reduce is not supported yet (all_reduce is)")
-
-    def gather(self, *args: object) -> EmuWork:
-        raise Unsupported("emu run: gather is not supported yet (all_gather is)")
-
-    def scatter(self, *args: object) -> EmuWork:
-        raise Unsupported("emu run: scatter is not supported yet")
-
-    def allreduce_coalesced(self, *args: object) -> EmuWork:
-        raise Unsupported("emu run: coalesced all_reduce (several tensors at once) is not supported yet")
-
-    def allgather_coalesced(self, *args: object) -> EmuWork:
-        raise Unsupported("emu run: coalesced all_gather (several tensors at once) is not supported yet")
+    send = recv = recv_anysource = _refuse("send/recv (point to point)")
+    alltoall = alltoall_base = _refuse("all_to_all")
+    reduce = _refuse("reduce", "all_reduce")
+    gather = _refuse("gather", "all_gather")
+    scatter = _refuse("scatter")
+    allreduce_coalesced = _refuse("coalesced all_reduce (several tensors at once)")
+    allgather_coalesced = _refuse("coalesced all_gather (several tensors at once)")
 
 
 def _one(name: str, tensors: list[torch.Tensor]) -> None:

@@ -9,7 +9,7 @@ import pytest
 from emu.emulator.links import LinkSpec
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
-from emu.replay.adaptive import buckets, candidates, choose, corrected, measured, rate_at, run_passes
+from emu.replay.adaptive import buckets, candidates, choose, corrected, measured, run_passes
 from emu.replay.config import Clock, CompressOption
 from emu.replay.programs import plan_programs
 from emu.study.predict import predict
@@ -44,7 +44,7 @@ def test_choices_follow_the_bandwidth(mlp) -> None:
 
 
 def test_the_measurement_is_the_least_rate_at_the_iterations_ends() -> None:
-    assert rate_at(DROP, 0) == 100e9 and rate_at(DROP, 59_999) == 100e9 and rate_at(DROP, 60_000) == 1e9
+    assert DROP.bandwidth_at(0) == 100e9 and DROP.bandwidth_at(59_999) == 100e9 and DROP.bandwidth_at(60_000) == 1e9
     ends = {0: [50_000.0, 70_000.0, 80_000.0], 1: [59_000.0, 75_000.0, 90_000.0]}
     assert measured(DROP, ends, 3) == [100e9, 100e9, 1e9]
 

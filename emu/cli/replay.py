@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 @click.option("--compress-speed", type=float, default=1.0, show_default=True,
               help="Compression runs this many times faster than on the build machine (its cost model).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of payload, loss and jitter.")
+@click.option("--payload", "payload_file", type=click.Path(dir_okay=False),
+              help="Send the real ranks' tensors that emu run wrote beside its --trace-out (NAME.payload.npz) "
+                   "in place of generated payload.")
 @click.option("--slots", type=int, help="INA slot pool (the window); default covers 2x the bandwidth-delay product.")
 @click.option("--elements", type=click.Choice(["64", "256"]), default="64", show_default=True,
               help="int32 elements per aggregation packet.")
@@ -69,7 +72,8 @@ if TYPE_CHECKING:
 def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None, fabric: str, bandwidth: str,
            bandwidth_schedule: str | None, latency: str, loss: float, jitter: str,
            iters: int | None, clock: str | None, tdf: str | None, payload_scale: str, stragglers: tuple[str, ...],
-           sparsity: str, sparsity_block: int | None, compress: str, compress_speed: float, seed: int, slots: int | None, elements: str,
+           sparsity: str, sparsity_block: int | None, compress: str, compress_speed: float, seed: int,
+           payload_file: str | None, slots: int | None, elements: str,
            processes: int | None, ps_shards: int | None, timeout: float, report_path: Path | None,
            chrome_trace: Path | None, as_json: bool) -> None:
     """Replay TRACE (a file, or a shipped sample: mlp, cnn, transformer, dlrm) on fake workers.
@@ -91,6 +95,11 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
 
     path = trace_path(trace_arg)
     trace = load_trace(path)
+    payload = None
+    if payload_file is not None:
+        from emu.emulator.recorded import load_payload
+
+        payload = load_payload(payload_file)
     design = None
     given: frozenset[str] = frozenset()
     if network is not None:
@@ -141,7 +150,8 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
         try:
             with Progress(f"{name} x{workers}") as bar:
                 report = run_replay(trace, config, trace_path=str(path), chrome_trace=chrome,
-                                    on_progress=bar.update, on_status=bar.status)
+                                    on_progress=bar.update, on_status=bar.status, payload=payload,
+                                    payload_path=payload_file)
         except (EmuError, KeyboardInterrupt, Terminated) as exc:
             partial = getattr(exc, "partial_report", None)
             if partial is not None and out_path is not None:
@@ -191,7 +201,8 @@ def _table(reports, path: Path) -> None:
         else f"{r.summary.throughput_samples_per_s:,.0f} samples/s")
     row("bytes on the wire", lambda r: human_bytes(r.summary.bytes_sent))
     row("verification", lambda r: ("ok" if r.verification.ok else "FAILED")
-        + f" ({r.verification.elements_checked:,} checked)")
+        + f" ({r.verification.elements_checked:,} checked"
+        + (", real ranks' tensors)" if r.verification.payload == "recorded" else ")"))
     if any(r.sparsity is not None for r in reports):
         row("non-zero blocks", lambda r: "dense" if r.sparsity is None else
             f"{100 * r.sparsity.nonzero_fraction:.1f}% per worker, {100 * r.sparsity.union_fraction:.1f}% on some "
@@ -216,6 +227,9 @@ def _table(reports, path: Path) -> None:
         if r.emulator.advice:
             err().print(f"{r.config['fabric']}: not trustworthy: {r.emulator.advice}", markup=False,
                         highlight=False, soft_wrap=True)
+        if r.verification.payload_note:
+            err().print(f"{r.config['fabric']}: {r.verification.payload_note}", markup=False, highlight=False,
+                        soft_wrap=True)
 
 
 def _compression(c: CompressionReport) -> str:

@@ -84,6 +84,9 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, fabric
     report = result.report
     if trace_out is not None:
         err().print(f"wrote {trace_out}", markup=False, highlight=False)
+    if result.payload_out is not None:
+        err().print(f"wrote {result.payload_out} (the real ranks' tensors: emu replay {trace_out} --payload "
+                    f"{result.payload_out})", markup=False, highlight=False, soft_wrap=True)
     if report_path is not None:
         report.save(report_path)
         err().print(f"wrote {report_path}", markup=False, highlight=False)

@@ -33,6 +33,7 @@ import numpy as np
 
 from emu.emulator import fixedpoint
 from emu.emulator.payload import Block, block, holds, is_sparse, is_wide, sparse_sum_units
+from emu.emulator.recorded import RecordedPayload
 from emu.emulator.sparse_ina import NONE, SparseStream, held_blocks, streams_sparse
 from emu.emulator.wire import AGG_HEADER, BLOCK_NONE, FLAG_COPY, MsgType
 from emu.traces.model import Sparsity
@@ -60,6 +61,7 @@ class InaCollective:
         self.seq, self.dtype, self.real_elements, self.emu_packets = seq, dtype, real_elements, emu_packets
         self.sparsity = sparsity if is_sparse(sparsity, dtype) else None  # the payload's (emu.emulator.payload)
         self.base = base
+        self.recorded: RecordedPayload | None = None  # the real ranks' tensors, where they are sent (emu run)
         k, s = params.elements, params.slots
         self.blocks = -(-real_elements // k) if real_elements else 0  # packets of real elements
         self.data_blocks = self.blocks  # data chunks: one per block, or the sparse stream's rounds
@@ -129,8 +131,10 @@ class PayloadCache:
 
 
 class InaGroup:
-    def __init__(self, workers: np.ndarray, params: InaParams, cache: PayloadCache | None = None) -> None:
+    def __init__(self, workers: np.ndarray, params: InaParams, cache: PayloadCache | None = None,
+                 recorded: RecordedPayload | None = None) -> None:
         self.wids = np.asarray(workers, dtype=np.int64)
+        self.recorded = recorded
         self.m = len(self.wids)
         self.p = params
         s = params.slots
@@ -155,6 +159,11 @@ class InaGroup:
             if self.colls and seq < self.colls[-1].seq:
                 raise ValueError(f"collective {seq} joins the stream after {self.colls[-1].seq}")
             coll = InaCollective(seq, dtype, real_elements, emu_packets, self.end, self.p, self.m, sparsity)
+            if self.recorded is not None and coll.sparsity is None:
+                if self.recorded.kept(seq) < real_elements:
+                    raise ValueError(f"collective {seq}: {real_elements} elements to send, "
+                                     f"{self.recorded.kept(seq)} recorded")
+                coll.recorded = self.recorded
             if self.p.sparse_stream and coll.sparsity is not None and streams_sparse(
                     coll.sparsity, dtype, real_elements, self.p.elements, self.p.slots):
                 self._plan_sparse(coll)
@@ -348,13 +357,18 @@ class InaGroup:
         return units, beta[inv]
 
     def values(self, coll: InaCollective, li: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-        """Workers li's values of data blocks, float32 (what a real worker's gradient block holds)."""
+        """Workers li's values of data blocks, float32 (what a real worker's gradient block holds);
+        float64 rows of the real ranks' tensors where they are sent."""
+        if coll.recorded is not None:
+            return coll.recorded.rows(coll.seq, self.wids[li], blocks, self.p.elements)
         units, beta = self.units(coll, li, blocks)
         return units * np.exp2(beta.astype(np.float32))[:, None]
 
     def exponents(self, coll: InaCollective, li: np.ndarray, blocks: np.ndarray) -> np.ndarray:
         """Each row's block exponent: the smallest e with 2**e >= max|x| (``fixedpoint.block_exponents``
         of ``values``, computed on the integer units: |x| = |units| * 2**beta)."""
+        if coll.recorded is not None:
+            return fixedpoint.block_exponents(self.values(coll, li, blocks))
         units, beta = self.units(coll, li, blocks)
         peak = np.abs(units).max(axis=1).astype(np.int64)
         e = beta + np.ceil(np.log2(np.maximum(peak, 1))).astype(np.int64)
@@ -363,8 +377,10 @@ class InaGroup:
     def quantized(self, coll: InaCollective, li: np.ndarray, blocks: np.ndarray) -> np.ndarray:
         """Rows quantized with the agreed exponents (``fixedpoint.quantize`` of ``values``): the
         power-of-two scale makes it a shift of the integer units."""
-        units, beta = self.units(coll, li, blocks)
         agreed = coll.agreed[blocks]
+        if coll.recorded is not None:
+            return fixedpoint.quantize(self.values(coll, li, blocks), agreed, self.p.workers)
+        units, beta = self.units(coll, li, blocks)
         shift = beta + fixedpoint.scale_shift(agreed, self.p.workers)
         if (agreed == fixedpoint.EXP_NONE).any() or (shift < 0).any():  # not a plain left shift
             return fixedpoint.quantize(self.values(coll, li, blocks), agreed, self.p.workers)
@@ -373,6 +389,11 @@ class InaGroup:
     def expected_sums(self, coll: InaCollective, blocks: np.ndarray) -> np.ndarray:
         """The exact int32 sums the switch must return for data blocks (rows, zero padded)."""
         n = self.p.workers
+        if coll.recorded is not None:  # every worker quantizes its real rank's rows: n / K of each
+            ranks = coll.recorded.rank_rows(coll.seq, blocks, self.p.elements)
+            agreed = coll.agreed[blocks]
+            q = np.stack([fixedpoint.quantize(r, agreed, n).astype(np.int64) for r in ranks])
+            return (n // coll.recorded.real_ranks) * q.sum(axis=0)
         uniq, inv = np.unique(blocks, return_inverse=True)  # gathered once each, page by page
         common = self._rows(coll, uniq, "common", np.int64)
         own = self._rows(coll, uniq, "own", np.int64)

@@ -29,6 +29,7 @@ import numpy as np
 
 from emu.emulator.fabric import AllReduce
 from emu.emulator.links import LinkArray
+from emu.emulator.recorded import RecordedPayload
 from emu.emulator.transport import AggBatch, Segment
 from emu.errors import RunFailed
 from emu.replay.config import ReplayConfig
@@ -68,6 +69,7 @@ class HostSetup:
     switch_addr: str
     control_addr: str
     spans: bool
+    payload: RecordedPayload | None = None  # the real ranks' tensors to send (emu run), else generated
 
 
 @dataclass
@@ -103,9 +105,9 @@ class Host:
         self.down = LinkArray(cfg.link, endpoints, cfg.seed, 1, cfg.timeout_rto_us)
         workers = setup.role == "workers"
         self.ina = InaEndpoint(cfg, endpoints if workers else np.zeros(0, np.int64), self.up, self.down, index,
-                               self._timer, self._completed)
+                               self._timer, self._completed, setup.payload)
         self.p2p = P2PEndpoint(cfg, self.net, () if workers else setup.endpoints, self.up, self.down, index,
-                               setup.index, self._completed)
+                               setup.index, self._completed, setup.payload)
         self.workers: dict[int, FakeWorker] = {}
         if workers:
             factor, sigma = straggling(cfg.stragglers, self.m, cfg.seed)

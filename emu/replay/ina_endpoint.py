@@ -19,6 +19,7 @@ import numpy as np
 from emu.emulator import wire
 from emu.emulator.ina import InaGroup, InaParams, Packets, PayloadCache, ResultCheck
 from emu.emulator.links import LinkArray
+from emu.emulator.recorded import RecordedPayload
 from emu.emulator.scaled_loss import ScaledLoss
 from emu.emulator.switch import MULTICAST
 from emu.emulator.transport import AggBatch
@@ -59,14 +60,14 @@ class InaCounters:
 class InaEndpoint:
     def __init__(self, cfg: ReplayConfig, workers: np.ndarray, up: LinkArray, down: LinkArray,
                  index: dict[int, int], timer: Callable[[float, int, int, float], None],
-                 completed: Callable[[int, CollRun, float], None]) -> None:
+                 completed: Callable[[int, CollRun, float], None], recorded: RecordedPayload | None = None) -> None:
         self.cfg, self.up, self.down, self.index = cfg, up, down, index
         self.k = cfg.elements
         self.timer, self.completed = timer, completed
         params = InaParams(slots=cfg.real_slots, elements=self.k, workers=cfg.workers, job=0, seed=cfg.seed,
                            scale=cfg.scale, emulated_slots=cfg.emulated_slots,
                            sparse_stream=cfg.network.sparse_stream)
-        self.group = InaGroup(workers, params, PayloadCache(cfg.seed, cfg.workers))
+        self.group = InaGroup(workers, params, PayloadCache(cfg.seed, cfg.workers), recorded)
         # with payload scale, loss is drawn per emulated packet and the real rows always cross
         self.scaled = (ScaledLoss(cfg.seed, cfg.workers, cfg.link.loss, cfg.real_slots,
                                   -(-cfg.emulated_slots // cfg.real_slots), cfg.timeout_rto_us)

@@ -24,6 +24,7 @@ import zmq
 
 from emu import lifetime
 from emu.emulator import physics
+from emu.emulator.recorded import RecordedPayload
 from emu.errors import ConfigError, RunFailed
 from emu.replay.adaptive import run_passes
 from emu.replay.config import REAL_BYTES_PER_ITERATION, Clock, ReplayConfig
@@ -41,6 +42,7 @@ from emu.replay.messages import (
     decode,
     encode,
 )
+from emu.replay.payloads import recorded_payload
 from emu.replay.programs import plan_programs
 from emu.replay.report import (
     ReplayReport,
@@ -173,12 +175,14 @@ def _calibrate(trace: Trace, config: ReplayConfig, trace_path: str | None,
 def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
            chrome_trace: str | os.PathLike[str] | None = None,
            on_progress: Callable[[float], None] | None = None,
-           on_status: Callable[[str], None] | None = None) -> ReplayReport:
+           on_status: Callable[[str], None] | None = None,
+           payload: RecordedPayload | None = None, payload_path: str | None = None) -> ReplayReport:
     """Replay ``trace`` on ``config.workers`` fake workers; returns the report.
 
     With ``payload_scale`` left None, R keeps the real bytes of an iteration near
     ``REAL_BYTES_PER_ITERATION``. On the wall clock with ``tdf`` left None, a short
-    calibration chooses the dilation first (``_calibrate``).
+    calibration chooses the dilation first (``_calibrate``). ``payload``: the real ranks' tensors
+    (``emu run``), which the workers send in place of generated payload (``recorded_payload``).
     """
     config.check()
     config.network.check_available()
@@ -189,12 +193,16 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     if config.payload_scale is None:
         config = replace(config, payload_scale=choose_payload_scale(trace, config))
     config = replace(config, clock=config.resolved_clock)
+    payload, payload_note = recorded_payload(trace, config, payload, payload_path or "the payload")
     if config.clock == Clock.WALL and config.tdf is None:
         config, calibration = _calibrate(trace, config, trace_path, on_status)
     if config.compress.adaptive:
         report = _adaptive(trace, config, trace_path, chrome_trace, on_progress, on_status)
     else:
-        report, _ = _run(trace, config, trace_path, chrome_trace, on_progress)
+        report, _ = _run(trace, config, trace_path, chrome_trace, on_progress, payload)
+    if payload is not None or payload_note is not None:
+        report = replace(report, verification=replace(
+            report.verification, payload="recorded" if payload is not None else "generated", payload_note=payload_note))
     if calibration is not None:
         report = replace(report, emulator=replace(report.emulator, calibration=calibration))
     limit = sparse_ps_scale_limit(trace, config)
@@ -258,7 +266,8 @@ def _in_child(target: Callable[[Any], None], parent: int, workdir: str, setup: A
 
 def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
          chrome_trace: str | os.PathLike[str] | None,
-         on_progress: Callable[[float], None] | None) -> tuple[ReplayReport, float]:
+         on_progress: Callable[[float], None] | None,
+         payload: RecordedPayload | None = None) -> tuple[ReplayReport, float]:
     """One replay with a concrete configuration; the report and the seconds the run itself took."""
     programs = plan_programs(trace, config.workers, trace_path or "trace", config.sparsity, config.compress,
                              switch_sums=config.switch_sums)
@@ -280,7 +289,7 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
     switch_addr, control_addr = f"ipc://{workdir}/switch", f"ipc://{workdir}/control"
     setups = [HostSetup(index=h, role="workers", endpoints=tuple(range(a, b)), config=config,
                         programs=tuple(programs[a:b]), iters=iters, switch_addr=switch_addr,
-                        control_addr=control_addr, spans=chrome_trace is not None)
+                        control_addr=control_addr, spans=chrome_trace is not None, payload=payload)
               for h, (a, b) in enumerate(worker_hosts)]
     setups += [HostSetup(index=len(worker_hosts) + h, role="ps", endpoints=tuple(m + i for i in range(a, b)),
                          config=config, programs=(), iters=iters, switch_addr=switch_addr,

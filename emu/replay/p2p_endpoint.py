@@ -33,6 +33,7 @@ from emu.emulator.p2p import (
     Tree,
 )
 from emu.emulator.payload import is_sparse
+from emu.emulator.recorded import RecordedPayload
 from emu.emulator.sparse_p2p import (
     SPARSE_SEGMENT,
     SparsePSClient,
@@ -52,8 +53,10 @@ UpSeg = tuple[float, int, int, int, int, Seg, str]
 
 class P2PEndpoint:
     def __init__(self, cfg: ReplayConfig, net: Fabric, servers: tuple[int, ...], up: LinkArray, down: LinkArray,
-                 index: dict[int, int], host: int, completed: Callable[[int, CollRun, float], None]) -> None:
+                 index: dict[int, int], host: int, completed: Callable[[int, CollRun, float], None],
+                 recorded: RecordedPayload | None = None) -> None:
         self.cfg, self.net, self.up, self.down, self.index = cfg, net, up, down, index
+        self.recorded = recorded  # the real ranks' tensors, sent in place of generated payload (emu run)
         self.host, self.completed = host, completed
         self.m = cfg.workers
         self.check = Check()
@@ -88,7 +91,7 @@ class P2PEndpoint:
         op, cfg, m = run.op, self.cfg, self.m
         emu_bytes = float(op.count * op.dtype.itemsize)
         common = dict(rank=w, size=m, seq=run.seq, dtype=op.dtype.value, seed=cfg.seed, check=self.check,
-                      sparsity=op.sparsity)
+                      sparsity=op.sparsity, recorded=None if op.sparsity is not None else self.recorded)
         kind = op.kind
         sparse = kind == CollKind.ALL_REDUCE and is_sparse(op.sparsity, op.dtype.value)
         if kind == CollKind.BARRIER:

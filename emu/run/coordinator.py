@@ -10,6 +10,11 @@ from the ranks' tensors and checked as it leaves, in the dtype it is sent in, ag
 reduction formed apart from the requests (sums within the dtype's rounding, copies and maxima
 exactly): ``Checked``.
 
+The coordinator also keeps each collective's payload vectors (``emu.emulator.recorded``): the
+first elements of what each real rank contributes, as many as a replay at M workers will send
+(``keep``), so that the replay's workers send the real ranks' tensors through the fabric. Past
+``PAYLOAD_CAP_BYTES`` it stops keeping them, and the replay sends generated payload instead.
+
 Every call also carries the compute the rank did since its previous call returned, so the
 coordinator records each rank's program (compute, collectives, waits), cut into iterations at
 the optimizer's steps: an emu trace of the live run (``emu.traces`` schema 1, source ``live``).
@@ -18,17 +23,20 @@ the optimizer's steps: an emu trace of the live run (``emu.traces`` schema 1, so
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import zmq
 
+from emu.emulator.recorded import RecordedPayload
 from emu.errors import RunFailed
 from emu.run import protocol
 from emu.traces.model import Coll, CollKind, Compute, Dtype, Iteration, Op, RankProgram, Wait
 
 POLL_MS = 50
+PAYLOAD_CAP_BYTES = 1 << 30  # the real ranks' tensors kept for the replay, all collectives together
 _KIND = {"all_reduce": CollKind.ALL_REDUCE, "broadcast": CollKind.BROADCAST, "all_gather": CollKind.ALL_GATHER,
          "reduce_scatter": CollKind.REDUCE_SCATTER, "barrier": CollKind.BARRIER}
 
@@ -58,10 +66,17 @@ class Checked:
 class Coordinator:
     """Serves the real ranks on ``address`` from a thread of its own (``start``, ``stop``)."""
 
-    def __init__(self, address: str, workers: int, real: int) -> None:
+    def __init__(self, address: str, workers: int, real: int,
+                 keep: Callable[[int, int], int] | None = None) -> None:
+        """``keep(count, itemsize)``: the elements of a collective's payload vectors to keep (None:
+        none kept)."""
         if workers % real:
             raise ValueError("the workers must be a multiple of the real ranks")
         self.address, self.m, self.k = address, workers, real
+        self.keep = keep
+        self.payloads: dict[int, np.ndarray] = {}  # collective number: (K, kept) payload vectors
+        self.payload_bytes = 0
+        self.payload_dropped: str | None = None  # why the payload vectors were not all kept
         self.mirror = workers // real  # fake workers (and itself) that hold each real rank's data
         self.ranks = [_Rank() for _ in range(real)]
         self.pending: dict[int, dict[int, tuple[bytes, dict[str, Any], list[np.ndarray]]]] = {}
@@ -192,6 +207,7 @@ class Coordinator:
         for r in range(self.k):
             self.ranks[r].ops.append(self._record(seq, first, data[r]))
             self.ranks[r].outstanding.append(seq)
+        self._keep(seq, self.ranks[0].ops[-1], data)
         header = {"v": protocol.VERSION, "ok": True}
         return [(got[r][0], protocol.encode(header, [np.ascontiguousarray(a).tobytes() for a in results[r]]))
                 for r in range(self.k)]
@@ -265,6 +281,21 @@ class Coordinator:
             bad = np.abs(got.astype(np.float64) - want) > (self.k + 1) * eps * scale + (0.5 if dt.kind != "f" else 0)
             self._count(int(np.count_nonzero(bad)), got.size)
 
+    def _keep(self, seq: int, op: Op, data: list[list[np.ndarray]]) -> None:
+        """Keep collective ``seq``'s payload vectors (module docstring), within the cap."""
+        if self.keep is None or self.payload_dropped is not None or not isinstance(op, Coll) \
+                or op.kind == CollKind.BARRIER:
+            return
+        n = min(op.count, self.keep(op.count, op.dtype.itemsize))
+        vectors = np.stack([_payload_vector(op.kind, d, n) for d in data])
+        if self.payload_bytes + vectors.nbytes > PAYLOAD_CAP_BYTES:
+            self.payload_dropped = (f"the real ranks' tensors came to more than {PAYLOAD_CAP_BYTES >> 20} MiB at "
+                                    f"collective {seq}; the replay sent generated payload")
+            self.payloads.clear()
+            return
+        self.payloads[seq] = vectors
+        self.payload_bytes += vectors.nbytes
+
     def _count(self, mismatches: int, elements: int) -> None:
         self.checked.elements += elements
         self.checked.mismatches += mismatches
@@ -279,6 +310,16 @@ class Coordinator:
         return Coll(id=seq, kind=kind, dtype=dtype, count=count, bytes=count * dtype.itemsize, group_size=self.m,
                     root=int(head["root"]) if kind == CollKind.BROADCAST and head.get("root") is not None else None)
 
+    def payload(self, programs: tuple[RankProgram, ...]) -> RecordedPayload | None:
+        """The payload vectors of ``programs``' collectives (None where they were not kept)."""
+        if self.keep is None or self.payload_dropped is not None or not programs:
+            return None
+        colls = [op for it in programs[0].iterations for op in it.colls]
+        per_iteration = len(programs[0].iterations[0].colls) if programs[0].iterations else 0
+        return RecordedPayload(real_ranks=self.k, per_iteration=per_iteration,
+                               dtypes=tuple(op.dtype.value for op in colls),
+                               tensors=tuple(self.payloads.get(op.id) for op in colls))
+
     def programs(self, warmup: int) -> tuple[RankProgram, ...]:
         """Each real rank's recorded iterations after the first ``warmup`` (DDP builds, then
         rebuilds, its buckets there)."""
@@ -286,6 +327,16 @@ class Coordinator:
             Iteration(step=i, measured_us=it.measured_us, ops=it.ops)
             for i, it in enumerate(self.ranks[r].iterations[warmup:])))
             for r in range(self.k))
+
+
+def _payload_vector(kind: CollKind, tensors: list[np.ndarray], n: int) -> np.ndarray:
+    """The first ``n`` values a worker holding these tensors contributes to the collective
+    (``emu.emulator.recorded``): all_gather's input repeats over the output, reduce_scatter's
+    inputs go end to end."""
+    if kind == CollKind.ALL_GATHER:
+        return np.resize(tensors[0].ravel(), n)
+    flat = tensors[0].ravel() if kind != CollKind.REDUCE_SCATTER else np.concatenate([t.ravel() for t in tensors])
+    return flat[:n].copy()
 
 
 def _empty(op: Op) -> bool:

@@ -17,18 +17,22 @@ import shlex
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import zmq
 
 from emu.capture.launcher import free_port, run_ranks
 from emu.capture.run import _interpreter_and_target
+from emu.emulator.recorded import payload_arrays
 from emu.errors import ConfigError, EmuError, RunFailed, TraceError
 from emu.lifetime import current
 from emu.replay import ReplayConfig, replay
-from emu.replay.report import ReplayReport
+from emu.replay.config import REAL_BYTES_PER_ITERATION
+from emu.replay.orchestrator import choose_payload_scale
+from emu.replay.report import ReplayReport, write_atomic_with
 from emu.run.coordinator import Coordinator
 from emu.traces.io import save_trace
 from emu.traces.model import Source, Trace, TraceMeta
@@ -73,6 +77,16 @@ class RunResult:
     report: ReplayReport
     elements_checked: int
     mismatches: int
+    payload_out: Path | None = None  # the real ranks' tensors, written beside --trace-out
+
+
+def payload_path(trace_out: Path) -> Path:
+    """Where the payload of a trace written to ``trace_out`` goes: ``live.json.gz`` gives
+    ``live.payload.npz``."""
+    name = trace_out.name
+    for suffix in (".gz", ".json"):
+        name = name.removesuffix(suffix)
+    return trace_out.with_name(f"{name}.payload.npz")
 
 
 def run_job(argv: Sequence[str], config: RunConfig, *, cores: int,
@@ -87,6 +101,7 @@ def run_job(argv: Sequence[str], config: RunConfig, *, cores: int,
     m, k = config.replay.workers, config.real
     coordinator = _record(interpreter, target, config, on_status)
     programs = coordinator.programs(config.warmup)
+    payload = coordinator.payload(programs)
     steps = min((len(p.iterations) for p in programs), default=0)
     if steps < 1:
         got = min(len(r.iterations) for r in coordinator.ranks)
@@ -104,14 +119,41 @@ def run_job(argv: Sequence[str], config: RunConfig, *, cores: int,
         validate_trace(trace, "the recorded program")
     except TraceError as exc:
         raise RunFailed(f"emu run recorded a program it cannot replay: {exc}") from None
+    if payload is not None:  # cut to what the replay sends
+        scale = config.replay.payload_scale or choose_payload_scale(trace, config.replay)
+        payload = payload.trimmed([op.count for it in programs[0].iterations for op in it.colls], scale)
+    payload_out = None
     if trace_out is not None:
         save_trace(trace, trace_out)
+        if payload is not None:
+            payload_out = payload_path(trace_out)
+            write_atomic_with(payload_out, lambda f: np.savez(f, **payload_arrays(payload)), "the payload")
     if on_status is not None:
         on_status(f"replaying the {steps} recorded iterations at {m} workers")
     report = replay(trace, config.replay, trace_path=None if trace_out is None else str(trace_out),
-                    on_status=on_status, on_progress=on_progress)
+                    on_status=on_status, on_progress=on_progress, payload=payload,
+                    payload_path=None if payload_out is None else str(payload_out))
+    if coordinator.payload_dropped is not None:
+        report = replace(report, verification=replace(report.verification, payload_note=coordinator.payload_dropped))
     return RunResult(trace=trace, report=report, elements_checked=coordinator.checked.elements,
-                     mismatches=coordinator.checked.mismatches)
+                     mismatches=coordinator.checked.mismatches, payload_out=payload_out)
+
+
+def _kept(config: ReplayConfig) -> Callable[[int, int], int]:
+    """The elements of a collective's payload vectors a replay of ``config`` may send: at its
+    payload scale, or where that is auto, at the finest scale auto can choose for a collective of
+    that size (``choose_payload_scale`` weighs a whole iteration, so it is never finer)."""
+    m = config.workers
+
+    def kept(count: int, itemsize: int) -> int:
+        r = config.payload_scale
+        if r is None:
+            r = 1
+            while count * itemsize * m / r > REAL_BYTES_PER_ITERATION:
+                r *= 2
+        return -(-count // r)
+
+    return kept
 
 
 def _record(interpreter: str, target: list[str], config: RunConfig,
@@ -129,7 +171,7 @@ def _record(interpreter: str, target: list[str], config: RunConfig,
     record = current()
     if record is not None:
         record.add_folder(str(workdir))
-    coordinator = Coordinator(f"ipc://{workdir}/run", m, k)
+    coordinator = Coordinator(f"ipc://{workdir}/run", m, k, keep=_kept(config.replay))
     keep = False
     store = None
     try:

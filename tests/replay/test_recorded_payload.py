@@ -1,0 +1,202 @@
+"""Replays that send the real ranks' tensors (emu run's recorded payload) through every fabric."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import zipfile
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from emu.cli import cli
+from emu.emulator import recorded
+from emu.emulator.recorded import RecordedPayload, load_payload, payload_arrays
+from emu.errors import ConfigError, TraceError
+from emu.replay import ReplayConfig, replay
+from emu.replay.config import CompressOption
+from emu.traces.io import save_trace
+from emu.traces.model import (
+    Coll,
+    CollKind,
+    Compute,
+    Dtype,
+    Iteration,
+    RankProgram,
+    Source,
+    Trace,
+    TraceMeta,
+    Wait,
+)
+
+K, M = 2, 8
+F32 = Dtype.FLOAT32
+# (kind, count, dtype, root): the count is the trace's (all_gather, reduce_scatter: the whole output / input)
+COLLS = ((CollKind.ALL_REDUCE, 5000, F32, None), (CollKind.BROADCAST, 300, F32, 1),
+         (CollKind.ALL_GATHER, 80 * M, F32, None), (CollKind.REDUCE_SCATTER, 40 * M, F32, None),
+         (CollKind.BARRIER, 0, Dtype.UINT8, None), (CollKind.ALL_REDUCE, 700, Dtype.FLOAT64, None))
+ITERATIONS = 2
+
+
+def _trace() -> Trace:
+    ranks = []
+    for r in range(K):
+        its = []
+        for i in range(ITERATIONS):
+            ops: list = [Compute(name="fwd", dur_us=200.0 + 10 * r)]
+            for c, (kind, count, dtype, root) in enumerate(COLLS):
+                ops.append(Coll(id=c, kind=kind, dtype=dtype, count=count, bytes=count * dtype.itemsize,
+                                group_size=K, root=root))
+            ops.append(Wait(ids=tuple(range(len(COLLS)))))
+            its.append(Iteration(step=i, measured_us=0.0, ops=tuple(ops)))
+        ranks.append(RankProgram(rank=r, iterations=tuple(its)))
+    meta = TraceMeta(source=Source.LIVE, world_size=K, backend="emu", device="cpu", framework="test",
+                     dtype="float32", captured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    return Trace(meta=meta, ranks=tuple(ranks))
+
+
+def _payload(seed: int = 7) -> RecordedPayload:
+    """Gradient-like values: normal, scaled over six decades, so that no sum is exact in float32."""
+    rng = np.random.default_rng(seed)
+    tensors, dtypes = [], []
+    for _ in range(ITERATIONS):
+        for kind, count, dtype, _root in COLLS:
+            dtypes.append(dtype.value)
+            if kind == CollKind.BARRIER:
+                tensors.append(None)
+                continue
+            values = rng.standard_normal((K, count)) * 10.0 ** rng.uniform(-6, 0, (K, count))
+            tensors.append(values.astype(np.float32 if dtype == F32 else np.float64))
+    return RecordedPayload(real_ranks=K, per_iteration=len(COLLS), dtypes=tuple(dtypes), tensors=tuple(tensors))
+
+
+@pytest.fixture(scope="module")
+def trace() -> Trace:
+    return _trace()
+
+
+@pytest.mark.parametrize("fabric", ["ina", "ring", "ps"])
+def test_every_fabric_carries_and_checks_the_real_tensors(trace, fabric, no_children) -> None:
+    """Every kind crosses the fabric with the real ranks' values and is checked where it lands:
+    as many elements as generated payload is checked at, and none wrong."""
+    config = ReplayConfig(workers=M, fabric=fabric, iters=3)
+    real = replay(trace, config, payload=_payload())
+    generated = replay(trace, config)
+    assert real.verification.payload == "recorded" and generated.verification.payload == "generated"
+    assert real.verification.ok and real.verification.mismatches == 0
+    assert real.verification.elements_checked == generated.verification.elements_checked > 0
+    # the data does not change the times: they follow from the programs (docs/run.md)
+    assert [it.emulated_us for it in real.iterations] == [it.emulated_us for it in generated.iterations]
+
+
+@pytest.mark.parametrize("fabric", ["ina", "ring", "ps"])
+def test_a_worker_sending_other_values_is_caught(trace, fabric, monkeypatch, no_children) -> None:
+    """Worker 3 adds 1 to what it sends: the sums formed from the real ranks' tensors disagree.
+    (The replay's processes are forked: they inherit the patch.)"""
+    values, rows = recorded.RecordedBlock.values, recorded.RecordedPayload.rows
+
+    def bad_values(self, worker):
+        return values(self, worker) + (worker == 3)
+
+    def bad_rows(self, seq, workers, blocks, k):
+        return rows(self, seq, workers, blocks, k) + (np.asarray(workers) == 3)[:, None]
+
+    monkeypatch.setattr(recorded.RecordedBlock, "values", bad_values)
+    monkeypatch.setattr(recorded.RecordedPayload, "rows", bad_rows)
+    report = replay(trace, ReplayConfig(workers=M, fabric=fabric, iters=1), payload=_payload())
+    assert not report.verification.ok and report.verification.mismatches > 0
+
+
+def test_the_switch_sums_are_exact_and_the_ring_within_rounding() -> None:
+    """On ina each worker quantizes its real rank's rows with the agreed exponent, and the int32
+    sum is M / K times the real ranks' sum of them, exactly; a point-to-point sum may differ from
+    the float64 sum by its dtype's rounding per addition, and no more."""
+    p = _payload()
+    blk = p.block(0, 0, 5000)
+    assert np.array_equal(blk.values(5), p.tensors[0][1].astype(np.float64))
+    want = blk.expected_sum(M)
+    assert np.allclose(want, (M // K) * p.tensors[0].astype(np.float64).sum(axis=0))
+    # a ring's order, rounded to float32 at each hop, stays within the slack
+    acc = np.zeros(5000, np.float32)
+    for w in range(M):
+        acc = (acc + blk.values((w + 3) % M)).astype(np.float32)
+    slack = blk.slack(M)
+    assert (np.abs(acc - want) <= slack).all()
+    assert (slack < 1e-4 * np.abs(blk.ranks).sum(axis=0) * M).all()  # and it is tight: 1e-4 relative is caught
+    rows = p.rows(0, np.array([0, 1, 2, 3]), np.array([0, 0, 1, 78]), 64)
+    assert rows.shape == (4, 64) and np.array_equal(rows[2], p.tensors[0][0, 64:128])
+    assert np.array_equal(rows[3, :8], p.tensors[0][1, 78 * 64:]) and not rows[3, 8:].any()  # zero padded
+
+
+def test_the_payload_must_belong_to_the_trace(trace) -> None:
+    p = _payload()
+    with pytest.raises(ConfigError, match="multiple of 2"):
+        replay(trace, ReplayConfig(workers=7, fabric="ring"), payload=p)
+    one = RecordedPayload(1, p.per_iteration, p.dtypes, tuple(None if t is None else t[:1] for t in p.tensors))
+    with pytest.raises(ConfigError, match="holds 1 real ranks"):
+        replay(trace, ReplayConfig(workers=M), payload=one)
+    half = RecordedPayload(K, p.per_iteration, p.dtypes[: len(COLLS)], p.tensors[: len(COLLS)])
+    with pytest.raises(ConfigError, match="holds 1 iterations"):
+        replay(trace, ReplayConfig(workers=M), payload=half)
+    swapped = RecordedPayload(K, p.per_iteration, ("float64", *p.dtypes[1:]), p.tensors)
+    with pytest.raises(ConfigError, match="entry 0 is not collective 0"):
+        replay(trace, ReplayConfig(workers=M), payload=swapped)
+    counts = [c for _ in range(ITERATIONS) for _, c, _, _ in COLLS]
+    coarse = p.trimmed(counts, 4)  # recorded for payload scale 4: too few for scale 1
+    with pytest.raises(ConfigError, match="--payload-scale 4 or more"):
+        replay(trace, ReplayConfig(workers=M, payload_scale=1), payload=coarse, payload_path="live.payload.npz")
+    report = replay(trace, ReplayConfig(workers=M, payload_scale=4, iters=1), payload=coarse)
+    assert report.verification.ok and report.verification.payload == "recorded"
+
+
+def test_compression_sends_generated_payload_and_says_so(trace, no_children) -> None:
+    report = replay(trace, ReplayConfig(workers=M, fabric="ring", iters=1, compress=CompressOption("topk:0.1")),
+                    payload=_payload())
+    assert report.verification.ok and report.verification.payload == "generated"
+    assert "not the real ranks' tensors" in report.verification.payload_note
+
+
+def _write(payload: RecordedPayload, path) -> None:
+    with open(path, "wb") as f:
+        np.savez(f, **payload_arrays(payload))
+
+
+def test_a_payload_file_reads_back_and_bad_ones_are_trace_errors(tmp_path) -> None:
+    p = _payload()
+    _write(p, tmp_path / "p.npz")
+    back = load_payload(tmp_path / "p.npz")
+    assert (back.real_ranks, back.per_iteration, back.dtypes) == (p.real_ranks, p.per_iteration, p.dtypes)
+    assert all((a is None and b is None) or np.array_equal(a, b) for a, b in zip(back.tensors, p.tensors, strict=True))
+    with pytest.raises(TraceError, match="no such payload file"):
+        load_payload(tmp_path / "missing.npz")
+    (tmp_path / "r.json").write_text("{}")
+    with pytest.raises(TraceError, match="r.json: not an emu payload file"):
+        load_payload(tmp_path / "r.json")
+    arrays = payload_arrays(p)
+    arrays["header"] = np.frombuffer(b'{"format": "other", "version": 1}', np.uint8)
+    with open(tmp_path / "other.npz", "wb") as f:
+        np.savez(f, **arrays)
+    with pytest.raises(TraceError, match="not an emu payload of version 1"):
+        load_payload(tmp_path / "other.npz")
+    buf = io.BytesIO()
+    np.savez(buf, header=np.array([object()], dtype=object))  # pickled data is never loaded
+    (tmp_path / "pickled.npz").write_bytes(buf.getvalue())
+    with pytest.raises(TraceError, match="not a readable emu payload"):
+        load_payload(tmp_path / "pickled.npz")
+    assert zipfile.is_zipfile(tmp_path / "pickled.npz")
+
+
+def test_replay_cli_sends_the_payload(trace, tmp_path, no_children) -> None:
+    save_trace(trace, tmp_path / "live.json.gz")
+    _write(_payload(), tmp_path / "live.payload.npz")
+    runner = CliRunner()
+    args = ["replay", str(tmp_path / "live.json.gz"), "--workers", "4", "--fabric", "ring", "--iters", "1"]
+    result = runner.invoke(cli, [*args, "--payload", str(tmp_path / "live.payload.npz")])
+    assert result.exit_code == 0, result.output
+    assert "real ranks' tensors" in result.output
+    result = runner.invoke(cli, [*args, "--payload", str(tmp_path / "live.json.gz")])
+    assert result.exit_code == 2 and "not an emu payload file" in result.output
+    result = runner.invoke(cli, [*args, "--workers", "3", "--payload", str(tmp_path / "live.payload.npz")])
+    assert result.exit_code == 2 and "multiple of 2" in result.output
+

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from emu.cli import cli
-from emu.cli.options import auto, trace_path, typed
+from emu.cli.options import auto, topology_from, topology_options, trace_path, typed
 from emu.cli.output import Progress, err, human_bandwidth, human_bytes, ms, out
 from emu.errors import CheckFailed, ConfigError, EmuError
 
@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 @click.option("--chrome-trace", type=click.Path(dir_okay=False, path_type=Path),
               help="Write every worker's spans in emulated time (Perfetto / chrome://tracing).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report(s) as JSON on stdout.")
+@topology_options
 @click.pass_context
 def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None, fabric: str, bandwidth: str,
            bandwidth_schedule: str | None, latency: str, loss: float, jitter: str,
@@ -75,7 +76,7 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
            sparsity: str, sparsity_block: int | None, compress: str, compress_speed: float, seed: int,
            payload_file: str | None, slots: int | None, elements: str,
            processes: int | None, ps_shards: int | None, timeout: float, report_path: Path | None,
-           chrome_trace: Path | None, as_json: bool) -> None:
+           chrome_trace: Path | None, as_json: bool, **shape: Any) -> None:
     """Replay TRACE (a file, or a shipped sample: mlp, cnn, transformer, dlrm) on fake workers.
 
     \b
@@ -121,6 +122,7 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
             check_writable(target(report_path, name) or report_path, "--report")
         if chrome_trace is not None:
             check_writable(target(chrome_trace, name) or chrome_trace, "--chrome-trace")
+    topology = topology_from(shape)
     sparse = SparsityOption.parse(sparsity, sparsity_block)
     sparse.check()
     compression = CompressOption(compress, compress_speed)
@@ -141,7 +143,7 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
                               tdf=None if tdf is None else auto(tdf, float, "--tdf"), payload_scale=auto(payload_scale, int, "--payload-scale"),
                               stragglers=tuple(Straggler.parse(x) for x in stragglers), seed=seed, slots=slots,
                               elements=int(elements), processes=processes, ps_shards=ps_shards, timeout_s=timeout,
-                              sparsity=sparse, compress=compression)
+                              sparsity=sparse, compress=compression, topology=topology)
         if design is not None:
             config = replace(design.overlay(config, given | {"fabric"}), design_file=network, design_name=design.name)
         config.check()
@@ -184,7 +186,11 @@ def _table(reports, path: Path) -> None:
     schedule = first.config.get("bandwidth_schedule")
     bandwidth = (" then ".join(f"{human_bandwidth(bps)} from {t_us / 1000:g} ms" for t_us, bps in schedule)
                  if schedule else human_bandwidth(first.config["bandwidth_bps"]))
-    t = Table(title=f"{path.name}: {first.config['workers']} workers, {bandwidth}, {first.config['latency_us']:g} us")
+    shape = (first.config.get("design") or {}).get("topology")
+    where = "" if shape is None else (f", {shape['workers_per_node']}/node {shape['placement'] if isinstance(shape['placement'], str) else 'listed'}"
+                                      f" ({shape['nics_per_node']} NIC{'s' if shape['nics_per_node'] > 1 else ''})")
+    t = Table(title=f"{path.name}: {first.config['workers']} workers{where}, {bandwidth}, "
+                    f"{first.config['latency_us']:g} us")
     t.add_column("")
     for r in reports:
         t.add_column(r.config["fabric"], justify="right")

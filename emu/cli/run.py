@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import click
 
 from emu.cli import cli
-from emu.cli.options import auto, typed
+from emu.cli.options import auto, topology_from, topology_options, typed
 from emu.cli.output import Progress, err
 from emu.errors import CheckFailed, ConfigError
 
@@ -39,13 +40,14 @@ from emu.errors import CheckFailed, ConfigError
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the JSON report here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@topology_options
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def run(ctx: click.Context, workers: int, real: int, network: str | None, fabric: str, bandwidth: str, latency: str,
         loss: float, iters: int | None, warmup: int, compute_clock: str, stragglers: tuple[str, ...],
         payload_scale: str, seed: int,
         timeout: float, trace_out: Path | None, report_path: Path | None, as_json: bool,
-        args: tuple[str, ...]) -> None:
+        args: tuple[str, ...], **shape: Any) -> None:
     """Run K real ranks of a script inside a job of M workers; the rest is emulated.
 
     \b
@@ -70,7 +72,7 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, fabric
     link = LinkSpec(bandwidth_bps=parse_bandwidth(bandwidth), latency_us=parse_duration_us(latency), loss=loss)
     config = ReplayConfig(workers=workers, fabric=fabric, link=link, iters=iters, seed=seed, timeout_s=timeout,
                           payload_scale=auto(payload_scale, int, "--payload-scale"),
-                          stragglers=tuple(Straggler.parse(x) for x in stragglers))
+                          stragglers=tuple(Straggler.parse(x) for x in stragglers), topology=topology_from(shape))
     if network is not None:
         from emu.replay.design import FLAG_KEYS, load_design
 

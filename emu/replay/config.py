@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import os
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from emu.emulator import fabric as fabrics
 from emu.emulator.compress import Compressor, parse_compress
 from emu.emulator.fabric import Fabric
 from emu.emulator.links import LinkSpec
+from emu.emulator.topology import Layout, Topology
 from emu.emulator.wire import ELEMENTS_ALLOWED, MAX_WORKERS_SOFTWARE, MIN_WIRE_BYTES, agg_wire_bytes
 from emu.errors import ConfigError
 
@@ -271,6 +273,9 @@ class ReplayConfig:
     what-if fraction (docs/sparse.md); every software fabric skips the zero blocks."""
     compress: CompressOption = field(default_factory=CompressOption)
     """The gradient compressor of float all_reduces and its cost model's speed (docs/compression.md)."""
+    topology: Topology | None = None
+    """Nodes, NICs, leaves and the placement of the workers (docs/topology.md); None: one switch with
+    one port per worker."""
 
     def check(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS_SOFTWARE:
@@ -316,6 +321,13 @@ class ReplayConfig:
             raise ConfigError("--compress adaptive replays in passes that must repeat each other exactly, which "
                               "only the synchronized clock does: drop --clock wall and --tdf, or use a fabric "
                               "that takes part in it")
+        if self.topology is not None:
+            if not isinstance(self.topology, Topology):
+                raise ConfigError(f"topology must be a Topology, got {self.topology!r}")
+            self.topology.check(self.workers)
+            if not net.synchronizable:
+                raise ConfigError(f"--fabric {self.fabric}: a topology runs on the software fabrics (ina, ring, ps); "
+                                  "an external switch is one switch with one port per worker")
         if self.resolved_clock == Clock.SYNC and self.timeout_rto_us < self.lookahead_us():
             raise ConfigError(f"the retransmission timeout ({self.timeout_rto_us:g} us) is shorter than one "
                               f"link's latency plus a packet ({self.lookahead_us():g} us): raise it")
@@ -336,12 +348,32 @@ class ReplayConfig:
         """Whether the fabric sums float all_reduces in a switch (INA's stream)."""
         return self.network.all_reduce == fabrics.AllReduce.STREAM
 
-    def lookahead_us(self) -> float:
+    def lookahead_us(self, inside_nodes: bool = True) -> float:
         """The least emulated time between an endpoint's event and its earliest effect on another
         endpoint: one link's latency plus the serialization of the smallest packet (every path
-        crosses at least one link; the switch is instantaneous), at the link's highest bandwidth."""
+        crosses at least one link; the switch is instantaneous), at the link's highest bandwidth.
+        ``inside_nodes``: whether traffic may cross a node's own links (a topology's, where the
+        replay has point-to-point traffic and nodes of several workers)."""
         peak = self.link.peak_bps
-        return self.link.latency_us + (0.0 if math.isinf(peak) else MIN_WIRE_BYTES * 8e6 / peak)
+        least = self.link.latency_us + (0.0 if math.isinf(peak) else MIN_WIRE_BYTES * 8e6 / peak)
+        if self.topology is not None and self.topology.workers_per_node > 1 and inside_nodes:
+            intra = self.topology.intra
+            least = min(least, intra.latency_us + (0.0 if math.isinf(intra.bandwidth_bps)
+                                                   else MIN_WIRE_BYTES * 8e6 / intra.bandwidth_bps))
+        return least
+
+    def layout(self) -> Layout | None:
+        """Where the workers sit on the topology (None without one)."""
+        return None if self.topology is None else _layout(self.topology, self.workers, self.seed)
+
+    def spine_rtt_us(self) -> float:
+        """What the spine adds to an aggregation packet's round trip (several leaves: the spine
+        aggregates, a hop up and one down)."""
+        layout = self.layout()
+        if layout is None or layout.leaves == 1:
+            return 0.0
+        assert self.topology is not None
+        return 2 * self.topology.spine_latency(self.link)
 
     @property
     def host_processes(self) -> int:
@@ -356,7 +388,7 @@ class ReplayConfig:
     def rtt_us(self) -> float:
         """One aggregation packet's round trip: the worker's uplink, then its downlink."""
         ser = float(self.link.serialization_us(agg_wire_bytes(self.elements)))
-        return 2 * (ser + self.link.latency_us)
+        return 2 * (ser + self.link.latency_us) + self.spine_rtt_us()
 
     @property
     def emulated_slots(self) -> int:
@@ -367,7 +399,7 @@ class ReplayConfig:
         ser = 0.0 if math.isinf(peak) else agg_wire_bytes(self.elements) * 8e6 / peak
         if ser == 0:
             return MIN_POOL
-        bdp_packets = 2 * (ser + self.link.latency_us) / ser
+        bdp_packets = (2 * (ser + self.link.latency_us) + self.spine_rtt_us()) / ser
         return int(min(65535, max(MIN_POOL, 2 ** math.ceil(math.log2(2 * bdp_packets)))))
 
     @property
@@ -386,3 +418,8 @@ class ReplayConfig:
     @property
     def timeout_rto_us(self) -> float:
         return self.rto_us if self.rto_us is not None else max(100.0, 10 * self.rtt_us())
+
+
+@functools.lru_cache(maxsize=8)
+def _layout(topology: Topology, workers: int, seed: int) -> Layout:
+    return topology.layout(workers, seed)

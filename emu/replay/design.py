@@ -4,8 +4,8 @@ This module owns the design file's keys and their meaning (docs/design.md, "Netw
 files"): reading and checking a file (``load_design``, ``parse_design``), laying a design over a
 replay's configuration with the flags a user typed winning (``NetworkDesign.overlay``), and the
 design as a run resolved it for the report (``resolved_design``). Every refusal is one ConfigError
-line naming the file, the dotted key and the fix. Later issues add their keys here (``[topology]``
-is reserved until then).
+line naming the file, the dotted key and the fix. ``[topology]`` describes nodes, NICs, leaves and
+the placement (``emu.emulator.topology``, docs/topology.md).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 from emu.emulator import fabric as fabrics
 from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us, parse_schedule
+from emu.emulator.topology import Algorithm, Placement, Topology
 from emu.emulator.wire import ELEMENTS_ALLOWED
 from emu.errors import ConfigError
 from emu.replay.config import ReplayConfig
@@ -36,16 +37,25 @@ MAX_DESIGN_BYTES = 1 << 20
 MAX_SLOTS = 1 << 24  # the --slots bound (ReplayConfig.check)
 
 # The dotted keys a design may set that map to the configuration, in the order they are written.
+TOPOLOGY_KEYS: tuple[str, ...] = ("topology.workers_per_node", "topology.nics_per_node",
+                                  "topology.intra_node_bandwidth", "topology.intra_node_latency",
+                                  "topology.leaf_ports", "topology.oversubscription", "topology.placement",
+                                  "topology.algorithm", "topology.spine_latency")
 KEYS: tuple[str, ...] = ("fabric", "link.bandwidth", "link.bandwidth_schedule", "link.latency", "link.loss",
-                         "link.jitter", "switch.slots", "switch.elements")
+                         "link.jitter", "switch.slots", "switch.elements", *TOPOLOGY_KEYS)
 # The replay flags (click's parameter names) that set the same things: a flag the user typed wins.
 FLAG_KEYS: dict[str, str] = {"fabric": "fabric", "bandwidth": "link.bandwidth",
                              "bandwidth_schedule": "link.bandwidth_schedule", "latency": "link.latency",
                              "loss": "link.loss", "jitter": "link.jitter", "slots": "switch.slots",
-                             "elements": "switch.elements"}
+                             "elements": "switch.elements", "workers_per_node": "topology.workers_per_node",
+                             "nics_per_node": "topology.nics_per_node",
+                             "intra_bandwidth": "topology.intra_node_bandwidth",
+                             "intra_latency": "topology.intra_node_latency", "leaf_ports": "topology.leaf_ports",
+                             "oversubscription": "topology.oversubscription", "placement": "topology.placement",
+                             "algorithm": "topology.algorithm", "spine_latency": "topology.spine_latency"}
 _LABELS = ("name", "description")
-_TABLES = {"link": ("bandwidth", "bandwidth_schedule", "latency", "loss", "jitter"), "switch": ("slots", "elements")}
-_RESERVED = "topology"
+_TABLES = {"link": ("bandwidth", "bandwidth_schedule", "latency", "loss", "jitter"), "switch": ("slots", "elements"),
+           "topology": tuple(k.split(".")[1] for k in TOPOLOGY_KEYS)}
 _ALLOWED = (*_LABELS, "fabric", *_TABLES)
 _EXAMPLE = "examples/designs/ina-100g.toml"
 
@@ -70,6 +80,15 @@ class NetworkDesign:
     jitter_us: float | None = None
     slots: int | None = None
     elements: int | None = None
+    workers_per_node: int | None = None
+    nics_per_node: int | None = None
+    intra_bps: float | None = None
+    intra_latency_us: float | None = None
+    leaf_ports: int | None = None
+    oversubscription: float | None = None
+    placement: tuple[Placement, tuple[int, ...]] | None = None
+    algorithm: Algorithm | None = None
+    spine_latency_us: float | None = None
 
     def value(self, key: str) -> Any:
         """The value the design gives dotted ``key`` (one of KEYS), None where unset."""
@@ -104,13 +123,56 @@ class NetworkDesign:
             top["elements"] = take["switch.elements"]
         if link:
             top["link"] = dataclasses.replace(config.link, **link)
+        shape = {k: v for k, v in take.items() if k.startswith("topology.")}
+        if shape:
+            top["topology"] = topology_with(config.topology or Topology(), shape)
         return dataclasses.replace(config, **top) if top else config
+
+
+def topology_from_flags(flags: dict[str, Any]) -> Topology | None:
+    """The topology the typed flags give (click's parameter names: FLAG_KEYS), the rest defaults;
+    None where no topology flag was given. Each value is checked as the design key it sets."""
+    flag_of = {key: name for name, key in FLAG_KEYS.items()}
+    values = {}
+    for key in TOPOLOGY_KEYS:
+        raw = flags.get(flag_of[key])
+        if raw is None:
+            continue
+        if key == "topology.placement" and isinstance(raw, str) and "," in raw or (
+                key == "topology.placement" and isinstance(raw, str) and raw.strip().isdigit()):
+            try:
+                raw = [int(x) for x in raw.split(",")]
+            except ValueError:
+                pass  # refused below, as the design key would be
+        values[key] = _CHECKS[key](raw, f"--{flag_of[key].replace('_', '-')}", key)
+    return topology_with(Topology(), values) if values else None
+
+
+def topology_with(base: Topology, values: dict[str, Any]) -> Topology:
+    """``base`` with the dotted topology keys in ``values`` (checked values, as the design holds them)."""
+    change: dict[str, Any] = {}
+    intra = base.intra
+    for key, value in values.items():
+        name = key.split(".")[1]
+        if name == "intra_node_bandwidth":
+            intra = dataclasses.replace(intra, bandwidth_bps=value)
+        elif name == "intra_node_latency":
+            intra = dataclasses.replace(intra, latency_us=value)
+        elif name == "placement":
+            change["placement"], change["nodes"] = value
+        else:
+            change[_FIELDS[key]] = value
+    return dataclasses.replace(base, intra=intra, **change)
 
 
 _FIELDS = {"fabric": "fabric", "link.bandwidth": "bandwidth_bps", "link.bandwidth_schedule": "schedule",
            "link.latency": "latency_us",
            "link.loss": "loss", "link.jitter": "jitter_us", "switch.slots": "slots",
-           "switch.elements": "elements"}
+           "switch.elements": "elements", "topology.workers_per_node": "workers_per_node",
+           "topology.nics_per_node": "nics_per_node", "topology.intra_node_bandwidth": "intra_bps",
+           "topology.intra_node_latency": "intra_latency_us", "topology.leaf_ports": "leaf_ports",
+           "topology.oversubscription": "oversubscription", "topology.placement": "placement",
+           "topology.algorithm": "algorithm", "topology.spine_latency": "spine_latency_us"}
 
 
 def load_design(path: str | os.PathLike) -> NetworkDesign:
@@ -179,14 +241,10 @@ def _design(doc: dict[str, Any], source: str) -> NetworkDesign:
 
 
 def _refuse_unknown(doc: dict[str, Any], source: str) -> None:
-    if _RESERVED in doc:
-        raise ConfigError(f"{source}: [{_RESERVED}] is not supported yet: this emu models one switch with one "
-                          "port per worker, and the topology keys arrive with the topology work; remove the "
-                          f"[{_RESERVED}] table")
     for key in doc:
         if key not in _ALLOWED:
             raise ConfigError(f"{source}: unknown key {_key(key)}{_closest(key, None)}: a design takes "
-                              "name, description, fabric, [link] and [switch]")
+                              "name, description, fabric, [link], [switch] and [topology]")
     for table, keys in _TABLES.items():
         if table not in doc:
             continue
@@ -297,10 +355,42 @@ def _whole(allowed: str, ok: Callable[[int], bool], example: int) -> Callable[[A
     return check
 
 
+def _ratio(value: Any, source: str, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{source}: {key} = {_show(value)} is {_kind(value)}: give a number such as 1 "
+                          "(non-blocking) or 2 (2:1)")
+    if not (math.isfinite(value) and value >= 1):
+        raise ConfigError(f"{source}: {key} = {_show(value)}: give 1 (non-blocking) or more (2 for 2:1)")
+    return float(value)
+
+
+def _placement(value: Any, source: str, key: str) -> tuple[Placement, tuple[int, ...]]:
+    """packed, spread, random, or a list of node indices (one per worker)."""
+    if isinstance(value, str) and value in (p.value for p in Placement if p != Placement.LIST):
+        return Placement(value), ()
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                 for v in value):
+        return Placement.LIST, tuple(value)
+    raise ConfigError(f'{source}: {key} = {_show(value)}: give "packed", "spread", "random" or a list of node '
+                      "indices, one per worker ([0, 0, 1, 1])")
+
+
+def _algorithm(value: Any, source: str, key: str) -> Algorithm:
+    if isinstance(value, str) and value in (a.value for a in Algorithm):
+        return Algorithm(value)
+    raise ConfigError(f'{source}: {key} = {_show(value)}: give "flat" or "hierarchical"')
+
+
 _CHECKS: dict[str, Callable[[Any, str, str], Any]] = {
     "link.bandwidth": _bandwidth, "link.bandwidth_schedule": _schedule, "link.latency": _duration, "link.loss": _loss, "link.jitter": _duration,
     "switch.slots": _whole(f"1..{MAX_SLOTS}", lambda v: 1 <= v <= MAX_SLOTS, 4096),
     "switch.elements": _whole(" or ".join(map(str, ELEMENTS_ALLOWED)), lambda v: v in ELEMENTS_ALLOWED, 64),
+    "topology.workers_per_node": _whole("1..1024", lambda v: 1 <= v <= 1024, 8),
+    "topology.nics_per_node": _whole("1..1024", lambda v: 1 <= v <= 1024, 1),
+    "topology.intra_node_bandwidth": _bandwidth, "topology.intra_node_latency": _duration,
+    "topology.leaf_ports": _whole("1..4096", lambda v: 1 <= v <= 4096, 32),
+    "topology.oversubscription": _ratio, "topology.placement": _placement, "topology.algorithm": _algorithm,
+    "topology.spine_latency": _duration,
 }
 
 
@@ -343,7 +433,10 @@ def resolved_design(config: ReplayConfig, design: NetworkDesign | None = None) -
     if link.schedule:  # only where there is one: designs without keep the keys they always had
         resolved_link["bandwidth_schedule"] = [list(step) for step in link.schedule]
     resolved_link.update(latency_us=link.latency_us, loss=link.loss, jitter_us=link.jitter_us)
-    return {"file": design.path if design else config.design_file,
-            "name": design.name if design else config.design_name,
-            "fabric": config.fabric, "link": resolved_link,
-            "switch": {"slots": config.emulated_slots, "elements": config.elements}}
+    resolved = {"file": design.path if design else config.design_file,
+                "name": design.name if design else config.design_name,
+                "fabric": config.fabric, "link": resolved_link,
+                "switch": {"slots": config.emulated_slots, "elements": config.elements}}
+    if config.topology is not None:  # only where there is one: reports without keep their keys
+        resolved["topology"] = config.topology.to_dict(config.link)
+    return resolved

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from emu.emulator.fabric import AllReduce
-from emu.emulator.links import LinkArray
 from emu.emulator.recorded import RecordedPayload
 from emu.emulator.transport import AggBatch, Segment
 from emu.errors import RunFailed
@@ -38,6 +37,7 @@ from emu.replay.lag import LagHistogram
 from emu.replay.messages import HostResult, WorkerRecord
 from emu.replay.p2p_endpoint import P2PEndpoint
 from emu.replay.programs import WorkerProgram, straggling
+from emu.replay.wiring import Wiring
 from emu.replay.worker import CollRun, FakeWorker, WorkerState
 from emu.traces.model import CollKind
 
@@ -100,13 +100,14 @@ class Host:
         self._progress_mark = (0, 0, 0, 0)
         endpoints = np.asarray(setup.endpoints, dtype=np.int64)
         index = {int(e): i for i, e in enumerate(endpoints)}
-        # one uplink and one downlink per endpoint, shared by its aggregation and point-to-point traffic
-        self.up = LinkArray(cfg.link, endpoints, cfg.seed, 0, cfg.timeout_rto_us)
-        self.down = LinkArray(cfg.link, endpoints, cfg.seed, 1, cfg.timeout_rto_us)
         workers = setup.role == "workers"
-        self.ina = InaEndpoint(cfg, endpoints if workers else np.zeros(0, np.int64), self.up, self.down, index,
+        # one uplink and one downlink per endpoint (or, on a topology, per NIC), shared by its
+        # aggregation and point-to-point traffic (emu.replay.wiring)
+        self.wiring = Wiring.build(cfg, endpoints, workers)
+        self.up, self.down = self.wiring.up, self.wiring.down
+        self.ina = InaEndpoint(cfg, endpoints if workers else np.zeros(0, np.int64), self.wiring, index,
                                self._timer, self._completed, setup.payload)
-        self.p2p = P2PEndpoint(cfg, self.net, () if workers else setup.endpoints, self.up, self.down, index,
+        self.p2p = P2PEndpoint(cfg, self.net, () if workers else setup.endpoints, self.wiring, index,
                                setup.index, self._completed, setup.payload)
         self.workers: dict[int, FakeWorker] = {}
         if workers:
@@ -133,7 +134,7 @@ class Host:
         self.workers[w].completed(run, t)
 
     def _timeouts(self) -> int:
-        return self._retx_events + self.up.resend_rounds + self.down.resend_rounds
+        return self._retx_events + sum(a.resend_rounds for a in self.wiring.all_links())
 
     def _scaled(self) -> tuple[int, int]:
         """Payload scale's emulated timeouts and packet positions: per chunk, the same on every
@@ -203,19 +204,19 @@ class Host:
         segs = self.p2p.due_down(bound, inclusive)
         if now is not None and self.measure_lag:
             self.lag.add_many(now - np.concatenate(([] if results is None else [results[0].stamps[:, 0]])
-                                                   + [np.array([s.first_us for s in segs])]))
+                                                   + [np.array([s.first_us for s, _ in segs])]))
         if results is None:
-            for seg in segs:
-                self.p2p.on_segment(seg)
+            for seg, inside in segs:
+                self.p2p.on_segment(seg, inside)
             return
         batch, verify = results
         done = 0
-        for seg in segs:  # a worker's results and segments share its downlink: in time order
+        for seg, inside in segs:  # a worker's results and segments share its downlink: in time order
             upto = int(np.searchsorted(batch.stamps[:, 0], seg.first_us, side="right"))
             if upto > done:
                 self.ina.on_results(batch.take(slice(done, upto)), verify[done:upto])
                 done = upto
-            self.p2p.on_segment(seg)
+            self.p2p.on_segment(seg, inside)
         if done < len(verify):
             self.ina.on_results(batch.take(slice(done, None)), verify[done:])
 
@@ -276,10 +277,11 @@ class Host:
         ina = self.ina.counters
         return HostResult(
             host=self.setup.index, workers=workers, bytes_sent=ina.bytes_sent + self.p2p.bytes_sent, lost=ina.lost,
-            packets_lost=ina.packets_lost + self.up.resent_packets + self.down.resent_packets,
+            packets_lost=ina.packets_lost + sum(a.resent_packets for a in self.wiring.all_links()),
             retransmissions=self.ina.group.retransmissions, fallbacks=dict(self.counters.fallbacks),
-            reordered=self.up.reordered + self.down.reordered,
-            reorder_error_us=float((self.up.reorder_error_us + self.down.reorder_error_us).max(initial=0.0)),
+            reordered=sum(a.reordered for a in self.wiring.all_links()),
+            reorder_error_us=max([float((self.up.reorder_error_us + self.down.reorder_error_us).max(initial=0.0)),
+                                  *(float(a.reorder_error_us.max(initial=0.0)) for a in self.wiring.all_links()[2:])]),
             events=self.counters.events, real_bytes=self.counters.real_bytes,
             verify_elements=self.p2p.check.elements + self.ina.check.elements,
             verify_mismatches=self.p2p.check.mismatches + self.ina.check.mismatches,

@@ -18,12 +18,12 @@ import numpy as np
 
 from emu.emulator import wire
 from emu.emulator.ina import InaGroup, InaParams, Packets, PayloadCache, ResultCheck
-from emu.emulator.links import LinkArray
 from emu.emulator.recorded import RecordedPayload
 from emu.emulator.scaled_loss import ScaledLoss
 from emu.emulator.switch import MULTICAST
 from emu.emulator.transport import AggBatch
 from emu.replay.config import ReplayConfig
+from emu.replay.wiring import Wiring
 from emu.replay.worker import CollRun
 
 _PACKET_FIELDS = ("local", "headers", "payload", "send_us", "emu_packets", "retransmit", "sparse")
@@ -58,10 +58,14 @@ class InaCounters:
 
 
 class InaEndpoint:
-    def __init__(self, cfg: ReplayConfig, workers: np.ndarray, up: LinkArray, down: LinkArray,
+    def __init__(self, cfg: ReplayConfig, workers: np.ndarray, wiring: Wiring,
                  index: dict[int, int], timer: Callable[[float, int, int, float], None],
                  completed: Callable[[int, CollRun, float], None], recorded: RecordedPayload | None = None) -> None:
-        self.cfg, self.up, self.down, self.index = cfg, up, down, index
+        self.cfg, self.up, self.down, self.index = cfg, wiring.up, wiring.down, index
+        # each local worker's link (its NIC's, shared with the node's other workers on a topology),
+        # and the spine's hop each way where the spine aggregates (emu.replay.wiring)
+        self.link = wiring.local_link
+        self.spine_us = wiring.ina_spine_us
         self.k = cfg.elements
         self.timer, self.completed = timer, completed
         params = InaParams(slots=cfg.real_slots, elements=self.k, workers=cfg.workers, job=0, seed=cfg.seed,
@@ -137,7 +141,7 @@ class InaEndpoint:
         if not parts:
             return None
         pk = _concat(parts)
-        return take(pk, np.lexsort((pk.headers["chunk"], pk.send_us, pk.local)))
+        return take(pk, np.lexsort((pk.headers["chunk"], pk.local, pk.send_us, self.link[pk.local])))
 
     def _scaled_lost(self, chunks: np.ndarray, per: np.ndarray, local: np.ndarray, down: bool) -> np.ndarray:
         """With payload scale: the emulated packets each row's link lost (and resent)."""
@@ -160,8 +164,9 @@ class InaEndpoint:
             self.counters.packets_lost += int(resent.sum())
             packets = packets + resent
         wire_bytes = sizes * packets
-        sent = self.up.transmit(pk.local, pk.send_us, wire_bytes, packets=packets, lossy=self.scaled is None)
-        arrival = np.stack([sent.first_us, sent.last_us], axis=1)
+        sent = self.up.transmit(self.link[pk.local], pk.send_us, wire_bytes, packets=packets,
+                                lossy=self.scaled is None)
+        arrival = np.stack([sent.first_us, sent.last_us], axis=1) + self.spine_us
         self.counters.bytes_sent += float(np.rint(wire_bytes).sum())  # whole bytes: exact in any order
         lost = sent.lost
         if lost.any():
@@ -187,6 +192,8 @@ class InaEndpoint:
         """Results from the switch, kept until the clock reaches their stamps."""
         if not len(batch.headers):
             return
+        if self.spine_us:  # down from the aggregating spine to this leaf
+            batch = AggBatch(batch.headers, batch.payload, batch.stamps + self.spine_us, batch.sparse)
         order = np.lexsort((batch.headers["chunk"], batch.stamps[:, 0]))
         batch = batch.take(order)
         self._parts += 1
@@ -240,8 +247,9 @@ class InaEndpoint:
             scale = scale.copy()
             scale[-n_uni:] = [min(scale[-n_uni + i], self.retx_scale.get(
                 (int(li[-n_uni + i]), int(batch.headers["slot"][uni[i]])), 1.0)) for i in range(n_uni)]
-        if len(uni) and len(multi):  # each downlink in the message's (stamp) order
-            order = np.lexsort((rb, li))
+        if (len(uni) and len(multi)) or self.link.max(initial=0) < g.m - 1:
+            # each downlink in the message's (stamp) order; a NIC's workers' rows interleaved by it
+            order = np.lexsort((li, rb, self.link[li]))
             li, rb, scale = li[order], rb[order], scale[order]
         delay = None
         if self.scaled is not None:
@@ -259,7 +267,7 @@ class InaEndpoint:
                         else int(chunks[i]) >= coll.base + coll.chunks - g.p.slots)
                 delay[i] = self.scaled.delay(int(chunks[i]), int(slots[i]), int(which[i]), float(per[i]), last)
         row_bytes = sizes[rb] / per[rb] * scale
-        got = self.down.transmit(li, batch.stamps[rb, 0], row_bytes, packets=scale,
+        got = self.down.transmit(self.link[li], batch.stamps[rb, 0], row_bytes, packets=scale,
                                  ready_last_us=batch.stamps[rb, 1], lossy=self.scaled is None)
         first, last, lost = got.first_us, got.last_us, got.lost
         if delay is not None:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
+import numpy as np
 import zmq
 
 from emu import lifetime
@@ -43,7 +44,7 @@ from emu.replay.messages import (
     encode,
 )
 from emu.replay.payloads import recorded_payload
-from emu.replay.programs import plan_programs
+from emu.replay.programs import WorkerProgram, plan_programs
 from emu.replay.report import (
     ReplayReport,
     write_chrome_trace,
@@ -51,7 +52,7 @@ from emu.replay.report import (
 from emu.replay.results import LAG_TOLERANCE, build_report
 from emu.replay.sparsity import with_sparsity
 from emu.replay.switchd import SwitchSetup, switch_main
-from emu.traces.model import Trace
+from emu.traces.model import CollKind, Trace
 
 START_DELAY_S = 0.05
 READY_TIMEOUT_S = 60.0
@@ -63,6 +64,24 @@ class ReplayError(RunFailed):
 
 def _split(n: int, parts: int) -> list[tuple[int, int]]:
     return [(i * n // parts, (i + 1) * n // parts) for i in range(parts)]
+
+
+def _point_to_point(programs: list[WorkerProgram], config: ReplayConfig) -> bool:
+    """Whether any collective runs point to point (the rest run on the aggregation stream)."""
+    stream = config.switch_sums
+    return any(not (stream and op.kind == CollKind.ALL_REDUCE and op.dtype.is_float)
+               for prog in programs[:1] for it in prog.iterations for op in it.colls)
+
+
+def _worker_hosts(config: ReplayConfig) -> list[np.ndarray]:
+    """The workers of each worker host process: consecutive ranges, or on a topology whole nodes
+    (traffic inside a node never leaves its host: emu.replay.wiring), as many per host as even."""
+    layout = config.layout()
+    if layout is None:
+        return [np.arange(a, b) for a, b in _split(config.workers, config.host_processes)]
+    nodes = np.unique(layout.node)
+    parts = min(config.host_processes, len(nodes))
+    return [np.flatnonzero(np.isin(layout.node, nodes[a:b])) for a, b in _split(len(nodes), parts)]
 
 
 UNPACED_TDF = 1e-6  # the calibration probe runs as fast as it can
@@ -273,11 +292,15 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
                              switch_sums=config.switch_sums)
     iters = config.iters or trace.iterations
     m = config.workers
-    worker_hosts = _split(m, config.host_processes)
+    held = _worker_hosts(config)
+    worker_hosts = [(int(ws[0]), int(ws[-1]) + 1) for ws in held]  # their spans (bmv2 routes by them)
     net = config.network
     ps_hosts = _split(config.shards, min(config.shards, 2)) if net.parameter_server else []
-    endpoint_host = [h for h, (a, b) in enumerate(worker_hosts) for _ in range(a, b)]
-    endpoint_host += [len(worker_hosts) + h for h, (a, b) in enumerate(ps_hosts) for _ in range(a, b)]
+    endpoint_host = [0] * m
+    for h, ws in enumerate(held):
+        for w in ws:
+            endpoint_host[int(w)] = h
+    endpoint_host += [len(held) + h for h, (a, b) in enumerate(ps_hosts) for _ in range(a, b)]
     workdir = tempfile.mkdtemp(prefix="emu-replay-")
     if len(workdir) + len("/control") > getattr(zmq, "IPC_PATH_MAX_LEN", 107):
         # a deep $TMPDIR makes socket paths longer than the kernel allows: a short folder instead
@@ -287,10 +310,10 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
     if record is not None:
         record.add_folder(workdir)
     switch_addr, control_addr = f"ipc://{workdir}/switch", f"ipc://{workdir}/control"
-    setups = [HostSetup(index=h, role="workers", endpoints=tuple(range(a, b)), config=config,
-                        programs=tuple(programs[a:b]), iters=iters, switch_addr=switch_addr,
+    setups = [HostSetup(index=h, role="workers", endpoints=tuple(int(w) for w in ws), config=config,
+                        programs=tuple(programs[int(w)] for w in ws), iters=iters, switch_addr=switch_addr,
                         control_addr=control_addr, spans=chrome_trace is not None, payload=payload)
-              for h, (a, b) in enumerate(worker_hosts)]
+              for h, ws in enumerate(held)]
     setups += [HostSetup(index=len(worker_hosts) + h, role="ps", endpoints=tuple(m + i for i in range(a, b)),
                          config=config, programs=(), iters=iters, switch_addr=switch_addr,
                          control_addr=control_addr, spans=False)
@@ -298,7 +321,8 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
     sw = SwitchSetup(address=switch_addr, control_addr=control_addr, workers=m, slots=config.real_slots,
                      elements=config.elements, fabric=config.fabric,
                      worker_hosts=tuple(worker_hosts), endpoint_host=tuple(endpoint_host),
-                     sync=config.resolved_clock == Clock.SYNC, lookahead_us=config.lookahead_us())
+                     sync=config.resolved_clock == Clock.SYNC,
+                     lookahead_us=config.lookahead_us(inside_nodes=_point_to_point(programs, config)))
     fork = multiprocessing.get_context("fork")
     procs: list[multiprocessing.process.BaseProcess] = []
     ctx: zmq.Context | None = None

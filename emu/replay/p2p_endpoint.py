@@ -18,7 +18,6 @@ import numpy as np
 
 from emu.emulator import wire
 from emu.emulator.fabric import AllReduce, Fabric
-from emu.emulator.links import LinkArray
 from emu.emulator.p2p import (
     Algorithm,
     AllToAll,
@@ -44,6 +43,7 @@ from emu.emulator.sparse_p2p import (
 )
 from emu.emulator.transport import FrameError, Segment
 from emu.replay.config import ReplayConfig
+from emu.replay.wiring import Wiring
 from emu.replay.worker import CollRun
 from emu.traces.model import CollKind
 
@@ -52,15 +52,17 @@ UpSeg = tuple[float, int, int, int, int, Seg, str]
 
 
 class P2PEndpoint:
-    def __init__(self, cfg: ReplayConfig, net: Fabric, servers: tuple[int, ...], up: LinkArray, down: LinkArray,
+    def __init__(self, cfg: ReplayConfig, net: Fabric, servers: tuple[int, ...], wiring: Wiring,
                  index: dict[int, int], host: int, completed: Callable[[int, CollRun, float], None],
                  recorded: RecordedPayload | None = None) -> None:
-        self.cfg, self.net, self.up, self.down, self.index = cfg, net, up, down, index
+        self.cfg, self.net, self.index = cfg, net, index
+        self.wiring, self.up, self.down = wiring, wiring.up, wiring.down
         self.recorded = recorded  # the real ranks' tensors, sent in place of generated payload (emu run)
         self.host, self.completed = host, completed
         self.m = cfg.workers
         self.check = Check()
-        self.bytes_sent = 0.0
+        self.bytes_sent = 0.0  # on the network's links (NICs), both ways
+        self.intra_bytes = 0  # inside nodes, sent once
         self.delivered = 0  # segments that reached their endpoint
         self.algs: dict[tuple[int, int], Algorithm] = {}
         self.runs: dict[tuple[int, int], CollRun] = {}
@@ -141,8 +143,17 @@ class P2PEndpoint:
 
     def send(self, src: int, seg: Seg, dtype: str) -> None:
         packets, wire_bytes = self._wire(seg.emu_bytes)
-        first, last, resent = self.up.send_segment(self.index[src], seg.send_us, wire_bytes, packets)
-        self.bytes_sent += round(wire_bytes + resent)
+        w = self.wiring
+        inside = w.same_node(src, seg.dst)
+        if inside:  # through the node's own fabric, never its NICs (emu.replay.wiring)
+            assert w.intra_up is not None
+            first, last, _ = w.intra_up.send_segment(self.index[src], seg.send_us, wire_bytes, packets)
+            self.intra_bytes += round(wire_bytes)
+        else:
+            first, last, resent = self.up.send_segment(w.link[src], seg.send_us, wire_bytes, packets)
+            self.bytes_sent += round(wire_bytes + resent)
+            extra = w.spine_hops_us(src, seg.dst)
+            first, last = first + extra, last + extra
         header = np.zeros(1, wire.P2P_HEADER)
         header["msg_type"] = wire.MsgType.P2P
         header["dtype"] = wire.DTYPE_CODES.index(dtype)
@@ -150,33 +161,45 @@ class P2PEndpoint:
         header["dst"] = seg.dst
         header["seq"] = seg.seq
         header["segment"] = seg.segment
-        self.outgoing.append(Segment(header, seg.emu_bytes, first, last, seg.data))
+        segment = Segment(header, seg.emu_bytes, first, last, seg.data)
+        if inside:
+            self.receive(segment, inside=True)
+        else:
+            self.outgoing.append(segment)
 
     def take_outgoing(self) -> list[Segment]:
         out, self.outgoing = self.outgoing, []
         return out
 
     # -- downlinks ----------------------------------------------------------------------
-    def receive(self, seg: Segment) -> None:
+    def receive(self, seg: Segment, inside: bool = False) -> None:
+        """A segment for one of this host's endpoints (``inside``: from a worker of the same node)."""
         h = seg.header[0]
         heapq.heappush(self.down_heap, (seg.first_us, int(h["dst"]), int(h["src"]), int(h["seq"]),
-                                        int(h["segment"]), seg))
+                                        int(h["segment"]), inside, seg))
 
-    def due_down(self, bound: float, inclusive: bool) -> list[Segment]:
+    def due_down(self, bound: float, inclusive: bool) -> list[tuple[Segment, bool]]:
         out = []
         while self.down_heap and (self.down_heap[0][0] <= bound if inclusive else self.down_heap[0][0] < bound):
-            out.append(heapq.heappop(self.down_heap)[-1])
+            entry = heapq.heappop(self.down_heap)
+            out.append((entry[-1], entry[-2]))
         return out
 
-    def on_segment(self, seg: Segment) -> None:
-        """A segment crosses its downlink and reaches its algorithm (or shard)."""
+    def on_segment(self, seg: Segment, inside: bool = False) -> None:
+        """A segment crosses its downlink (its node port, ``inside``) and reaches its algorithm (or shard)."""
         h = seg.header[0]
         src, dst, seq, segno = int(h["src"]), int(h["dst"]), int(h["seq"]), int(h["segment"])
         if dst not in self.index:
             raise FrameError(f"segment for endpoint {dst}, which host {self.host} does not hold")
         packets, wire_bytes = self._wire(seg.emu_bytes)
-        t, resent = self.down.receive_segment(self.index[dst], seg.first_us, seg.last_us, wire_bytes, packets)
-        self.bytes_sent += round(wire_bytes + resent)
+        if inside:
+            assert self.wiring.intra_down is not None
+            t, _ = self.wiring.intra_down.receive_segment(self.index[dst], seg.first_us, seg.last_us, wire_bytes,
+                                                          packets)
+        else:
+            t, resent = self.down.receive_segment(self.wiring.link[dst], seg.first_us, seg.last_us, wire_bytes,
+                                                  packets)
+            self.bytes_sent += round(wire_bytes + resent)
         self.delivered += 1
         if dst in self.servers and segno & SPARSE_SEGMENT:
             self._queue(dst, self.sparse_servers[dst].on_segment(dst, seq, seg.values, t), seg.dtype)

@@ -114,7 +114,7 @@ def switch_main(setup: SwitchSetup) -> None:
                     if kind == AGG and ports is not None:
                         ports.submit(AggBatch.parse(frames[1:]))
                     elif kind == AGG and switch is not None:
-                        _aggregate(router, switch, AggBatch.parse(frames[1:]), setup, idents)
+                        _aggregate(router, switch, AggBatch.parse(frames[1:]), setup, idents, endpoint_host)
                     elif kind == SEG and len(frames) == 5 and len(frames[2]) == P2P_HEADER.itemsize:
                         dst = int(np.frombuffer(frames[2], P2P_HEADER)["dst"][0])
                         if dst >= len(endpoint_host):
@@ -139,13 +139,15 @@ def switch_main(setup: SwitchSetup) -> None:
 
 
 def _aggregate(router: zmq.Socket, switch: AggregationSwitch, batch: AggBatch, setup: SwitchSetup,
-               idents: list[bytes]) -> None:
+               idents: list[bytes], endpoint_host: np.ndarray) -> None:
     res = switch.process(batch.headers, batch.payload, batch.stamps, batch.sparse)
     if not len(res):
         return
     dest = res.headers["worker"].astype(np.int64)
-    for h, (first, last) in enumerate(setup.worker_hosts):
-        mine = (dest == MULTICAST) | ((dest >= first) & (dest < last))
+    multi = dest == MULTICAST
+    host = np.where(multi, -1, endpoint_host[np.where(multi, 0, dest)])  # a host holds any set of workers
+    for h in range(len(setup.worker_hosts)):
+        mine = multi | (host == h)
         if mine.all():
             part = AggBatch(res.headers, res.payload, res.stamps, res.sparse)
         elif mine.any():
@@ -253,4 +255,4 @@ class _Coordinator:
         rows = np.flatnonzero(due)
         order = rows[np.lexsort((batch.headers["chunk"][rows], batch.headers["worker"][rows], stamps[rows]))]
         assert self.switch is not None
-        _aggregate(self.router, self.switch, batch.take(order), self.setup, self.idents)
+        _aggregate(self.router, self.switch, batch.take(order), self.setup, self.idents, self.endpoint_host)

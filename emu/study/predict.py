@@ -206,6 +206,10 @@ def predict(trace: Trace, config: ReplayConfig) -> Prediction:
     if config.link.schedule:
         raise ConfigError("--bandwidth-schedule: emu predict's closed forms take one bandwidth; replay the schedule "
                           "(emu replay --bandwidth-schedule), or predict each step's bandwidth apart")
+    if config.topology is not None:
+        raise ConfigError("a topology: emu predict's closed forms take one switch with one port per worker; replay "
+                          "it (emu replay), whose all_reduces docs/physics.md ('On a topology') checks against its "
+                          "own forms")
     if config.compress.adaptive:
         raise ConfigError("--compress adaptive: its choices follow what the replay measures as it runs; emu predict "
                           "takes one compressor (--compress topk:R), or replay it (emu replay --compress adaptive)")

@@ -1,0 +1,166 @@
+"""The network's shape: nodes of several workers, their NICs, leaf switches and a spine
+(docs/topology.md).
+
+A ``Topology`` says what the cluster is made of; ``Topology.layout(M)`` places M workers on it:
+
+- **Nodes** of ``workers_per_node`` workers (GPUs), joined inside the node by their own links of
+  ``intra`` bandwidth and latency (NVLink-class): each worker has a port into the node's fabric,
+  one direction each way, and traffic between two workers of a node never leaves it.
+- **NICs**: ``nics_per_node`` per node, each a link of the job's ``[link]`` kind (bandwidth,
+  latency, loss, jitter) to a leaf switch. A node's workers share its NICs, worker ``i`` of the
+  node taking NIC ``i mod nics_per_node``: everything a worker sends to or receives from another
+  node crosses its NIC, queued behind what the NIC's other workers send.
+- **Leaves** of ``leaf_ports`` NIC ports each, filled node by node (a node's NICs share a leaf).
+  With more than one leaf a spine joins them, non-blocking, at ``spine_latency_us`` per hop:
+  traffic between leaves, and every contribution of an in-network aggregation (which the spine
+  aggregates once there are several leaves), takes one hop up and one down.
+- **Placement**: which node each worker (rank) sits on: ``packed`` (ranks 0..G-1 on node 0, the
+  next G on node 1, ...), ``spread`` (rank r on node r mod N, as many nodes as packed needs),
+  ``random`` (a seeded shuffle of packed), or an explicit list of node indices, one per worker.
+
+What this version does not model yet, and refuses by name where a design asks for it: leaf
+uplinks slower than their NIC ports (``oversubscription`` above 1), hierarchical algorithms
+(``algorithm = "hierarchical"``), and loss inside the fabric (only the NIC links lose packets).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from emu.emulator.links import LinkSpec
+from emu.errors import ConfigError
+
+DEFAULT_WORKERS_PER_NODE = 8
+DEFAULT_LEAF_PORTS = 32  # the P4 program's port limit (docs/p4.md)
+DEFAULT_INTRA = LinkSpec(bandwidth_bps=900e9 * 8, latency_us=1.0)  # NVLink-class: 900 GB/s a GPU, 1 us
+MAX_NODES = 1 << 16
+
+
+class Placement(enum.Enum):
+    PACKED = "packed"
+    SPREAD = "spread"
+    RANDOM = "random"
+    LIST = "list"
+
+
+class Algorithm(enum.Enum):
+    """Which algorithm a fabric runs where it has both: flat (today's) or hierarchical."""
+
+    FLAT = "flat"
+    HIERARCHICAL = "hierarchical"
+
+
+@dataclass(frozen=True)
+class Topology:
+    workers_per_node: int = DEFAULT_WORKERS_PER_NODE
+    nics_per_node: int = 1
+    intra: LinkSpec = field(default_factory=lambda: DEFAULT_INTRA)
+    leaf_ports: int = DEFAULT_LEAF_PORTS
+    oversubscription: float = 1.0
+    """A leaf's NIC ports' capacity over its uplinks' (1: non-blocking)."""
+    placement: Placement = Placement.PACKED
+    nodes: tuple[int, ...] = ()
+    """The node of each worker, for ``Placement.LIST``."""
+    algorithm: Algorithm = Algorithm.FLAT
+    spine_latency_us: float | None = None
+    """One leaf-spine hop; None: the NIC link's latency."""
+
+    def check(self, workers: int) -> None:
+        """Refuse, naming the key and the fix, what cannot be built or is not modelled yet."""
+        g, n = self.workers_per_node, self.nics_per_node
+        if not 1 <= g <= 1024:
+            raise ConfigError(f"topology.workers_per_node = {g}: give 1 to 1024 workers (GPUs) per node")
+        if not 1 <= n <= g:
+            raise ConfigError(f"topology.nics_per_node = {n}: give 1 to workers_per_node ({g}) NICs per node")
+        if not n <= self.leaf_ports <= 4096:
+            raise ConfigError(f"topology.leaf_ports = {self.leaf_ports}: give at least nics_per_node ({n}) and at "
+                              "most 4096 ports per leaf (a node's NICs share a leaf)")
+        if not (math.isfinite(self.oversubscription) and self.oversubscription >= 1):
+            raise ConfigError(f"topology.oversubscription = {self.oversubscription:g}: give 1 (non-blocking) or "
+                              "more (2 for 2:1)")
+        if self.oversubscription != 1:
+            raise ConfigError(f"topology.oversubscription = {self.oversubscription:g}: leaf uplinks slower than "
+                              "their NIC ports are not modelled yet (docs/topology.md, 'Not yet'); give 1")
+        if self.algorithm != Algorithm.FLAT:
+            raise ConfigError(f'topology.algorithm = "{self.algorithm.value}": the hierarchical algorithms are not '
+                              'built yet (docs/topology.md, \'Not yet\'); give "flat"')
+        if self.intra.loss or self.intra.jitter_us or self.intra.schedule:
+            raise ConfigError("the intra-node link takes a bandwidth and a latency only")
+        if self.spine_latency_us is not None and not 0 <= self.spine_latency_us <= 86400e6:
+            raise ConfigError(f"topology.spine_latency = {self.spine_latency_us:g} us: give 0 to a day")
+        if self.placement == Placement.LIST:
+            if len(self.nodes) != workers:
+                raise ConfigError(f"topology.placement lists {len(self.nodes)} nodes for {workers} workers: give "
+                                  "one node index per worker")
+            if min(self.nodes, default=0) < 0 or max(self.nodes, default=0) >= MAX_NODES:
+                raise ConfigError(f"topology.placement: node indices go from 0 to {MAX_NODES - 1}")
+            full = np.bincount(np.asarray(self.nodes, np.int64))
+            if full.max(initial=0) > g:
+                node = int(full.argmax())
+                raise ConfigError(f"topology.placement puts {int(full.max())} workers on node {node}, which has "
+                                  f"{g} (workers_per_node): move some, or raise workers_per_node")
+        elif -(-workers // g) > MAX_NODES:
+            raise ConfigError(f"{workers} workers at {g} a node are more than {MAX_NODES} nodes")
+
+    def layout(self, workers: int, seed: int = 0) -> Layout:
+        """Where each of ``workers`` workers sits (``check`` first)."""
+        g, n = self.workers_per_node, self.nics_per_node
+        w = np.arange(workers, dtype=np.int64)
+        nodes = -(-workers // g)
+        if self.placement == Placement.PACKED:
+            node = w // g
+        elif self.placement == Placement.SPREAD:
+            node = w % nodes
+        elif self.placement == Placement.RANDOM:
+            slots = np.random.default_rng(seed + 0x70F0).permutation(nodes * g)[:workers]
+            node = slots // g
+        else:
+            node = np.asarray(self.nodes, np.int64)
+        # a worker's place in its node (by rank), which picks its NIC
+        order = np.lexsort((w, node))
+        place = np.empty(workers, np.int64)
+        starts = np.r_[0, np.flatnonzero(np.diff(node[order])) + 1]
+        counts = np.diff(np.r_[starts, workers])
+        place[order] = np.arange(workers) - np.repeat(starts, counts)
+        nic = node * n + place % n
+        per_leaf = max(1, self.leaf_ports // n)  # nodes a leaf holds
+        leaf = node // per_leaf
+        return Layout(node=node, nic=nic, leaf=leaf, leaves=int(leaf.max(initial=0)) + 1)
+
+    def label(self) -> str:
+        place = self.placement.value
+        return (f"{self.workers_per_node}/node, {self.nics_per_node} NIC{'s' if self.nics_per_node > 1 else ''}, "
+                f"{place}")
+
+    def to_dict(self, link: LinkSpec) -> dict:
+        """As the report records it (docs/design.md, ``config.design.topology``)."""
+        return {"workers_per_node": self.workers_per_node, "nics_per_node": self.nics_per_node,
+                "intra_node_bandwidth_bps": self.intra.bandwidth_bps, "intra_node_latency_us": self.intra.latency_us,
+                "leaf_ports": self.leaf_ports, "oversubscription": self.oversubscription,
+                "placement": list(self.nodes) if self.placement == Placement.LIST else self.placement.value,
+                "algorithm": self.algorithm.value, "spine_latency_us": self.spine_latency(link)}
+
+    def spine_latency(self, link: LinkSpec) -> float:
+        return link.latency_us if self.spine_latency_us is None else self.spine_latency_us
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Per worker: its node, its NIC (a global number, ``node * nics_per_node + i``) and its leaf."""
+
+    node: np.ndarray
+    nic: np.ndarray
+    leaf: np.ndarray
+    leaves: int
+
+    @property
+    def workers(self) -> int:
+        return len(self.node)
+
+    def busiest_nic(self) -> int:
+        """The most workers that share one NIC."""
+        return int(np.bincount(self.nic).max(initial=0))

@@ -1,0 +1,79 @@
+"""Closed forms of the flat algorithms on a topology (docs/physics.md, "On a topology").
+
+A topology changes two things for a flat algorithm: which links its bytes queue on, and how far
+they travel. The forms below fold both into the one-switch formulas of ``emu.emulator.physics``
+as an *effective link*: the bandwidth of the busiest link divided among the flows that share it,
+and the latency of the longest path (a spine hop each way between leaves).
+
+- **INA** (every worker's stream crosses its NIC): a NIC shared by ``k`` workers carries ``k``
+  streams, so each goes at ``B / k``; with several leaves the spine aggregates, a hop further
+  each way.
+- **Ring** (worker w sends to w + 1): a hop inside a node crosses the node's own ports; a hop
+  between nodes crosses the sender's NIC up and the receiver's down. The ring runs at the pace of
+  its slowest hop: ``B / k`` where ``k`` is the most inter-node hops that share one NIC (one per
+  node when the ranks are packed, ``G`` when they are spread), or, when every hop stays inside a
+  node, the intra-node link (its latency once per hop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from emu.emulator.links import LinkSpec
+from emu.emulator.physics import _Segments, ina_detail_us
+from emu.emulator.topology import Layout, Topology
+
+
+def ina_link(link: LinkSpec, topology: Topology, layout: Layout) -> LinkSpec:
+    """The link a worker's stream sees: its NIC's bandwidth shared by the NIC's workers, and the
+    spine's hop each way where there are several leaves."""
+    k = layout.busiest_nic()
+    spine = topology.spine_latency(link) if layout.leaves > 1 else 0.0
+    return replace(link, bandwidth_bps=link.bandwidth_bps / k, latency_us=link.latency_us + spine, schedule=())
+
+
+def topology_ina_us(count: int, link: LinkSpec, topology: Topology, layout: Layout, elements: int = 64,
+                    slots: int = 4096) -> float:
+    """A flat INA all_reduce of ``count`` float elements on the topology (no loss)."""
+    return ina_detail_us(count, ina_link(link, topology, layout), elements, slots)
+
+
+def topology_ring_us(count: int, itemsize: int, link: LinkSpec, topology: Topology, layout: Layout,
+                     steps: int | None = None, payload_scale: int = 1) -> float:
+    """A flat ring all_reduce (``steps`` 2 (M - 1)) of ``count`` elements on the topology (no loss).
+
+    ``physics.ring_pipelined_us`` with hops of their own kinds: each chunk travels ``K`` hops in a
+    chain, so where every step waits for its first segment the time is the longest chain of ``K``
+    consecutive hops, each its segment's serialization and its latency ``s_i + h_i``, plus the
+    other ``g - 1`` segments at the slowest hop; where the steps pipeline, the slowest hop carries
+    all ``K g`` segments. A hop between nodes serializes the segments of all ``k`` hops on its NIC
+    (``B / k``); a hop inside a node crosses the node's ports (its latency once)."""
+    m = layout.workers
+    k_steps = 2 * (m - 1) if steps is None else steps
+    if m < 2:
+        return 0.0
+    src = np.arange(m)
+    dst = (src + 1) % m
+    inter = layout.node[src] != layout.node[dst]
+    out = np.bincount(layout.nic[src[inter]], minlength=int(layout.nic.max()) + 1)
+    into = np.bincount(layout.nic[dst[inter]], minlength=int(layout.nic.max()) + 1)
+    spine = topology.spine_latency(link)
+    intra = LinkSpec(bandwidth_bps=topology.intra.bandwidth_bps, latency_us=topology.intra.latency_us / 2)
+    s, h = np.empty(m), np.empty(m)
+    g = 1
+    for w in range(m):
+        if inter[w]:
+            k = max(out[layout.nic[w]], into[layout.nic[dst[w]]])
+            hop = replace(link, bandwidth_bps=link.bandwidth_bps / k, schedule=(),
+                          latency_us=link.latency_us + (spine if layout.leaf[w] != layout.leaf[dst[w]] else 0.0))
+        else:
+            hop = intra
+        seg = _Segments(count, itemsize, m, hop, 0.0, payload_scale)
+        g, s[w], h[w] = seg.g, seg.s, seg.h
+    cost = np.tile(s + h, -(-k_steps // m) + 1)
+    window = np.cumsum(cost)
+    chains = window[k_steps - 1: k_steps - 1 + m] - np.r_[0.0, window[: m - 1]]
+    slow = int(np.argmax(s))
+    return float(max(chains.max() + (g - 1) * s[slow], k_steps * g * s[slow] + h[slow]))

@@ -1,0 +1,112 @@
+"""Replays on a topology (docs/topology.md): real traffic through shared NICs, node-internal
+ports and a spine, checked against the closed forms of docs/physics.md ('On a topology')."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from emu.cli import cli
+from emu.emulator.links import LinkSpec
+from emu.emulator.topology import Placement, Topology
+from emu.emulator.topology_physics import topology_ina_us, topology_ring_us
+from emu.errors import ConfigError
+from emu.replay import ReplayConfig, replay
+from emu.study.predict import predict
+from emu.traces.model import CollKind
+from emu.traces.synthetic import single_collective
+
+LINK = LinkSpec(bandwidth_bps=100e9, latency_us=5.0)
+M = 8
+
+
+def _time(fabric: str, count: int, topo: Topology | None) -> tuple[float, float, ReplayConfig, object]:
+    trace = single_collective(CollKind.ALL_REDUCE, count)
+    config = ReplayConfig(workers=M, fabric=fabric, link=LINK, topology=topo)
+    report = replay(trace, config)
+    assert report.verification.ok and report.emulator.trustworthy
+    lay = config.layout()
+    if fabric == "ring":
+        formula = topology_ring_us(count, 4, LINK, topo, lay, payload_scale=report.emulator.payload_scale)
+    else:
+        formula = topology_ina_us(count, LINK, topo, lay, config.elements, config.emulated_slots)
+    return report.iterations[0].emulated_us, formula, config, report
+
+
+@pytest.mark.parametrize("topo", [
+    Topology(workers_per_node=4),  # packed: one ring hop a NIC, the rest inside nodes
+    Topology(workers_per_node=4, placement=Placement.SPREAD),  # every hop between nodes: 4 a NIC
+    Topology(workers_per_node=4, nics_per_node=2, placement=Placement.SPREAD),  # 2 a NIC
+    Topology(workers_per_node=2, leaf_ports=1, placement=Placement.RANDOM),  # 4 leaves and a spine
+    Topology(workers_per_node=8),  # one node: the ring never leaves it
+], ids=["packed", "spread", "spread-2nics", "random-4leaves", "one-node"])
+def test_a_ring_on_a_topology_meets_its_formula(topo: Topology, no_children) -> None:
+    emulated, formula, _, _ = _time("ring", 1 << 24, topo)
+    assert emulated == pytest.approx(formula, rel=0.02)
+
+
+@pytest.mark.parametrize("topo", [
+    Topology(workers_per_node=4),  # four streams share each NIC
+    Topology(workers_per_node=2, leaf_ports=1),  # two a NIC, and the spine aggregates
+], ids=["4-a-nic", "spine"])
+def test_ina_on_a_topology_meets_its_formula(topo: Topology, no_children) -> None:
+    emulated, formula, _, _ = _time("ina", 1 << 22, topo)
+    assert emulated == pytest.approx(formula, rel=0.02)
+
+
+def test_one_worker_a_node_is_the_one_switch(no_children) -> None:
+    """Nodes of one worker on one leaf are exactly today's network: the same times."""
+    for fabric in ("ina", "ring"):
+        flat = replay(single_collective(CollKind.ALL_REDUCE, 1 << 18), ReplayConfig(workers=M, fabric=fabric, link=LINK))
+        noded, _, _, _ = _time(fabric, 1 << 18, Topology(workers_per_node=1))
+        assert noded == flat.iterations[0].emulated_us
+
+
+def test_packing_keeps_the_ring_off_the_nics(no_children) -> None:
+    """Packed, only the hops between nodes cross NICs: a quarter of the flat ring's bytes there,
+    and spread, every hop and four times the load on each NIC."""
+    _, _, _, packed = _time("ring", 1 << 20, Topology(workers_per_node=4))
+    _, _, _, spread = _time("ring", 1 << 20, Topology(workers_per_node=4, placement=Placement.SPREAD))
+    flat = replay(single_collective(CollKind.ALL_REDUCE, 1 << 20), ReplayConfig(workers=M, fabric="ring", link=LINK))
+    assert packed.summary.bytes_sent == pytest.approx(flat.summary.bytes_sent / 4, rel=1e-6)
+    assert spread.summary.bytes_sent == pytest.approx(flat.summary.bytes_sent, rel=1e-6)
+    assert spread.iterations[0].emulated_us > 3 * packed.iterations[0].emulated_us
+
+
+def test_a_shipped_trace_replays_on_every_fabric(no_children) -> None:
+    from emu.traces import load_trace, sample_path
+
+    trace = load_trace(sample_path("mlp"))
+    topo = Topology(workers_per_node=4, leaf_ports=2, placement=Placement.SPREAD)
+    for fabric in ("ina", "ring", "ps"):
+        report = replay(trace, ReplayConfig(workers=16, fabric=fabric, link=LINK, topology=topo, iters=2))
+        assert report.verification.ok and report.emulator.trustworthy, fabric
+        assert report.config["design"]["topology"]["placement"] == "spread"
+
+
+def test_predict_refuses_a_topology() -> None:
+    trace = single_collective(CollKind.ALL_REDUCE, 1 << 10)
+    with pytest.raises(ConfigError, match="one switch with one port per worker"):
+        predict(trace, ReplayConfig(workers=M, topology=Topology(workers_per_node=4)))
+
+
+def test_cli_flags_and_design_file(tmp_path, no_children) -> None:
+    runner = CliRunner()
+    res = runner.invoke(cli, ["replay", "mlp", "--workers", "8", "--fabric", "ring", "--iters", "1",
+                              "--workers-per-node", "4", "--placement", "1,0,1,0,1,0,1,0", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["config"]["design"]["topology"]["placement"] == [1, 0, 1, 0, 1, 0, 1, 0]
+    design = tmp_path / "nodes.toml"
+    design.write_text('fabric = "ina"\n[topology]\nworkers_per_node = 4\nplacement = "spread"\n')
+    res = runner.invoke(cli, ["replay", "mlp", "--workers", "8", "--iters", "1", "--network", str(design),
+                              "--placement", "packed", "--json"])
+    assert res.exit_code == 0, res.output
+    topo = json.loads(res.stdout)["config"]["design"]["topology"]
+    assert (topo["workers_per_node"], topo["placement"]) == (4, "packed")  # the typed flag wins
+    res = runner.invoke(cli, ["replay", "mlp", "--workers", "8", "--oversubscription", "2"])
+    assert res.exit_code == 2 and "not modelled yet" in res.output
+    res = runner.invoke(cli, ["replay", "mlp", "--workers", "8", "--placement", "sideways"])
+    assert res.exit_code == 2 and "--placement" in res.output

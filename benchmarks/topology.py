@@ -1,12 +1,15 @@
-"""A job on nodes (docs/topology.md): the same trace, flat and on nodes of 8 workers, packed and
-spread, with one NIC a node and one a worker, on ina and ring; each replay's emulated iteration
-against the closed form of its all_reduces (docs/physics.md, "On a topology"), and the wall time.
+"""A job on nodes (docs/topology.md), two tables.
 
-    .venv/bin/python benchmarks/topology.py [--trace mlp] [--workers 32] [--fabrics ina,ring]
-        [--bandwidth 100] [--iters 2]
+1. The same trace flat and on nodes of 8 workers: packed and spread, with one NIC a node and one
+   a worker, on ina and ring.
+2. ``--oversubscribed`` workers on nodes of 8 with a NIC a worker, 16-port leaves (two nodes a
+   leaf), packed and spread, at oversubscription 1:1, 2:1 and 4:1.
 
-Prints a markdown table: the placement, the median emulated iteration, its exposed
-communication, the bytes on the NICs, and the wall time.
+    .venv/bin/python benchmarks/topology.py [--trace mlp] [--workers 32] [--oversubscribed 64]
+        [--fabrics ina,ring] [--bandwidth 100] [--iters 2]
+
+Each row: the shape, the median emulated iteration, its exposed communication, the bytes on
+the network's links (NICs and leaf-spine links) and the wall time.
 """
 
 from __future__ import annotations
@@ -37,24 +40,35 @@ def main() -> None:
     parser.add_argument("--fabrics", default="ina,ring")
     parser.add_argument("--bandwidth", type=float, default=100.0, help="Gb/s of each NIC")
     parser.add_argument("--iters", type=int, default=2)
+    parser.add_argument("--oversubscribed", type=int, default=64, help="workers of the second table (0: skip it)")
     args = parser.parse_args()
     path = args.trace if os.path.exists(args.trace) else sample_path(args.trace)
     trace = load_trace(path)
     link = LinkSpec(bandwidth_bps=args.bandwidth * 1e9, latency_us=5.0)
     print(f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
           f"{args.trace} at {args.workers} workers, {args.bandwidth:g} Gb/s NICs, 5 us, {args.iters} iterations\n")
-    print("| fabric | shape | iteration (median) | exposed comm | bytes on NICs | wall |")
+    fabrics = args.fabrics.split(",")
+    _table(trace, link, args.workers, args.iters, [(f, label, topo) for f in fabrics for label, topo in SHAPES])
+    if args.oversubscribed:
+        print(f"\n{args.oversubscribed} workers, 8 a node with a NIC each, 16-port leaves (two nodes a leaf):\n")
+        rows = [(f, f"{place.value}, {r}:1", Topology(workers_per_node=8, nics_per_node=8, leaf_ports=16,
+                                                          oversubscription=r, placement=place))
+                for f in fabrics for place in (Placement.PACKED, Placement.SPREAD) for r in (1, 2, 4)]
+        _table(trace, link, args.oversubscribed, args.iters, rows)
+
+
+def _table(trace, link: LinkSpec, workers: int, iters: int, rows: list[tuple[str, str, Topology | None]]) -> None:
+    print("| fabric | shape | iteration (median) | exposed comm | bytes on the links | wall |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
-    for fabric in args.fabrics.split(","):
-        for label, topo in SHAPES:
-            config = ReplayConfig(workers=args.workers, fabric=fabric, link=link, topology=topo, iters=args.iters)
-            t0 = time.monotonic()
-            report = replay(trace, config)
-            wall = time.monotonic() - t0
-            assert report.verification.ok and report.emulator.trustworthy
-            exposed = sorted(it.exposed_comm_us for it in report.iterations)[len(report.iterations) // 2]
-            print(f"| {fabric} | {label} | {report.summary.iteration_us_median / 1e3:.2f} ms | "
-                  f"{exposed / 1e3:.2f} ms | {report.summary.bytes_sent / 1e9:.2f} GB | {wall:.1f} s |", flush=True)
+    for fabric, label, topo in rows:
+        config = ReplayConfig(workers=workers, fabric=fabric, link=link, topology=topo, iters=iters)
+        t0 = time.monotonic()
+        report = replay(trace, config)
+        wall = time.monotonic() - t0
+        assert report.verification.ok and report.emulator.trustworthy
+        exposed = sorted(it.exposed_comm_us for it in report.iterations)[len(report.iterations) // 2]
+        print(f"| {fabric} | {label} | {report.summary.iteration_us_median / 1e3:.2f} ms | "
+              f"{exposed / 1e3:.2f} ms | {report.summary.bytes_sent / 1e9:.2f} GB | {wall:.1f} s |", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,16 +11,16 @@ A ``Topology`` says what the cluster is made of; ``Topology.layout(M)`` places M
   node taking NIC ``i mod nics_per_node``: everything a worker sends to or receives from another
   node crosses its NIC, queued behind what the NIC's other workers send.
 - **Leaves** of ``leaf_ports`` NIC ports each, filled node by node (a node's NICs share a leaf).
-  With more than one leaf a spine joins them, non-blocking, at ``spine_latency_us`` per hop:
-  traffic between leaves, and every contribution of an in-network aggregation (which the spine
-  aggregates once there are several leaves), takes one hop up and one down.
+  With more than one leaf a non-blocking spine joins them: each leaf has a link to it each way of
+  ``leaf_ports x B / oversubscription`` and ``spine_latency_us``. Traffic between leaves, and
+  every contribution of an in-network aggregation (which the spine aggregates once there are
+  several leaves), queues on its leaf's link up and the far leaf's link down.
 - **Placement**: which node each worker (rank) sits on: ``packed`` (ranks 0..G-1 on node 0, the
   next G on node 1, ...), ``spread`` (rank r on node r mod N, as many nodes as packed needs),
   ``random`` (a seeded shuffle of packed), or an explicit list of node indices, one per worker.
 
-What this version does not model yet, and refuses by name where a design asks for it: leaf
-uplinks slower than their NIC ports (``oversubscription`` above 1), hierarchical algorithms
-(``algorithm = "hierarchical"``), and loss inside the fabric (only the NIC links lose packets).
+What this version does not model yet, and refuses by name where a design asks for it:
+hierarchical algorithms (``algorithm = "hierarchical"``). Loss and jitter stay on the NIC links.
 """
 
 from __future__ import annotations
@@ -82,9 +82,6 @@ class Topology:
         if not (math.isfinite(self.oversubscription) and self.oversubscription >= 1):
             raise ConfigError(f"topology.oversubscription = {self.oversubscription:g}: give 1 (non-blocking) or "
                               "more (2 for 2:1)")
-        if self.oversubscription != 1:
-            raise ConfigError(f"topology.oversubscription = {self.oversubscription:g}: leaf uplinks slower than "
-                              "their NIC ports are not modelled yet (docs/topology.md, 'Not yet'); give 1")
         if self.algorithm != Algorithm.FLAT:
             raise ConfigError(f'topology.algorithm = "{self.algorithm.value}": the hierarchical algorithms are not '
                               'built yet (docs/topology.md, \'Not yet\'); give "flat"')
@@ -143,6 +140,10 @@ class Topology:
                 "leaf_ports": self.leaf_ports, "oversubscription": self.oversubscription,
                 "placement": list(self.nodes) if self.placement == Placement.LIST else self.placement.value,
                 "algorithm": self.algorithm.value, "spine_latency_us": self.spine_latency(link)}
+
+    def uplink_bps(self, link: LinkSpec) -> float:
+        """A leaf's links to the spine, each way: its NIC ports' capacity over the oversubscription."""
+        return self.leaf_ports * link.bandwidth_bps / self.oversubscription
 
     def spine_latency(self, link: LinkSpec) -> float:
         return link.latency_us if self.spine_latency_us is None else self.spine_latency_us

@@ -27,10 +27,14 @@ from emu.emulator.topology import Layout, Topology
 
 
 def ina_link(link: LinkSpec, topology: Topology, layout: Layout) -> LinkSpec:
-    """The link a worker's stream sees: its NIC's bandwidth shared by the NIC's workers, and the
-    spine's hop each way where there are several leaves."""
-    k = layout.busiest_nic()
-    spine = topology.spine_latency(link) if layout.leaves > 1 else 0.0
+    """The link a worker's stream sees: its NIC's bandwidth shared by the NIC's workers; where
+    there are several leaves, the spine's hop each way, and its leaf's uplink shared by all the
+    leaf's workers (their results come down once a leaf)."""
+    k = float(layout.busiest_nic())
+    spine = 0.0
+    if layout.leaves > 1:
+        spine = topology.spine_latency(link)
+        k = max(k, float(np.bincount(layout.leaf).max()) * link.bandwidth_bps / topology.uplink_bps(link))
     return replace(link, bandwidth_bps=link.bandwidth_bps / k, latency_us=link.latency_us + spine, schedule=())
 
 
@@ -59,15 +63,21 @@ def topology_ring_us(count: int, itemsize: int, link: LinkSpec, topology: Topolo
     inter = layout.node[src] != layout.node[dst]
     out = np.bincount(layout.nic[src[inter]], minlength=int(layout.nic.max()) + 1)
     into = np.bincount(layout.nic[dst[inter]], minlength=int(layout.nic.max()) + 1)
+    between = layout.leaf[src] != layout.leaf[dst]  # hops through the spine: their leaves' links
+    leaf_out = np.bincount(layout.leaf[src[between]], minlength=layout.leaves)
+    leaf_in = np.bincount(layout.leaf[dst[between]], minlength=layout.leaves)
+    per_port = link.bandwidth_bps / topology.uplink_bps(link)  # a leaf link's share, in NIC links
     spine = topology.spine_latency(link)
     intra = LinkSpec(bandwidth_bps=topology.intra.bandwidth_bps, latency_us=topology.intra.latency_us / 2)
     s, h = np.empty(m), np.empty(m)
     g = 1
     for w in range(m):
         if inter[w]:
-            k = max(out[layout.nic[w]], into[layout.nic[dst[w]]])
+            k = float(max(out[layout.nic[w]], into[layout.nic[dst[w]]]))
+            if between[w]:
+                k = max(k, max(leaf_out[layout.leaf[w]], leaf_in[layout.leaf[dst[w]]]) * per_port)
             hop = replace(link, bandwidth_bps=link.bandwidth_bps / k, schedule=(),
-                          latency_us=link.latency_us + (spine if layout.leaf[w] != layout.leaf[dst[w]] else 0.0))
+                          latency_us=link.latency_us + (spine if between[w] else 0.0))
         else:
             hop = intra
         seg = _Segments(count, itemsize, m, hop, 0.0, payload_scale)

@@ -356,10 +356,15 @@ class ReplayConfig:
         replay has point-to-point traffic and nodes of several workers)."""
         peak = self.link.peak_bps
         least = self.link.latency_us + (0.0 if math.isinf(peak) else MIN_WIRE_BYTES * 8e6 / peak)
-        if self.topology is not None and self.topology.workers_per_node > 1 and inside_nodes:
-            intra = self.topology.intra
+        topo = self.topology
+        if topo is not None and topo.workers_per_node > 1 and inside_nodes:
+            intra = topo.intra
             least = min(least, intra.latency_us + (0.0 if math.isinf(intra.bandwidth_bps)
                                                    else MIN_WIRE_BYTES * 8e6 / intra.bandwidth_bps))
+        layout = self.layout()
+        if topo is not None and layout is not None and layout.leaves > 1:  # a leaf's hop to the spine
+            up = topo.uplink_bps(self.link)
+            least = min(least, topo.spine_latency(self.link) + (0.0 if math.isinf(up) else MIN_WIRE_BYTES * 8e6 / up))
         return least
 
     def layout(self) -> Layout | None:

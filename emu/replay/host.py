@@ -148,7 +148,9 @@ class Host:
     def next_us(self) -> float:
         """The earliest emulated time at which something is left to do here (inf: nothing)."""
         self.ina.pump()
-        return min(self.heap[0][0] if self.heap else math.inf, self.ina.next_us(), self.p2p.next_us())
+        leaves = self.wiring.leaves
+        return min(self.heap[0][0] if self.heap else math.inf, self.ina.next_us(), self.p2p.next_us(),
+                   leaves.next_us() if leaves is not None else math.inf)
 
     # -- collectives ------------------------------------------------------------------
     def _start_coll(self, worker: FakeWorker, run: CollRun) -> None:
@@ -193,10 +195,10 @@ class Host:
         return self.ina.take_outgoing(), self.p2p.take_outgoing()
 
     def receive_results(self, batch: AggBatch) -> None:
-        self.ina.receive(batch)
+        self.ina.arrive(batch)
 
     def receive_segment(self, seg: Segment) -> None:
-        self.p2p.receive(seg)
+        self.p2p.arrive(seg)
 
     def _downlinks(self, bound: float, inclusive: bool, now: float | None) -> None:
         """Hand every result and segment due before the bound to its downlink, per link in stamp order."""
@@ -209,22 +211,25 @@ class Host:
             for seg, inside in segs:
                 self.p2p.on_segment(seg, inside)
             return
-        batch, verify = results
+        batch, verify, tags = results
         done = 0
         for seg, inside in segs:  # a worker's results and segments share its downlink: in time order
             upto = int(np.searchsorted(batch.stamps[:, 0], seg.first_us, side="right"))
             if upto > done:
-                self.ina.on_results(batch.take(slice(done, upto)), verify[done:upto])
+                self.ina.on_results(batch.take(slice(done, upto)), verify[done:upto], tags[done:upto])
                 done = upto
             self.p2p.on_segment(seg, inside)
         if done < len(verify):
-            self.ina.on_results(batch.take(slice(done, None)), verify[done:])
+            self.ina.on_results(batch.take(slice(done, None)), verify[done:], tags[done:])
 
     # -- a window -----------------------------------------------------------------------
     def advance(self, bound: float, inclusive: bool = False, now: float | None = None) -> None:
         """Handle everything due before ``bound`` (or at it, when ``inclusive``): downlinks, then
         local events in order, then uplinks (module docstring). ``now``: the wall clock's
         emulated time, to measure lag (the wall clock only)."""
+        leaves = self.wiring.leaves
+        if leaves is not None:  # from the spine down the leaves' links, on to the NICs' downlinks later
+            leaves.advance(1, bound, inclusive, self.p2p.receive, self.ina.receive)
         self._downlinks(bound, inclusive, now)
         lags = []
         heap = self.heap
@@ -242,6 +247,8 @@ class Host:
             self.lag.add_many(np.asarray(lags))
         self.ina.pump()
         self._uplinks(bound, inclusive)
+        if leaves is not None:  # what the NICs delivered to the leaves before, on up to the spine
+            leaves.advance(0, bound, inclusive, self.p2p.outgoing.append, lambda b, _: self.ina.outgoing.append(b))
         self._advances += 1
         if self._advances % _STALL_EVERY == 0:
             self._check_progress()
@@ -276,7 +283,8 @@ class Host:
             for w, fw in self.workers.items()}
         ina = self.ina.counters
         return HostResult(
-            host=self.setup.index, workers=workers, bytes_sent=ina.bytes_sent + self.p2p.bytes_sent, lost=ina.lost,
+            host=self.setup.index, workers=workers, lost=ina.lost,
+            bytes_sent=ina.bytes_sent + self.p2p.bytes_sent + (self.wiring.leaves.bytes_sent if self.wiring.leaves else 0),
             packets_lost=ina.packets_lost + sum(a.resent_packets for a in self.wiring.all_links()),
             retransmissions=self.ina.group.retransmissions, fallbacks=dict(self.counters.fallbacks),
             reordered=sum(a.reordered for a in self.wiring.all_links()),

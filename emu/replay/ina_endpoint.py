@@ -63,9 +63,12 @@ class InaEndpoint:
                  completed: Callable[[int, CollRun, float], None], recorded: RecordedPayload | None = None) -> None:
         self.cfg, self.up, self.down, self.index = cfg, wiring.up, wiring.down, index
         # each local worker's link (its NIC's, shared with the node's other workers on a topology),
-        # and the spine's hop each way where the spine aggregates (emu.replay.wiring)
+        # and, with several leaves, each one's leaf, whose links to the spine (which aggregates)
+        # every contribution and result crosses (emu.replay.wiring, emu.replay.leaves)
         self.link = wiring.local_link
-        self.spine_us = wiring.ina_spine_us
+        self.leaves = wiring.leaves
+        self.leaf = (wiring.layout.leaf[workers] if wiring.layout is not None and self.leaves is not None
+                     else np.zeros(len(workers), np.int64))
         self.k = cfg.elements
         self.timer, self.completed = timer, completed
         params = InaParams(slots=cfg.real_slots, elements=self.k, workers=cfg.workers, job=0, seed=cfg.seed,
@@ -166,7 +169,7 @@ class InaEndpoint:
         wire_bytes = sizes * packets
         sent = self.up.transmit(self.link[pk.local], pk.send_us, wire_bytes, packets=packets,
                                 lossy=self.scaled is None)
-        arrival = np.stack([sent.first_us, sent.last_us], axis=1) + self.spine_us
+        arrival = np.stack([sent.first_us, sent.last_us], axis=1)
         self.counters.bytes_sent += float(np.rint(wire_bytes).sum())  # whole bytes: exact in any order
         lost = sent.lost
         if lost.any():
@@ -177,7 +180,11 @@ class InaEndpoint:
                 self.timer(float(at) + self.cfg.timeout_rto_us, int(local), int(slot), float(n))
         keep = ~lost
         if keep.any():
-            self.outgoing.append(AggBatch(pk.headers[keep], pk.payload[keep], arrival[keep], pk.sparse[keep]))
+            batch = AggBatch(pk.headers[keep], pk.payload[keep], arrival[keep], pk.sparse[keep])
+            if self.leaves is not None:  # up the leaf's link to the aggregating spine
+                self.leaves.batch(0, self.leaf[pk.local[keep]], batch, wire_bytes[keep], packets[keep])
+            else:
+                self.outgoing.append(batch)
 
     def take_outgoing(self) -> AggBatch | None:
         """What the uplinks delivered since the last call, as one batch for the switch."""
@@ -188,41 +195,63 @@ class InaEndpoint:
         return batch
 
     # -- downlinks ----------------------------------------------------------------------
-    def receive(self, batch: AggBatch) -> None:
-        """Results from the switch, kept until the clock reaches their stamps."""
+    def arrive(self, batch: AggBatch) -> None:
+        """Results from the switch: with several leaves, down each leaf's link from the spine first
+        (a multicast result once a leaf this host holds, a unicast one to its worker's leaf)."""
+        if self.leaves is None or not len(batch.headers):
+            self.receive(batch)
+            return
+        dest = batch.headers["worker"].astype(np.int64)
+        mine = np.unique(self.leaf)
+        multi = np.flatnonzero(dest == MULTICAST)
+        uni = np.flatnonzero((dest != MULTICAST) & np.isin(dest, self.group.wids))
+        at = np.concatenate([np.repeat(multi, len(mine)), uni])
+        if not len(at):
+            return
+        tags = np.concatenate([np.tile(mine, len(multi)),
+                               self.leaf[[self.index[int(d)] for d in dest[uni]]] if len(uni) else np.zeros(0, np.int64)])
+        copy = batch.take(at)
+        assert copy.sparse is not None
+        per, _ = self.group.emu_packets_of(copy.headers, copy.sparse)
+        self.leaves.batch(1, tags, copy, _wire_sizes(copy.headers, self.k) * per, per, tags)
+
+    def receive(self, batch: AggBatch, leaves: np.ndarray | None = None) -> None:
+        """Results, kept until the clock reaches their stamps; ``leaves``: per row, the leaf whose
+        workers it is for (None: every worker here)."""
         if not len(batch.headers):
             return
-        if self.spine_us:  # down from the aggregating spine to this leaf
-            batch = AggBatch(batch.headers, batch.payload, batch.stamps + self.spine_us, batch.sparse)
         order = np.lexsort((batch.headers["chunk"], batch.stamps[:, 0]))
         batch = batch.take(order)
+        tags = np.full(len(order), -1, np.int64) if leaves is None else np.asarray(leaves, np.int64)[order]
         self._parts += 1
         heapq.heappush(self.down_heap, (float(batch.stamps[0, 0]), self._parts, batch,
-                                        np.full(len(order), -1, np.int64)))
+                                        np.full(len(order), -1, np.int64), tags))
 
-    def due_down(self, bound: float, inclusive: bool) -> tuple[AggBatch, np.ndarray] | None:
-        """Every result due before the bound, in stamp order, with its verification state."""
-        parts: list[tuple[AggBatch, np.ndarray]] = []
+    def due_down(self, bound: float, inclusive: bool) -> tuple[AggBatch, np.ndarray, np.ndarray] | None:
+        """Every result due before the bound, in stamp order, with its verification state and leaf."""
+        parts: list[tuple[AggBatch, np.ndarray, np.ndarray]] = []
         while self.down_heap and (self.down_heap[0][0] <= bound if inclusive else self.down_heap[0][0] < bound):
-            _, _, batch, verify = heapq.heappop(self.down_heap)
+            _, _, batch, verify, tags = heapq.heappop(self.down_heap)
             now = due(batch.stamps[:, 0], bound, inclusive)
             if not now.all():
                 rest = ~now
                 self._parts += 1
                 heapq.heappush(self.down_heap, (float(batch.stamps[rest, 0].min()), self._parts,
-                                                batch.take(rest), verify[rest]))
-                batch, verify = batch.take(now), verify[now]
-            parts.append((batch, verify))
+                                                batch.take(rest), verify[rest], tags[rest]))
+                batch, verify, tags = batch.take(now), verify[now], tags[now]
+            parts.append((batch, verify, tags))
         if not parts:
             return None
         if len(parts) == 1:
             return parts[0]
-        batch = AggBatch.concat([b for b, _ in parts])
+        batch = AggBatch.concat([b for b, _, _ in parts])
         order = np.lexsort((batch.headers["chunk"], batch.stamps[:, 0]))
-        return batch.take(order), np.concatenate([v for _, v in parts])[order]
+        return (batch.take(order), np.concatenate([v for _, v, _ in parts])[order],
+                np.concatenate([t for _, _, t in parts])[order])
 
-    def on_results(self, batch: AggBatch, verify: np.ndarray) -> None:
-        """Results cross the downlinks to the workers they are for."""
+    def on_results(self, batch: AggBatch, verify: np.ndarray, tags: np.ndarray | None = None) -> None:
+        """Results cross the downlinks to the workers they are for (``tags``: per row, the leaf whose
+        workers a multicast row is for; -1: every worker here)."""
         g = self.group
         dest = batch.headers["worker"].astype(np.int64)
         chunks = batch.headers["chunk"].astype(np.int64)
@@ -231,9 +260,14 @@ class InaEndpoint:
         sizes = _wire_sizes(batch.headers, self.k) * per
         multi = np.flatnonzero(dest == MULTICAST)
         li_parts, rb_parts = [], []
-        if len(multi):  # every worker of the host receives these, each on its own downlink
-            li_parts.append(np.repeat(np.arange(g.m), len(multi)))
-            rb_parts.append(np.tile(multi, g.m))
+        if len(multi):  # every worker of the host (of the row's leaf) receives these, each on its own downlink
+            li = np.repeat(np.arange(g.m), len(multi))
+            rb = np.tile(multi, g.m)
+            if tags is not None and (tags[multi] >= 0).any():
+                ok = (tags[rb] < 0) | (tags[rb] == self.leaf[li])
+                li, rb = li[ok], rb[ok]
+            li_parts.append(li)
+            rb_parts.append(rb)
         uni = np.flatnonzero((dest != MULTICAST) & np.isin(dest, g.wids))
         if len(uni):
             li_parts.append(np.array([self.index[int(d)] for d in dest[uni]]))

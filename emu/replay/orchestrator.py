@@ -75,10 +75,15 @@ def _point_to_point(programs: list[WorkerProgram], config: ReplayConfig) -> bool
 
 def _worker_hosts(config: ReplayConfig) -> list[np.ndarray]:
     """The workers of each worker host process: consecutive ranges, or on a topology whole nodes
-    (traffic inside a node never leaves its host: emu.replay.wiring), as many per host as even."""
+    (traffic inside a node never leaves its host: emu.replay.wiring), and with several leaves whole
+    leaves (their links to the spine are the host's: emu.replay.leaves), as many per host as even."""
     layout = config.layout()
     if layout is None:
         return [np.arange(a, b) for a, b in _split(config.workers, config.host_processes)]
+    if layout.leaves > 1:
+        leaves = np.unique(layout.leaf)
+        parts = min(config.host_processes, len(leaves))
+        return [np.flatnonzero(np.isin(layout.leaf, leaves[a:b])) for a, b in _split(len(leaves), parts)]
     nodes = np.unique(layout.node)
     parts = min(config.host_processes, len(nodes))
     return [np.flatnonzero(np.isin(layout.node, nodes[a:b])) for a, b in _split(len(nodes), parts)]

@@ -152,8 +152,6 @@ class P2PEndpoint:
         else:
             first, last, resent = self.up.send_segment(w.link[src], seg.send_us, wire_bytes, packets)
             self.bytes_sent += round(wire_bytes + resent)
-            extra = w.spine_hops_us(src, seg.dst)
-            first, last = first + extra, last + extra
         header = np.zeros(1, wire.P2P_HEADER)
         header["msg_type"] = wire.MsgType.P2P
         header["dtype"] = wire.DTYPE_CODES.index(dtype)
@@ -164,8 +162,23 @@ class P2PEndpoint:
         segment = Segment(header, seg.emu_bytes, first, last, seg.data)
         if inside:
             self.receive(segment, inside=True)
+        elif w.leaves is not None and w.crosses(src, seg.dst):  # on to the spine through its leaf
+            assert w.layout is not None
+            w.leaves.segment(0, int(w.layout.leaf[src]), segment, wire_bytes, packets)
         else:
             self.outgoing.append(segment)
+
+    def arrive(self, seg: Segment) -> None:
+        """A segment from the switch: through its leaf's link from the spine first, where it crossed."""
+        h = seg.header[0]
+        src, dst = int(h["src"]), int(h["dst"])
+        w = self.wiring
+        if w.leaves is not None and dst < self.m and w.crosses(src, dst):
+            assert w.layout is not None
+            packets, wire_bytes = self._wire(seg.emu_bytes)
+            w.leaves.segment(1, int(w.layout.leaf[dst]), seg, wire_bytes, packets)
+        else:
+            self.receive(seg)
 
     def take_outgoing(self) -> list[Segment]:
         out, self.outgoing = self.outgoing, []

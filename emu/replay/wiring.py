@@ -4,9 +4,8 @@ Without a topology every endpoint has its own link to the one switch, each direc
 (``emu.emulator.links.LinkArray``). On a topology (``emu.emulator.topology``) a host holds whole
 nodes: its workers share their node's NICs (the links to the leaf), traffic between two workers
 of a node crosses their node-internal ports instead (up with the intra-node latency, down without
-it, so that a hop costs one latency), and traffic between leaves takes one spine hop up and one
-down, which the sender adds to its stamps (a non-blocking spine is a pure delay, and adding it
-where the segment leaves keeps every link's hand-overs in stamp order).
+it, so that a hop costs one latency), and with several leaves the host holds whole leaves, whose
+links to the spine (``emu.replay.leaves``) carry what crosses between leaves.
 """
 
 from __future__ import annotations
@@ -15,9 +14,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from emu.emulator.links import LinkArray
+from emu.emulator.links import LinkArray, LinkSpec
 from emu.emulator.topology import Layout
 from emu.replay.config import ReplayConfig
+from emu.replay.leaves import LeafStage
 
 NIC_BASE = 1 << 20  # NIC links' ids for loss and jitter streams, apart from the endpoints'
 
@@ -31,7 +31,7 @@ class Wiring:
     intra_up: LinkArray | None = None  # per local worker: its port into the node, and out of it
     intra_down: LinkArray | None = None
     layout: Layout | None = None
-    spine_us: float = 0.0  # one leaf-spine hop
+    leaves: LeafStage | None = None  # the host's leaves' links to the spine (several leaves)
 
     @classmethod
     def build(cls, cfg: ReplayConfig, endpoints: np.ndarray, workers: bool) -> Wiring:
@@ -42,44 +42,39 @@ class Wiring:
             return cls(up=LinkArray(cfg.link, endpoints, cfg.seed, 0, cfg.timeout_rto_us),
                        down=LinkArray(cfg.link, endpoints, cfg.seed, 1, cfg.timeout_rto_us),
                        link=index, local_link=np.arange(len(endpoints), dtype=np.int64),
-                       layout=cfg.layout() if topo is not None else None,
-                       spine_us=topo.spine_latency(cfg.link) if topo is not None else 0.0)
+                       layout=cfg.layout() if topo is not None else None)
         layout = cfg.layout()
         assert layout is not None
         nics = layout.nic[endpoints]
         uniq, local_link = np.unique(nics, return_inverse=True)
         ids = uniq + NIC_BASE
         intra_down = replace(topo.intra, latency_us=0.0)
+        leaves = None
+        if layout.leaves > 1:
+            spine = LinkSpec(bandwidth_bps=topo.uplink_bps(cfg.link), latency_us=topo.spine_latency(cfg.link))
+            leaves = LeafStage(np.unique(layout.leaf[endpoints]), spine, cfg.seed)
         return cls(up=LinkArray(cfg.link, ids, cfg.seed, 0, cfg.timeout_rto_us),
                    down=LinkArray(cfg.link, ids, cfg.seed, 1, cfg.timeout_rto_us),
                    link={int(e): int(i) for e, i in zip(endpoints, local_link, strict=True)},
                    local_link=local_link.astype(np.int64),
                    intra_up=LinkArray(topo.intra, endpoints, cfg.seed, 0, cfg.timeout_rto_us),
                    intra_down=LinkArray(intra_down, endpoints, cfg.seed, 1, cfg.timeout_rto_us),
-                   layout=layout, spine_us=topo.spine_latency(cfg.link))
+                   layout=layout, leaves=leaves)
 
     def same_node(self, src: int, dst: int) -> bool:
         """Whether a segment from ``src`` to ``dst`` stays inside a node (both are workers)."""
         lay = self.layout
         return lay is not None and src < lay.workers and dst < lay.workers and lay.node[src] == lay.node[dst]
 
-    def spine_hops_us(self, src: int, dst: int) -> float:
-        """The spine's delay between two endpoints: a hop up and one down between leaves; a
-        parameter-server shard hangs off the spine (one hop from any leaf) once there are several."""
+    def crosses(self, src: int, dst: int) -> bool:
+        """Whether a segment between two endpoints crosses the spine: between leaves, or to or from
+        a parameter-server shard (which hangs off the spine once there are several leaves)."""
         lay = self.layout
         if lay is None or lay.leaves == 1:
-            return 0.0
+            return False
         m = lay.workers
-        hops = int(src < m) + int(dst < m)
-        if src < m and dst < m and lay.leaf[src] == lay.leaf[dst]:
-            hops = 0
-        return hops * self.spine_us
-
-    @property
-    def ina_spine_us(self) -> float:
-        """One way to the aggregating switch beyond the leaf: the spine aggregates once there are
-        several leaves."""
-        return self.spine_us if self.layout is not None and self.layout.leaves > 1 else 0.0
+        return src >= m or dst >= m or bool(lay.leaf[src] != lay.leaf[dst])
 
     def all_links(self) -> list[LinkArray]:
-        return [a for a in (self.up, self.down, self.intra_up, self.intra_down) if a is not None]
+        links = [a for a in (self.up, self.down, self.intra_up, self.intra_down) if a is not None]
+        return links

@@ -22,9 +22,10 @@ LINK = LinkSpec(bandwidth_bps=100e9, latency_us=5.0)
 M = 8
 
 
-def _time(fabric: str, count: int, topo: Topology | None) -> tuple[float, float, ReplayConfig, object]:
+def _time(fabric: str, count: int, topo: Topology | None,
+          workers: int = M) -> tuple[float, float, ReplayConfig, object]:
     trace = single_collective(CollKind.ALL_REDUCE, count)
-    config = ReplayConfig(workers=M, fabric=fabric, link=LINK, topology=topo)
+    config = ReplayConfig(workers=workers, fabric=fabric, link=LINK, topology=topo)
     report = replay(trace, config)
     assert report.verification.ok and report.emulator.trustworthy
     lay = config.layout()
@@ -41,16 +42,22 @@ def _time(fabric: str, count: int, topo: Topology | None) -> tuple[float, float,
     Topology(workers_per_node=4, nics_per_node=2, placement=Placement.SPREAD),  # 2 a NIC
     Topology(workers_per_node=2, leaf_ports=1, placement=Placement.RANDOM),  # 4 leaves and a spine
     Topology(workers_per_node=8),  # one node: the ring never leaves it
-], ids=["packed", "spread", "spread-2nics", "random-4leaves", "one-node"])
+    Topology(workers_per_node=1, leaf_ports=4, oversubscription=2, placement=Placement.RANDOM),
+    Topology(workers_per_node=1, leaf_ports=4, oversubscription=4, placement=Placement.RANDOM),
+    Topology(workers_per_node=2, leaf_ports=4, oversubscription=4, placement=Placement.SPREAD),
+], ids=["packed", "spread", "spread-2nics", "random-4leaves", "one-node", "random-2to1", "random-4to1",
+        "spread-4to1"])
 def test_a_ring_on_a_topology_meets_its_formula(topo: Topology, no_children) -> None:
-    emulated, formula, _, _ = _time("ring", 1 << 24, topo)
+    workers = M if topo.oversubscription == 1 else 16
+    emulated, formula, _, _ = _time("ring", 1 << 24, topo, workers)
     assert emulated == pytest.approx(formula, rel=0.02)
 
 
 @pytest.mark.parametrize("topo", [
     Topology(workers_per_node=4),  # four streams share each NIC
     Topology(workers_per_node=2, leaf_ports=1),  # two a NIC, and the spine aggregates
-], ids=["4-a-nic", "spine"])
+    Topology(workers_per_node=2, leaf_ports=2, oversubscription=4),  # the leaves' uplinks set the pace
+], ids=["4-a-nic", "spine", "4to1"])
 def test_ina_on_a_topology_meets_its_formula(topo: Topology, no_children) -> None:
     emulated, formula, _, _ = _time("ina", 1 << 22, topo)
     assert emulated == pytest.approx(formula, rel=0.02)
@@ -79,9 +86,9 @@ def test_a_shipped_trace_replays_on_every_fabric(no_children) -> None:
     from emu.traces import load_trace, sample_path
 
     trace = load_trace(sample_path("mlp"))
-    topo = Topology(workers_per_node=4, leaf_ports=2, placement=Placement.SPREAD)
+    topo = Topology(workers_per_node=4, leaf_ports=2, placement=Placement.SPREAD, oversubscription=2)
     for fabric in ("ina", "ring", "ps"):
-        report = replay(trace, ReplayConfig(workers=16, fabric=fabric, link=LINK, topology=topo, iters=2))
+        report = replay(trace, ReplayConfig(workers=16, fabric=fabric, link=LINK, topology=topo, iters=1))
         assert report.verification.ok and report.emulator.trustworthy, fabric
         assert report.config["design"]["topology"]["placement"] == "spread"
 
@@ -106,7 +113,7 @@ def test_cli_flags_and_design_file(tmp_path, no_children) -> None:
     assert res.exit_code == 0, res.output
     topo = json.loads(res.stdout)["config"]["design"]["topology"]
     assert (topo["workers_per_node"], topo["placement"]) == (4, "packed")  # the typed flag wins
-    res = runner.invoke(cli, ["replay", "mlp", "--workers", "8", "--oversubscription", "2"])
-    assert res.exit_code == 2 and "not modelled yet" in res.output
+    res = runner.invoke(cli, ["replay", "mlp", "--workers", "8", "--algorithm", "hierarchical"])
+    assert res.exit_code == 2 and "not built yet" in res.output
     res = runner.invoke(cli, ["replay", "mlp", "--workers", "8", "--placement", "sideways"])
     assert res.exit_code == 2 and "--placement" in res.output

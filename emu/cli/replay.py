@@ -220,6 +220,9 @@ def _table(reports, path: Path) -> None:
                 else _choices(r.compression.adaptive))
         row("compress + decompress", lambda r: "-" if r.compression is None else
             f"{ms(r.compression.compress_us)} + {ms(r.compression.decompress_us)} per iteration")
+    row("busiest link", lambda r: "-" if r.fabric.busiest_link is None else
+        f"{r.fabric.busiest_link['name']} ({r.fabric.busiest_link['kind']}): "
+        f"{100 * r.fabric.busiest_link['utilisation']:.0f}%")
     row("packets lost (resent)", lambda r: f"{r.fabric.packets_lost:,}")
     row("fallbacks", lambda r: ", ".join(f"{k} x{v}" for k, v in sorted(r.fabric.fallbacks.items())) or "-")
     row("clock", lambda r: r.emulator.clock if r.emulator.tdf is None else f"wall, dilation {r.emulator.tdf:g}")

@@ -199,6 +199,7 @@ class LinkArray:
         self.endpoints = np.asarray(endpoints, dtype=np.int64)
         n = len(self.endpoints)
         self.free_us = np.zeros(n)
+        self.busy_us = np.zeros(n)  # serialization each link carried (its utilisation's numerator)
         self.last_ready = np.full(n, -math.inf)
         self.counter = np.zeros(n, dtype=np.int64)
         # per endpoint: the most the reordered hand-overs may have shifted its packets' times
@@ -287,6 +288,7 @@ class LinkArray:
         done = cum + start
         last = np.r_[starts[1:] - 1, n - 1]
         self.free_us[firsts] = cap.back(done[last])
+        np.add.at(self.busy_us, e, sv)
         self.last_ready[firsts] = np.maximum(self.last_ready[firsts], cap.back(np.maximum.reduceat(r, starts)))
         counter0 = self.counter[e] + pos  # each row's number on its link
         jitter, lost = self._fate(e, lossy)
@@ -353,6 +355,7 @@ class LinkArray:
         # carries whatever comes next: only the segment's last packet waits for them
         end = float(cap.back(start + ser))
         self.free_us[i] = end
+        self.busy_us[i] += ser
         self.counter[i] += packets
         return (float(cap.back(start + ser / packets)) + self.spec.latency_us, end + delay + self.spec.latency_us,
                 extra)
@@ -368,6 +371,7 @@ class LinkArray:
         done = float(cap.back(max(float(cap.to(max(first_us, self.free_us[i]))) + ser,
                                   float(cap.to(last_us)) + ser / packets)))
         self.free_us[i] = done  # the link is free while the resent packets' timers run
+        self.busy_us[i] += ser
         done += delay
         jitter = 0.0
         if self.spec.jitter_us:

@@ -293,4 +293,5 @@ class Host:
             events=self.counters.events, real_bytes=self.counters.real_bytes,
             verify_elements=self.p2p.check.elements + self.ina.check.elements,
             verify_mismatches=self.p2p.check.mismatches + self.ina.check.mismatches,
-            lag=self.lag.to_dict() if self.measure_lag else None)
+            lag=self.lag.to_dict() if self.measure_lag else None,
+            links=self.wiring.usage(np.asarray(self.setup.endpoints, np.int64), self.setup.role == "workers"))

@@ -68,6 +68,7 @@ class LeafStage:
         self.index = {int(leaf): i for i, leaf in enumerate(self.leaves)}
         self.spec = link
         self.free = (np.zeros(len(self.leaves)), np.zeros(len(self.leaves)))  # per direction and leaf
+        self.busy_us = (np.zeros(len(self.leaves)), np.zeros(len(self.leaves)))
         self._heaps: tuple[list, list] = ([], [])
         self._count = 0
         self.bytes_sent = 0.0
@@ -102,6 +103,7 @@ class LeafStage:
         done = np.maximum.accumulate(grid, axis=1)[seg, pos] + cum
         lasts = np.r_[starts[1:] - 1, n - 1]
         free[leaf[starts]] = done[lasts]
+        np.add.at(self.busy_us[direction], leaf, ser)
         lat = self.spec.latency_us
         out_last = np.maximum(done, last + one)
         # the row keeps its own spread where the link keeps up, and is squeezed toward its end where

@@ -79,6 +79,9 @@ class HostResult:
     verify_elements: int
     verify_mismatches: int
     lag: dict[str, Any] | None = None  # a LagHistogram, on the wall clock
+    # per kind of link (emu.replay.wiring.Wiring.usage): [links, busy us summed, busy us of the
+    # busiest, its name]
+    links: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)

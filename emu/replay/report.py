@@ -77,6 +77,16 @@ class EmulatorReport:
 
 
 @dataclass(frozen=True)
+class LinkUsage:
+    """One kind of link's utilisation over the replay (busy time over the emulated span)."""
+
+    links: int
+    mean: float
+    max: float
+    busiest: str  # the name of the busiest link of the kind
+
+
+@dataclass(frozen=True)
 class FabricReport:
     """Real messages and emulated packets are counted apart (docs/design.md, "Report")."""
 
@@ -97,6 +107,10 @@ class FabricReport:
     invalid: int = 0
     malformed: int = 0
     stale: int = 0
+    # per kind of link (uplink, downlink; on a topology NIC up and down, node port up and down, leaf
+    # to spine and spine to leaf): its utilisation; and the busiest link of all (docs/topology.md)
+    utilisation: dict[str, LinkUsage] = field(default_factory=dict)
+    busiest_link: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import dataclasses
 import math
 import os
 import statistics
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from emu.replay.report import (
     EmulatorReport,
     FabricReport,
     IterationReport,
+    LinkUsage,
     ReplayReport,
     SparsityReport,
     Summary,
@@ -120,7 +122,7 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
         dropped=int(stats.get("dropped", 0)), lost=sum(r.lost for r in results),
         packets_lost=sum(r.packets_lost for r in results), segments=switch.segments, fallbacks=fallbacks,
         invalid=int(stats.get("invalid", 0)), malformed=int(stats.get("malformed", 0)),
-        stale=int(stats.get("stale", 0)))
+        stale=int(stats.get("stale", 0)), **_utilisation(results, records))
     sync = config.resolved_clock == Clock.SYNC
     emulator = EmulatorReport(
         clock=config.resolved_clock.value, tdf=None if sync else config.dilation, payload_scale=config.scale,
@@ -218,3 +220,32 @@ def _sent(config: ReplayConfig, replayed: Replayed) -> SparsityReport | None:
             sent += held + m * union  # the pushes, and the union to every worker
     return dataclasses.replace(report, sent_fraction=sent / full if full else 1.0, sparse_collectives=sparse,
                                dense_collectives=dense)
+
+
+def _utilisation(results: list[HostResult], records: dict[int, list[list[float]]]) -> dict[str, Any]:
+    """Each kind of link's busy time over the replay's emulated span (first start to last end)."""
+    starts = [it[0] for rec in records.values() for it in rec]
+    ends = [it[1] for rec in records.values() for it in rec]
+    span = max(ends) - min(starts) if starts else 0.0
+    if span <= 0:
+        return {}
+    kinds: dict[str, list[Any]] = {}
+    for r in results:
+        for kind, (n, busy, top, name, number) in r.links.items():
+            have = kinds.setdefault(kind, [0, 0.0, -1.0, "", 0])
+            have[0] += int(n)
+            have[1] += float(busy)
+            if (float(top), -int(number)) > (have[2], -have[4]):  # ties: the lowest number, on any layout
+                have[2], have[3], have[4] = float(top), str(name), int(number)
+    # 12 digits: the hosts' sums add up in an order that depends on how links are spread over them
+    usage = {kind: LinkUsage(links=n, mean=_digits(busy / n / span), max=_digits(top / span), busiest=name)
+             for kind, (n, busy, top, name, _) in kinds.items() if n}
+    if not usage:
+        return {}
+    kind = max(usage, key=lambda k: usage[k].max)
+    return {"utilisation": usage,
+            "busiest_link": {"kind": kind, "name": usage[kind].busiest, "utilisation": usage[kind].max}}
+
+
+def _digits(x: float) -> float:
+    return float(f"{x:.12g}")

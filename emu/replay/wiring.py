@@ -10,7 +10,7 @@ links to the spine (``emu.replay.leaves``) carry what crosses between leaves.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -32,6 +32,8 @@ class Wiring:
     intra_down: LinkArray | None = None
     layout: Layout | None = None
     leaves: LeafStage | None = None  # the host's leaves' links to the spine (several leaves)
+    _nic_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # the NICs' global numbers
+    _nics: int = 1  # NICs a node
 
     @classmethod
     def build(cls, cfg: ReplayConfig, endpoints: np.ndarray, workers: bool) -> Wiring:
@@ -59,7 +61,7 @@ class Wiring:
                    local_link=local_link.astype(np.int64),
                    intra_up=LinkArray(topo.intra, endpoints, cfg.seed, 0, cfg.timeout_rto_us),
                    intra_down=LinkArray(intra_down, endpoints, cfg.seed, 1, cfg.timeout_rto_us),
-                   layout=layout, leaves=leaves)
+                   layout=layout, leaves=leaves, _nic_ids=uniq, _nics=topo.nics_per_node)
 
     def same_node(self, src: int, dst: int) -> bool:
         """Whether a segment from ``src`` to ``dst`` stays inside a node (both are workers)."""
@@ -74,6 +76,33 @@ class Wiring:
             return False
         m = lay.workers
         return src >= m or dst >= m or bool(lay.leaf[src] != lay.leaf[dst])
+
+    def usage(self, endpoints: np.ndarray, workers: bool) -> dict[str, list]:
+        """Per kind of link: [links, busy us summed, busy us of the busiest, its name, its number]
+        (what the report's utilisation is made of; the number breaks ties the same whichever host
+        holds the link)."""
+        kinds: list[tuple[str, np.ndarray, np.ndarray, str]] = []
+        if self.layout is None or not workers:
+            who = "shard {}" if not workers else "worker {}"
+            kinds += [("uplink" if workers else "shard uplink", self.up.busy_us, endpoints, who),
+                      ("downlink" if workers else "shard downlink", self.down.busy_us, endpoints, who)]
+        else:
+            nic = f"NIC {{}} (node {{}} of {self._nics})" if self._nics > 1 else "NIC {} (node {})"
+            kinds += [("NIC up", self.up.busy_us, self._nic_ids, nic), ("NIC down", self.down.busy_us, self._nic_ids, nic)]
+            if self.intra_up is not None and self.intra_down is not None:
+                kinds += [("node port up", self.intra_up.busy_us, endpoints, "worker {}'s node port"),
+                          ("node port down", self.intra_down.busy_us, endpoints, "worker {}'s node port")]
+            if self.leaves is not None:
+                kinds += [("leaf to spine", self.leaves.busy_us[0], self.leaves.leaves, "leaf {}"),
+                          ("spine to leaf", self.leaves.busy_us[1], self.leaves.leaves, "leaf {}")]
+        out = {}
+        for kind, busy, ids, name in kinds:
+            if len(busy):
+                top = int(np.argmax(busy))  # the first of equals: ids ascend
+                number = int(ids[top])
+                label = name.format(number, number // self._nics) if kind.startswith("NIC") else name.format(number)
+                out[kind] = [len(busy), float(busy.sum()), float(busy[top]), label, number]
+        return out
 
     def all_links(self) -> list[LinkArray]:
         links = [a for a in (self.up, self.down, self.intra_up, self.intra_down) if a is not None]

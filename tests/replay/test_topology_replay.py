@@ -117,3 +117,20 @@ def test_cli_flags_and_design_file(tmp_path, no_children) -> None:
     assert res.exit_code == 2 and "not built yet" in res.output
     res = runner.invoke(cli, ["replay", "mlp", "--workers", "8", "--placement", "sideways"])
     assert res.exit_code == 2 and "--placement" in res.output
+
+
+def test_the_report_names_the_busiest_link(no_children) -> None:
+    """Utilisation is each link's serialization over the emulated span: on the one switch a ring's
+    uplinks carry half the bytes on the wire between them; flat INA at 4:1 is bound by its
+    leaves' links to the spine."""
+    trace = single_collective(CollKind.ALL_REDUCE, 1 << 20)
+    flat = replay(trace, ReplayConfig(workers=M, fabric="ring", link=LINK))
+    up = flat.fabric.utilisation["uplink"]
+    span = flat.iterations[0].emulated_us
+    assert up.links == M and up.mean * span * M * LINK.bandwidth_bps / 8e6 == pytest.approx(
+        flat.summary.bytes_sent / 2, rel=1e-6)
+    _, _, _, over = _time("ina", 1 << 20, Topology(workers_per_node=2, leaf_ports=2, oversubscription=4))
+    busiest = over.fabric.busiest_link
+    assert busiest["kind"] == "leaf to spine" and busiest["utilisation"] > 0.9
+    assert set(over.fabric.utilisation) == {"NIC up", "NIC down", "node port up", "node port down", "leaf to spine",
+                                            "spine to leaf"}

@@ -3,7 +3,8 @@
 1. The same trace flat and on nodes of 8 workers: packed and spread, with one NIC a node and one
    a worker, on ina and ring.
 2. ``--oversubscribed`` workers on nodes of 8 with a NIC a worker, 16-port leaves (two nodes a
-   leaf), packed and spread, at oversubscription 1:1, 2:1 and 4:1.
+   leaf), packed and spread, at oversubscription 1:1, 2:1 and 4:1; and INA hierarchical (its
+   leaves aggregate first).
 
     .venv/bin/python benchmarks/topology.py [--trace mlp] [--workers 32] [--oversubscribed 64]
         [--fabrics ina,ring] [--bandwidth 100] [--iters 2]
@@ -20,7 +21,7 @@ import platform
 import time
 
 from emu.emulator.links import LinkSpec
-from emu.emulator.topology import Placement, Topology
+from emu.emulator.topology import Algorithm, Placement, Topology
 from emu.replay import ReplayConfig, replay
 from emu.traces import load_trace, sample_path
 
@@ -54,6 +55,10 @@ def main() -> None:
         rows = [(f, f"{place.value}, {r}:1", Topology(workers_per_node=8, nics_per_node=8, leaf_ports=16,
                                                           oversubscription=r, placement=place))
                 for f in fabrics for place in (Placement.PACKED, Placement.SPREAD) for r in (1, 2, 4)]
+        if "ina" in fabrics:  # its leaves aggregate first
+            rows += [("ina", f"hierarchical, {r}:1", Topology(workers_per_node=8, nics_per_node=8, leaf_ports=16,
+                                                               oversubscription=r, algorithm=Algorithm.HIERARCHICAL))
+                     for r in (1, 2, 4)]
         _table(trace, link, args.oversubscribed, args.iters, rows)
 
 

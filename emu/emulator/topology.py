@@ -19,8 +19,9 @@ A ``Topology`` says what the cluster is made of; ``Topology.layout(M)`` places M
   next G on node 1, ...), ``spread`` (rank r on node r mod N, as many nodes as packed needs),
   ``random`` (a seeded shuffle of packed), or an explicit list of node indices, one per worker.
 
-What this version does not model yet, and refuses by name where a design asks for it:
-hierarchical algorithms (``algorithm = "hierarchical"``). Loss and jitter stay on the NIC links.
+``algorithm = "hierarchical"`` makes INA's leaves aggregate before the spine (the replay's
+configuration refuses it on fabrics without a hierarchical variant). Loss and jitter stay on the
+NIC links.
 """
 
 from __future__ import annotations
@@ -82,9 +83,6 @@ class Topology:
         if not (math.isfinite(self.oversubscription) and self.oversubscription >= 1):
             raise ConfigError(f"topology.oversubscription = {self.oversubscription:g}: give 1 (non-blocking) or "
                               "more (2 for 2:1)")
-        if self.algorithm != Algorithm.FLAT:
-            raise ConfigError(f'topology.algorithm = "{self.algorithm.value}": the hierarchical algorithms are not '
-                              'built yet (docs/topology.md, \'Not yet\'); give "flat"')
         if self.intra.loss or self.intra.jitter_us or self.intra.schedule:
             raise ConfigError("the intra-node link takes a bandwidth and a latency only")
         if self.spine_latency_us is not None and not 0 <= self.spine_latency_us <= 86400e6:

@@ -23,7 +23,7 @@ import numpy as np
 
 from emu.emulator.links import LinkSpec
 from emu.emulator.physics import _Segments, ina_detail_us
-from emu.emulator.topology import Layout, Topology
+from emu.emulator.topology import Algorithm, Layout, Topology
 
 
 def ina_link(link: LinkSpec, topology: Topology, layout: Layout) -> LinkSpec:
@@ -32,9 +32,10 @@ def ina_link(link: LinkSpec, topology: Topology, layout: Layout) -> LinkSpec:
     leaf's workers (their results come down once a leaf)."""
     k = float(layout.busiest_nic())
     spine = 0.0
-    if layout.leaves > 1:
+    if layout.leaves > 1:  # flat: every stream of the leaf goes up; hierarchical: one partial sum
         spine = topology.spine_latency(link)
-        k = max(k, float(np.bincount(layout.leaf).max()) * link.bandwidth_bps / topology.uplink_bps(link))
+        streams = 1.0 if topology.algorithm == Algorithm.HIERARCHICAL else float(np.bincount(layout.leaf).max())
+        k = max(k, streams * link.bandwidth_bps / topology.uplink_bps(link))
     return replace(link, bandwidth_bps=link.bandwidth_bps / k, latency_us=link.latency_us + spine, schedule=())
 
 

@@ -12,7 +12,7 @@ from emu.emulator import fabric as fabrics
 from emu.emulator.compress import Compressor, parse_compress
 from emu.emulator.fabric import Fabric
 from emu.emulator.links import LinkSpec
-from emu.emulator.topology import Layout, Topology
+from emu.emulator.topology import Algorithm, Layout, Topology
 from emu.emulator.wire import ELEMENTS_ALLOWED, MAX_WORKERS_SOFTWARE, MIN_WIRE_BYTES, agg_wire_bytes
 from emu.errors import ConfigError
 
@@ -325,6 +325,10 @@ class ReplayConfig:
             if not isinstance(self.topology, Topology):
                 raise ConfigError(f"topology must be a Topology, got {self.topology!r}")
             self.topology.check(self.workers)
+            if self.topology.algorithm == Algorithm.HIERARCHICAL and not self.switch_sums:
+                raise ConfigError(f'topology.algorithm = "hierarchical" on --fabric {self.fabric}: only ina has a '
+                                  "hierarchical variant yet (its leaves aggregate, then the spine; docs/topology.md); "
+                                  'give "flat"')
             if not net.synchronizable:
                 raise ConfigError(f"--fabric {self.fabric}: a topology runs on the software fabrics (ina, ring, ps); "
                                   "an external switch is one switch with one port per worker")

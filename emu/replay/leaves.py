@@ -7,7 +7,9 @@ the spine hop's latency, lossless). What crosses between leaves passes them:
 
 - up: a point-to-point segment for another leaf (or a parameter-server shard, which hangs off
   the spine) once its NIC has delivered it to the leaf; every INA contribution, which the spine
-  aggregates;
+  aggregates (flat), or, hierarchical, one partial sum a chunk a leaf: the leaf holds its
+  workers' contributions to a chunk until all are in, and one row of their sum crosses its link
+  (``_gather``);
 - down: such a segment arriving from the spine; every INA result, one copy a leaf (the spine
   multicasts to the leaves, each leaf to its ports).
 
@@ -53,6 +55,7 @@ class _Rows:
     packets: np.ndarray
     item: object  # a Segment (one row) or an AggBatch (its rows)
     tags: np.ndarray | None = None  # per row: what the item's owner needs back (INA: the leaf's id)
+    merged: bool = False  # one row on the link for all the item's rows: a leaf's partial sum
 
     def take(self, rows: np.ndarray) -> _Rows:
         assert isinstance(self.item, AggBatch)
@@ -63,8 +66,16 @@ class _Rows:
 class LeafStage:
     """The uplinks and downlinks of the leaves a host holds."""
 
-    def __init__(self, leaves: np.ndarray, link: LinkSpec, seed: int) -> None:
+    def __init__(self, leaves: np.ndarray, link: LinkSpec, seed: int, partial_of: np.ndarray | None = None,
+                 window: int = 1) -> None:
+        """``partial_of``: per leaf held, the workers whose contributions make one partial sum
+        (hierarchical aggregation; None: flat); ``window``: the stream's real slots (how far back a
+        retransmission can reach)."""
         self.leaves = np.asarray(leaves, np.int64)  # the global ids of the host's leaves
+        self.partial_of = partial_of
+        self.window = window
+        self._held: dict[tuple[int, int], tuple[set[int], list[AggBatch], float, float, float, float]] = {}
+        self._done: dict[tuple[int, int], None] = {}  # partial sums sent, recent ones (duplicates pass)
         self.index = {int(leaf): i for i, leaf in enumerate(self.leaves)}
         self.spec = link
         self.free = (np.zeros(len(self.leaves)), np.zeros(len(self.leaves)))  # per direction and leaf
@@ -120,9 +131,51 @@ class LeafStage:
               packets: np.ndarray, tags: np.ndarray | None = None) -> None:
         """Aggregation rows that reached their leaves (``leaves``: global ids, one per row)."""
         local = np.searchsorted(self.leaves, np.asarray(leaves, np.int64))  # self.leaves is sorted
-        self._push(direction, _Rows(local, np.asarray(batch.stamps[:, 0], np.float64),
-                                    np.asarray(batch.stamps[:, 1], np.float64), np.asarray(wire_bytes, np.float64),
-                                    np.asarray(packets, np.float64), batch, tags))
+        rows = _Rows(local, np.asarray(batch.stamps[:, 0], np.float64), np.asarray(batch.stamps[:, 1], np.float64),
+                     np.asarray(wire_bytes, np.float64), np.asarray(packets, np.float64), batch, tags)
+        if direction == 0 and self.partial_of is not None:
+            self._gather(rows)
+        else:
+            self._push(direction, rows)
+
+    def _gather(self, rows: _Rows) -> None:
+        """Hierarchical: hold each leaf's contributions to a chunk until all its workers' are in,
+        then send one row, their sum, at the pace of the last (its packets are each the sum of the
+        workers' packets of the same place: ``first`` and ``last`` are the latest of theirs). A
+        contribution to a chunk whose partial already left (a retransmission) passes alone, as the
+        spine answers it; a second one while the chunk is held is dropped, as a switch drops a
+        duplicate for an unfinished slot. The spine's data plane forms the sum from the rows the
+        partial carries: int32 sums are the same in any grouping."""
+        assert self.partial_of is not None and isinstance(rows.item, AggBatch)
+        batch = rows.item
+        chunks = batch.headers["chunk"].astype(np.int64)
+        workers = batch.headers["worker"].astype(np.int64)
+        alone = []
+        for i in range(len(chunks)):
+            key = (int(rows.leaf[i]), int(chunks[i]))
+            if key in self._done:
+                alone.append(i)
+                continue
+            seen, held, first, last, wire, packets = self._held.get(key, (set(), [], -math.inf, -math.inf,
+                                                                         float(rows.wire_bytes[i]),
+                                                                         float(rows.packets[i])))
+            if int(workers[i]) in seen:
+                continue
+            seen.add(int(workers[i]))
+            held.append(batch.take(slice(i, i + 1)))
+            first, last = max(first, float(rows.first[i])), max(last, float(rows.last[i]))
+            if len(seen) < self.partial_of[key[0]]:
+                self._held[key] = (seen, held, first, last, wire, packets)
+                continue
+            self._held.pop(key, None)
+            self._done[key] = None
+            self._push(0, _Rows(np.array([key[0]]), np.array([first]), np.array([last]), np.array([wire]),
+                                np.array([packets]), AggBatch.concat(held), merged=True))
+        if alone:
+            self._push(0, rows.take(np.asarray(alone, np.int64)))
+        if len(self._done) > 64 * self.window * len(self.leaves):  # a retransmission reaches a window back
+            for key in list(self._done)[: len(self._done) // 2]:
+                del self._done[key]
 
     def advance(self, direction: int, bound: float, inclusive: bool,
                 on_segment: Callable[[Segment], None], on_batch: Callable[[AggBatch, np.ndarray | None], None]) -> None:
@@ -160,4 +213,7 @@ class LeafStage:
             else:
                 assert isinstance(p.item, AggBatch)
                 b = p.item
-                on_batch(AggBatch(b.headers, b.payload, np.stack([f, la], axis=1), b.sparse), p.tags)
+                stamps = np.stack([f, la], axis=1)
+                if p.merged:  # every contribution the partial sum carries arrives with it
+                    stamps = np.repeat(stamps, len(b.headers), axis=0)
+                on_batch(AggBatch(b.headers, b.payload, stamps, b.sparse), p.tags)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from emu.emulator.links import LinkArray, LinkSpec
-from emu.emulator.topology import Layout
+from emu.emulator.topology import Algorithm, Layout
 from emu.replay.config import ReplayConfig
 from emu.replay.leaves import LeafStage
 
@@ -54,7 +54,10 @@ class Wiring:
         leaves = None
         if layout.leaves > 1:
             spine = LinkSpec(bandwidth_bps=topo.uplink_bps(cfg.link), latency_us=topo.spine_latency(cfg.link))
-            leaves = LeafStage(np.unique(layout.leaf[endpoints]), spine, cfg.seed)
+            held = np.unique(layout.leaf[endpoints])
+            partial_of = (np.bincount(layout.leaf, minlength=layout.leaves)[held]
+                          if topo.algorithm == Algorithm.HIERARCHICAL else None)
+            leaves = LeafStage(held, spine, cfg.seed, partial_of, cfg.real_slots)
         return cls(up=LinkArray(cfg.link, ids, cfg.seed, 0, cfg.timeout_rto_us),
                    down=LinkArray(cfg.link, ids, cfg.seed, 1, cfg.timeout_rto_us),
                    link={int(e): int(i) for e, i in zip(endpoints, local_link, strict=True)},

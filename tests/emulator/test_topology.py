@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from emu.emulator.links import LinkSpec
-from emu.emulator.topology import Algorithm, Placement, Topology
+from emu.emulator.topology import Placement, Topology
 from emu.errors import ConfigError
 
 
@@ -48,7 +48,6 @@ def test_a_listed_placement_is_checked() -> None:
     (Topology(workers_per_node=4, nics_per_node=5), "nics_per_node = 5"),
     (Topology(nics_per_node=4, leaf_ports=2), "leaf_ports = 2"),
     (Topology(oversubscription=0.5), r"give 1 \(non-blocking\) or more"),
-    (Topology(algorithm=Algorithm.HIERARCHICAL), "not built yet"),
     (Topology(intra=LinkSpec(bandwidth_bps=1e12, loss=0.1)), "bandwidth and a latency only"),
 ])
 def test_what_cannot_be_built_or_is_not_modelled_is_refused(topo: Topology, words: str) -> None:

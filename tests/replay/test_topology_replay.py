@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from emu.cli import cli
 from emu.emulator.links import LinkSpec
-from emu.emulator.topology import Placement, Topology
+from emu.emulator.topology import Algorithm, Placement, Topology
 from emu.emulator.topology_physics import topology_ina_us, topology_ring_us
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
@@ -57,7 +57,8 @@ def test_a_ring_on_a_topology_meets_its_formula(topo: Topology, no_children) -> 
     Topology(workers_per_node=4),  # four streams share each NIC
     Topology(workers_per_node=2, leaf_ports=1),  # two a NIC, and the spine aggregates
     Topology(workers_per_node=2, leaf_ports=2, oversubscription=4),  # the leaves' uplinks set the pace
-], ids=["4-a-nic", "spine", "4to1"])
+    Topology(workers_per_node=2, leaf_ports=2, oversubscription=4, algorithm=Algorithm.HIERARCHICAL),
+], ids=["4-a-nic", "spine", "4to1", "4to1-hierarchical"])
 def test_ina_on_a_topology_meets_its_formula(topo: Topology, no_children) -> None:
     emulated, formula, _, _ = _time("ina", 1 << 22, topo)
     assert emulated == pytest.approx(formula, rel=0.02)
@@ -113,8 +114,8 @@ def test_cli_flags_and_design_file(tmp_path, no_children) -> None:
     assert res.exit_code == 0, res.output
     topo = json.loads(res.stdout)["config"]["design"]["topology"]
     assert (topo["workers_per_node"], topo["placement"]) == (4, "packed")  # the typed flag wins
-    res = runner.invoke(cli, ["replay", "mlp", "--workers", "8", "--algorithm", "hierarchical"])
-    assert res.exit_code == 2 and "not built yet" in res.output
+    res = runner.invoke(cli, ["replay", "mlp", "--workers", "8", "--fabric", "ring", "--algorithm", "hierarchical"])
+    assert res.exit_code == 2 and "only ina has a hierarchical variant" in res.output
     res = runner.invoke(cli, ["replay", "mlp", "--workers", "8", "--placement", "sideways"])
     assert res.exit_code == 2 and "--placement" in res.output
 
@@ -134,3 +135,18 @@ def test_the_report_names_the_busiest_link(no_children) -> None:
     assert busiest["kind"] == "leaf to spine" and busiest["utilisation"] > 0.9
     assert set(over.fabric.utilisation) == {"NIC up", "NIC down", "node port up", "node port down", "leaf to spine",
                                             "spine to leaf"}
+
+
+def test_hierarchical_ina_sends_one_partial_sum_a_leaf(no_children) -> None:
+    """At 4:1 the flat stream's leaf links carry all four of a leaf's streams and set the pace; the
+    leaves' partial sums take a quarter of that, and the NICs set the pace again. With loss the
+    leaf waits for retransmitted contributions and lets late duplicates through: the replay ends,
+    every sum exact."""
+    flat, _, _, _ = _time("ina", 1 << 20, Topology(workers_per_node=2, leaf_ports=2, oversubscription=4))
+    hier, _, _, report = _time("ina", 1 << 20, Topology(workers_per_node=2, leaf_ports=2, oversubscription=4,
+                                                        algorithm=Algorithm.HIERARCHICAL))
+    assert hier < flat / 3 and report.fabric.busiest_link["kind"] == "NIC up"
+    lossy = ReplayConfig(workers=M, fabric="ina", link=LinkSpec(bandwidth_bps=100e9, latency_us=5.0, loss=0.01),
+                         topology=Topology(workers_per_node=2, leaf_ports=1, algorithm=Algorithm.HIERARCHICAL))
+    report = replay(single_collective(CollKind.ALL_REDUCE, 1 << 18, iterations=2), lossy)
+    assert report.verification.ok and report.fabric.packets_lost > 0 and report.emulator.trustworthy

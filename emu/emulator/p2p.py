@@ -16,6 +16,7 @@ the wire. The emulated size of a chunk is its share of the collective's bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -154,6 +155,9 @@ class Ring(Algorithm):
         self.seen: dict[int, int] = {}
         self.need = sum(len(self.layout.segments(j)) for j in self._expected_chunks())
         self.got = 0
+        # told each segment's final values as they become known (emu.emulator.p2p_hier: a node's
+        # leader passes them on to its node)
+        self.on_final: Callable[[int, int, np.ndarray], None] | None = None
 
     def _expected_chunks(self) -> list[int]:
         m, o = self.size, self.own_chunk
@@ -200,6 +204,8 @@ class Ring(Algorithm):
             partial = data + self.own(lo, hi)
             if chunk == (o + 1) % m:
                 self.check_sum(partial, lo, hi)
+                if self.on_final is not None:
+                    self.on_final(lo, hi, partial)
                 if self.gather:
                     out.append(Seg(self.right, self.seq, segment, partial, seg_bytes, t))
             else:
@@ -207,6 +213,8 @@ class Ring(Algorithm):
         else:
             if self.reduce:
                 self.check_sum(data, lo, hi)
+                if self.on_final is not None:
+                    self.on_final(lo, hi, data)
             else:
                 self.check.compare(data, self.own(lo, hi, worker=chunk))
             if chunk != (o + 2) % m:

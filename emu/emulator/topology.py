@@ -19,8 +19,9 @@ A ``Topology`` says what the cluster is made of; ``Topology.layout(M)`` places M
   next G on node 1, ...), ``spread`` (rank r on node r mod N, as many nodes as packed needs),
   ``random`` (a seeded shuffle of packed), or an explicit list of node indices, one per worker.
 
-``algorithm = "hierarchical"`` makes INA's leaves aggregate before the spine (the replay's
-configuration refuses it on fabrics without a hierarchical variant). Loss and jitter stay on the
+``algorithm = "hierarchical"`` makes INA's leaves aggregate before the spine, and the ring reduce
+inside nodes first (``emu.emulator.p2p_hier``); the replay's configuration refuses it on a
+parameter server. Loss and jitter stay on the
 NIC links.
 """
 

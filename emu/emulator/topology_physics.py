@@ -88,3 +88,24 @@ def topology_ring_us(count: int, itemsize: int, link: LinkSpec, topology: Topolo
     chains = window[k_steps - 1: k_steps - 1 + m] - np.r_[0.0, window[: m - 1]]
     slow = int(np.argmax(s))
     return float(max(chains.max() + (g - 1) * s[slow], k_steps * g * s[slow] + h[slow]))
+
+
+def topology_hier_ring_us(count: int, itemsize: int, link: LinkSpec, topology: Topology, layout: Layout,
+                          payload_scale: int = 1) -> float:
+    """The hierarchical ring all_reduce (emu.emulator.p2p_hier) on the topology: each node's other
+    workers send the whole tensor to the leader, whose node port takes their ``(G-1) g`` segments
+    in turn; the leaders' ring (``topology_ring_us`` over the leaders, in node order); the leader
+    sends the result to the same ``G - 1`` over its port. The phases follow one another."""
+    if layout.workers < 2:
+        return 0.0
+    nodes, leaders = np.unique(layout.node, return_index=True)
+    g_max = int(np.bincount(layout.node).max())
+    intra = LinkSpec(bandwidth_bps=topology.intra.bandwidth_bps, latency_us=topology.intra.latency_us / 2)
+    seg = _Segments(count, itemsize, 1, intra, 0.0, payload_scale)
+    inside = (g_max - 1) * seg.g * seg.s + seg.h if g_max > 1 else 0.0
+    across = 0.0
+    if len(nodes) > 1:
+        sub = Layout(node=layout.node[leaders], nic=layout.nic[leaders], leaf=layout.leaf[leaders],
+                     leaves=layout.leaves)
+        across = topology_ring_us(count, itemsize, link, topology, sub, payload_scale=payload_scale)
+    return 2 * inside + across

@@ -325,10 +325,9 @@ class ReplayConfig:
             if not isinstance(self.topology, Topology):
                 raise ConfigError(f"topology must be a Topology, got {self.topology!r}")
             self.topology.check(self.workers)
-            if self.topology.algorithm == Algorithm.HIERARCHICAL and not self.switch_sums:
-                raise ConfigError(f'topology.algorithm = "hierarchical" on --fabric {self.fabric}: only ina has a '
-                                  "hierarchical variant yet (its leaves aggregate, then the spine; docs/topology.md); "
-                                  'give "flat"')
+            if self.topology.algorithm == Algorithm.HIERARCHICAL and net.all_reduce == fabrics.AllReduce.SERVER:
+                raise ConfigError(f'topology.algorithm = "hierarchical" on --fabric {self.fabric}: a parameter '
+                                  'server has no hierarchical variant (ina and ring do; docs/topology.md); give "flat"')
             if not net.synchronizable:
                 raise ConfigError(f"--fabric {self.fabric}: a topology runs on the software fabrics (ina, ring, ps); "
                                   "an external switch is one switch with one port per worker")

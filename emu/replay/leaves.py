@@ -22,8 +22,9 @@ A leaf's link is faster than each NIC that feeds it, and a row (a segment, or a 
 scale standing for many packets) arrives spread over ``[first, last]`` at its NIC's pace. Real
 packets of rows arriving together interleave; so the link here conserves work: row ``i`` takes
 ``S_i`` of the link from ``max(first_i, free)``, and leaves as its work is done or as its last
-packet is in, whichever is later: ``done_i = max(start_i + S_i, last_i + S_i / n_i)``, its first
-packet out as early as its spread allows: ``max(first_i, done_i - (last_i - first_i)) + S_i / n_i``. Rows that
+packet is in, whichever is later: ``done_i = max(start_i + S_i, last_i + S_i / n_i)``; its first
+packet is out when the link gets to it, or as early as its spread allows where it interleaves:
+``min(start_i, max(first_i, done_i - (last_i - first_i))) + S_i / n_i``. Rows that
 together arrive slower than the link pass at their own pace; rows that together arrive faster
 queue, and the link's backlog grows by exactly the excess (``LinkArray.transmit``'s store and
 forward of whole rows would instead delay every row behind the last packet of the one before it).
@@ -117,9 +118,11 @@ class LeafStage:
         np.add.at(self.busy_us[direction], leaf, ser)
         lat = self.spec.latency_us
         out_last = np.maximum(done, last + one)
-        # the row keeps its own spread where the link keeps up, and is squeezed toward its end where
-        # it queued (its first packet is never out before it is in)
-        return np.maximum(first + one, out_last - (last - first)) + lat, out_last + lat
+        # its first packet: out when the link gets to it (a slower link sends it at once, at its own
+        # pace), or, where rows that arrived together interleave, as early as the row's spread
+        # allows (a row that queued is squeezed toward its end); never before it is in
+        start = done - ser
+        return np.minimum(start + one, np.maximum(first + one, out_last - (last - first))) + lat, out_last + lat
 
     def segment(self, direction: int, leaf: int, seg: Segment, wire_bytes: float, packets: int) -> None:
         """A segment reached ``leaf`` (up: from its NIC; down: from the spine)."""

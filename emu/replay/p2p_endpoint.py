@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from emu.emulator import topology as shape
 from emu.emulator import wire
 from emu.emulator.fabric import AllReduce, Fabric
 from emu.emulator.p2p import (
@@ -31,6 +32,7 @@ from emu.emulator.p2p import (
     SendRecv,
     Tree,
 )
+from emu.emulator.p2p_hier import HierRing
 from emu.emulator.payload import is_sparse
 from emu.emulator.recorded import RecordedPayload
 from emu.emulator.sparse_p2p import (
@@ -57,6 +59,9 @@ class P2PEndpoint:
                  recorded: RecordedPayload | None = None) -> None:
         self.cfg, self.net, self.index = cfg, net, index
         self.wiring, self.up, self.down = wiring, wiring.up, wiring.down
+        topo = cfg.topology
+        self.hierarchical = (topo is not None and topo.algorithm == shape.Algorithm.HIERARCHICAL
+                             and net.all_reduce == AllReduce.RING)
         self.recorded = recorded  # the real ranks' tensors, sent in place of generated payload (emu run)
         self.host, self.completed = host, completed
         self.m = cfg.workers
@@ -107,6 +112,10 @@ class P2PEndpoint:
         if kind == CollKind.ALL_REDUCE and sparse and self.net.all_reduce == AllReduce.RING \
                 and ring_sparse(op.sparsity, m, op.dtype.itemsize):
             return SparseRing(**common, layout=Layout(real, m, emu_bytes))
+        if kind == CollKind.ALL_REDUCE and self.hierarchical:
+            node, leaders = self._node_of(w)
+            return HierRing(**common, layout=Layout(real, 1, emu_bytes), node=node, leaders=leaders,
+                            emu_bytes=emu_bytes)
         if kind == CollKind.ALL_REDUCE:
             return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=True, gather=True, own=w)
         if kind == CollKind.REDUCE_SCATTER:
@@ -119,6 +128,14 @@ class P2PEndpoint:
             return AllToAll(**common, layout=Layout(real, m, emu_bytes))
         return SendRecv(**common, layout=Layout(real, 1, emu_bytes), peer=op.peer or 0,
                         sending=kind == CollKind.SEND)
+
+    def _node_of(self, w: int) -> tuple[list[int], list[int]]:
+        """Worker w's node (its workers, the leader first) and every node's leader, in node order."""
+        lay = self.wiring.layout
+        assert lay is not None
+        node = np.flatnonzero(lay.node == lay.node[w]).tolist()
+        nodes, first = np.unique(lay.node, return_index=True)  # the leader: a node's lowest rank
+        return node, [int(x) for x in first]
 
     def _finish(self, w: int, seq: int) -> None:
         alg = self.algs.pop((w, seq))

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from emu.cli import cli
 from emu.emulator.links import LinkSpec
 from emu.emulator.topology import Algorithm, Placement, Topology
-from emu.emulator.topology_physics import topology_ina_us, topology_ring_us
+from emu.emulator.topology_physics import topology_hier_ring_us, topology_ina_us, topology_ring_us
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
 from emu.study.predict import predict
@@ -29,7 +29,9 @@ def _time(fabric: str, count: int, topo: Topology | None,
     report = replay(trace, config)
     assert report.verification.ok and report.emulator.trustworthy
     lay = config.layout()
-    if fabric == "ring":
+    if fabric == "ring" and topo is not None and topo.algorithm == Algorithm.HIERARCHICAL:
+        formula = topology_hier_ring_us(count, 4, LINK, topo, lay, payload_scale=report.emulator.payload_scale)
+    elif fabric == "ring":
         formula = topology_ring_us(count, 4, LINK, topo, lay, payload_scale=report.emulator.payload_scale)
     else:
         formula = topology_ina_us(count, LINK, topo, lay, config.elements, config.emulated_slots)
@@ -114,8 +116,8 @@ def test_cli_flags_and_design_file(tmp_path, no_children) -> None:
     assert res.exit_code == 0, res.output
     topo = json.loads(res.stdout)["config"]["design"]["topology"]
     assert (topo["workers_per_node"], topo["placement"]) == (4, "packed")  # the typed flag wins
-    res = runner.invoke(cli, ["replay", "mlp", "--workers", "8", "--fabric", "ring", "--algorithm", "hierarchical"])
-    assert res.exit_code == 2 and "only ina has a hierarchical variant" in res.output
+    res = runner.invoke(cli, ["replay", "mlp", "--workers", "8", "--fabric", "ps", "--algorithm", "hierarchical"])
+    assert res.exit_code == 2 and "no hierarchical variant" in res.output
     res = runner.invoke(cli, ["replay", "mlp", "--workers", "8", "--placement", "sideways"])
     assert res.exit_code == 2 and "--placement" in res.output
 
@@ -150,3 +152,18 @@ def test_hierarchical_ina_sends_one_partial_sum_a_leaf(no_children) -> None:
                          topology=Topology(workers_per_node=2, leaf_ports=1, algorithm=Algorithm.HIERARCHICAL))
     report = replay(single_collective(CollKind.ALL_REDUCE, 1 << 18, iterations=2), lossy)
     assert report.verification.ok and report.fabric.packets_lost > 0 and report.emulator.trustworthy
+
+
+@pytest.mark.parametrize("topo", [
+    Topology(workers_per_node=4, algorithm=Algorithm.HIERARCHICAL),
+    Topology(workers_per_node=4, placement=Placement.SPREAD, algorithm=Algorithm.HIERARCHICAL),
+    Topology(workers_per_node=8, algorithm=Algorithm.HIERARCHICAL),
+    Topology(workers_per_node=2, leaf_ports=2, oversubscription=4, algorithm=Algorithm.HIERARCHICAL),
+], ids=["packed", "spread", "one-node", "4to1"])
+def test_a_hierarchical_ring_meets_its_formula(topo: Topology, no_children) -> None:
+    """Reduce to each node's leader, a ring of the leaders, broadcast inside: placement no longer
+    matters, and every worker checks the whole sum it ends with."""
+    workers = 8 if topo.workers_per_node == 8 else 16
+    emulated, formula, _, report = _time("ring", 1 << 24, topo, workers)
+    assert emulated == pytest.approx(formula, rel=0.02)
+    assert report.verification.elements_checked == workers * (1 << 24) // report.emulator.payload_scale

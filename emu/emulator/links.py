@@ -288,7 +288,7 @@ class LinkArray:
         done = cum + start
         last = np.r_[starts[1:] - 1, n - 1]
         self.free_us[firsts] = cap.back(done[last])
-        np.add.at(self.busy_us, e, sv)
+        np.add.at(self.busy_us, e, cap.back(done) - cap.back(done - sv))  # in time: a schedule changes the pace
         self.last_ready[firsts] = np.maximum(self.last_ready[firsts], cap.back(np.maximum.reduceat(r, starts)))
         counter0 = self.counter[e] + pos  # each row's number on its link
         jitter, lost = self._fate(e, lossy)
@@ -355,7 +355,7 @@ class LinkArray:
         # carries whatever comes next: only the segment's last packet waits for them
         end = float(cap.back(start + ser))
         self.free_us[i] = end
-        self.busy_us[i] += ser
+        self.busy_us[i] += end - float(cap.back(start))
         self.counter[i] += packets
         return (float(cap.back(start + ser / packets)) + self.spec.latency_us, end + delay + self.spec.latency_us,
                 extra)
@@ -371,7 +371,7 @@ class LinkArray:
         done = float(cap.back(max(float(cap.to(max(first_us, self.free_us[i]))) + ser,
                                   float(cap.to(last_us)) + ser / packets)))
         self.free_us[i] = done  # the link is free while the resent packets' timers run
-        self.busy_us[i] += ser
+        self.busy_us[i] += done - float(cap.back(float(cap.to(done)) - ser))
         done += delay
         jitter = 0.0
         if self.spec.jitter_us:

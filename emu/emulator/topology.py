@@ -127,11 +127,6 @@ class Topology:
         leaf = node // per_leaf
         return Layout(node=node, nic=nic, leaf=leaf, leaves=int(leaf.max(initial=0)) + 1)
 
-    def label(self) -> str:
-        place = self.placement.value
-        return (f"{self.workers_per_node}/node, {self.nics_per_node} NIC{'s' if self.nics_per_node > 1 else ''}, "
-                f"{place}")
-
     def to_dict(self, link: LinkSpec) -> dict:
         """As the report records it (docs/design.md, ``config.design.topology``)."""
         return {"workers_per_node": self.workers_per_node, "nics_per_node": self.nics_per_node,

@@ -324,7 +324,10 @@ class ReplayConfig:
         if self.topology is not None:
             if not isinstance(self.topology, Topology):
                 raise ConfigError(f"topology must be a Topology, got {self.topology!r}")
-            self.topology.check(self.workers)
+            try:
+                self.topology.check(self.workers)
+            except ConfigError as exc:  # name where the topology came from
+                raise ConfigError(f"{self.design_file or 'the topology flags'}: {exc}") from None
             if self.topology.algorithm == Algorithm.HIERARCHICAL and net.all_reduce == fabrics.AllReduce.SERVER:
                 raise ConfigError(f'topology.algorithm = "hierarchical" on --fabric {self.fabric}: a parameter '
                                   'server has no hierarchical variant (ina and ring do; docs/topology.md); give "flat"')

@@ -42,8 +42,6 @@ import numpy as np
 from emu.emulator.links import LinkSpec
 from emu.emulator.transport import AggBatch, Segment
 
-LEAF_BASE = 1 << 21  # leaf links' ids for their streams, apart from endpoints' and NICs'
-
 
 @dataclass
 class _Rows:
@@ -62,6 +60,23 @@ class _Rows:
         assert isinstance(self.item, AggBatch)
         return _Rows(self.leaf[rows], self.first[rows], self.last[rows], self.wire_bytes[rows], self.packets[rows],
                      self.item.take(rows), None if self.tags is None else self.tags[rows])
+
+    def order_keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per row, what orders rows that reach a link at the same time, from their content alone
+        (the order hosts' messages reached the switch varies from run to run): segments before
+        aggregation rows; a segment by (collective, source and segment number); a row by (chunk,
+        worker)."""
+        n = len(self.first)
+        if isinstance(self.item, Segment):
+            h = self.item.header[0]
+            return (np.zeros(n, np.int64), np.full(n, int(h["seq"]), np.int64),
+                    np.full(n, (int(h["src"]) << 32) | int(h["segment"]), np.int64))
+        assert isinstance(self.item, AggBatch)
+        chunks = self.item.headers["chunk"].astype(np.int64)
+        workers = self.item.headers["worker"].astype(np.int64)
+        if self.merged:  # one row: the partial's chunk and its lowest worker
+            chunks, workers = chunks[:1], workers.min(initial=0)[None]
+        return np.ones(n, np.int64), chunks, workers
 
 
 class LeafStage:
@@ -197,7 +212,8 @@ class LeafStage:
             return
         leaf = np.concatenate([p.leaf for p in parts])
         first = np.concatenate([p.first for p in parts])
-        order = np.lexsort((np.arange(len(first)), first, leaf))  # per link, in arrival order
+        kind, k1, k2 = (np.concatenate(k) for k in zip(*(p.order_keys() for p in parts), strict=True))
+        order = np.lexsort((k2, k1, kind, first, leaf))  # per link, in arrival order, ties by content
         wire = np.concatenate([p.wire_bytes for p in parts])[order]
         f_out, l_out = self._transmit(direction, leaf[order], first[order],
                                       np.concatenate([p.last for p in parts])[order], wire,

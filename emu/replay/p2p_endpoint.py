@@ -66,8 +66,7 @@ class P2PEndpoint:
         self.host, self.completed = host, completed
         self.m = cfg.workers
         self.check = Check()
-        self.bytes_sent = 0.0  # on the network's links (NICs), both ways
-        self.intra_bytes = 0  # inside nodes, sent once
+        self.bytes_sent = 0.0  # on the network's links (NICs), both ways; traffic inside nodes is not counted
         self.delivered = 0  # segments that reached their endpoint
         self.algs: dict[tuple[int, int], Algorithm] = {}
         self.runs: dict[tuple[int, int], CollRun] = {}
@@ -165,7 +164,6 @@ class P2PEndpoint:
         if inside:  # through the node's own fabric, never its NICs (emu.replay.wiring)
             assert w.intra_up is not None
             first, last, _ = w.intra_up.send_segment(self.index[src], seg.send_us, wire_bytes, packets)
-            self.intra_bytes += round(wire_bytes)
         else:
             first, last, resent = self.up.send_segment(w.link[src], seg.send_us, wire_bytes, packets)
             self.bytes_sent += round(wire_bytes + resent)

@@ -3,7 +3,9 @@ against the trace they were recorded with before any process starts."""
 
 from __future__ import annotations
 
-from emu.emulator.recorded import RecordedPayload
+import numpy as np
+
+from emu.emulator.recorded import RecordedPayload, checkable
 from emu.errors import ConfigError
 from emu.replay.config import ReplayConfig
 from emu.traces.model import CollKind, Trace
@@ -46,6 +48,19 @@ def recorded_payload(trace: Trace, config: ReplayConfig, payload: RecordedPayloa
             raise ConfigError(f"{path}: collective {op.id} has {kept:,} of its {op.count:,} elements recorded, and "
                               f"payload scale {r} sends {need:,}: replay with --payload-scale {_pow2_at_least(least)} "
                               "or more")
+    bad = next((i for i, t in enumerate(payload.tensors)
+                if t is not None and t.dtype.kind == "f" and not np.isfinite(t).all()), None)
+    if bad is not None:  # inf and NaN have no fixed point, and NaN equals nothing: nothing to check
+        return None, (f"the real ranks' tensors hold inf or NaN (collective {colls[bad].id}, as after an overflow): "
+                      "the workers sent generated payload, whose every sum can be checked")
+    # sums formed point to point (the switch's are exact integers; copies are compared exactly)
+    summed = [op for op in colls if op.kind == CollKind.REDUCE_SCATTER
+              or (op.kind == CollKind.ALL_REDUCE and not (config.switch_sums and op.dtype.is_float))]
+    loose = sorted({op.dtype.value for op in summed if not checkable(op.dtype.value, config.workers)})
+    if loose:
+        return None, (f"point to point, a sum of {config.workers} workers' {', '.join(loose)} values may round by more "
+                      "than one worker's contribution, so checking it would prove nothing: the workers sent generated "
+                      "payload, whose every sum is exact")
     return payload, None
 
 

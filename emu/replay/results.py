@@ -231,21 +231,16 @@ def _utilisation(results: list[HostResult], records: dict[int, list[list[float]]
         return {}
     kinds: dict[str, list[Any]] = {}
     for r in results:
-        for kind, (n, busy, top, name, number) in r.links.items():
-            have = kinds.setdefault(kind, [0, 0.0, -1.0, "", 0])
+        for kind, (n, busy_ns, top, name, number) in r.links.items():
+            have = kinds.setdefault(kind, [0, 0, -1.0, "", 0])
             have[0] += int(n)
-            have[1] += float(busy)
+            have[1] += int(busy_ns)  # integers: the same sum on any process layout
             if (float(top), -int(number)) > (have[2], -have[4]):  # ties: the lowest number, on any layout
                 have[2], have[3], have[4] = float(top), str(name), int(number)
-    # 12 digits: the hosts' sums add up in an order that depends on how links are spread over them
-    usage = {kind: LinkUsage(links=n, mean=_digits(busy / n / span), max=_digits(top / span), busiest=name)
-             for kind, (n, busy, top, name, _) in kinds.items() if n}
+    usage = {kind: LinkUsage(links=n, mean=busy_ns / 1e3 / n / span, max=top / span, busiest=name)
+             for kind, (n, busy_ns, top, name, _) in kinds.items() if n}
     if not usage:
         return {}
     kind = max(usage, key=lambda k: usage[k].max)
     return {"utilisation": usage,
             "busiest_link": {"kind": kind, "name": usage[kind].busiest, "utilisation": usage[kind].max}}
-
-
-def _digits(x: float) -> float:
-    return float(f"{x:.12g}")

@@ -34,6 +34,7 @@ class Wiring:
     leaves: LeafStage | None = None  # the host's leaves' links to the spine (several leaves)
     _nic_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # the NICs' global numbers
     _nics: int = 1  # NICs a node
+    _workers: int = 0  # M (a shard's endpoint is M + its index)
 
     @classmethod
     def build(cls, cfg: ReplayConfig, endpoints: np.ndarray, workers: bool) -> Wiring:
@@ -44,7 +45,7 @@ class Wiring:
             return cls(up=LinkArray(cfg.link, endpoints, cfg.seed, 0, cfg.timeout_rto_us),
                        down=LinkArray(cfg.link, endpoints, cfg.seed, 1, cfg.timeout_rto_us),
                        link=index, local_link=np.arange(len(endpoints), dtype=np.int64),
-                       layout=cfg.layout() if topo is not None else None)
+                       layout=cfg.layout() if topo is not None else None, _workers=cfg.workers)
         layout = cfg.layout()
         assert layout is not None
         nics = layout.nic[endpoints]
@@ -64,7 +65,7 @@ class Wiring:
                    local_link=local_link.astype(np.int64),
                    intra_up=LinkArray(topo.intra, endpoints, cfg.seed, 0, cfg.timeout_rto_us),
                    intra_down=LinkArray(intra_down, endpoints, cfg.seed, 1, cfg.timeout_rto_us),
-                   layout=layout, leaves=leaves, _nic_ids=uniq, _nics=topo.nics_per_node)
+                   layout=layout, leaves=leaves, _nic_ids=uniq, _nics=topo.nics_per_node, _workers=cfg.workers)
 
     def same_node(self, src: int, dst: int) -> bool:
         """Whether a segment from ``src`` to ``dst`` stays inside a node (both are workers)."""
@@ -81,16 +82,16 @@ class Wiring:
         return src >= m or dst >= m or bool(lay.leaf[src] != lay.leaf[dst])
 
     def usage(self, endpoints: np.ndarray, workers: bool) -> dict[str, list]:
-        """Per kind of link: [links, busy us summed, busy us of the busiest, its name, its number]
-        (what the report's utilisation is made of; the number breaks ties the same whichever host
-        holds the link)."""
+        """Per kind of link: [links, busy ns summed (an integer: sums of them do not depend on how
+        links are spread over hosts), busy us of the busiest, its name, its number (which breaks
+        ties the same whichever host holds the link)] (the report's utilisation)."""
         kinds: list[tuple[str, np.ndarray, np.ndarray, str]] = []
         if self.layout is None or not workers:
-            who = "shard {}" if not workers else "worker {}"
+            who = "shard {} (endpoint {})" if not workers else "worker {}"
             kinds += [("uplink" if workers else "shard uplink", self.up.busy_us, endpoints, who),
                       ("downlink" if workers else "shard downlink", self.down.busy_us, endpoints, who)]
         else:
-            nic = f"NIC {{}} (node {{}} of {self._nics})" if self._nics > 1 else "NIC {} (node {})"
+            nic = "NIC {} (node {})"
             kinds += [("NIC up", self.up.busy_us, self._nic_ids, nic), ("NIC down", self.down.busy_us, self._nic_ids, nic)]
             if self.intra_up is not None and self.intra_down is not None:
                 kinds += [("node port up", self.intra_up.busy_us, endpoints, "worker {}'s node port"),
@@ -103,8 +104,14 @@ class Wiring:
             if len(busy):
                 top = int(np.argmax(busy))  # the first of equals: ids ascend
                 number = int(ids[top])
-                label = name.format(number, number // self._nics) if kind.startswith("NIC") else name.format(number)
-                out[kind] = [len(busy), float(busy.sum()), float(busy[top]), label, number]
+                if kind.startswith("NIC"):
+                    label = name.format(number, number // self._nics)
+                elif kind.startswith("shard"):
+                    label = name.format(number - self._workers, number)
+                else:
+                    label = name.format(number)
+                out[kind] = [len(busy), int(np.rint(busy * 1e3).astype(np.int64).sum()), float(busy[top]), label,
+                             number]
         return out
 
     def all_links(self) -> list[LinkArray]:

@@ -67,9 +67,11 @@ class Coordinator:
     """Serves the real ranks on ``address`` from a thread of its own (``start``, ``stop``)."""
 
     def __init__(self, address: str, workers: int, real: int,
-                 keep: Callable[[int, int], int] | None = None) -> None:
+                 keep: Callable[[int, int], int] | None = None, warmup: int = 0) -> None:
         """``keep(count, itemsize)``: the elements of a collective's payload vectors to keep (None:
-        none kept)."""
+        none kept), from the end of the ``warmup``-th optimizer step (what comes before is never
+        replayed)."""
+        self.warmup = warmup
         if workers % real:
             raise ValueError("the workers must be a multiple of the real ranks")
         self.address, self.m, self.k = address, workers, real
@@ -284,7 +286,7 @@ class Coordinator:
     def _keep(self, seq: int, op: Op, data: list[list[np.ndarray]]) -> None:
         """Keep collective ``seq``'s payload vectors (module docstring), within the cap."""
         if self.keep is None or self.payload_dropped is not None or not isinstance(op, Coll) \
-                or op.kind == CollKind.BARRIER:
+                or op.kind == CollKind.BARRIER or len(self.ranks[0].iterations) < self.warmup:
             return
         n = min(op.count, self.keep(op.count, op.dtype.itemsize))
         vectors = np.stack([_payload_vector(op.kind, d, n) for d in data])

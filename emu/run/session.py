@@ -101,7 +101,6 @@ def run_job(argv: Sequence[str], config: RunConfig, *, cores: int,
     m, k = config.replay.workers, config.real
     coordinator = _record(interpreter, target, config, on_status)
     programs = coordinator.programs(config.warmup)
-    payload = coordinator.payload(programs)
     steps = min((len(p.iterations) for p in programs), default=0)
     if steps < 1:
         got = min(len(r.iterations) for r in coordinator.ranks)
@@ -119,6 +118,9 @@ def run_job(argv: Sequence[str], config: RunConfig, *, cores: int,
         validate_trace(trace, "the recorded program")
     except TraceError as exc:
         raise RunFailed(f"emu run recorded a program it cannot replay: {exc}") from None
+    # replay refuses iterations that issue different collectives, with its own message
+    counts = {len(it.colls) for it in programs[0].iterations}
+    payload = coordinator.payload(programs) if len(counts) == 1 else None
     if payload is not None:  # cut to what the replay sends
         scale = config.replay.payload_scale or choose_payload_scale(trace, config.replay)
         payload = payload.trimmed([op.count for it in programs[0].iterations for op in it.colls], scale)
@@ -171,7 +173,7 @@ def _record(interpreter: str, target: list[str], config: RunConfig,
     record = current()
     if record is not None:
         record.add_folder(str(workdir))
-    coordinator = Coordinator(f"ipc://{workdir}/run", m, k, keep=_kept(config.replay))
+    coordinator = Coordinator(f"ipc://{workdir}/run", m, k, keep=_kept(config.replay), warmup=config.warmup)
     keep = False
     store = None
     try:

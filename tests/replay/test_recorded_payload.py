@@ -200,3 +200,19 @@ def test_replay_cli_sends_the_payload(trace, tmp_path, no_children) -> None:
     result = runner.invoke(cli, [*args, "--workers", "3", "--payload", str(tmp_path / "live.payload.npz")])
     assert result.exit_code == 2 and "multiple of 2" in result.output
 
+
+
+def test_tensors_that_cannot_be_checked_are_not_sent(trace, no_children) -> None:
+    """inf or NaN (a gradient overflow), or sums too loose to tell one worker's contribution
+    (float16 at 32 workers point to point): the workers send generated payload, and the report
+    says why."""
+    p = _payload()
+    bad = list(p.tensors)
+    bad[0] = bad[0].copy()
+    bad[0][1, 7] = np.inf
+    report = replay(trace, ReplayConfig(workers=M, fabric="ring", iters=1),
+                    payload=RecordedPayload(K, p.per_iteration, p.dtypes, tuple(bad)))
+    assert report.verification.ok and report.verification.payload == "generated"
+    assert "inf or NaN" in report.verification.payload_note
+    assert not recorded.checkable("float16", 32) and recorded.checkable("float16", 8)
+    assert recorded.checkable("float32", 1024) and not recorded.checkable("float32", 2048)

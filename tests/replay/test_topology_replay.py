@@ -147,7 +147,7 @@ def test_hierarchical_ina_sends_one_partial_sum_a_leaf(no_children) -> None:
     flat, _, _, _ = _time("ina", 1 << 20, Topology(workers_per_node=2, leaf_ports=2, oversubscription=4))
     hier, _, _, report = _time("ina", 1 << 20, Topology(workers_per_node=2, leaf_ports=2, oversubscription=4,
                                                         algorithm=Algorithm.HIERARCHICAL))
-    assert hier < flat / 3 and report.fabric.busiest_link["kind"] == "NIC up"
+    assert hier < flat / 3 and report.fabric.busiest_link["kind"].startswith("NIC")
     lossy = ReplayConfig(workers=M, fabric="ina", link=LinkSpec(bandwidth_bps=100e9, latency_us=5.0, loss=0.01),
                          topology=Topology(workers_per_node=2, leaf_ports=1, algorithm=Algorithm.HIERARCHICAL))
     report = replay(single_collective(CollKind.ALL_REDUCE, 1 << 18, iterations=2), lossy)
@@ -167,3 +167,35 @@ def test_a_hierarchical_ring_meets_its_formula(topo: Topology, no_children) -> N
     emulated, formula, _, report = _time("ring", 1 << 24, topo, workers)
     assert emulated == pytest.approx(formula, rel=0.02)
     assert report.verification.elements_checked == workers * (1 << 24) // report.emulator.payload_scale
+
+
+def test_a_report_does_not_depend_on_the_process_layout(no_children) -> None:
+    """Segments that reach a leaf's link at the same time from different hosts are handed over in
+    an order fixed by what they are, not by which message reached the switch first."""
+    trace = single_collective(CollKind.ALL_REDUCE, 1 << 18, iterations=2)
+    topo = Topology(workers_per_node=2, leaf_ports=1, placement=Placement.LIST, nodes=(0, 1, 2, 1))
+    docs = []
+    for processes in (1, 3, 3, 3):
+        report = replay(trace, ReplayConfig(workers=4, fabric="ring", link=LINK, topology=topo, processes=processes))
+        docs.append(json.dumps({k: v for k, v in report.to_dict().items() if k not in ("emulator", "config")},
+                               sort_keys=True))
+    assert len(set(docs)) == 1
+
+
+def test_utilisation_is_busy_time_under_a_bandwidth_schedule_too(no_children) -> None:
+    """A link that runs at 25 Gb/s from the start is as busy whether the schedule says so or it
+    was 100 Gb/s for the first microsecond."""
+    trace = single_collective(CollKind.ALL_REDUCE, 1 << 20)
+    plain = replay(trace, ReplayConfig(workers=4, fabric="ring", link=LinkSpec(bandwidth_bps=25e9, latency_us=5.0)))
+    stepped = replay(trace, ReplayConfig(workers=4, fabric="ring", link=LinkSpec(
+        bandwidth_bps=100e9, latency_us=5.0, schedule=((0.0, 100e9), (1.0, 25e9)))))
+    assert stepped.fabric.utilisation["uplink"].max == pytest.approx(plain.fabric.utilisation["uplink"].max, rel=0.02)
+
+
+def test_topology_errors_name_where_the_topology_came_from(tmp_path) -> None:
+    design = tmp_path / "bad.toml"
+    design.write_text("[topology]\nworkers_per_node = 2\nnics_per_node = 4\n")
+    res = CliRunner().invoke(cli, ["replay", "mlp", "--network", str(design)])
+    assert res.exit_code == 2 and f"{design}: topology.nics_per_node = 4" in res.output
+    res = CliRunner().invoke(cli, ["replay", "mlp", "--workers", "4", "--placement", "0,0,1"])
+    assert res.exit_code == 2 and "the topology flags: topology.placement lists 3 nodes for 4 workers" in res.output

@@ -7,7 +7,9 @@ an iteration ends when its last op ran and all its collectives completed, and th
 then; iterations reused cyclically), but every collective takes its closed form
 (``emu.emulator.physics.collective_time_us``) instead of crossing an emulated network. The programs
 carry the replay's job-wide sparsity (``--sparsity``), so a sparse all_reduce on ``ring`` or ``ps``
-takes its sparse closed form where the replay would run the sparse algorithm (docs/sparse.md).
+takes its sparse closed form where the replay would run the sparse algorithm (docs/sparse.md). On a
+topology a dense all_reduce on ``ina`` or ``ring`` takes the topology's form
+(``emu.emulator.topology_physics``), and what those forms do not cover is refused by name.
 
 Collective ``k`` (its number in the stream, the same on every worker) starts when every worker
 has issued it and every worker's stream is free (its collective ``k-1`` ended), and ends its
@@ -34,6 +36,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from emu.emulator import physics
+from emu.emulator.fabric import AllReduce
+from emu.emulator.topology import Algorithm
+from emu.emulator.topology_physics import topology_hier_ring_us, topology_ina_us, topology_ring_us
 from emu.errors import ConfigError
 from emu.replay.config import CompressOption, ReplayConfig, SparsityOption
 from emu.replay.orchestrator import choose_payload_scale
@@ -113,6 +118,8 @@ class _Schedule:
     def duration_us(self, op: Coll) -> float:
         key = (op.kind, op.count, op.dtype.value, op.sparsity)
         t = self.times.get(key)
+        if t is None and self.cfg.topology is not None:
+            t = self.times[key] = _on_topology(op, self.cfg, self.scale)
         if t is None:
             c = self.cfg
             t = physics.collective_time_us(
@@ -207,9 +214,7 @@ def predict(trace: Trace, config: ReplayConfig) -> Prediction:
         raise ConfigError("--bandwidth-schedule: emu predict's closed forms take one bandwidth; replay the schedule "
                           "(emu replay --bandwidth-schedule), or predict each step's bandwidth apart")
     if config.topology is not None:
-        raise ConfigError("a topology: emu predict's closed forms take one switch with one port per worker; replay "
-                          "it (emu replay), whose all_reduces docs/physics.md ('On a topology') checks against its "
-                          "own forms")
+        _check_topology(config)
     if config.compress.adaptive:
         raise ConfigError("--compress adaptive: its choices follow what the replay measures as it runs; emu predict "
                           "takes one compressor (--compress topk:R), or replay it (emu replay --compress adaptive)")
@@ -239,3 +244,37 @@ def predict(trace: Trace, config: ReplayConfig) -> Prediction:
     return Prediction(iteration_us_median=median, iteration_us_p99=float(np.percentile(times, 99)),
                       compute_us=mid.compute_us, comm_us=mid.comm_us, exposed_comm_us=mid.blocked_us,
                       iterations=tuple(times), method=method)
+
+
+def _check_topology(config: ReplayConfig) -> None:
+    """What the forms of docs/physics.md ('On a topology') cover: dense all_reduces on ina and ring
+    without loss (each collective is checked as it is met, ``_on_topology``)."""
+    why = None
+    if config.network.all_reduce == AllReduce.SERVER:
+        why = "a parameter server"
+    elif config.link.loss or config.link.jitter_us:
+        why = "loss or jitter"
+    elif config.compress.active:
+        why = "--compress"
+    elif config.sparsity.source == "option":
+        why = "--sparsity"
+    if why is not None:
+        raise ConfigError(f"{why} on a topology: emu predict's topology forms take dense all_reduces on ina and "
+                          "ring without loss (docs/physics.md, 'On a topology'); replay it (emu replay)")
+
+
+def _on_topology(op: Coll, config: ReplayConfig, scale: int) -> float:
+    """One collective alone on the topology (docs/physics.md, 'On a topology')."""
+    topo, layout = config.topology, config.layout()
+    assert topo is not None and layout is not None
+    if op.kind != CollKind.ALL_REDUCE or op.sparsity is not None or (
+            config.switch_sums and not op.dtype.is_float):
+        raise ConfigError(f"a {op.kind.value} of {op.dtype.value}{' (sparse)' if op.sparsity else ''} on a topology: "
+                          "emu predict's topology forms take dense all_reduces on ina and ring (docs/physics.md, "
+                          "'On a topology'); replay it (emu replay)")
+    hier = topo.algorithm == Algorithm.HIERARCHICAL
+    if config.switch_sums:
+        return topology_ina_us(op.count, config.link, topo, layout, config.elements, config.emulated_slots)
+    if hier:
+        return topology_hier_ring_us(op.count, op.dtype.itemsize, config.link, topo, layout, scale)
+    return topology_ring_us(op.count, op.dtype.itemsize, config.link, topo, layout, payload_scale=scale)

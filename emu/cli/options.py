@@ -52,7 +52,7 @@ _TOPOLOGY_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--leaf-ports", int, "NIC ports per leaf switch; more nodes take more leaves and a spine (default 32)."),
     ("--oversubscription", float, "A leaf's NIC ports' capacity over its links to the spine (topology; 2 for 2:1)."),
     ("--placement", str, "Workers on nodes: packed, spread, random, or a node index per worker (0,0,1,1)."),
-    ("--algorithm", str, "flat or hierarchical where a fabric has both (topology; ina: leaves aggregate first; ring: by node)."),
+    ("--algorithm", str, "flat or hierarchical where a fabric has both (topology; ina: leaves aggregate first; ring's dense all_reduces: by node)."),
     ("--spine-latency", str, "One leaf-spine hop (topology; default: the link's latency)."),
 )
 

@@ -10,6 +10,10 @@ the leaders in a ring, broadcast inside each node.
    sends the whole result to every worker of its node, which checks it against the sum over all
    M workers (exactly for generated payload, within the dtype's rounding for recorded).
 
+A leader is done when it hands the result to its port (phase 3's sends), its members later, when
+it arrives: the collective's end on the job is its last member's. Only dense all_reduces run
+this way (``emu.replay.p2p_endpoint``): a sparse one, and the other collectives, stay flat.
+
 Segment numbers tell the phases apart on the wire: phase 2's are offset by ``RING``, phase 3's
 by ``DOWN``. The phases do not overlap within a worker (a leader starts the ring when its node's
 tensors are all in): simpler than NCCL's pipelined tree, and an upper bound on its time.

@@ -327,7 +327,9 @@ class ReplayConfig:
             try:
                 self.topology.check(self.workers)
             except ConfigError as exc:  # name where the topology came from
-                raise ConfigError(f"{self.design_file or 'the topology flags'}: {exc}") from None
+                where = (f"{self.design_file} (with any topology flag typed beside it)" if self.design_file
+                         else "the topology flags")
+                raise ConfigError(f"{where}: {exc}") from None
             if self.topology.algorithm == Algorithm.HIERARCHICAL and net.all_reduce == fabrics.AllReduce.SERVER:
                 raise ConfigError(f'topology.algorithm = "hierarchical" on --fabric {self.fabric}: a parameter '
                                   'server has no hierarchical variant (ina and ring do; docs/topology.md); give "flat"')

@@ -64,18 +64,18 @@ class _Rows:
     def order_keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per row, what orders rows that reach a link at the same time, from their content alone
         (the order hosts' messages reached the switch varies from run to run): segments before
-        aggregation rows; a segment by (collective, source and segment number); a row by (chunk,
-        worker)."""
+        aggregation rows; a segment by (collective and destination, source and segment number); a
+        row by (chunk, worker)."""
         n = len(self.first)
-        if isinstance(self.item, Segment):
+        if isinstance(self.item, Segment):  # (collective, destination), (source, segment)
             h = self.item.header[0]
-            return (np.zeros(n, np.int64), np.full(n, int(h["seq"]), np.int64),
+            return (np.zeros(n, np.int64), np.full(n, (int(h["seq"]) << 16) | int(h["dst"]), np.int64),
                     np.full(n, (int(h["src"]) << 32) | int(h["segment"]), np.int64))
         assert isinstance(self.item, AggBatch)
         chunks = self.item.headers["chunk"].astype(np.int64)
         workers = self.item.headers["worker"].astype(np.int64)
         if self.merged:  # one row: the partial's chunk and its lowest worker
-            chunks, workers = chunks[:1], workers.min(initial=0)[None]
+            chunks, workers = chunks[:1], workers.min()[None]
         return np.ones(n, np.int64), chunks, workers
 
 

@@ -60,8 +60,10 @@ class P2PEndpoint:
         self.cfg, self.net, self.index = cfg, net, index
         self.wiring, self.up, self.down = wiring, wiring.up, wiring.down
         topo = cfg.topology
+        # the hierarchical ring runs dense all_reduces (sparse ones and the other kinds stay flat)
         self.hierarchical = (topo is not None and topo.algorithm == shape.Algorithm.HIERARCHICAL
                              and net.all_reduce == AllReduce.RING)
+        self._nodes: tuple[dict[int, list[int]], list[int]] | None = None
         self.recorded = recorded  # the real ranks' tensors, sent in place of generated payload (emu run)
         self.host, self.completed = host, completed
         self.m = cfg.workers
@@ -129,12 +131,19 @@ class P2PEndpoint:
                         sending=kind == CollKind.SEND)
 
     def _node_of(self, w: int) -> tuple[list[int], list[int]]:
-        """Worker w's node (its workers, the leader first) and every node's leader, in node order."""
-        lay = self.wiring.layout
-        assert lay is not None
-        node = np.flatnonzero(lay.node == lay.node[w]).tolist()
-        nodes, first = np.unique(lay.node, return_index=True)  # the leader: a node's lowest rank
-        return node, [int(x) for x in first]
+        """Worker w's node (its workers, the leader first) and every node's leader, in node order
+        (worked out once: the layout is the job's)."""
+        if self._nodes is None:
+            lay = self.wiring.layout
+            assert lay is not None
+            order = np.argsort(lay.node, kind="stable")  # by node, then rank
+            nodes, starts = np.unique(lay.node[order], return_index=True)
+            members = np.split(order, starts[1:])
+            self._nodes = ({int(n): m.tolist() for n, m in zip(nodes, members, strict=True)},
+                           [int(m[0]) for m in members])  # the leader: a node's lowest rank
+        by_node, leaders = self._nodes
+        assert self.wiring.layout is not None
+        return by_node[int(self.wiring.layout.node[w])], leaders
 
     def _finish(self, w: int, seq: int) -> None:
         alg = self.algs.pop((w, seq))

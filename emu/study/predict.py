@@ -267,14 +267,17 @@ def _on_topology(op: Coll, config: ReplayConfig, scale: int) -> float:
     """One collective alone on the topology (docs/physics.md, 'On a topology')."""
     topo, layout = config.topology, config.layout()
     assert topo is not None and layout is not None
-    if op.kind != CollKind.ALL_REDUCE or op.sparsity is not None or (
-            config.switch_sums and not op.dtype.is_float):
-        raise ConfigError(f"a {op.kind.value} of {op.dtype.value}{' (sparse)' if op.sparsity else ''} on a topology: "
-                          "emu predict's topology forms take dense all_reduces on ina and ring (docs/physics.md, "
-                          "'On a topology'); replay it (emu replay)")
+    if op.kind != CollKind.ALL_REDUCE or op.sparsity is not None:
+        what = "a sparse all_reduce" if op.kind == CollKind.ALL_REDUCE else f"{op.kind.value} of {op.dtype.value}"
+        raise ConfigError(f"{what} on a topology: emu predict's topology forms take dense all_reduces on ina and "
+                          "ring (docs/physics.md, 'On a topology'); replay it (emu replay)")
+    if op.count == 0:
+        return 0.0
     hier = topo.algorithm == Algorithm.HIERARCHICAL
-    if config.switch_sums:
+    if config.switch_sums and op.dtype.is_float:
         return topology_ina_us(op.count, config.link, topo, layout, config.elements, config.emulated_slots)
+    if config.switch_sums:  # integers fall back to the flat ring on ina (the switch sums fixed point)
+        return topology_ring_us(op.count, op.dtype.itemsize, config.link, topo, layout, payload_scale=scale)
     if hier:
         return topology_hier_ring_us(op.count, op.dtype.itemsize, config.link, topo, layout, scale)
     return topology_ring_us(op.count, op.dtype.itemsize, config.link, topo, layout, payload_scale=scale)

@@ -102,6 +102,7 @@ class Algorithm:
         self.layout, self.seed, self.check = layout, seed, check
         self.sparsity = sparsity  # the payload's, where the collective has one (emu.emulator.payload)
         self.recorded = recorded  # the real ranks' tensors, sent in place of generated payload (emu run)
+        self.summed_over = size  # the workers whose data the payload and its sums are (a sub-ring's job: more)
         self.finished = False
         self.end_us = 0.0
         self._map = layout.segment_map()
@@ -109,20 +110,20 @@ class Algorithm:
     def _block(self, lo: int, hi: int, workers: int | None = None):
         if self.recorded is not None:
             return self.recorded.block(self.seq, lo, hi)
-        return block(self.seed, self.seq, lo, hi - lo, workers or self.size, self.dtype, self.sparsity)
+        return block(self.seed, self.seq, lo, hi - lo, workers or self.summed_over, self.dtype, self.sparsity)
 
     def own(self, lo: int, hi: int, worker: int | None = None) -> np.ndarray:
         return self._block(lo, hi).values(self.rank if worker is None else worker)
 
     def total(self, lo: int, hi: int) -> np.ndarray:
-        return self._block(lo, hi).expected_sum(self.size)
+        return self._block(lo, hi).expected_sum(self.summed_over)
 
     def check_sum(self, got: np.ndarray, lo: int, hi: int) -> None:
         """Check a reduced segment against the sum over the workers: exactly for generated
         payload, within the rounding of its dtype for the real ranks' tensors."""
         blk = self._block(lo, hi)
-        self.check.compare(got, blk.expected_sum(self.size),
-                           blk.slack(self.size) if self.recorded is not None else None)
+        self.check.compare(got, blk.expected_sum(self.summed_over),
+                           blk.slack(self.summed_over) if self.recorded is not None else None)
 
     def _sends(self, dst: int, chunk: int, t: float, values) -> list[Seg]:
         return [Seg(dst, self.seq, seg, values(lo, hi), self.layout.seg_emu_bytes(chunk), t)

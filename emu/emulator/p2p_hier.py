@@ -34,19 +34,11 @@ class _LeaderRing(Ring):
     checked against all M workers' (the data are M workers')."""
 
     def __init__(self, *args, workers: int, partial: np.ndarray, **kw) -> None:
-        self.workers, self.partial = workers, partial
         super().__init__(*args, **kw)
-
-    def _block(self, lo: int, hi: int, workers: int | None = None):
-        return super()._block(lo, hi, self.workers)
+        self.summed_over, self.partial = workers, partial
 
     def own(self, lo: int, hi: int, worker: int | None = None) -> np.ndarray:
         return self.partial[lo:hi]
-
-    def check_sum(self, got: np.ndarray, lo: int, hi: int) -> None:
-        blk = self._block(lo, hi)
-        self.check.compare(got, blk.expected_sum(self.workers),
-                           blk.slack(self.workers) if self.recorded is not None else None)
 
 
 class HierRing(Algorithm):

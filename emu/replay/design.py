@@ -138,12 +138,8 @@ def topology_from_flags(flags: dict[str, Any]) -> Topology | None:
         raw = flags.get(flag_of[key])
         if raw is None:
             continue
-        if key == "topology.placement" and isinstance(raw, str) and "," in raw or (
-                key == "topology.placement" and isinstance(raw, str) and raw.strip().isdigit()):
-            try:
-                raw = [int(x) for x in raw.split(",")]
-            except ValueError:
-                pass  # refused below, as the design key would be
+        if key == "topology.placement" and isinstance(raw, str) and raw.replace(",", "").strip().isdigit():
+            raw = [int(x) for x in raw.split(",")]  # a node index per worker; anything else is checked below
         values[key] = _CHECKS[key](raw, f"--{flag_of[key].replace('_', '-')}", key)
     return topology_with(Topology(), values) if values else None
 

@@ -97,14 +97,19 @@ MARGIN = 1.2
 MIN_TDF = 0.05
 
 
+def scale_for(real_bytes: float) -> int:
+    """The smallest power of two R that brings ``real_bytes`` within REAL_BYTES_PER_ITERATION."""
+    r = 1
+    while real_bytes / r > REAL_BYTES_PER_ITERATION:
+        r *= 2
+    return r
+
+
 def choose_payload_scale(trace: Trace, config: ReplayConfig) -> int:
     """The smallest power of two R that keeps the real bytes of an iteration within budget, and no
     coarser than a sparse parameter server's shards allow (``sparse_ps_scale_limit``)."""
     per_worker = max(sum(op.bytes for op in it.colls) for r in trace.ranks for it in r.iterations)
-    total = per_worker * config.workers
-    r = 1
-    while total / r > REAL_BYTES_PER_ITERATION:
-        r *= 2
+    r = scale_for(per_worker * config.workers)
     limit = sparse_ps_scale_limit(trace, config)
     return r if limit is None else min(r, _power_of_two_below(limit))
 

@@ -10,6 +10,7 @@ links to the spine (``emu.replay.leaves``) carry what crosses between leaves.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -85,33 +86,32 @@ class Wiring:
         """Per kind of link: [links, busy ns summed (an integer: sums of them do not depend on how
         links are spread over hosts), busy us of the busiest, its name, its number (which breaks
         ties the same whichever host holds the link)] (the report's utilisation)."""
-        kinds: list[tuple[str, np.ndarray, np.ndarray, str]] = []
-        if self.layout is None or not workers:
-            who = "shard {} (endpoint {})" if not workers else "worker {}"
-            kinds += [("uplink" if workers else "shard uplink", self.up.busy_us, endpoints, who),
-                      ("downlink" if workers else "shard downlink", self.down.busy_us, endpoints, who)]
+        Named = Callable[[int], str]
+        kinds: list[tuple[str, np.ndarray, np.ndarray, Named]] = []
+        if not workers:
+            shard: Named = lambda e: f"shard {e - self._workers} (endpoint {e})"  # noqa: E731
+            kinds += [("shard uplink", self.up.busy_us, endpoints, shard),
+                      ("shard downlink", self.down.busy_us, endpoints, shard)]
+        elif self.layout is None:
+            kinds += [("uplink", self.up.busy_us, endpoints, "worker {}".format),
+                      ("downlink", self.down.busy_us, endpoints, "worker {}".format)]
         else:
-            nic = "NIC {} (node {})"
+            nic: Named = lambda n: f"NIC {n} (node {n // self._nics})"  # noqa: E731
+            port = "worker {}'s node port".format
             kinds += [("NIC up", self.up.busy_us, self._nic_ids, nic), ("NIC down", self.down.busy_us, self._nic_ids, nic)]
             if self.intra_up is not None and self.intra_down is not None:
-                kinds += [("node port up", self.intra_up.busy_us, endpoints, "worker {}'s node port"),
-                          ("node port down", self.intra_down.busy_us, endpoints, "worker {}'s node port")]
+                kinds += [("node port up", self.intra_up.busy_us, endpoints, port),
+                          ("node port down", self.intra_down.busy_us, endpoints, port)]
             if self.leaves is not None:
-                kinds += [("leaf to spine", self.leaves.busy_us[0], self.leaves.leaves, "leaf {}"),
-                          ("spine to leaf", self.leaves.busy_us[1], self.leaves.leaves, "leaf {}")]
+                kinds += [("leaf to spine", self.leaves.busy_us[0], self.leaves.leaves, "leaf {}".format),
+                          ("spine to leaf", self.leaves.busy_us[1], self.leaves.leaves, "leaf {}".format)]
         out = {}
         for kind, busy, ids, name in kinds:
             if len(busy):
                 top = int(np.argmax(busy))  # the first of equals: ids ascend
                 number = int(ids[top])
-                if kind.startswith("NIC"):
-                    label = name.format(number, number // self._nics)
-                elif kind.startswith("shard"):
-                    label = name.format(number - self._workers, number)
-                else:
-                    label = name.format(number)
-                out[kind] = [len(busy), int(np.rint(busy * 1e3).astype(np.int64).sum()), float(busy[top]), label,
-                             number]
+                out[kind] = [len(busy), int(np.rint(busy * 1e3).astype(np.int64).sum()), float(busy[top]),
+                             name(number), number]
         return out
 
     def all_links(self) -> list[LinkArray]:

@@ -30,8 +30,7 @@ from emu.emulator.recorded import payload_arrays
 from emu.errors import ConfigError, EmuError, RunFailed, TraceError
 from emu.lifetime import current
 from emu.replay import ReplayConfig, replay
-from emu.replay.config import REAL_BYTES_PER_ITERATION
-from emu.replay.orchestrator import choose_payload_scale
+from emu.replay.orchestrator import choose_payload_scale, scale_for
 from emu.replay.report import ReplayReport, write_atomic_with
 from emu.run.coordinator import Coordinator
 from emu.traces.io import save_trace
@@ -148,11 +147,7 @@ def _kept(config: ReplayConfig) -> Callable[[int, int], int]:
     m = config.workers
 
     def kept(count: int, itemsize: int) -> int:
-        r = config.payload_scale
-        if r is None:
-            r = 1
-            while count * itemsize * m / r > REAL_BYTES_PER_ITERATION:
-                r *= 2
+        r = config.payload_scale or scale_for(count * itemsize * m)
         return -(-count // r)
 
     return kept

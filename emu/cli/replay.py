@@ -17,8 +17,12 @@ if TYPE_CHECKING:
 
 
 @cli.command()
-@click.argument("trace_arg", metavar="TRACE")
-@click.option("--workers", "-w", type=int, default=8, show_default=True, help="Fake workers.")
+@click.argument("trace_args", metavar="TRACE...", nargs=-1, required=True)
+@click.option("--workers", "-w", "workers_arg", default="8", show_default=True,
+              help="Fake workers; with several traces (jobs sharing the fabric) one count a trace, 64,32.")
+@click.option("--allocation", type=click.Choice(["contiguous", "interleaved"]), default=None,
+              help="Several traces on a topology: hand each job whole nodes in turn (interleaved: the jobs share "
+                   "leaves) or in blocks (contiguous, the default); docs/topology.md.")
 @click.option("--network", "network", type=click.Path(dir_okay=False),
               help="A network design file (TOML: fabric, [link], [switch]); flags typed beside it win.")
 @click.option("--fabric", default="ina", show_default=True,
@@ -70,18 +74,21 @@ if TYPE_CHECKING:
 @click.option("--json", "as_json", is_flag=True, help="Print the report(s) as JSON on stdout.")
 @topology_options
 @click.pass_context
-def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None, fabric: str, bandwidth: str,
+def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, allocation: str | None,
+           network: str | None, fabric: str, bandwidth: str,
            bandwidth_schedule: str | None, latency: str, loss: float, jitter: str,
            iters: int | None, clock: str | None, tdf: str | None, payload_scale: str, stragglers: tuple[str, ...],
            sparsity: str, sparsity_block: int | None, compress: str, compress_speed: float, seed: int,
            payload_file: str | None, slots: int | None, elements: str,
            processes: int | None, ps_shards: int | None, timeout: float, report_path: Path | None,
            chrome_trace: Path | None, as_json: bool, **shape: Any) -> None:
-    """Replay TRACE (a file, or a shipped sample: mlp, cnn, transformer, dlrm) on fake workers.
+    """Replay TRACE (a file, or a shipped sample: mlp, cnn, transformer, dlrm) on fake workers;
+    several traces are jobs sharing the fabric, each also replayed alone for its slowdown.
 
     \b
       emu replay mlp --workers 8 --fabric ina,ring
       emu replay t.json.gz --workers 64 --fabric ina --bandwidth 100Gbps --report r.json
+      emu replay mlp cnn --workers 32,16 --network examples/designs/jobs/shared-spine.toml
     """
     import json
     from dataclasses import replace
@@ -94,8 +101,18 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
     from emu.replay.report import check_writable
     from emu.traces import load_trace
 
-    path = trace_path(trace_arg)
-    trace = load_trace(path)
+    counts = _worker_counts(workers_arg, len(trace_args))
+    workers = sum(counts)
+    several = len(trace_args) > 1
+    if several and payload_file is not None:
+        raise ConfigError("--payload sends one emu run's tensors: give it with one trace")
+    if not several and allocation is not None:
+        raise ConfigError("--allocation hands a topology's nodes to several jobs: give it with several traces")
+    if several and chrome_trace is not None:
+        raise ConfigError("--chrome-trace draws one job's workers: give it with one trace")
+    paths = [trace_path(arg) for arg in trace_args]
+    traces = [load_trace(p) for p in paths]
+    path, trace = paths[0], traces[0]
     payload = None
     if payload_file is not None:
         from emu.emulator.recorded import load_payload
@@ -146,14 +163,25 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
                               sparsity=sparse, compress=compression, topology=topology)
         if design is not None:
             config = replace(design.overlay(config, given | {"fabric"}), design_file=network, design_name=design.name)
-        config.check()
+        if not several:
+            config.check()
         chrome = None if chrome_trace is None else target(chrome_trace, name) or chrome_trace
         out_path = None if report_path is None else target(report_path, name) or report_path
         try:
-            with Progress(f"{name} x{workers}") as bar:
-                report = run_replay(trace, config, trace_path=str(path), chrome_trace=chrome,
-                                    on_progress=bar.update, on_status=bar.status, payload=payload,
-                                    payload_path=payload_file)
+            with Progress(f"{name} x{workers_arg}") as bar:
+                if several:
+                    from emu.emulator.topology import Allocation
+                    from emu.replay.jobs import Jobs, replay_jobs
+
+                    chosen = (Allocation(allocation) if allocation is not None
+                              else design.allocation if design is not None and design.allocation is not None
+                              else Allocation.CONTIGUOUS)
+                    report = replay_jobs(traces, config, Jobs(counts, chosen), [str(p) for p in paths],
+                                         on_progress=bar.update, on_status=bar.status)
+                else:
+                    report = run_replay(trace, config, trace_path=str(path), chrome_trace=chrome,
+                                        on_progress=bar.update, on_status=bar.status, payload=payload,
+                                        payload_path=payload_file)
         except (EmuError, KeyboardInterrupt, Terminated) as exc:
             partial = getattr(exc, "partial_report", None)
             if partial is not None and out_path is not None:
@@ -173,6 +201,8 @@ def replay(ctx: click.Context, trace_arg: str, workers: int, network: str | None
         click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
     else:
         _table(reports, path)
+        if several:
+            _jobs_table(reports)
     failed = [r for r in reports if not r.verification.ok]
     if failed:
         raise CheckFailed(f"verification failed on {', '.join(r.config['fabric'] for r in failed)}: "
@@ -189,7 +219,10 @@ def _table(reports, path: Path) -> None:
     shape = (first.config.get("design") or {}).get("topology")
     where = "" if shape is None else (f", {shape['workers_per_node']}/node {shape['placement'] if isinstance(shape['placement'], str) else 'listed'}"
                                       f" ({shape['nics_per_node']} NIC{'s' if shape['nics_per_node'] > 1 else ''})")
-    t = Table(title=f"{path.name}: {first.config['workers']} workers{where}, {bandwidth}, "
+    jobs = first.config.get("jobs")
+    who = (f"{first.config['workers']} workers" if jobs is None else
+           f"{len(jobs['workers'])} jobs of {'+'.join(map(str, jobs['workers']))} workers (the first's times)")
+    t = Table(title=f"{path.name}: {who}{where}, {bandwidth}, "
                     f"{first.config['latency_us']:g} us")
     t.add_column("")
     for r in reports:
@@ -239,6 +272,54 @@ def _table(reports, path: Path) -> None:
         if r.verification.payload_note:
             err().print(f"{r.config['fabric']}: {r.verification.payload_note}", markup=False, highlight=False,
                         soft_wrap=True)
+
+
+def _worker_counts(text: str, traces: int) -> tuple[int, ...]:
+    """--workers: one count, or one a trace (one count for several traces gives each job as many)."""
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or (traces == 1 and len(counts) != 1):
+        raise ConfigError(f"--workers {text!r}: give a number of workers" + (", one a trace (64,32)" if traces > 1 else ""))
+    if len(counts) == 1:
+        counts = counts * traces
+    if len(counts) != traces:
+        raise ConfigError(f"--workers {text!r} gives {len(counts)} counts for {traces} traces: give one a trace, "
+                          "in the traces' order")
+    return counts
+
+
+def _jobs_table(reports) -> None:
+    from rich.table import Table
+
+    for r in reports:
+        t = Table(title=f"{r.config['fabric']}: {len(r.jobs)} jobs sharing the fabric "
+                        f"({r.config['jobs']['slot_policy']} slots"
+                        + (f", {r.config['jobs']['allocation']} nodes)" if r.config['jobs']['allocation'] else ")"))
+        for name in ("job", "trace", "workers", "nodes", "slots", "alone", "shared", "slowdown", "verification"):
+            t.add_column(name, justify="left" if name in ("trace", "nodes") else "right")
+        for j in r.jobs:
+            shared = j.summary.iteration_us_median if j.summary is not None else None
+            t.add_row(str(j.job), Path(j.trace["path"]).name, str(j.workers), _nodes(j.nodes), str(j.slots),
+                      "-" if j.alone_us is None else f"{ms(j.alone_us)} ms",
+                      "-" if shared is None else f"{ms(shared)} ms",
+                      "-" if j.slowdown is None else f"{j.slowdown:.3f}x",
+                      "ok" if j.verification.ok else "FAILED")
+        out().print(t)
+
+
+def _nodes(nodes: list[int] | None) -> str:
+    """'0-3, 8-11' for the nodes a job holds."""
+    if not nodes:
+        return "-"
+    runs: list[list[int]] = []
+    for n in nodes:
+        if runs and runs[-1][1] == n - 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _compression(c: CompressionReport) -> str:

@@ -56,6 +56,19 @@ class Algorithm(enum.Enum):
     HIERARCHICAL = "hierarchical"
 
 
+class Allocation(str, enum.Enum):
+    """How the fabric's nodes are handed out to jobs sharing it (emu.replay.jobs)."""
+
+    CONTIGUOUS = "contiguous"  # job 0's nodes first, then job 1's: jobs meet only at the spine
+    INTERLEAVED = "interleaved"  # node by node in turn: jobs share every leaf they span
+
+
+class SlotPolicy(str, enum.Enum):
+    """How jobs sharing a switch share its slot pool."""
+
+    STATIC = "static"  # each of J jobs gets slots // J, as SwitchML partitions its pool
+
+
 @dataclass(frozen=True)
 class Topology:
     workers_per_node: int = DEFAULT_WORKERS_PER_NODE
@@ -70,6 +83,9 @@ class Topology:
     algorithm: Algorithm = Algorithm.FLAT
     spine_latency_us: float | None = None
     """One leaf-spine hop; None: the NIC link's latency."""
+    fabric_nodes: int | None = None
+    """The nodes of the whole fabric where it holds more than these workers use (jobs sharing it,
+    docs/topology.md): they decide how many leaves there are; None: the nodes the workers use."""
 
     def check(self, workers: int) -> None:
         """Refuse, naming the key and the fix, what cannot be built or is not modelled yet."""
@@ -101,6 +117,11 @@ class Topology:
                                   f"{g} (workers_per_node): move some, or raise workers_per_node")
         elif -(-workers // g) > MAX_NODES:
             raise ConfigError(f"{workers} workers at {g} a node are more than {MAX_NODES} nodes")
+        if self.fabric_nodes is not None and not (
+                1 <= self.fabric_nodes <= MAX_NODES and (self.placement != Placement.LIST
+                                                         or max(self.nodes, default=0) < self.fabric_nodes)):
+            raise ConfigError(f"topology.fabric_nodes = {self.fabric_nodes}: give at least the nodes the "
+                              f"placement uses, at most {MAX_NODES}")
 
     def layout(self, workers: int, seed: int = 0) -> Layout:
         """Where each of ``workers`` workers sits (``check`` first)."""
@@ -125,7 +146,10 @@ class Topology:
         nic = node * n + place % n
         per_leaf = max(1, self.leaf_ports // n)  # nodes a leaf holds
         leaf = node // per_leaf
-        return Layout(node=node, nic=nic, leaf=leaf, leaves=int(leaf.max(initial=0)) + 1)
+        leaves = int(leaf.max(initial=0)) + 1
+        if self.fabric_nodes is not None:
+            leaves = max(leaves, -(-self.fabric_nodes // per_leaf))
+        return Layout(node=node, nic=nic, leaf=leaf, leaves=leaves)
 
     def to_dict(self, link: LinkSpec) -> dict:
         """As the report records it (docs/design.md, ``config.design.topology``)."""

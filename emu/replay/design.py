@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import math
 import os
 import sys
@@ -21,7 +22,7 @@ from typing import Any
 
 from emu.emulator import fabric as fabrics
 from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us, parse_schedule
-from emu.emulator.topology import Algorithm, Placement, Topology
+from emu.emulator.topology import Algorithm, Allocation, Placement, SlotPolicy, Topology
 from emu.emulator.wire import ELEMENTS_ALLOWED
 from emu.errors import ConfigError
 from emu.replay.config import ReplayConfig
@@ -55,7 +56,8 @@ FLAG_KEYS: dict[str, str] = {"fabric": "fabric", "bandwidth": "link.bandwidth",
                              "algorithm": "topology.algorithm", "spine_latency": "topology.spine_latency"}
 _LABELS = ("name", "description")
 _TABLES = {"link": ("bandwidth", "bandwidth_schedule", "latency", "loss", "jitter"), "switch": ("slots", "elements"),
-           "topology": tuple(k.split(".")[1] for k in TOPOLOGY_KEYS)}
+           "topology": tuple(k.split(".")[1] for k in TOPOLOGY_KEYS),
+           "jobs": ("allocation", "slot_policy")}  # several jobs sharing the fabric (emu.replay.jobs)
 _ALLOWED = (*_LABELS, "fabric", *_TABLES)
 _EXAMPLE = "examples/designs/ina-100g.toml"
 
@@ -89,6 +91,10 @@ class NetworkDesign:
     placement: tuple[Placement, tuple[int, ...]] | None = None
     algorithm: Algorithm | None = None
     spine_latency_us: float | None = None
+    allocation: Allocation | None = None
+    """Several jobs: how the fabric's nodes are handed out (``--allocation``)."""
+    slot_policy: SlotPolicy | None = None
+    """Several jobs: how they share the switch's slots."""
 
     def value(self, key: str) -> Any:
         """The value the design gives dotted ``key`` (one of KEYS), None where unset."""
@@ -168,7 +174,8 @@ _FIELDS = {"fabric": "fabric", "link.bandwidth": "bandwidth_bps", "link.bandwidt
            "topology.nics_per_node": "nics_per_node", "topology.intra_node_bandwidth": "intra_bps",
            "topology.intra_node_latency": "intra_latency_us", "topology.leaf_ports": "leaf_ports",
            "topology.oversubscription": "oversubscription", "topology.placement": "placement",
-           "topology.algorithm": "algorithm", "topology.spine_latency": "spine_latency_us"}
+           "topology.algorithm": "algorithm", "topology.spine_latency": "spine_latency_us",
+           "jobs.allocation": "allocation", "jobs.slot_policy": "slot_policy"}
 
 
 def load_design(path: str | os.PathLike) -> NetworkDesign:
@@ -240,7 +247,7 @@ def _refuse_unknown(doc: dict[str, Any], source: str) -> None:
     for key in doc:
         if key not in _ALLOWED:
             raise ConfigError(f"{source}: unknown key {_key(key)}{_closest(key, None)}: a design takes "
-                              "name, description, fabric, [link], [switch] and [topology]")
+                              "name, description, fabric, [link], [switch], [topology] and [jobs]")
     for table, keys in _TABLES.items():
         if table not in doc:
             continue
@@ -371,6 +378,16 @@ def _placement(value: Any, source: str, key: str) -> tuple[Placement, tuple[int,
                       "indices, one per worker ([0, 0, 1, 1])")
 
 
+def _choice(kind: type[enum.Enum]) -> Callable[[Any, str, str], Any]:
+    names = [str(c.value) for c in kind]  # type: ignore[attr-defined]
+
+    def check(value: Any, source: str, key: str) -> Any:
+        if isinstance(value, str) and value in names:
+            return kind(value)
+        raise ConfigError(f"{source}: {key} = {_show(value)}: give " + " or ".join(f'"{n}"' for n in names))
+    return check
+
+
 def _algorithm(value: Any, source: str, key: str) -> Algorithm:
     if isinstance(value, str) and value in (a.value for a in Algorithm):
         return Algorithm(value)
@@ -386,7 +403,7 @@ _CHECKS: dict[str, Callable[[Any, str, str], Any]] = {
     "topology.intra_node_bandwidth": _bandwidth, "topology.intra_node_latency": _duration,
     "topology.leaf_ports": _whole("1..4096", lambda v: 1 <= v <= 4096, 32),
     "topology.oversubscription": _ratio, "topology.placement": _placement, "topology.algorithm": _algorithm,
-    "topology.spine_latency": _duration,
+    "topology.spine_latency": _duration, "jobs.allocation": _choice(Allocation), "jobs.slot_policy": _choice(SlotPolicy),
 }
 
 

@@ -34,6 +34,7 @@ from emu.errors import RunFailed
 from emu.replay.config import ReplayConfig
 from emu.replay.ina_endpoint import InaEndpoint, take
 from emu.replay.lag import LagHistogram
+from emu.replay.leaves import LeafStage
 from emu.replay.messages import HostResult, WorkerRecord
 from emu.replay.p2p_endpoint import P2PEndpoint
 from emu.replay.programs import WorkerProgram, straggling
@@ -70,6 +71,10 @@ class HostSetup:
     control_addr: str
     spans: bool
     payload: RecordedPayload | None = None  # the real ranks' tensors to send (emu run), else generated
+    job: int = 0  # its number among jobs sharing the fabric (their headers carry it)
+    # jobs sharing the fabric (emu.replay.jobs_host): each job's endpoints here, and every job's configuration
+    parts: tuple[HostSetup, ...] = ()
+    jobs: tuple[ReplayConfig, ...] = ()
 
 
 @dataclass
@@ -80,8 +85,12 @@ class Counters:
 
 
 class Host:
-    def __init__(self, setup: HostSetup) -> None:
+    def __init__(self, setup: HostSetup, leaves: LeafStage | None = None) -> None:
+        """``leaves``: the leaves' links, where jobs sharing the fabric share them; whoever holds
+        the jobs moves their traffic (``emu.replay.jobs_host``)."""
         self.setup = setup
+        self.job = setup.job
+        self.own_leaves = leaves is None
         cfg = setup.config
         self.cfg = cfg
         self.net = cfg.network
@@ -103,12 +112,12 @@ class Host:
         workers = setup.role == "workers"
         # one uplink and one downlink per endpoint (or, on a topology, per NIC), shared by its
         # aggregation and point-to-point traffic (emu.replay.wiring)
-        self.wiring = Wiring.build(cfg, endpoints, workers)
+        self.wiring = Wiring.build(cfg, endpoints, workers, leaves)
         self.up, self.down = self.wiring.up, self.wiring.down
         self.ina = InaEndpoint(cfg, endpoints if workers else np.zeros(0, np.int64), self.wiring, index,
-                               self._timer, self._completed, setup.payload)
+                               self._timer, self._completed, setup.payload, setup.job)
         self.p2p = P2PEndpoint(cfg, self.net, () if workers else setup.endpoints, self.wiring, index,
-                               setup.index, self._completed, setup.payload)
+                               setup.index, self._completed, setup.payload, setup.job)
         self.workers: dict[int, FakeWorker] = {}
         if workers:
             factor, sigma = straggling(cfg.stragglers, self.m, cfg.seed)
@@ -227,7 +236,7 @@ class Host:
         """Handle everything due before ``bound`` (or at it, when ``inclusive``): downlinks, then
         local events in order, then uplinks (module docstring). ``now``: the wall clock's
         emulated time, to measure lag (the wall clock only)."""
-        leaves = self.wiring.leaves
+        leaves = self.wiring.leaves if self.own_leaves else None
         if leaves is not None:  # from the spine down the leaves' links, on to the NICs' downlinks later
             leaves.advance(1, bound, inclusive, self.p2p.receive, self.ina.receive)
         self._downlinks(bound, inclusive, now)
@@ -282,9 +291,11 @@ class Host:
                 spans=[list(s) for s in fw.s.spans] if self.setup.spans else [])
             for w, fw in self.workers.items()}
         ina = self.ina.counters
+        leaves = self.wiring.leaves
+        leaf_bytes = 0.0 if leaves is None else leaves.bytes_sent if self.own_leaves else leaves.bytes_by_job.get(self.job, 0.0)
         return HostResult(
-            host=self.setup.index, workers=workers, lost=ina.lost,
-            bytes_sent=ina.bytes_sent + self.p2p.bytes_sent + (self.wiring.leaves.bytes_sent if self.wiring.leaves else 0),
+            host=self.setup.index, job=self.job, workers=workers, lost=ina.lost,
+            bytes_sent=ina.bytes_sent + self.p2p.bytes_sent + leaf_bytes,
             packets_lost=ina.packets_lost + sum(a.resent_packets for a in self.wiring.all_links()),
             retransmissions=self.ina.group.retransmissions, fallbacks=dict(self.counters.fallbacks),
             reordered=sum(a.reordered for a in self.wiring.all_links()),
@@ -294,4 +305,5 @@ class Host:
             verify_elements=self.p2p.check.elements + self.ina.check.elements,
             verify_mismatches=self.p2p.check.mismatches + self.ina.check.mismatches,
             lag=self.lag.to_dict() if self.measure_lag else None,
-            links=self.wiring.usage(np.asarray(self.setup.endpoints, np.int64), self.setup.role == "workers"))
+            links=self.wiring.usage(np.asarray(self.setup.endpoints, np.int64), self.setup.role == "workers",
+                                    leaves=self.own_leaves))

@@ -35,6 +35,7 @@ from emu.emulator.transport import (
 )
 from emu.replay.config import Clock
 from emu.replay.host import Host, HostSetup
+from emu.replay.jobs_host import JobsHost
 from emu.replay.messages import Progress, Ready, Start, Stop, connect_control, decode, encode, failure
 
 PROGRESS_S = 0.2
@@ -53,7 +54,7 @@ def host_main(setup: HostSetup) -> None:
     data.connect(setup.switch_addr)
     data.send(HELLO)
     try:
-        host = Host(setup)
+        host: Host | JobsHost = JobsHost(setup) if setup.parts else Host(setup)
         ctrl.send(encode(Ready(setup.index)))
         if setup.config.resolved_clock == Clock.SYNC:
             _Loop(host, ctrl, data).serve_sync()
@@ -73,7 +74,7 @@ def host_main(setup: HostSetup) -> None:
 
 
 class _Loop:
-    def __init__(self, host: Host, ctrl: zmq.Socket, data: zmq.Socket) -> None:
+    def __init__(self, host: Host | JobsHost, ctrl: zmq.Socket, data: zmq.Socket) -> None:
         self.host, self.ctrl, self.data = host, ctrl, data
         self.poller = zmq.Poller()
         self.poller.register(ctrl, zmq.POLLIN)
@@ -90,8 +91,13 @@ class _Loop:
             self.host.begin()
         elif isinstance(msg, Stop):
             if not self.reported:
-                self.ctrl.send(encode(self.host.metrics()))
+                self._report()
             self.stopped = True
+
+    def _report(self) -> None:
+        results = self.host.metrics()
+        for result in results if isinstance(results, list) else [results]:
+            self.ctrl.send(encode(result))
 
     def _send_out(self) -> None:
         batch, segs = self.host.take_outgoing()
@@ -114,7 +120,7 @@ class _Loop:
             done_its = min(fw.s.it for fw in host.workers.values())
             self.ctrl.send(encode(Progress(host.setup.index, done_its)))
         if host.workers and not self.reported and host.done():
-            self.ctrl.send(encode(host.metrics()))
+            self._report()
             self.reported = True
 
     def _data(self, on_go) -> None:

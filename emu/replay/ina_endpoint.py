@@ -60,7 +60,8 @@ class InaCounters:
 class InaEndpoint:
     def __init__(self, cfg: ReplayConfig, workers: np.ndarray, wiring: Wiring,
                  index: dict[int, int], timer: Callable[[float, int, int, float], None],
-                 completed: Callable[[int, CollRun, float], None], recorded: RecordedPayload | None = None) -> None:
+                 completed: Callable[[int, CollRun, float], None], recorded: RecordedPayload | None = None,
+                 job: int = 0) -> None:
         self.cfg, self.up, self.down, self.index = cfg, wiring.up, wiring.down, index
         # each local worker's link (its NIC's, shared with the node's other workers on a topology),
         # and, with several leaves, each one's leaf, whose links to the spine (which aggregates)
@@ -71,7 +72,7 @@ class InaEndpoint:
                      else np.zeros(len(workers), np.int64))
         self.k = cfg.elements
         self.timer, self.completed = timer, completed
-        params = InaParams(slots=cfg.real_slots, elements=self.k, workers=cfg.workers, job=0, seed=cfg.seed,
+        params = InaParams(slots=cfg.real_slots, elements=self.k, workers=cfg.workers, job=job, seed=cfg.seed,
                            scale=cfg.scale, emulated_slots=cfg.emulated_slots,
                            sparse_stream=cfg.network.sparse_stream)
         self.group = InaGroup(workers, params, PayloadCache(cfg.seed, cfg.workers), recorded)

@@ -40,7 +40,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from emu.emulator.links import LinkSpec
+from emu.emulator.topology import Algorithm, Layout
 from emu.emulator.transport import AggBatch, Segment
+from emu.replay.config import ReplayConfig
 
 
 @dataclass
@@ -69,14 +71,22 @@ class _Rows:
         n = len(self.first)
         if isinstance(self.item, Segment):  # (collective, destination), (source, segment)
             h = self.item.header[0]
-            return (np.zeros(n, np.int64), np.full(n, (int(h["seq"]) << 16) | int(h["dst"]), np.int64),
+            return (np.full(n, int(h["job"]) << 1, np.int64), np.full(n, (int(h["seq"]) << 16) | int(h["dst"]), np.int64),
                     np.full(n, (int(h["src"]) << 32) | int(h["segment"]), np.int64))
         assert isinstance(self.item, AggBatch)
         chunks = self.item.headers["chunk"].astype(np.int64)
         workers = self.item.headers["worker"].astype(np.int64)
+        jobs = self.item.headers["job"].astype(np.int64)
         if self.merged:  # one row: the partial's chunk and its lowest worker
-            chunks, workers = chunks[:1], workers.min()[None]
-        return np.ones(n, np.int64), chunks, workers
+            chunks, workers, jobs = chunks[:1], workers.min()[None], jobs[:1]
+        return (jobs << 1) | 1, chunks, workers
+
+    def job(self) -> int:
+        """The job whose rows these are (a host's endpoints hand over one job's rows at a time)."""
+        if isinstance(self.item, Segment):
+            return int(self.item.header[0]["job"])
+        assert isinstance(self.item, AggBatch)
+        return int(self.item.headers["job"][0])
 
 
 class LeafStage:
@@ -84,14 +94,14 @@ class LeafStage:
 
     def __init__(self, leaves: np.ndarray, link: LinkSpec, seed: int, partial_of: np.ndarray | None = None,
                  window: int = 1) -> None:
-        """``partial_of``: per leaf held, the workers whose contributions make one partial sum
-        (hierarchical aggregation; None: flat); ``window``: the stream's real slots (how far back a
-        retransmission can reach)."""
+        """``partial_of``: per job and leaf held, the workers whose contributions make one partial
+        sum (hierarchical aggregation; None: flat); ``window``: the stream's real slots (how far back
+        a retransmission can reach)."""
         self.leaves = np.asarray(leaves, np.int64)  # the global ids of the host's leaves
-        self.partial_of = partial_of
+        self.partial_of = None if partial_of is None else np.atleast_2d(partial_of)
         self.window = window
-        self._held: dict[tuple[int, int], tuple[set[int], list[AggBatch], float, float, float, float]] = {}
-        self._done: dict[tuple[int, int], None] = {}  # partial sums sent, recent ones (duplicates pass)
+        self._held: dict[tuple[int, int, int], tuple[set[int], list[AggBatch], float, float, float, float]] = {}
+        self._done: dict[tuple[int, int, int], None] = {}  # partial sums sent, recent ones (duplicates pass)
         self.index = {int(leaf): i for i, leaf in enumerate(self.leaves)}
         self.spec = link
         self.free = (np.zeros(len(self.leaves)), np.zeros(len(self.leaves)))  # per direction and leaf
@@ -99,6 +109,18 @@ class LeafStage:
         self._heaps: tuple[list, list] = ([], [])
         self._count = 0
         self.bytes_sent = 0.0
+        self.bytes_by_job: dict[int, float] = {}  # of bytes_sent, per job (jobs sharing the fabric)
+
+    @classmethod
+    def of(cls, held: np.ndarray, cfg: ReplayConfig, *layouts: Layout) -> LeafStage:
+        """The links of the leaves ``held`` (global ids, ascending) on ``cfg``'s topology; with
+        hierarchical aggregation, each job's (``layouts``, in job order) partial sums."""
+        topo = cfg.topology
+        assert topo is not None
+        spine = LinkSpec(bandwidth_bps=topo.uplink_bps(cfg.link), latency_us=topo.spine_latency(cfg.link))
+        partial_of = (np.stack([np.bincount(lay.leaf, minlength=lay.leaves)[held] for lay in layouts])
+                      if topo.algorithm == Algorithm.HIERARCHICAL else None)
+        return cls(held, spine, cfg.seed, partial_of, cfg.real_slots)
 
     def next_us(self) -> float:
         return min((h[0][0] for h in self._heaps if h), default=math.inf)
@@ -168,9 +190,10 @@ class LeafStage:
         batch = rows.item
         chunks = batch.headers["chunk"].astype(np.int64)
         workers = batch.headers["worker"].astype(np.int64)
+        jobs = batch.headers["job"].astype(np.int64)
         alone = []
         for i in range(len(chunks)):
-            key = (int(rows.leaf[i]), int(chunks[i]))
+            key = (int(jobs[i]), int(rows.leaf[i]), int(chunks[i]))
             if key in self._done:
                 alone.append(i)
                 continue
@@ -182,16 +205,16 @@ class LeafStage:
             seen.add(int(workers[i]))
             held.append(batch.take(slice(i, i + 1)))
             first, last = max(first, float(rows.first[i])), max(last, float(rows.last[i]))
-            if len(seen) < self.partial_of[key[0]]:
+            if len(seen) < self.partial_of[key[0], key[1]]:
                 self._held[key] = (seen, held, first, last, wire, packets)
                 continue
             self._held.pop(key, None)
             self._done[key] = None
-            self._push(0, _Rows(np.array([key[0]]), np.array([first]), np.array([last]), np.array([wire]),
+            self._push(0, _Rows(np.array([key[1]]), np.array([first]), np.array([last]), np.array([wire]),
                                 np.array([packets]), AggBatch.concat(held), merged=True))
         if alone:
             self._push(0, rows.take(np.asarray(alone, np.int64)))
-        if len(self._done) > 64 * self.window * len(self.leaves):  # a retransmission reaches a window back
+        if len(self._done) > 64 * self.window * self.partial_of.size:  # a retransmission reaches a window back
             for key in list(self._done)[: len(self._done) // 2]:
                 del self._done[key]
 
@@ -219,6 +242,14 @@ class LeafStage:
                                       np.concatenate([p.last for p in parts])[order], wire,
                                       np.concatenate([p.packets for p in parts])[order])
         self.bytes_sent += float(np.rint(wire).sum())
+        job_wire = np.empty(len(wire))
+        job_wire[order] = wire
+        at = 0
+        for p in parts:
+            n = len(p.first)
+            job = p.job()
+            self.bytes_by_job[job] = self.bytes_by_job.get(job, 0.0) + float(np.rint(job_wire[at:at + n]).sum())
+            at += n
         out_first, out_last = np.empty(len(first)), np.empty(len(first))
         out_first[order], out_last[order] = f_out, l_out
         at = 0

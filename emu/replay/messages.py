@@ -66,7 +66,7 @@ class HostResult:
     """What a host measured. Real messages and emulated packets are counted apart."""
 
     host: int
-    workers: dict[str, WorkerRecord]
+    workers: dict[str, WorkerRecord]  # by the worker's number in its job
     bytes_sent: float  # emulated wire bytes, every link direction
     lost: int  # real aggregation rows the links dropped
     packets_lost: int  # emulated packets lost on any link
@@ -82,6 +82,7 @@ class HostResult:
     # per kind of link (emu.replay.wiring.Wiring.usage): [links, busy us summed, busy us of the
     # busiest, its name]
     links: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+    job: int = 0  # jobs sharing the fabric: whose endpoints these are (a host sends one result per job)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import zmq
 from emu import lifetime
 from emu.emulator import physics
 from emu.emulator.recorded import RecordedPayload
+from emu.emulator.topology import Layout
 from emu.errors import ConfigError, RunFailed
 from emu.replay.adaptive import run_passes
 from emu.replay.config import REAL_BYTES_PER_ITERATION, Clock, ReplayConfig
@@ -74,18 +75,23 @@ def _point_to_point(programs: list[WorkerProgram], config: ReplayConfig) -> bool
 
 
 def _worker_hosts(config: ReplayConfig) -> list[np.ndarray]:
-    """The workers of each worker host process: consecutive ranges, or on a topology whole nodes
-    (traffic inside a node never leaves its host: emu.replay.wiring), and with several leaves whole
-    leaves (their links to the spine are the host's: emu.replay.leaves), as many per host as even."""
-    layout = config.layout()
+    """The workers of each worker host process (``partition``)."""
+    return partition(config.layout(), config.workers, config.host_processes)
+
+
+def partition(layout: Layout | None, workers: int, processes: int) -> list[np.ndarray]:
+    """The workers of each of at most ``processes`` host processes: consecutive ranges, or on a
+    topology whole nodes (traffic inside a node never leaves its host: emu.replay.wiring), and with
+    several leaves whole leaves (their links to the spine are the host's: emu.replay.leaves), as
+    many per host as even."""
     if layout is None:
-        return [np.arange(a, b) for a, b in _split(config.workers, config.host_processes)]
+        return [np.arange(a, b) for a, b in _split(workers, processes)]
     if layout.leaves > 1:
         leaves = np.unique(layout.leaf)
-        parts = min(config.host_processes, len(leaves))
+        parts = min(processes, len(leaves))
         return [np.flatnonzero(np.isin(layout.leaf, leaves[a:b])) for a, b in _split(len(leaves), parts)]
     nodes = np.unique(layout.node)
-    parts = min(config.host_processes, len(nodes))
+    parts = min(processes, len(nodes))
     return [np.flatnonzero(np.isin(layout.node, nodes[a:b])) for a, b in _split(len(nodes), parts)]
 
 
@@ -304,13 +310,57 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
     m = config.workers
     held = _worker_hosts(config)
     worker_hosts = [(int(ws[0]), int(ws[-1]) + 1) for ws in held]  # their spans (bmv2 routes by them)
-    net = config.network
-    ps_hosts = _split(config.shards, min(config.shards, 2)) if net.parameter_server else []
+    ps_hosts = _split(config.shards, min(config.shards, 2)) if config.network.parameter_server else []
     endpoint_host = [0] * m
     for h, ws in enumerate(held):
         for w in ws:
             endpoint_host[int(w)] = h
     endpoint_host += [len(held) + h for h, (a, b) in enumerate(ps_hosts) for _ in range(a, b)]
+
+    def plan(switch_addr: str, control_addr: str) -> tuple[list[HostSetup], SwitchSetup]:
+        setups = [HostSetup(index=h, role="workers", endpoints=tuple(int(w) for w in ws), config=config,
+                            programs=tuple(programs[int(w)] for w in ws), iters=iters, switch_addr=switch_addr,
+                            control_addr=control_addr, spans=chrome_trace is not None, payload=payload)
+                  for h, ws in enumerate(held)]
+        setups += [HostSetup(index=len(worker_hosts) + h, role="ps", endpoints=tuple(m + i for i in range(a, b)),
+                             config=config, programs=(), iters=iters, switch_addr=switch_addr,
+                             control_addr=control_addr, spans=False)
+                   for h, (a, b) in enumerate(ps_hosts)]
+        sw = SwitchSetup(address=switch_addr, control_addr=control_addr, workers=m, slots=config.real_slots,
+                         elements=config.elements, fabric=config.fabric,
+                         worker_hosts=tuple(worker_hosts), endpoint_host=tuple(endpoint_host),
+                         sync=config.resolved_clock == Clock.SYNC,
+                         lookahead_us=config.lookahead_us(inside_nodes=_point_to_point(programs, config)))
+        return setups, sw
+
+    def build(results: list[HostResult], switch: SwitchResult, wall_s: float, cpu_s: float,
+              processes: int) -> ReplayReport:
+        return build_report(trace, trace_path, config, iters, results, switch, wall_s, cpu_s, processes)
+
+    report, run_s, results = execute(config, plan, iters * m, build, on_progress,
+                                     external=lambda: config.network.external_switch(m, config.real_slots))
+    if chrome_trace is not None:
+        spans = {int(w): [tuple(s) for s in d.spans] for r in results for w, d in r.workers.items()}
+        try:
+            write_chrome_trace(spans, chrome_trace)
+        except RunFailed as exc:
+            exc.partial_report = report  # type: ignore[attr-defined]  # the run itself is complete
+            raise
+    return report, run_s
+
+
+Build = Callable[[list[HostResult], SwitchResult, float, float, int], ReplayReport]
+
+
+def execute(config: ReplayConfig, plan: Callable[[str, str], tuple[list[HostSetup], SwitchSetup]],
+            total: int, build: Build, on_progress: Callable[[float], None] | None,
+            external: Callable[[], contextlib.AbstractContextManager] | None = None,
+            ) -> tuple[ReplayReport, float, list[HostResult]]:
+    """Start the switch and the hosts ``plan`` lays out, run them to the end, stop them all.
+
+    ``build`` makes the report from what they measured (a partial one, marked so, after a failure
+    or an interrupt, attached to the exception); ``total``: worker iterations, for progress.
+    Returns the report, the seconds the run itself took, and the hosts' results."""
     workdir = tempfile.mkdtemp(prefix="emu-replay-")
     if len(workdir) + len("/control") > getattr(zmq, "IPC_PATH_MAX_LEN", 107):
         # a deep $TMPDIR makes socket paths longer than the kernel allows: a short folder instead
@@ -319,20 +369,11 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
     record = lifetime.current()
     if record is not None:
         record.add_folder(workdir)
-    switch_addr, control_addr = f"ipc://{workdir}/switch", f"ipc://{workdir}/control"
-    setups = [HostSetup(index=h, role="workers", endpoints=tuple(int(w) for w in ws), config=config,
-                        programs=tuple(programs[int(w)] for w in ws), iters=iters, switch_addr=switch_addr,
-                        control_addr=control_addr, spans=chrome_trace is not None, payload=payload)
-              for h, ws in enumerate(held)]
-    setups += [HostSetup(index=len(worker_hosts) + h, role="ps", endpoints=tuple(m + i for i in range(a, b)),
-                         config=config, programs=(), iters=iters, switch_addr=switch_addr,
-                         control_addr=control_addr, spans=False)
-               for h, (a, b) in enumerate(ps_hosts)]
-    sw = SwitchSetup(address=switch_addr, control_addr=control_addr, workers=m, slots=config.real_slots,
-                     elements=config.elements, fabric=config.fabric,
-                     worker_hosts=tuple(worker_hosts), endpoint_host=tuple(endpoint_host),
-                     sync=config.resolved_clock == Clock.SYNC,
-                     lookahead_us=config.lookahead_us(inside_nodes=_point_to_point(programs, config)))
+    setups, sw = plan(f"ipc://{workdir}/switch", f"ipc://{workdir}/control")
+    control_addr = sw.control_addr
+    # a host sends one result per job it holds (jobs sharing the fabric), else one
+    worker_results = sum(max(1, len(s.parts)) for s in setups if s.role == "workers")
+    ps_results = sum(max(1, len(s.parts)) for s in setups if s.role == "ps")
     fork = multiprocessing.get_context("fork")
     procs: list[multiprocessing.process.BaseProcess] = []
     ctx: zmq.Context | None = None
@@ -342,7 +383,8 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
     stack = contextlib.ExitStack()
     run: _Run | None = None
     try:
-        stack.enter_context(net.external_switch(m, config.real_slots))
+        if external is not None:
+            stack.enter_context(external())
         # Children first, then the parent's zmq context: no context crosses a fork.
         parent = os.getpid()
         procs.append(fork.Process(target=_in_child, args=(switch_main, parent, workdir, sw), name="emu-switch",
@@ -363,10 +405,10 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
         run.wait_ready()
         wall0 = time.monotonic() + START_DELAY_S
         run.broadcast(Start(wall0))
-        results = run.collect(len(worker_hosts), iters * m, setups, on_progress)
+        results = run.collect(worker_results, total, setups, on_progress)
         run_s = time.monotonic() - wall0
         run.broadcast(Stop(), include_switch=True)
-        extra, switch_stats = run.drain(len(ps_hosts))
+        extra, switch_stats = run.drain(ps_results)
         wall_s = time.monotonic() - wall_start
         _join(procs)
         usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -374,25 +416,18 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
         cpu = (usage1.ru_utime + usage1.ru_stime - usage0.ru_utime - usage0.ru_stime
                + self1.ru_utime + self1.ru_stime - self0.ru_utime - self0.ru_stime)
         results += extra
-        report = build_report(trace, trace_path, config, iters, results, switch_stats, wall_s, cpu, len(procs))
+        report = build(results, switch_stats, wall_s, cpu, len(procs))
         report = replace(report, emulator=replace(report.emulator, run_s=run_s))
         run.started = False  # finished: a failure from here on is not a partial run
-        if chrome_trace is not None:
-            spans = {int(w): [tuple(s) for s in d.spans] for r in results for w, d in r.workers.items()}
-            try:
-                write_chrome_trace(spans, chrome_trace)
-            except RunFailed as exc:
-                exc.partial_report = report  # type: ignore[attr-defined]  # the run itself is complete
-                raise
-        return report, run_s
+        return report, run_s, results
     except (RunFailed, KeyboardInterrupt, lifetime.Terminated) as exc:
         if run is not None and run.started:
             # what the processes still alive measured, marked as partial
             reason = {KeyboardInterrupt: "interrupted", lifetime.Terminated: "terminated"}.get(type(exc), str(exc))
-            hosts, switch = run.leftover_results(len(worker_hosts) + len(ps_hosts))
+            hosts, switch = run.leftover_results(worker_results + ps_results)
             wall_s = time.monotonic() - wall_start
             with contextlib.suppress(Exception):  # a partial report must never hide the failure
-                report = build_report(trace, trace_path, config, iters, hosts, switch, wall_s, 0.0, len(procs))
+                report = build(hosts, switch, wall_s, 0.0, len(procs))
                 exc.partial_report = replace(report, complete=False, reason=reason)  # type: ignore[union-attr]
         raise
     finally:
@@ -411,7 +446,7 @@ class _Run:
         self.poller = zmq.Poller()
         self.poller.register(ctrl, zmq.POLLIN)
         self.started = False
-        self.results: dict[int, HostResult] = {}
+        self.results: dict[tuple[int, int], HostResult] = {}  # by (host, job)
         self.pending: list[Message] = []  # read while looking for a dead process's last words
 
     def _dead(self) -> list[tuple[Any, int | str]]:
@@ -494,7 +529,7 @@ class _Run:
             if isinstance(msg, Progress):
                 progress[msg.host] = msg.iterations
             elif isinstance(msg, HostResult):
-                done[msg.host] = msg
+                done[(msg.host, msg.job)] = msg
                 progress[msg.host] = 10**9
             if on_progress is not None and total:
                 its = sum(min(progress.get(h, 0), total) * n for h, n in sizes.items())
@@ -517,7 +552,7 @@ class _Run:
             if isinstance(msg, SwitchResult):
                 switch = msg
             elif isinstance(msg, HostResult):
-                self.results[msg.host] = msg
+                self.results[(msg.host, msg.job)] = msg
         with contextlib.suppress(Exception):
             self.broadcast(Stop())
         deadline = time.monotonic() + 2.0
@@ -527,7 +562,7 @@ class _Run:
             except RunFailed:  # another process's failure: it has nothing to give
                 continue
             if isinstance(msg, HostResult):
-                self.results[msg.host] = msg
+                self.results[(msg.host, msg.job)] = msg
             elif isinstance(msg, SwitchResult):
                 switch = msg
         return list(self.results.values()), switch or SwitchResult({}, 0)

@@ -56,8 +56,8 @@ UpSeg = tuple[float, int, int, int, int, Seg, str]
 class P2PEndpoint:
     def __init__(self, cfg: ReplayConfig, net: Fabric, servers: tuple[int, ...], wiring: Wiring,
                  index: dict[int, int], host: int, completed: Callable[[int, CollRun, float], None],
-                 recorded: RecordedPayload | None = None) -> None:
-        self.cfg, self.net, self.index = cfg, net, index
+                 recorded: RecordedPayload | None = None, job: int = 0) -> None:
+        self.cfg, self.net, self.index, self.job = cfg, net, index, job
         self.wiring, self.up, self.down = wiring, wiring.up, wiring.down
         topo = cfg.topology
         # the hierarchical ring runs dense all_reduces (sparse ones and the other kinds stay flat)
@@ -178,6 +178,7 @@ class P2PEndpoint:
             self.bytes_sent += round(wire_bytes + resent)
         header = np.zeros(1, wire.P2P_HEADER)
         header["msg_type"] = wire.MsgType.P2P
+        header["job"] = self.job
         header["dtype"] = wire.DTYPE_CODES.index(dtype)
         header["src"] = src
         header["dst"] = seg.dst

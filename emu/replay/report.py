@@ -182,6 +182,22 @@ class CompressionReport:
 
 
 @dataclass(frozen=True)
+class JobReport:
+    """One of several jobs sharing the fabric (docs/topology.md, "Several jobs")."""
+
+    job: int
+    trace: dict[str, Any]  # path, model, sha256
+    workers: int
+    nodes: list[int] | None  # the fabric's nodes it holds (on a topology)
+    slots: int  # its share of the switch's pool (emulated slots)
+    iterations: tuple[IterationReport, ...]
+    summary: Summary | None
+    verification: Verification
+    alone_us: float | None  # its iteration (median) alone on the fabric: the same nodes and share of the pool
+    slowdown: float | None  # shared over alone
+
+
+@dataclass(frozen=True)
 class ReplayReport:
     report_version: int
     emu_version: str
@@ -196,10 +212,13 @@ class ReplayReport:
     reason: str | None = None  # why it is partial
     sparsity: SparsityReport | None = None  # None when every all_reduce was dense
     compression: CompressionReport | None = None  # None without --compress
+    jobs: tuple[JobReport, ...] | None = None  # several jobs sharing the fabric; the rest is job 0's
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["iterations"] = [asdict(it) for it in self.iterations]
+        if self.jobs is not None:
+            doc["jobs"] = [{**asdict(j), "iterations": [asdict(it) for it in j.iterations]} for j in self.jobs]
         return doc
 
     def save(self, path: str | os.PathLike[str]) -> Path:

@@ -122,7 +122,7 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
         dropped=int(stats.get("dropped", 0)), lost=sum(r.lost for r in results),
         packets_lost=sum(r.packets_lost for r in results), segments=switch.segments, fallbacks=fallbacks,
         invalid=int(stats.get("invalid", 0)), malformed=int(stats.get("malformed", 0)),
-        stale=int(stats.get("stale", 0)), **_utilisation(results, records))
+        stale=int(stats.get("stale", 0)), **utilisation(results, records))
     sync = config.resolved_clock == Clock.SYNC
     emulator = EmulatorReport(
         clock=config.resolved_clock.value, tdf=None if sync else config.dilation, payload_scale=config.scale,
@@ -222,7 +222,7 @@ def _sent(config: ReplayConfig, replayed: Replayed) -> SparsityReport | None:
                                dense_collectives=dense)
 
 
-def _utilisation(results: list[HostResult], records: dict[int, list[list[float]]]) -> dict[str, Any]:
+def utilisation(results: list[HostResult], records: dict[int, list[list[float]]]) -> dict[str, Any]:
     """Each kind of link's busy time over the replay's emulated span (first start to last end)."""
     starts = [it[0] for rec in records.values() for it in rec]
     ends = [it[1] for rec in records.values() for it in rec]

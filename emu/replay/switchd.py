@@ -52,6 +52,42 @@ class SwitchSetup:
     endpoint_host: tuple[int, ...]  # host index of every endpoint (workers, then PS shards)
     sync: bool = False  # coordinate the synchronized clock
     lookahead_us: float = 0.0  # the least delay from an event at a host to its effect elsewhere
+    # jobs sharing the fabric (emu.replay.jobs): each job's workers and real slots (its share of the
+    # pool), and the global number of its endpoint 0; empty: one job of ``workers`` and ``slots``
+    job_workers: tuple[int, ...] = ()
+    job_slots: tuple[int, ...] = ()
+    job_base: tuple[int, ...] = (0,)
+
+
+class _Pools:
+    """The switch's slot pools, one a job, and where each job's endpoints are: a packet's header
+    names its job and its worker in that job; a result goes to the hosts of its job's workers."""
+
+    def __init__(self, setup: SwitchSetup, aggregates: bool = True) -> None:
+        """``aggregates``: with the pools (else only the routes, for a switch that forwards)."""
+        workers = setup.job_workers or (setup.workers,)
+        slots = setup.job_slots or (setup.slots,)
+        self.switches = [AggregationSwitch(s, m, setup.elements, job=j)
+                         for j, (m, s) in enumerate(zip(workers, slots, strict=True))] if aggregates else []
+        self.base = np.asarray(setup.job_base, np.int64)
+        self.endpoint_host = np.asarray(setup.endpoint_host, np.int64)
+        self.hosts = len(setup.worker_hosts)
+        # the hosts holding each job's workers (a multicast result goes to each)
+        self.job_hosts = [np.unique(self.endpoint_host[b:b + m]).tolist()
+                          for b, m in zip(setup.job_base, workers, strict=True)]
+
+    def host_of(self, job: int, endpoint: int) -> int:
+        """The host of a job's endpoint (a segment's destination)."""
+        if not 0 <= job < len(self.base) or not 0 <= self.base[job] + endpoint < len(self.endpoint_host):
+            raise FrameError(f"segment for unknown endpoint {endpoint} of job {job}")
+        return int(self.endpoint_host[self.base[job] + endpoint])
+
+    def stats(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for sw in self.switches:
+            for k, v in sw.stats.as_dict().items():
+                out[k] = out.get(k, 0) + v
+        return out
 
 
 def switch_main(setup: SwitchSetup) -> None:
@@ -64,10 +100,10 @@ def switch_main(setup: SwitchSetup) -> None:
     router.setsockopt(zmq.ROUTER_MANDATORY, 1)
     router.bind(setup.address)
     net = fabrics.get(setup.fabric)
-    switch = AggregationSwitch(setup.slots, setup.workers, setup.elements) if net.sums_in_switch_process else None
+    switch = _Pools(setup) if net.sums_in_switch_process else None
     ports = net.switch_ports(setup.workers, setup.elements)
     idents = [f"h{i}".encode() for i in range(max(setup.endpoint_host) + 1)]
-    endpoint_host = np.asarray(setup.endpoint_host)
+    route = switch or _Pools(setup, aggregates=False)  # where the endpoints are
     forwarded = [0]  # segments (a list: the coordinator counts into it too)
     try:
         # Ready only once every host said hello: a ROUTER can route only to peers it has heard from.
@@ -101,7 +137,7 @@ def switch_main(setup: SwitchSetup) -> None:
                     continue  # a BMv2 port: drained above
                 if sock is ctrl:
                     if isinstance(decode(ctrl.recv()), Stop):
-                        stats = switch.stats.as_dict() if switch else {}
+                        stats = switch.stats() if switch else {}
                         ctrl.send(encode(SwitchResult(stats, forwarded[0])))
                         return
                     continue
@@ -114,12 +150,11 @@ def switch_main(setup: SwitchSetup) -> None:
                     if kind == AGG and ports is not None:
                         ports.submit(AggBatch.parse(frames[1:]))
                     elif kind == AGG and switch is not None:
-                        _aggregate(router, switch, AggBatch.parse(frames[1:]), setup, idents, endpoint_host)
+                        _aggregate(router, switch, AggBatch.parse(frames[1:]), idents)
                     elif kind == SEG and len(frames) == 5 and len(frames[2]) == P2P_HEADER.itemsize:
-                        dst = int(np.frombuffer(frames[2], P2P_HEADER)["dst"][0])
-                        if dst >= len(endpoint_host):
-                            raise FrameError(f"segment for unknown endpoint {dst}")
-                        router.send_multipart([idents[endpoint_host[dst]], *frames[1:]], copy=False)
+                        head = np.frombuffer(frames[2], P2P_HEADER)[0]
+                        host = route.host_of(int(head["job"]), int(head["dst"]))
+                        router.send_multipart([idents[host], *frames[1:]], copy=False)
                         forwarded[0] += 1
                     else:
                         raise FrameError(f"unexpected message kind {kind[:8]!r} at the switch")
@@ -138,15 +173,25 @@ def switch_main(setup: SwitchSetup) -> None:
         ctx.term()
 
 
-def _aggregate(router: zmq.Socket, switch: AggregationSwitch, batch: AggBatch, setup: SwitchSetup,
-               idents: list[bytes], endpoint_host: np.ndarray) -> None:
-    res = switch.process(batch.headers, batch.payload, batch.stamps, batch.sparse)
+def _aggregate(router: zmq.Socket, pools: _Pools, batch: AggBatch, idents: list[bytes]) -> None:
+    # a job the switch has no pool for goes to the first pool, which drops it as invalid
+    jobs = np.minimum(batch.headers["job"].astype(np.int64), len(pools.switches) - 1)
+    if not len(jobs) or (jobs == jobs[0]).all():
+        _send_results(router, pools, int(jobs[0]) if len(jobs) else 0, batch, idents)
+        return
+    for job in np.unique(jobs):  # each job's rows in their order, to its own pool
+        _send_results(router, pools, int(job), batch.take(np.flatnonzero(jobs == job)), idents)
+
+
+def _send_results(router: zmq.Socket, pools: _Pools, job: int, batch: AggBatch, idents: list[bytes]) -> None:
+    res = pools.switches[job].process(batch.headers, batch.payload, batch.stamps, batch.sparse)
     if not len(res):
         return
     dest = res.headers["worker"].astype(np.int64)
     multi = dest == MULTICAST
-    host = np.where(multi, -1, endpoint_host[np.where(multi, 0, dest)])  # a host holds any set of workers
-    for h in range(len(setup.worker_hosts)):
+    # a host holds any set of workers
+    host = np.where(multi, -1, pools.endpoint_host[pools.base[job] + np.where(multi, 0, dest)])
+    for h in pools.job_hosts[job]:
         mine = multi | (host == h)
         if mine.all():
             part = AggBatch(res.headers, res.payload, res.stamps, res.sparse)
@@ -168,10 +213,10 @@ class _Coordinator:
     """
 
     def __init__(self, setup: SwitchSetup, ctrl: zmq.Socket, router: zmq.Socket,
-                 switch: AggregationSwitch | None, idents: list[bytes], forwarded: list[int]) -> None:
+                 switch: _Pools | None, idents: list[bytes], forwarded: list[int]) -> None:
         self.setup, self.ctrl, self.router, self.switch = setup, ctrl, router, switch
         self.idents, self.forwarded = idents, forwarded
-        self.endpoint_host = np.asarray(setup.endpoint_host)
+        self.route = switch or _Pools(setup, aggregates=False)
         self.window = 0
         self.reports: dict[bytes, Done] = {}
         self.pending: list[AggBatch] = []
@@ -187,7 +232,7 @@ class _Coordinator:
             for sock, _ in poller.poll(200):
                 if sock is self.ctrl:
                     if isinstance(decode(self.ctrl.recv()), Stop):
-                        stats = self.switch.stats.as_dict() if self.switch else {}
+                        stats = self.switch.stats() if self.switch else {}
                         self.ctrl.send(encode(SwitchResult(stats, self.forwarded[0], self.windows)))
                         return
                     continue
@@ -207,11 +252,10 @@ class _Coordinator:
                     raise FrameError("contributions reached a switch that does not aggregate")
                 self.pending.append(AggBatch.parse(frames[1:]))
             elif kind == SEG and len(frames) == 5 and len(frames[2]) == P2P_HEADER.itemsize:
-                dst = int(np.frombuffer(frames[2], P2P_HEADER)["dst"][0])
-                if dst >= len(self.endpoint_host):
-                    raise FrameError(f"segment for unknown endpoint {dst}")
+                head = np.frombuffer(frames[2], P2P_HEADER)[0]
+                host = self.route.host_of(int(head["job"]), int(head["dst"]))
                 self.seg_min = min(self.seg_min, segment_first_us(frames[3]))
-                self.router.send_multipart([self.idents[self.endpoint_host[dst]], *frames[1:]], copy=False)
+                self.router.send_multipart([self.idents[host], *frames[1:]], copy=False)
                 self.forwarded[0] += 1
             elif kind == DONE:
                 done = Done.parse(frames[1:])
@@ -253,6 +297,7 @@ class _Coordinator:
         rest = np.flatnonzero(~due)
         self.pending = [batch.take(rest)] if len(rest) else []
         rows = np.flatnonzero(due)
-        order = rows[np.lexsort((batch.headers["chunk"][rows], batch.headers["worker"][rows], stamps[rows]))]
+        h = batch.headers
+        order = rows[np.lexsort((h["chunk"][rows], h["worker"][rows], h["job"][rows], stamps[rows]))]
         assert self.switch is not None
-        _aggregate(self.router, self.switch, batch.take(order), self.setup, self.idents, self.endpoint_host)
+        _aggregate(self.router, self.switch, batch.take(order), self.idents)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from emu.emulator.links import LinkArray, LinkSpec
-from emu.emulator.topology import Algorithm, Layout
+from emu.emulator.links import LinkArray
+from emu.emulator.topology import Layout
 from emu.replay.config import ReplayConfig
 from emu.replay.leaves import LeafStage
 
@@ -38,8 +38,9 @@ class Wiring:
     _workers: int = 0  # M (a shard's endpoint is M + its index)
 
     @classmethod
-    def build(cls, cfg: ReplayConfig, endpoints: np.ndarray, workers: bool) -> Wiring:
-        """The links of a host holding ``endpoints`` (workers, or parameter-server shards)."""
+    def build(cls, cfg: ReplayConfig, endpoints: np.ndarray, workers: bool, leaves: LeafStage | None = None) -> Wiring:
+        """The links of a host holding ``endpoints`` (workers, or parameter-server shards); ``leaves``:
+        the leaves' links, where jobs sharing the fabric share them (``emu.replay.jobs_host``)."""
         topo = cfg.topology
         if topo is None or not workers:
             index = {int(e): i for i, e in enumerate(endpoints)}
@@ -53,13 +54,9 @@ class Wiring:
         uniq, local_link = np.unique(nics, return_inverse=True)
         ids = uniq + NIC_BASE
         intra_down = replace(topo.intra, latency_us=0.0)
-        leaves = None
-        if layout.leaves > 1:
-            spine = LinkSpec(bandwidth_bps=topo.uplink_bps(cfg.link), latency_us=topo.spine_latency(cfg.link))
+        if leaves is None and layout.leaves > 1:
             held = np.unique(layout.leaf[endpoints])
-            partial_of = (np.bincount(layout.leaf, minlength=layout.leaves)[held]
-                          if topo.algorithm == Algorithm.HIERARCHICAL else None)
-            leaves = LeafStage(held, spine, cfg.seed, partial_of, cfg.real_slots)
+            leaves = LeafStage.of(held, cfg, layout)
         return cls(up=LinkArray(cfg.link, ids, cfg.seed, 0, cfg.timeout_rto_us),
                    down=LinkArray(cfg.link, ids, cfg.seed, 1, cfg.timeout_rto_us),
                    link={int(e): int(i) for e, i in zip(endpoints, local_link, strict=True)},
@@ -82,10 +79,11 @@ class Wiring:
         m = lay.workers
         return src >= m or dst >= m or bool(lay.leaf[src] != lay.leaf[dst])
 
-    def usage(self, endpoints: np.ndarray, workers: bool) -> dict[str, list]:
+    def usage(self, endpoints: np.ndarray, workers: bool, leaves: bool = True) -> dict[str, list]:
         """Per kind of link: [links, busy ns summed (an integer: sums of them do not depend on how
         links are spread over hosts), busy us of the busiest, its name, its number (which breaks
-        ties the same whichever host holds the link)] (the report's utilisation)."""
+        ties the same whichever host holds the link)] (the report's utilisation); ``leaves``: with
+        the leaves' links (jobs sharing them count them once)."""
         Named = Callable[[int], str]
         kinds: list[tuple[str, np.ndarray, np.ndarray, Named]] = []
         if not workers:
@@ -102,7 +100,7 @@ class Wiring:
             if self.intra_up is not None and self.intra_down is not None:
                 kinds += [("node port up", self.intra_up.busy_us, endpoints, port),
                           ("node port down", self.intra_down.busy_us, endpoints, port)]
-            if self.leaves is not None:
+            if self.leaves is not None and leaves:
                 kinds += [("leaf to spine", self.leaves.busy_us[0], self.leaves.leaves, "leaf {}".format),
                           ("spine to leaf", self.leaves.busy_us[1], self.leaves.leaves, "leaf {}".format)]
         out = {}

@@ -81,7 +81,7 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
     assert_one_line_error(run("replay", "mlp", "--iters", "99999999999"), "--iters must be in 1..")
     assert_one_line_error(run("replay", "mlp", "--seed", "-1"), "--seed must be in")
     # click's own parse errors: one line too
-    assert_one_line_error(run("replay", "mlp", "--workers", "abc"), "'abc' is not a valid integer")
+    assert_one_line_error(run("replay", "mlp", "--workers", "abc"), "--workers 'abc': give a number of workers")
     assert_one_line_error(run("replay", "mlp", "--report", str(tmp_path)), "is a directory")
     assert_one_line_error(run("replay", "mlp", "--no-such-option"), "No such option")
     # an output path that cannot be written is found before the run, not after it

@@ -108,7 +108,7 @@ def test_unknown_keys_suggest_the_closest() -> None:
     refused('fabrik = "ina"\n', "fabrik", "did you mean fabric?")
     refused("[swich]\nslots = 4\n", "swich", "did you mean switch?")
     refused("[switch.extra]\na = 1\n", "switch.extra", "slots, elements")
-    refused('"a b" = 1\n', "'a b'", "name, description, fabric, [link], [switch] and [topology]")
+    refused('"a b" = 1\n', "'a b'", "name, description, fabric, [link], [switch], [topology] and [jobs]")
 
 
 def test_topology_keys() -> None:

@@ -1,0 +1,310 @@
+"""Several jobs sharing one fabric (docs/topology.md, "Several jobs").
+
+``emu replay A.json B.json --workers 64,32`` runs the jobs at once on one fabric: each job runs its
+own trace on its own workers, with its own collectives, its own share of the switch's slot pool
+and its own verification; what they share is the switch and, on a topology, the leaves' links to
+the spine. Then each job runs alone on the same fabric, at the same place, with the same share of
+the pool, and the report gives each job's iteration time shared and alone, and the slowdown: what
+the other jobs' traffic cost it (with nothing shared, exactly 1).
+
+Decisions (docs/topology.md says why):
+
+- **Jobs hold whole nodes**, as cluster schedulers allocate them: a node's NICs and ports carry
+  one job's traffic. ``allocation`` hands the fabric's nodes out ``contiguous`` (job 0 first, then
+  job 1, ...) or ``interleaved`` (node by node in turn, so that jobs share leaves); a job's
+  workers sit on its nodes as the topology's ``placement`` says (packed, spread, random); a listed
+  placement gives every worker's node, job after job, and no node may hold two jobs.
+- **The slot pool is partitioned statically**: each of J jobs gets ``slots // J`` slots, as
+  SwitchML partitions its pool among jobs. ATP's first-come sharing (with a fallback to the
+  hosts when a slot is taken) is not built. A job alone keeps its share, so the slowdown is the
+  neighbours' traffic alone; what the share itself costs, a replay of the job with ``--slots``
+  tells.
+- Job j's workers are numbered from 0 in the job (its headers carry j), its seed is ``seed + j``,
+  and options that name workers (``--straggler``) apply to each job's own numbering. The jobs
+  share one payload scale, so that the shared and alone replays send the same rows.
+- The top of the report is job 0's (its trace, iterations and summary) with the whole fabric's
+  utilisation, switch counters, verification and emulator figures; ``jobs`` gives every job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from emu.emulator.topology import Allocation, Layout, Placement, SlotPolicy
+from emu.emulator.wire import MAX_WORKERS_SOFTWARE
+from emu.errors import ConfigError
+from emu.replay.config import Clock, ReplayConfig
+from emu.replay.design import resolved_design
+from emu.replay.host import HostSetup
+from emu.replay.messages import HostResult, SwitchResult
+from emu.replay.orchestrator import (
+    _point_to_point,
+    _run,
+    _split,
+    execute,
+    partition,
+    scale_for,
+    sparse_ps_scale_limit,
+)
+from emu.replay.programs import plan_programs
+from emu.replay.report import JobReport, ReplayReport, Verification
+from emu.replay.results import build_report, utilisation
+from emu.replay.switchd import SwitchSetup
+from emu.traces.io import trace_digest
+from emu.traces.model import Trace
+
+MAX_JOBS = 256
+
+
+@dataclass(frozen=True)
+class Jobs:
+    """The jobs sharing the fabric: each job's workers, and how nodes and slots are shared."""
+
+    workers: tuple[int, ...]
+    allocation: Allocation = Allocation.CONTIGUOUS
+    slot_policy: SlotPolicy = SlotPolicy.STATIC
+
+    def check(self, config: ReplayConfig) -> None:
+        if not 2 <= len(self.workers) <= MAX_JOBS:
+            raise ConfigError(f"several jobs are 2 to {MAX_JOBS} traces, each with its --workers")
+        if min(self.workers) < 1:
+            raise ConfigError(f"--workers {','.join(map(str, self.workers))}: every job needs at least 1 worker")
+        shards = sum(config.ps_shards or m for m in self.workers) if config.network.parameter_server else 0
+        if sum(self.workers) + shards > MAX_WORKERS_SOFTWARE:
+            raise ConfigError(f"--workers {','.join(map(str, self.workers))}: the jobs' workers (and parameter-"
+                              f"server shards) together must be at most {MAX_WORKERS_SOFTWARE}")
+        if config.resolved_clock != Clock.SYNC:
+            raise ConfigError("several jobs replay on the synchronized clock only (their shared and alone times "
+                              "must be exact to compare): drop --clock wall and --tdf, and use ina, ring or ps")
+        if config.compress.adaptive:
+            raise ConfigError("--compress adaptive replays one job in passes; with several jobs give a compressor")
+        if config.emulated_slots // len(self.workers) < 1:
+            raise ConfigError(f"--slots {config.emulated_slots}: a static partition among {len(self.workers)} jobs "
+                              "needs at least one slot a job")
+
+    def nodes(self, config: ReplayConfig) -> tuple[list[np.ndarray], int] | None:
+        """Per job, the fabric's node of each of its workers, and the fabric's nodes (None without
+        a topology)."""
+        topo = config.topology
+        if topo is None:
+            return None
+        g = topo.workers_per_node
+        if topo.placement == Placement.LIST:
+            listed = np.asarray(topo.nodes, np.int64)
+            if len(listed) != sum(self.workers):
+                raise ConfigError(f"topology.placement lists {len(listed)} nodes for {sum(self.workers)} workers "
+                                  f"(the jobs' {','.join(map(str, self.workers))}): give one node per worker, job "
+                                  "after job")
+            ends = np.cumsum(self.workers)
+            per_job = np.split(listed, ends[:-1])
+            for j, nodes in enumerate(per_job):
+                for i, other in enumerate(per_job[:j]):
+                    both = np.intersect1d(nodes, other)
+                    if len(both):
+                        raise ConfigError(f"topology.placement puts jobs {i} and {j} on node {int(both[0])}: a node "
+                                          "holds one job's workers (jobs hold whole nodes)")
+            return per_job, int(listed.max()) + 1
+        need = [-(-m // g) for m in self.workers]
+        owned: list[list[int]] = [[] for _ in self.workers]
+        if self.allocation == Allocation.CONTIGUOUS:
+            first = np.r_[0, np.cumsum(need)[:-1]]
+            owned = [list(range(int(a), int(a) + n)) for a, n in zip(first, need, strict=True)]
+        else:
+            node = 0
+            for turn in range(max(need)):
+                for j, n in enumerate(need):
+                    if turn < n:
+                        owned[j].append(node)
+                        node += 1
+        per_job = []
+        for j, (m, mine) in enumerate(zip(self.workers, owned, strict=True)):
+            # the job's own placement over its nodes, numbered 0.., then on the fabric's nodes
+            local = replace(topo, fabric_nodes=None).layout(m, config.seed + j)
+            per_job.append(np.asarray(mine, np.int64)[local.node])
+        return per_job, sum(need)
+
+    def configs(self, config: ReplayConfig) -> list[ReplayConfig]:
+        """Each job's configuration in the shared run: its workers, seed, nodes and share of the pool."""
+        placed = self.nodes(config)
+        share = config.emulated_slots // len(self.workers)
+        out = []
+        for j, m in enumerate(self.workers):
+            topo = config.topology
+            if placed is not None and topo is not None:
+                per_job, fabric_nodes = placed
+                topo = replace(topo, placement=Placement.LIST, nodes=tuple(int(n) for n in per_job[j]),
+                               fabric_nodes=fabric_nodes)
+            cfg = replace(config, workers=m, seed=config.seed + j, topology=topo, slots=share)
+            cfg.check()
+            out.append(cfg)
+        return out
+
+
+def payload_scale(traces: list[Trace], config: ReplayConfig, jobs: Jobs) -> int:
+    """One R for every job: the smallest power of two that keeps the jobs' real bytes of an
+    iteration, together, within budget (and no coarser than a sparse parameter server allows)."""
+    if config.payload_scale is not None:
+        return config.payload_scale
+    real = sum(max(sum(op.bytes for op in it.colls) for r in t.ranks for it in r.iterations) * m
+               for t, m in zip(traces, jobs.workers, strict=True))
+    r = scale_for(real)
+    for t, m in zip(traces, jobs.workers, strict=True):
+        limit = sparse_ps_scale_limit(t, replace(config, workers=m))
+        while limit is not None and r > max(1, limit):
+            r //= 2
+    return r
+
+
+def replay_jobs(traces: list[Trace], config: ReplayConfig, jobs: Jobs, trace_paths: list[str] | None = None,
+                on_progress: Callable[[float], None] | None = None,
+                on_status: Callable[[str], None] | None = None) -> ReplayReport:
+    """Replay ``traces`` at once on one fabric, job j on ``jobs.workers[j]`` workers, then each alone
+    (module docstring); the report's ``jobs`` gives each job's times shared and alone."""
+    paths = trace_paths or [f"trace {j}" for j in range(len(traces))]
+    if len(traces) != len(jobs.workers) or len(paths) != len(traces):
+        raise ConfigError(f"{len(traces)} traces and {len(jobs.workers)} worker counts: give one --workers "
+                          "value per trace (64,32), or one for all")
+    config = replace(config, workers=sum(jobs.workers))
+    config.check()
+    config.network.check_available()
+    jobs.check(config)
+    config = replace(config, payload_scale=payload_scale(traces, config, jobs), clock=Clock.SYNC)
+    configs = jobs.configs(config)
+    for t, cfg, path in zip(traces, configs, paths, strict=True):  # bad input fails before any process
+        plan_programs(t, cfg.workers, path, cfg.sparsity, cfg.compress, switch_sums=cfg.switch_sums)
+
+    def status(text: str) -> None:
+        if on_status is not None:
+            on_status(text)
+
+    status(f"{len(traces)} jobs sharing the fabric (payload scale {config.scale})")
+    shared = _shared(traces, paths, config, jobs, configs, on_progress)
+    alone = []
+    for j, (t, cfg, path) in enumerate(zip(traces, configs, paths, strict=True)):
+        status(f"job {j} alone ({cfg.workers} workers)")
+        report, _ = _run(t, cfg, path, None, None)
+        alone.append(report)
+    entries = []
+    for j, (job, solo) in enumerate(zip(shared.jobs or (), alone, strict=True)):
+        alone_us = solo.summary.iteration_us_median if solo.summary is not None else None
+        slowdown = (job.summary.iteration_us_median / alone_us
+                    if job.summary is not None and alone_us else None)
+        entries.append(replace(job, alone_us=alone_us, slowdown=slowdown))
+        if not solo.verification.ok:
+            raise ConfigError(f"job {j} alone failed its verification ({solo.verification.mismatches} mismatches)")
+    wall = shared.emulator.wall_s + sum(r.emulator.wall_s for r in alone)
+    return replace(shared, jobs=tuple(entries), emulator=replace(shared.emulator, wall_s=wall))
+
+
+def _shared(traces: list[Trace], paths: list[str], config: ReplayConfig, jobs: Jobs, configs: list[ReplayConfig],
+            on_progress: Callable[[float], None] | None) -> ReplayReport:
+    """The jobs at once: one switch with a pool a job, hosts holding whole leaves (or nodes) of any
+    job, the leaves' links shared (emu.replay.jobs_host)."""
+    programs = [plan_programs(t, cfg.workers, path, cfg.sparsity, cfg.compress, switch_sums=cfg.switch_sums)
+                for t, cfg, path in zip(traces, configs, paths, strict=True)]
+    iters = [config.iters or t.iterations for t in traces]
+    counts = [cfg.workers for cfg in configs]
+    offset = np.r_[0, np.cumsum(counts)[:-1]].astype(np.int64)
+    job_of = np.repeat(np.arange(len(configs)), counts)
+    local_of = np.arange(sum(counts)) - offset[job_of]
+    layouts = [cfg.layout() for cfg in configs]
+    layout = None
+    if layouts[0] is not None:
+        lays = [lay for lay in layouts if lay is not None]
+        layout = Layout(node=np.concatenate([lay.node for lay in lays]), nic=np.concatenate([lay.nic for lay in lays]),
+                        leaf=np.concatenate([lay.leaf for lay in lays]), leaves=lays[0].leaves)
+    held = partition(layout, sum(counts), config.host_processes)
+    ps = config.network.parameter_server
+    shards = [cfg.shards if ps else 0 for cfg in configs]
+    base = np.r_[0, np.cumsum([m + s for m, s in zip(counts, shards, strict=True)])[:-1]].astype(np.int64)
+    ps_hosts = [_split(s, min(s, 2)) if s else [] for s in shards]
+    endpoint_host = np.zeros(int(base[-1]) + counts[-1] + shards[-1], np.int64)
+    for h, ws in enumerate(held):
+        endpoint_host[base[job_of[ws]] + local_of[ws]] = h
+    index = len(held)
+    ps_index: list[list[int]] = []
+    for j, spans in enumerate(ps_hosts):
+        ps_index.append([])
+        for a, b in spans:
+            endpoint_host[base[j] + counts[j] + np.arange(a, b)] = index
+            ps_index[j].append(index)
+            index += 1
+
+    def plan(switch_addr: str, control_addr: str) -> tuple[list[HostSetup], SwitchSetup]:
+        common = dict(switch_addr=switch_addr, control_addr=control_addr, spans=False)
+        setups = []
+        for h, ws in enumerate(held):
+            parts = []
+            for j in np.unique(job_of[ws]):
+                mine = local_of[ws[job_of[ws] == j]]
+                parts.append(HostSetup(index=h, role="workers", endpoints=tuple(int(w) for w in mine),
+                                       config=configs[j], programs=tuple(programs[j][int(w)] for w in mine),
+                                       iters=iters[j], job=int(j), **common))
+            setups.append(HostSetup(index=h, role="workers", endpoints=tuple(int(w) for w in ws), config=config,
+                                    programs=(), iters=max(iters), parts=tuple(parts), jobs=tuple(configs), **common))
+        for j, spans in enumerate(ps_hosts):
+            for (a, b), h in zip(spans, ps_index[j], strict=True):
+                setups.append(HostSetup(index=h, role="ps", endpoints=tuple(counts[j] + i for i in range(a, b)),
+                                        config=configs[j], programs=(), iters=iters[j], job=j, **common))
+        sw = SwitchSetup(address=switch_addr, control_addr=control_addr, workers=sum(counts), slots=config.real_slots,
+                         elements=config.elements, fabric=config.fabric,
+                         worker_hosts=tuple((int(ws[0]), int(ws[-1]) + 1) for ws in held),
+                         endpoint_host=tuple(int(h) for h in endpoint_host), sync=True,
+                         lookahead_us=min(cfg.lookahead_us(inside_nodes=_point_to_point(p, cfg))
+                                          for cfg, p in zip(configs, programs, strict=True)),
+                         job_workers=tuple(counts), job_slots=tuple(cfg.real_slots for cfg in configs),
+                         job_base=tuple(int(b) for b in base))
+        return setups, sw
+
+    def build(results: list[HostResult], switch: SwitchResult, wall_s: float, cpu_s: float,
+              processes: int) -> ReplayReport:
+        return _report(traces, paths, config, jobs, configs, iters, results, switch, wall_s, cpu_s, processes)
+
+    total = sum(i * m for i, m in zip(iters, counts, strict=True))
+    report, _, _ = execute(config, plan, total, build, on_progress)
+    return report
+
+
+def _report(traces: list[Trace], paths: list[str], config: ReplayConfig, jobs: Jobs, configs: list[ReplayConfig],
+            iters: list[int], results: list[HostResult], switch: SwitchResult, wall_s: float, cpu_s: float,
+            processes: int) -> ReplayReport:
+    """Each job's report from its own results; on top, job 0's with the whole run's fabric,
+    verification and emulator figures."""
+    per_job = [build_report(t, path, cfg, n, [r for r in results if r.job == j], switch, wall_s, cpu_s, processes)
+               for j, (t, path, cfg, n) in enumerate(zip(traces, paths, configs, iters, strict=True))]
+    top = per_job[0]
+    elements = sum(r.verify_elements for r in results)
+    mismatches = sum(r.verify_mismatches for r in results)
+    verification = Verification(ok=all(r.verification.ok for r in per_job), elements_checked=elements,
+                                mismatches=mismatches)
+    records = {(r.job, w): d.iterations for r in results for w, d in r.workers.items()}
+    fallbacks: dict[str, int] = {}
+    for r in results:
+        for k, v in r.fallbacks.items():
+            fallbacks[k] = fallbacks.get(k, 0) + v
+    fabric = replace(top.fabric, retransmissions=sum(r.retransmissions for r in results),
+                     lost=sum(r.lost for r in results), packets_lost=sum(r.packets_lost for r in results),
+                     fallbacks=fallbacks, slots=config.real_slots, slots_emulated=config.emulated_slots,
+                     **utilisation(results, records))
+    emulator = replace(top.emulator, events=sum(r.events for r in results),
+                       real_bytes=float(sum(r.real_bytes for r in results)),
+                       reordered=sum(r.reordered for r in results),
+                       trustworthy=all(r.emulator.trustworthy for r in per_job))
+    cfg_doc = {**top.config, "workers": config.workers, "seed": config.seed, "slots": config.emulated_slots,
+               "processes": config.host_processes, "design": resolved_design(config),
+               "jobs": {"workers": list(jobs.workers), "traces": list(paths),
+                        "allocation": None if config.topology is None else jobs.allocation.value,
+                        "slot_policy": jobs.slot_policy.value}}
+    entries = tuple(
+        JobReport(job=j, trace={"path": path, "model": t.meta.model, "sha256": trace_digest(t)}, workers=cfg.workers,
+                  nodes=None if cfg.topology is None else sorted({int(n) for n in cfg.topology.nodes}),
+                  slots=cfg.emulated_slots, iterations=r.iterations, summary=r.summary,
+                  verification=r.verification, alone_us=None, slowdown=None)
+        for j, (t, path, cfg, r) in enumerate(zip(traces, paths, configs, per_job, strict=True)))
+    return replace(top, config=cfg_doc, verification=verification, fabric=fabric, emulator=emulator, jobs=entries)
+
+
+__all__ = ["Allocation", "Jobs", "SlotPolicy", "replay_jobs"]

@@ -3,9 +3,10 @@
 Two jobs of ``--workers`` each, on nodes of 8 workers with a NIC each, 16-port leaves (two nodes
 a leaf), at oversubscription 1:1, 2:1 and 4:1; their nodes handed out contiguous (each job its own
 leaves: they meet only in the switch) or interleaved (a node of each job on every leaf: they share
-every leaf's links); flat INA, hierarchical INA and the ring.
+every leaf's links); flat INA, hierarchical INA, and the ring with each job's ranks packed on its
+nodes and spread over them (every hop between nodes).
 
-    .venv/bin/python benchmarks/jobs.py [--traces mlp,mlp] [--workers 32] [--fabrics ina,ina-hier,ring]
+    .venv/bin/python benchmarks/jobs.py [--traces mlp,mlp] [--workers 32] [--fabrics ina,ina-hier,ring,ring-spread]
         [--bandwidth 100] [--iters 2] [--plot docs/topology/jobs-slowdown.png]
 
 Each row: each job's median iteration shared and alone and its slowdown, the busiest link, and the
@@ -20,7 +21,7 @@ import platform
 import time
 
 from emu.emulator.links import LinkSpec
-from emu.emulator.topology import Algorithm, Allocation, Topology
+from emu.emulator.topology import Algorithm, Allocation, Placement, Topology
 from emu.replay import ReplayConfig
 from emu.replay.jobs import Jobs, replay_jobs
 from emu.traces import load_trace, sample_path
@@ -32,7 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traces", default="mlp,mlp")
     parser.add_argument("--workers", type=int, default=32)
-    parser.add_argument("--fabrics", default="ina,ina-hier,ring")
+    parser.add_argument("--fabrics", default="ina,ina-hier,ring,ring-spread")
     parser.add_argument("--bandwidth", type=float, default=100.0, help="Gb/s of each NIC")
     parser.add_argument("--iters", type=int, default=2)
     parser.add_argument("--plot", default=None, help="write the slowdowns as a PNG here")
@@ -49,10 +50,12 @@ def main() -> None:
     points: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for fabric in args.fabrics.split(","):
         name, algorithm = ("ina", Algorithm.HIERARCHICAL) if fabric == "ina-hier" else (fabric, Algorithm.FLAT)
+        placement = Placement.SPREAD if fabric == "ring-spread" else Placement.PACKED
+        name = name.removesuffix("-spread")
         for allocation in Allocation:
             for ratio in RATIOS:
                 topo = Topology(workers_per_node=8, nics_per_node=8, leaf_ports=16, oversubscription=ratio,
-                                algorithm=algorithm)
+                                algorithm=algorithm, placement=placement)
                 config = ReplayConfig(fabric=name, link=link, topology=topo, iters=args.iters)
                 t0 = time.monotonic()
                 report = replay_jobs(traces, config, Jobs((args.workers, args.workers), allocation), names)

@@ -109,3 +109,25 @@ def topology_hier_ring_us(count: int, itemsize: int, link: LinkSpec, topology: T
                      leaves=layout.leaves)
         across = topology_ring_us(count, itemsize, link, topology, sub, payload_scale=payload_scale)
     return 2 * inside + across
+
+
+def topology_ps_us(count: int, itemsize: int, link: LinkSpec, topology: Topology, layout: Layout, shards: int,
+                   payload_scale: int = 1) -> float:
+    """A parameter-server all_reduce (p2p.PSClient, PSServer) on the topology: each shard has its own
+    link (off the spine where there are several leaves); a worker's pushes cross its NIC, shared by
+    the NIC's ``k`` workers, and with several leaves its leaf's uplink, shared by the leaf's ``L``
+    workers: each worker pushes at ``B / k_e``, ``k_e = max(k, L B / U)``. Shard ``j`` receives
+    chunk ``j`` from ``(P - 1) g k_e s`` for the last, and its downlink takes the ``M`` copies
+    (``M g s``), or as long as one worker takes to push a chunk (``k_e g s``) where that is
+    longer; then, as on one switch, the last segment's sum goes to the ``M`` workers in turn
+    (``M s``): ``(P-1) g k_e s + max(M, k_e) g s + M s + 2 h``, a spine hop each way further.
+    With ``k_e = 1`` this is ``physics.ps_all_reduce_us``."""
+    m = layout.workers
+    k = float(layout.busiest_nic())
+    spine = 0.0
+    if layout.leaves > 1:
+        spine = topology.spine_latency(link)
+        k = max(k, float(np.bincount(layout.leaf).max()) * link.bandwidth_bps / topology.uplink_bps(link))
+    seg = _Segments(count, itemsize, shards, link, 0.0, payload_scale)
+    g, s, h = seg.g, seg.s, seg.h
+    return (shards - 1) * g * k * s + max(m, k) * g * s + m * s + 2 * h + 2 * spine

@@ -181,7 +181,7 @@ class Host:
         pk = self.ina.due_up(bound, inclusive)
         segs = self.p2p.due_up(bound, inclusive)
         if pk is None:
-            for _, src, _, _, _, seg, dtype in segs:
+            for _, _, _, src, _, seg, dtype in segs:
                 self.p2p.send(src, seg, dtype)
             return
         if not segs:
@@ -190,7 +190,7 @@ class Host:
         # a worker's packets and segments share its uplink: hand them over in time order
         by_time = np.argsort(pk.send_us, kind="stable")
         done = 0
-        for t, src, _, _, _, seg, dtype in segs:
+        for t, _, _, src, _, seg, dtype in segs:
             upto = int(np.searchsorted(pk.send_us[by_time], t, side="right"))
             if upto > done:
                 self.ina.send(take(pk, np.sort(by_time[done:upto])))

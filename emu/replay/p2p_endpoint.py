@@ -49,8 +49,29 @@ from emu.replay.wiring import Wiring
 from emu.replay.worker import CollRun
 from emu.traces.model import CollKind
 
-# a segment waiting for its send time: (time, source, collective, segment, destination) order it
+# a segment waiting for its send time: (time, collective, segment, source, destination) order it;
+# at equal times a shared NIC takes its workers' segments in turn (segment 0 of each, then 1, ...),
+# as its arbitration shares it, not one worker's whole burst after another's
 UpSeg = tuple[float, int, int, int, int, Seg, str]
+
+
+def _reply_turns(layout: shape.Layout | None) -> np.ndarray | None:
+    """The order in which a parameter-server shard answers the workers on a topology, as each
+    worker's turn: NIC by NIC in turn (the first worker of every NIC, then the second of each, ...),
+    so that a NIC shared by several workers gets one answer while the others get theirs, not all of
+    its workers' answers back to back while other NICs idle. Without sharing (a NIC a worker, or no
+    topology) it is rank order, as on one switch."""
+    if layout is None or layout.busiest_nic() == 1:
+        return None
+    w = np.arange(layout.workers)
+    by_nic = np.lexsort((w, layout.nic))
+    nics, first = np.unique(layout.nic[by_nic], return_index=True)
+    counts = np.diff(np.r_[first, layout.workers])
+    place = np.empty(layout.workers, np.int64)
+    place[by_nic] = w - np.repeat(first, counts)  # each worker's place among its NIC's workers
+    turn = np.empty(layout.workers, np.int64)
+    turn[np.lexsort((layout.nic, place))] = w
+    return turn
 
 
 class P2PEndpoint:
@@ -74,6 +95,7 @@ class P2PEndpoint:
         self.runs: dict[tuple[int, int], CollRun] = {}
         self.early: dict[tuple[int, int], list[tuple[int, int, np.ndarray, float]]] = {}
         self.servers = {e: PSServer(self.m) for e in servers}
+        self._turn = _reply_turns(wiring.layout) if servers else None
         self.sparse_servers = {e: SparsePSServer(self.m) for e in servers}
         self.up_heap: list[UpSeg] = []
         self.down_heap: list[tuple[float, int, int, int, int, Segment]] = []
@@ -150,13 +172,16 @@ class P2PEndpoint:
         self.completed(w, self.runs.pop((w, seq)), alg.end_us)
 
     def _queue(self, src: int, segs: list[Seg], dtype: str) -> None:
+        # a shard's answers, sent at once, leave in its turn order (``_reply_turns``); else by destination
+        turn = self._turn if src in self.servers else None
         for seg in segs:
-            heapq.heappush(self.up_heap, (seg.send_us, src, seg.seq, seg.segment, seg.dst, seg,
+            heapq.heappush(self.up_heap, (seg.send_us, seg.seq, seg.segment, src,
+                                          seg.dst if turn is None else int(turn[seg.dst]), seg,
                                           seg.wire_dtype or dtype))
 
     # -- uplinks ------------------------------------------------------------------------
     def due_up(self, bound: float, inclusive: bool) -> list[UpSeg]:
-        """Every segment due before the bound, in (time, source, collective, segment) order."""
+        """Every segment due before the bound, in (time, collective, segment, source) order."""
         out = []
         while self.up_heap and (self.up_heap[0][0] <= bound if inclusive else self.up_heap[0][0] < bound):
             out.append(heapq.heappop(self.up_heap))

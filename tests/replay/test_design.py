@@ -49,13 +49,14 @@ def refused(text: str, *parts: str, source: str = "d.toml") -> str:
 
 @pytest.mark.parametrize("name", ["ina-100g.toml", "ring-100g.toml", "ina-25g-lossy.toml", "nodes-8x-ina.toml",
                                   "topology/ina-flat-1to1.toml", "topology/ina-flat-4to1.toml",
-                                  "topology/ina-hierarchical-4to1.toml", "topology/ring-flat-4to1.toml"])
+                                  "topology/ina-hierarchical-4to1.toml", "topology/ring-flat-4to1.toml",
+                                  "jobs/shared-spine-4to1.toml"])
 def test_examples_parse_and_check(name: str) -> None:
     path = EXAMPLES / name
     assert path.read_text().startswith("# "), "each example opens with a comment header line"
     design = load_design(path)
     assert design.path == str(path) and design.fabric
-    assert design.name == name.removesuffix(".toml") or name.startswith("topology/")
+    assert design.name == name.removesuffix(".toml") or name.startswith(("topology/", "jobs/"))
     design.overlay(ReplayConfig(), frozenset()).check()
 
 

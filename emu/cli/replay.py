@@ -64,6 +64,9 @@ if TYPE_CHECKING:
 @click.option("--slots", type=int, help="INA slot pool (the window); default covers 2x the bandwidth-delay product.")
 @click.option("--elements", type=click.Choice(["64", "256"]), default="64", show_default=True,
               help="int32 elements per aggregation packet.")
+@click.option("--packet-rate", default=None,
+              help="Contributions the switch's pipeline processes a second (1.2Gpps, 5e8); default: unlimited "
+                   "(docs/topology.md).")
 @click.option("--processes", type=int, help="Worker host processes (default: min(workers, cores)).")
 @click.option("--ps-shards", type=int, help="Parameter-server shards (default: one per worker).")
 @click.option("--timeout", type=float, default=1800.0, show_default=True, help="Seconds before giving up.")
@@ -79,7 +82,7 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, al
            bandwidth_schedule: str | None, latency: str, loss: float, jitter: str,
            iters: int | None, clock: str | None, tdf: str | None, payload_scale: str, stragglers: tuple[str, ...],
            sparsity: str, sparsity_block: int | None, compress: str, compress_speed: float, seed: int,
-           payload_file: str | None, slots: int | None, elements: str,
+           payload_file: str | None, slots: int | None, elements: str, packet_rate: str | None,
            processes: int | None, ps_shards: int | None, timeout: float, report_path: Path | None,
            chrome_trace: Path | None, as_json: bool, **shape: Any) -> None:
     """Replay TRACE (a file, or a shipped sample: mlp, cnn, transformer, dlrm) on fake workers;
@@ -88,7 +91,7 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, al
     \b
       emu replay mlp --workers 8 --fabric ina,ring
       emu replay t.json.gz --workers 64 --fabric ina --bandwidth 100Gbps --report r.json
-      emu replay mlp cnn --workers 32,16 --network examples/designs/jobs/shared-spine.toml
+      emu replay mlp cnn --workers 32,16 --network examples/designs/jobs/shared-spine-4to1.toml
     """
     import json
     from dataclasses import replace
@@ -160,11 +163,15 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, al
                               tdf=None if tdf is None else auto(tdf, float, "--tdf"), payload_scale=auto(payload_scale, int, "--payload-scale"),
                               stragglers=tuple(Straggler.parse(x) for x in stragglers), seed=seed, slots=slots,
                               elements=int(elements), processes=processes, ps_shards=ps_shards, timeout_s=timeout,
-                              sparsity=sparse, compress=compression, topology=topology)
+                              sparsity=sparse, compress=compression, topology=topology,
+                              packet_rate=None if packet_rate is None else _packet_rate(packet_rate))
         if design is not None:
             config = replace(design.overlay(config, given | {"fabric"}), design_file=network, design_name=design.name)
         if not several:
             config.check()
+        elif allocation is not None and config.topology is None:
+            raise ConfigError("--allocation hands a topology's nodes to the jobs: give a topology too "
+                              "(--workers-per-node, or a design's [topology])")
         chrome = None if chrome_trace is None else target(chrome_trace, name) or chrome_trace
         out_path = None if report_path is None else target(report_path, name) or report_path
         try:
@@ -274,6 +281,15 @@ def _table(reports, path: Path) -> None:
                         soft_wrap=True)
 
 
+def _packet_rate(text: str) -> float:
+    from emu.replay.design import parse_packet_rate
+
+    try:
+        return parse_packet_rate(text)
+    except ValueError:
+        raise ConfigError(f"--packet-rate {text!r}: give packets a second (1.2Gpps, 500Mpps, 2e9)") from None
+
+
 def _worker_counts(text: str, traces: int) -> tuple[int, ...]:
     """--workers: one count, or one a trace (one count for several traces gives each job as many)."""
     try:
@@ -300,7 +316,7 @@ def _jobs_table(reports) -> None:
         for name in ("job", "trace", "workers", "nodes", "slots", "alone", "shared", "slowdown", "verification"):
             t.add_column(name, justify="left" if name in ("trace", "nodes") else "right")
         for j in r.jobs:
-            shared = j.summary.iteration_us_median if j.summary is not None else None
+            shared = j.shared_us
             t.add_row(str(j.job), Path(j.trace["path"]).name, str(j.workers), _nodes(j.nodes), str(j.slots),
                       "-" if j.alone_us is None else f"{ms(j.alone_us)} ms",
                       "-" if shared is None else f"{ms(shared)} ms",

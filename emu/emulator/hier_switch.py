@@ -17,7 +17,8 @@ the job's leaves: a leaf's contribution names the leaf (``worker`` = its number 
    final sum: the leaf keeps it and multicasts it to its workers (``worker`` = MULTICAST,
    ``num_workers`` = ``M``); a RESULT unicast to the leaf (the spine answering a resent partial)
    goes to the workers that asked, each alone. A RESULT for a copy the leaf does not hold
-   complete for that chunk is dropped as ``stale``.
+   complete for that chunk is dropped as ``stale``; a second RESULT for a sum it keeps goes to the
+   workers that asked since, and to no one else (every worker gets a round's result once).
 4. A worker's duplicate of a complete copy: answered with the final sum where the leaf has it;
    else the partial goes up again (the spine drops it while its own copy is incomplete, and
    answers the leaf once it is complete) and the worker waits among the askers. A duplicate of an
@@ -45,6 +46,7 @@ class LeafStats:
     up: int = 0  # partial sums sent to the spine (first sends)
     resent_up: int = 0  # partial sums sent again for a worker's duplicate
     from_spine: int = 0  # results from the spine kept
+    duplicates: int = 0  # results from the spine for a sum already kept (only askers get them)
     answered: int = 0  # duplicates answered with the kept final sum
     stale: int = 0  # spine results for a copy the leaf no longer holds complete
     invalid: int = 0  # packets of another job, worker count or leaf
@@ -151,11 +153,15 @@ class LeafSwitch:
             if inner.count[idx] != len(self.ranks) or inner.chunk[idx] != chunk:
                 self.stats.stale += 1
                 continue
+            waiting = self.askers.pop(idx, [])
+            if self.final_chunk[idx] == chunk:  # a second result for a sum the leaf keeps: to the askers
+                self.stats.duplicates += 1
+                down += [self._result(idx, chunk, h, rank) for rank in waiting]
+                continue
             self.stats.from_spine += 1
             self.final_chunk[idx] = chunk
             self.final[idx] = np.asarray(payload)[i]
             self.final_exp[idx] = int(h["exponent"])
-            waiting = self.askers.pop(idx, [])
             if dest == MULTICAST:
                 down.append(self._result(idx, chunk, h, MULTICAST))
             else:

@@ -59,6 +59,21 @@ def ina_detail_us(count: int, link: LinkSpec, elements: int, slots: int) -> floa
     return ina_time_us(count, link, elements) + exp_round + float(link.serialization_us(agg_wire_bytes(elements)))
 
 
+def ina_pipeline_us(count: int, link: LinkSpec, elements: int, slots: int, workers: int,
+                    packet_rate: float | None) -> float:
+    """A dense INA all_reduce through a switch whose pipeline takes ``packet_rate`` packets a second
+    (docs/topology.md, "Switch limits"): the link's form, or, where the pipeline is slower, every
+    worker's ``min(S, D)`` exponent and ``D`` data packets through it one after another, plus a
+    packet's round trip. Each packet costs the pipeline the same, header-only or not."""
+    linked = ina_detail_us(count, link, elements, slots)
+    if packet_rate is None:
+        return linked
+    packets = -(-count // elements)
+    through = workers * (packets + min(slots, packets)) * 1e6 / packet_rate
+    rtt = 2 * (float(link.serialization_us(agg_wire_bytes(elements))) + link.latency_us)
+    return max(linked, through + rtt)
+
+
 def sparse_ina_us(count: int, sparsity: Sparsity, link: LinkSpec, elements: int, slots: int) -> float:
     """The sparse stream (emu.emulator.sparse_ina): the announcement round (one header per slot up,
     its results back), then every worker's downlink carries the ``u n`` union blocks, 8 bytes more a

@@ -120,14 +120,19 @@ def topology_ps_us(count: int, itemsize: int, link: LinkSpec, topology: Topology
     chunk ``j`` from ``(P - 1) g k_e s`` for the last, and its downlink takes the ``M`` copies
     (``M g s``), or as long as one worker takes to push a chunk (``k_e g s``) where that is
     longer; then, as on one switch, the last segment's sum goes to the ``M`` workers in turn
-    (``M s``): ``(P-1) g k_e s + max(M, k_e) g s + M s + 2 h``, a spine hop each way further.
+    (``M s``), or down the busiest leaf's link to its ``L`` workers (``L B / U s``) where that is
+    longer: ``(P-1) g k_e s + max(M, k_e) g s + max(M, L B / U) s + 2 h``, a spine hop each way
+    further.
     With ``k_e = 1`` this is ``physics.ps_all_reduce_us``."""
     m = layout.workers
     k = float(layout.busiest_nic())
     spine = 0.0
+    tail = float(m)
     if layout.leaves > 1:
         spine = topology.spine_latency(link)
-        k = max(k, float(np.bincount(layout.leaf).max()) * link.bandwidth_bps / topology.uplink_bps(link))
+        per_leaf = float(np.bincount(layout.leaf).max()) * link.bandwidth_bps / topology.uplink_bps(link)
+        k = max(k, per_leaf)
+        tail = max(tail, per_leaf)  # the last sums also cross each leaf's link down, L of them
     seg = _Segments(count, itemsize, shards, link, 0.0, payload_scale)
     g, s, h = seg.g, seg.s, seg.h
-    return (shards - 1) * g * k * s + max(m, k) * g * s + m * s + 2 * h + 2 * spine
+    return (shards - 1) * g * k * s + max(m, k) * g * s + tail * s + 2 * h + 2 * spine

@@ -55,45 +55,52 @@ class AggBatch:
     stamps: np.ndarray  # (n, 2) float64: emulated times of the first and last packet each row stands for
     # (n, 2) uint32: the sparse stream's (block, next) of each row (wire.SPARSE_FIELDS); zeros for dense rows
     sparse: np.ndarray | None = None
+    # (n,) float64: the emulated packets each row stands for at the switch's pipeline (a switch with a
+    # packet rate: docs/topology.md); ones where unknown
+    packets: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.sparse is None:
             self.sparse = np.zeros((len(self.headers), 2), np.uint32)
+        if self.packets is None:
+            self.packets = np.ones(len(self.headers))
 
     def take(self, rows: np.ndarray | slice) -> AggBatch:
-        assert self.sparse is not None
-        return AggBatch(self.headers[rows], self.payload[rows], self.stamps[rows], self.sparse[rows])
+        assert self.sparse is not None and self.packets is not None
+        return AggBatch(self.headers[rows], self.payload[rows], self.stamps[rows], self.sparse[rows],
+                        self.packets[rows])
 
     @classmethod
     def concat(cls, parts: list[AggBatch]) -> AggBatch:
         if len(parts) == 1:
             return parts[0]
         return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("headers", "payload", "stamps",
-                                                                            "sparse")))
+                                                                            "sparse", "packets")))
 
     def frames(self, kind: bytes) -> list[bytes | np.ndarray]:
         n, k = self.payload.shape if self.payload.ndim == 2 else (len(self.headers), 0)
-        assert self.sparse is not None
+        assert self.sparse is not None and self.packets is not None
         return [kind, _AGG_META.pack(n, k), self.headers.astype(AGG_HEADER, copy=False),
                 np.ascontiguousarray(self.payload.astype(PAYLOAD, copy=False)),
                 np.ascontiguousarray(self.stamps.astype("<f8").reshape(n, 2)),
-                np.ascontiguousarray(self.sparse.astype("<u4", copy=False).reshape(n, 2))]
+                np.ascontiguousarray(self.sparse.astype("<u4", copy=False).reshape(n, 2)),
+                np.ascontiguousarray(self.packets.astype("<f8").reshape(n))]
 
     @classmethod
     def parse(cls, frames: list) -> AggBatch:
         """From bytes or buffers (zero-copy frames): the arrays view the message's memory."""
-        _check(frames, 6)
+        _check(frames, 7)
         if _nbytes(frames[1]) != _AGG_META.size:
             raise FrameError("bad batch meta")
         n, k = _AGG_META.unpack(frames[1])
         if (_nbytes(frames[2]) != n * AGG_HEADER.itemsize or _nbytes(frames[3]) != n * k * 4
-                or _nbytes(frames[4]) != n * 16 or _nbytes(frames[5]) != n * 8):
+                or _nbytes(frames[4]) != n * 16 or _nbytes(frames[5]) != n * 8 or _nbytes(frames[6]) != n * 8):
             raise FrameError(f"batch of {n} packets of {k} elements has frames of the wrong size")
         headers = np.frombuffer(frames[2], AGG_HEADER)
         # a view of the network-order bytes: numpy converts as it reads, without a copy pass
         payload = np.frombuffer(frames[3], PAYLOAD).reshape(n, k)
         return cls(headers, payload, np.frombuffer(frames[4], "<f8").reshape(n, 2),
-                   np.frombuffer(frames[5], "<u4").reshape(n, 2))
+                   np.frombuffer(frames[5], "<u4").reshape(n, 2), np.frombuffer(frames[6], "<f8"))
 
 
 def encode_values(values: np.ndarray, dtype: str) -> bytes:

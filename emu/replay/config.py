@@ -276,6 +276,9 @@ class ReplayConfig:
     topology: Topology | None = None
     """Nodes, NICs, leaves and the placement of the workers (docs/topology.md); None: one switch with
     one port per worker."""
+    packet_rate: float | None = None
+    """The switch's aggregation pipeline: contributions it processes a second, all jobs together
+    (the spine's, on a topology of several leaves); None: as fast as they come (docs/topology.md)."""
 
     def check(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS_SOFTWARE:
@@ -336,6 +339,13 @@ class ReplayConfig:
             if not net.synchronizable:
                 raise ConfigError(f"--fabric {self.fabric}: a topology runs on the software fabrics (ina, ring, ps); "
                                   "an external switch is one switch with one port per worker")
+        if self.packet_rate is not None:
+            if not (math.isfinite(self.packet_rate) and 1.0 <= self.packet_rate <= 1e13):
+                raise ConfigError(f"--packet-rate {self.packet_rate:g}: give 1 to 1e13 packets a second (a Tofino "
+                                  "pipeline does about 1.2e9 of emu's 64-element packets)")
+            if self.resolved_clock != Clock.SYNC:
+                raise ConfigError("--packet-rate queues contributions at the switch in emulated-time order, which the "
+                                  "synchronized clock gives: drop --clock wall and --tdf, and use ina")
         if self.resolved_clock == Clock.SYNC and self.timeout_rto_us < self.lookahead_us():
             raise ConfigError(f"the retransmission timeout ({self.timeout_rto_us:g} us) is shorter than one "
                               f"link's latency plus a packet ({self.lookahead_us():g} us): raise it")

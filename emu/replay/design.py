@@ -43,11 +43,12 @@ TOPOLOGY_KEYS: tuple[str, ...] = ("topology.workers_per_node", "topology.nics_pe
                                   "topology.leaf_ports", "topology.oversubscription", "topology.placement",
                                   "topology.algorithm", "topology.spine_latency")
 KEYS: tuple[str, ...] = ("fabric", "link.bandwidth", "link.bandwidth_schedule", "link.latency", "link.loss",
-                         "link.jitter", "switch.slots", "switch.elements", *TOPOLOGY_KEYS)
+                         "link.jitter", "switch.slots", "switch.elements", "switch.packet_rate", *TOPOLOGY_KEYS)
 # The replay flags (click's parameter names) that set the same things: a flag the user typed wins.
 FLAG_KEYS: dict[str, str] = {"fabric": "fabric", "bandwidth": "link.bandwidth",
                              "bandwidth_schedule": "link.bandwidth_schedule", "latency": "link.latency",
                              "loss": "link.loss", "jitter": "link.jitter", "slots": "switch.slots",
+                             "packet_rate": "switch.packet_rate",
                              "elements": "switch.elements", "workers_per_node": "topology.workers_per_node",
                              "nics_per_node": "topology.nics_per_node",
                              "intra_bandwidth": "topology.intra_node_bandwidth",
@@ -55,7 +56,8 @@ FLAG_KEYS: dict[str, str] = {"fabric": "fabric", "bandwidth": "link.bandwidth",
                              "oversubscription": "topology.oversubscription", "placement": "topology.placement",
                              "algorithm": "topology.algorithm", "spine_latency": "topology.spine_latency"}
 _LABELS = ("name", "description")
-_TABLES = {"link": ("bandwidth", "bandwidth_schedule", "latency", "loss", "jitter"), "switch": ("slots", "elements"),
+_TABLES = {"link": ("bandwidth", "bandwidth_schedule", "latency", "loss", "jitter"),
+           "switch": ("slots", "elements", "packet_rate"),
            "topology": tuple(k.split(".")[1] for k in TOPOLOGY_KEYS),
            "jobs": ("allocation", "slot_policy")}  # several jobs sharing the fabric (emu.replay.jobs)
 _ALLOWED = (*_LABELS, "fabric", *_TABLES)
@@ -82,6 +84,8 @@ class NetworkDesign:
     jitter_us: float | None = None
     slots: int | None = None
     elements: int | None = None
+    packet_rate: float | None = None
+    """Contributions the switch's pipeline processes a second (``switch.packet_rate``)."""
     workers_per_node: int | None = None
     nics_per_node: int | None = None
     intra_bps: float | None = None
@@ -127,6 +131,8 @@ class NetworkDesign:
             top["slots"] = take["switch.slots"]
         if "switch.elements" in take:
             top["elements"] = take["switch.elements"]
+        if "switch.packet_rate" in take:
+            top["packet_rate"] = take["switch.packet_rate"]
         if link:
             top["link"] = dataclasses.replace(config.link, **link)
         shape = {k: v for k, v in take.items() if k.startswith("topology.")}
@@ -170,6 +176,7 @@ def topology_with(base: Topology, values: dict[str, Any]) -> Topology:
 _FIELDS = {"fabric": "fabric", "link.bandwidth": "bandwidth_bps", "link.bandwidth_schedule": "schedule",
            "link.latency": "latency_us",
            "link.loss": "loss", "link.jitter": "jitter_us", "switch.slots": "slots",
+           "switch.packet_rate": "packet_rate",
            "switch.elements": "elements", "topology.workers_per_node": "workers_per_node",
            "topology.nics_per_node": "nics_per_node", "topology.intra_node_bandwidth": "intra_bps",
            "topology.intra_node_latency": "intra_latency_us", "topology.leaf_ports": "leaf_ports",
@@ -388,6 +395,26 @@ def _choice(kind: type[enum.Enum]) -> Callable[[Any, str, str], Any]:
     return check
 
 
+def _packet_rate(value: Any, source: str, key: str) -> float:
+    """Packets a second: a number, or text with a unit ("1.2Gpps", "500Mpps", "2e9")."""
+    try:
+        rate = parse_packet_rate(value) if isinstance(value, str) else float(value)
+    except (ValueError, TypeError, ConfigError):
+        rate = math.nan
+    if isinstance(value, bool) or not (math.isfinite(rate) and 1 <= rate <= 1e13):
+        raise ConfigError(f'{source}: {key} = {_show(value)}: give packets a second, 1 to 1e13 (1.2e9 or "1.2Gpps")')
+    return rate
+
+
+def parse_packet_rate(text: str) -> float:
+    """'1.2Gpps', '500Mpps', '2e9', '800k' -> packets a second (ValueError if it is none of them)."""
+    body = text.strip().lower().removesuffix("pps").strip()
+    scale = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}.get(body[-1:], 1.0) if body else 1.0
+    if scale != 1.0:
+        body = body[:-1]
+    return float(body) * scale
+
+
 def _algorithm(value: Any, source: str, key: str) -> Algorithm:
     if isinstance(value, str) and value in (a.value for a in Algorithm):
         return Algorithm(value)
@@ -398,6 +425,7 @@ _CHECKS: dict[str, Callable[[Any, str, str], Any]] = {
     "link.bandwidth": _bandwidth, "link.bandwidth_schedule": _schedule, "link.latency": _duration, "link.loss": _loss, "link.jitter": _duration,
     "switch.slots": _whole(f"1..{MAX_SLOTS}", lambda v: 1 <= v <= MAX_SLOTS, 4096),
     "switch.elements": _whole(" or ".join(map(str, ELEMENTS_ALLOWED)), lambda v: v in ELEMENTS_ALLOWED, 64),
+    "switch.packet_rate": lambda value, source, key: _packet_rate(value, source, key),
     "topology.workers_per_node": _whole("1..1024", lambda v: 1 <= v <= 1024, 8),
     "topology.nics_per_node": _whole("1..1024", lambda v: 1 <= v <= 1024, 1),
     "topology.intra_node_bandwidth": _bandwidth, "topology.intra_node_latency": _duration,
@@ -450,6 +478,8 @@ def resolved_design(config: ReplayConfig, design: NetworkDesign | None = None) -
                 "name": design.name if design else config.design_name,
                 "fabric": config.fabric, "link": resolved_link,
                 "switch": {"slots": config.emulated_slots, "elements": config.elements}}
+    if config.packet_rate is not None:  # only where there is one: designs without keep their keys
+        resolved["switch"]["packet_rate"] = config.packet_rate
     if config.topology is not None:  # only where there is one: reports without keep their keys
         resolved["topology"] = config.topology.to_dict(config.link)
     return resolved

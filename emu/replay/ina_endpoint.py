@@ -181,7 +181,8 @@ class InaEndpoint:
                 self.timer(float(at) + self.cfg.timeout_rto_us, int(local), int(slot), float(n))
         keep = ~lost
         if keep.any():
-            batch = AggBatch(pk.headers[keep], pk.payload[keep], arrival[keep], pk.sparse[keep])
+            batch = AggBatch(pk.headers[keep], pk.payload[keep], arrival[keep], pk.sparse[keep],
+                             np.asarray(packets, np.float64)[keep])
             if self.leaves is not None:  # up the leaf's link to the aggregating spine
                 self.leaves.batch(0, self.leaf[pk.local[keep]], batch, wire_bytes[keep], packets[keep])
             else:

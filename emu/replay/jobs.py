@@ -28,6 +28,7 @@ Decisions (docs/topology.md says why):
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -35,28 +36,29 @@ import numpy as np
 
 from emu.emulator.topology import Allocation, Layout, Placement, SlotPolicy
 from emu.emulator.wire import MAX_WORKERS_SOFTWARE
-from emu.errors import ConfigError
+from emu.errors import ConfigError, RunFailed
+from emu.lifetime import Terminated
 from emu.replay.config import Clock, ReplayConfig
 from emu.replay.design import resolved_design
 from emu.replay.host import HostSetup
 from emu.replay.messages import HostResult, SwitchResult
 from emu.replay.orchestrator import (
-    _point_to_point,
-    _run,
-    _split,
-    execute,
+    check_scale,
     partition,
+    point_to_point,
+    run_once,
     scale_for,
     sparse_ps_scale_limit,
+    split,
 )
+from emu.replay.processes import execute
 from emu.replay.programs import plan_programs
 from emu.replay.report import JobReport, ReplayReport, Verification
 from emu.replay.results import build_report, utilisation
 from emu.replay.switchd import SwitchSetup
-from emu.traces.io import trace_digest
 from emu.traces.model import Trace
 
-MAX_JOBS = 256
+MAX_JOBS = 16  # each job adds its parameter-server processes, and every process gates every clock window
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class Jobs:
     slot_policy: SlotPolicy = SlotPolicy.STATIC
 
     def check(self, config: ReplayConfig) -> None:
+        """Refuse what several jobs cannot share: ``config`` is the fabric's, with every job's workers."""
         if not 2 <= len(self.workers) <= MAX_JOBS:
             raise ConfigError(f"several jobs are 2 to {MAX_JOBS} traces, each with its --workers")
         if min(self.workers) < 1:
@@ -81,9 +84,17 @@ class Jobs:
                               "must be exact to compare): drop --clock wall and --tdf, and use ina, ring or ps")
         if config.compress.adaptive:
             raise ConfigError("--compress adaptive replays one job in passes; with several jobs give a compressor")
-        if config.emulated_slots // len(self.workers) < 1:
+        if self.pool(config) // len(self.workers) < 1:
             raise ConfigError(f"--slots {config.emulated_slots}: a static partition among {len(self.workers)} jobs "
                               "needs at least one slot a job")
+
+    def pool(self, config: ReplayConfig) -> int:
+        """The switch's pool (emulated slots), sized for the fabric the jobs' nodes make (its leaves,
+        and so the spine's round trip), which the jobs share."""
+        placed = self.nodes(config)
+        if placed is None or config.topology is None:
+            return config.emulated_slots
+        return replace(config, topology=replace(config.topology, fabric_nodes=placed[1])).emulated_slots
 
     def nodes(self, config: ReplayConfig) -> tuple[list[np.ndarray], int] | None:
         """Per job, the fabric's node of each of its workers, and the fabric's nodes (None without
@@ -129,7 +140,7 @@ class Jobs:
     def configs(self, config: ReplayConfig) -> list[ReplayConfig]:
         """Each job's configuration in the shared run: its workers, seed, nodes and share of the pool."""
         placed = self.nodes(config)
-        share = config.emulated_slots // len(self.workers)
+        share = self.pool(config) // len(self.workers)
         out = []
         for j, m in enumerate(self.workers):
             topo = config.topology
@@ -167,13 +178,16 @@ def replay_jobs(traces: list[Trace], config: ReplayConfig, jobs: Jobs, trace_pat
     if len(traces) != len(jobs.workers) or len(paths) != len(traces):
         raise ConfigError(f"{len(traces)} traces and {len(jobs.workers)} worker counts: give one --workers "
                           "value per trace (64,32), or one for all")
-    config = replace(config, workers=sum(jobs.workers))
+    # every job runs as many iterations (the shorter traces' are reused cyclically), and the shared
+    # time counts only iterations that ran while every job still ran (``_report``)
+    config = replace(config, workers=sum(jobs.workers), iters=config.iters or max(t.iterations for t in traces))
     config.check()
     config.network.check_available()
     jobs.check(config)
     config = replace(config, payload_scale=payload_scale(traces, config, jobs), clock=Clock.SYNC)
     configs = jobs.configs(config)
     for t, cfg, path in zip(traces, configs, paths, strict=True):  # bad input fails before any process
+        check_scale(t, cfg)
         plan_programs(t, cfg.workers, path, cfg.sparsity, cfg.compress, switch_sums=cfg.switch_sums)
 
     def status(text: str) -> None:
@@ -182,21 +196,32 @@ def replay_jobs(traces: list[Trace], config: ReplayConfig, jobs: Jobs, trace_pat
 
     status(f"{len(traces)} jobs sharing the fabric (payload scale {config.scale})")
     shared = _shared(traces, paths, config, jobs, configs, on_progress)
-    alone = []
+    assert shared.jobs is not None
+    entries = list(shared.jobs)
+    wall = shared.emulator.wall_s
+    verification = shared.verification
     for j, (t, cfg, path) in enumerate(zip(traces, configs, paths, strict=True)):
         status(f"job {j} alone ({cfg.workers} workers)")
-        report, _ = _run(t, cfg, path, None, None)
-        alone.append(report)
-    entries = []
-    for j, (job, solo) in enumerate(zip(shared.jobs or (), alone, strict=True)):
-        alone_us = solo.summary.iteration_us_median if solo.summary is not None else None
-        slowdown = (job.summary.iteration_us_median / alone_us
-                    if job.summary is not None and alone_us else None)
-        entries.append(replace(job, alone_us=alone_us, slowdown=slowdown))
-        if not solo.verification.ok:
-            raise ConfigError(f"job {j} alone failed its verification ({solo.verification.mismatches} mismatches)")
-    wall = shared.emulator.wall_s + sum(r.emulator.wall_s for r in alone)
-    return replace(shared, jobs=tuple(entries), emulator=replace(shared.emulator, wall_s=wall))
+        try:
+            solo, _ = run_once(t, cfg, path, None, None)
+        except (RunFailed, KeyboardInterrupt, Terminated) as exc:
+            # the shared run is whole: keep it, with the jobs measured alone so far
+            reason = {KeyboardInterrupt: "interrupted", Terminated: "terminated"}.get(type(exc), str(exc))
+            exc.partial_report = replace(shared, jobs=tuple(entries), complete=False,  # type: ignore[union-attr]
+                                         reason=f"job {j} alone: {reason}")
+            raise
+        wall += solo.emulator.wall_s
+        # the same iterations as the shared time's (iterations differ: the first starts every worker at once)
+        first = [it.emulated_us for it in solo.iterations[:entries[j].overlapped]]
+        alone_us = statistics.median(first) if first else None
+        shared_us = entries[j].shared_us
+        entries[j] = replace(entries[j], alone_us=alone_us,
+                             slowdown=shared_us / alone_us if shared_us is not None and alone_us else None)
+        if not solo.verification.ok:  # a replay alone that failed fails the report
+            verification = replace(verification, ok=False,
+                                   mismatches=verification.mismatches + solo.verification.mismatches)
+    return replace(shared, jobs=tuple(entries), verification=verification,
+                   emulator=replace(shared.emulator, wall_s=wall))
 
 
 def _shared(traces: list[Trace], paths: list[str], config: ReplayConfig, jobs: Jobs, configs: list[ReplayConfig],
@@ -219,8 +244,9 @@ def _shared(traces: list[Trace], paths: list[str], config: ReplayConfig, jobs: J
     held = partition(layout, sum(counts), config.host_processes)
     ps = config.network.parameter_server
     shards = [cfg.shards if ps else 0 for cfg in configs]
+    # a job's shards in one process where there are more than two jobs (every process gates every window)
     base = np.r_[0, np.cumsum([m + s for m, s in zip(counts, shards, strict=True)])[:-1]].astype(np.int64)
-    ps_hosts = [_split(s, min(s, 2)) if s else [] for s in shards]
+    ps_hosts = [split(s, min(s, 2 if len(configs) <= 2 else 1)) if s else [] for s in shards]
     endpoint_host = np.zeros(int(base[-1]) + counts[-1] + shards[-1], np.int64)
     for h, ws in enumerate(held):
         endpoint_host[base[job_of[ws]] + local_of[ws]] = h
@@ -253,10 +279,10 @@ def _shared(traces: list[Trace], paths: list[str], config: ReplayConfig, jobs: J
                          elements=config.elements, fabric=config.fabric,
                          worker_hosts=tuple((int(ws[0]), int(ws[-1]) + 1) for ws in held),
                          endpoint_host=tuple(int(h) for h in endpoint_host), sync=True,
-                         lookahead_us=min(cfg.lookahead_us(inside_nodes=_point_to_point(p, cfg))
+                         lookahead_us=min(cfg.lookahead_us(inside_nodes=point_to_point(p, cfg))
                                           for cfg, p in zip(configs, programs, strict=True)),
                          job_workers=tuple(counts), job_slots=tuple(cfg.real_slots for cfg in configs),
-                         job_base=tuple(int(b) for b in base))
+                         job_base=tuple(int(b) for b in base), packet_rate=config.packet_rate)
         return setups, sw
 
     def build(results: list[HostResult], switch: SwitchResult, wall_s: float, cpu_s: float,
@@ -272,39 +298,53 @@ def _report(traces: list[Trace], paths: list[str], config: ReplayConfig, jobs: J
             iters: list[int], results: list[HostResult], switch: SwitchResult, wall_s: float, cpu_s: float,
             processes: int) -> ReplayReport:
     """Each job's report from its own results; on top, job 0's with the whole run's fabric,
-    verification and emulator figures."""
+    verification and emulator figures. A job's shared time is the median of its iterations that
+    ended while every job still ran (after the first job ends, the others run on alone): its first
+    ``overlapped`` ones, whose alone times ``replay_jobs`` compares them with."""
     per_job = [build_report(t, path, cfg, n, [r for r in results if r.job == j], switch, wall_s, cpu_s, processes)
                for j, (t, path, cfg, n) in enumerate(zip(traces, paths, configs, iters, strict=True))]
     top = per_job[0]
+    records = {(r.job, w): d.iterations for r in results for w, d in r.workers.items()}
+    # per job and iteration: its start (earliest worker) and end (last worker)
+    spans = []
+    for j, r in enumerate(per_job):
+        rows = [rec for (job, _), rec in records.items() if job == j]
+        spans.append([(min(rec[i][0] for rec in rows), max(rec[i][1] for rec in rows)) for i in range(len(r.iterations))])
+    together = min((s[-1][1] for s in spans if s), default=0.0)  # when the first job ended
     elements = sum(r.verify_elements for r in results)
     mismatches = sum(r.verify_mismatches for r in results)
     verification = Verification(ok=all(r.verification.ok for r in per_job), elements_checked=elements,
                                 mismatches=mismatches)
-    records = {(r.job, w): d.iterations for r in results for w, d in r.workers.items()}
     fallbacks: dict[str, int] = {}
     for r in results:
         for k, v in r.fallbacks.items():
             fallbacks[k] = fallbacks.get(k, 0) + v
     fabric = replace(top.fabric, retransmissions=sum(r.retransmissions for r in results),
                      lost=sum(r.lost for r in results), packets_lost=sum(r.packets_lost for r in results),
-                     fallbacks=fallbacks, slots=config.real_slots, slots_emulated=config.emulated_slots,
-                     **utilisation(results, records))
+                     fallbacks=fallbacks, slots=sum(cfg.real_slots for cfg in configs), slots_emulated=jobs.pool(config),
+                     **utilisation(results, records, switch.pipeline_busy_us if config.packet_rate else None))
     emulator = replace(top.emulator, events=sum(r.events for r in results),
                        real_bytes=float(sum(r.real_bytes for r in results)),
                        reordered=sum(r.reordered for r in results),
-                       trustworthy=all(r.emulator.trustworthy for r in per_job))
-    cfg_doc = {**top.config, "workers": config.workers, "seed": config.seed, "slots": config.emulated_slots,
+                       trustworthy=all(r.emulator.trustworthy for r in per_job),
+                       advice=next((r.emulator.advice for r in per_job if r.emulator.advice), None))
+    cfg_doc = {**top.config, "workers": config.workers, "seed": config.seed, "slots": jobs.pool(config),
                "processes": config.host_processes, "design": resolved_design(config),
                "jobs": {"workers": list(jobs.workers), "traces": list(paths),
                         "allocation": None if config.topology is None else jobs.allocation.value,
                         "slot_policy": jobs.slot_policy.value}}
-    entries = tuple(
-        JobReport(job=j, trace={"path": path, "model": t.meta.model, "sha256": trace_digest(t)}, workers=cfg.workers,
-                  nodes=None if cfg.topology is None else sorted({int(n) for n in cfg.topology.nodes}),
-                  slots=cfg.emulated_slots, iterations=r.iterations, summary=r.summary,
-                  verification=r.verification, alone_us=None, slowdown=None)
-        for j, (t, path, cfg, r) in enumerate(zip(traces, paths, configs, per_job, strict=True)))
-    return replace(top, config=cfg_doc, verification=verification, fabric=fabric, emulator=emulator, jobs=entries)
+    cfg_doc["design"]["switch"]["slots"] = jobs.pool(config)
+    entries = []
+    for j, (t, path, cfg, r) in enumerate(zip(traces, paths, configs, per_job, strict=True)):
+        overlapped = [it.emulated_us for it, (_, end) in zip(r.iterations, spans[j], strict=True) if end <= together]
+        entries.append(JobReport(
+            job=j, trace={"path": path, "model": t.meta.model, "sha256": r.trace["sha256"]}, workers=cfg.workers,
+            nodes=None if cfg.topology is None else sorted({int(n) for n in cfg.topology.nodes}),
+            slots=cfg.emulated_slots, iterations=r.iterations, summary=r.summary, verification=r.verification,
+            overlapped=len(overlapped), shared_us=statistics.median(overlapped) if overlapped else None,
+            alone_us=None, slowdown=None))
+    return replace(top, config=cfg_doc, verification=verification, fabric=fabric, emulator=emulator,
+                   jobs=tuple(entries))
 
 
 __all__ = ["Allocation", "Jobs", "SlotPolicy", "replay_jobs"]

@@ -24,6 +24,9 @@ from emu.replay.worker import FakeWorker
 
 
 class JobsHost:
+    """The endpoints of several jobs in one process (module docstring); ``setup.parts`` holds each
+    job's, ``setup.jobs`` every job's configuration."""
+
     def __init__(self, setup: HostSetup) -> None:
         self.setup = setup
         self.cfg = setup.config  # the shared fabric's (the clock's dilation)

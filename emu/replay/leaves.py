@@ -264,6 +264,9 @@ class LeafStage:
                 assert isinstance(p.item, AggBatch)
                 b = p.item
                 stamps = np.stack([f, la], axis=1)
-                if p.merged:  # every contribution the partial sum carries arrives with it
+                packets = b.packets
+                if p.merged:  # every contribution the partial sum carries arrives with it, as one row's packets
                     stamps = np.repeat(stamps, len(b.headers), axis=0)
-                on_batch(AggBatch(b.headers, b.payload, stamps, b.sparse), p.tags)
+                    assert packets is not None
+                    packets = np.r_[packets[:1], np.zeros(len(b.headers) - 1)]
+                on_batch(AggBatch(b.headers, b.payload, stamps, b.sparse, packets), p.tags)

@@ -90,6 +90,7 @@ class SwitchResult:
     stats: dict[str, int]  # AggregationSwitch's counters (empty when it only forwards)
     segments: int  # point-to-point segments forwarded
     windows: int | None = None  # rounds of the synchronized clock
+    pipeline_busy_us: float = 0.0  # the aggregation pipeline's busy time (a switch with a packet rate)
 
 
 def connect_control(ctx: zmq.Context, address: str) -> zmq.Socket:

@@ -1,29 +1,16 @@
-"""Running a replay: start the switch and the host processes, drive them, stop them all.
-
-Processes are forked (cheap: a few MB each, no re-import) and talk over pyzmq on
-ipc:// sockets in a private temporary folder. Whatever happens (success, a
-failing process, a timeout, Ctrl-C), every child is stopped: asked first, then
-terminated, then killed, and the folder removed.
+"""Running a replay of one job: check it, choose the payload scale and the dilation, plan its
+processes (which worker each host holds, the switch's setup), run them (``emu.replay.processes``)
+and build the report.
 """
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
 import os
-import resource
-import shutil
-import tempfile
-import time
-import traceback
 from collections.abc import Callable
 from dataclasses import asdict, replace
-from typing import Any
 
 import numpy as np
-import zmq
 
-from emu import lifetime
 from emu.emulator import physics
 from emu.emulator.recorded import RecordedPayload
 from emu.emulator.topology import Layout
@@ -31,43 +18,22 @@ from emu.errors import ConfigError, RunFailed
 from emu.replay.adaptive import run_passes
 from emu.replay.config import REAL_BYTES_PER_ITERATION, Clock, ReplayConfig
 from emu.replay.host import HostSetup
-from emu.replay.hostloop import host_main
-from emu.replay.messages import (
-    Failed,
-    HostResult,
-    Message,
-    Progress,
-    Ready,
-    Start,
-    Stop,
-    SwitchResult,
-    decode,
-    encode,
-)
+from emu.replay.messages import HostResult, SwitchResult
 from emu.replay.payloads import recorded_payload
+from emu.replay.processes import ReplayError, execute
 from emu.replay.programs import WorkerProgram, plan_programs
-from emu.replay.report import (
-    ReplayReport,
-    write_chrome_trace,
-)
+from emu.replay.report import ReplayReport, write_chrome_trace
 from emu.replay.results import LAG_TOLERANCE, build_report
 from emu.replay.sparsity import with_sparsity
-from emu.replay.switchd import SwitchSetup, switch_main
+from emu.replay.switchd import SwitchSetup
 from emu.traces.model import CollKind, Trace
 
-START_DELAY_S = 0.05
-READY_TIMEOUT_S = 60.0
 
-
-class ReplayError(RunFailed):
-    """A replay could not complete (a process failed, or the time ran out)."""
-
-
-def _split(n: int, parts: int) -> list[tuple[int, int]]:
+def split(n: int, parts: int) -> list[tuple[int, int]]:
     return [(i * n // parts, (i + 1) * n // parts) for i in range(parts)]
 
 
-def _point_to_point(programs: list[WorkerProgram], config: ReplayConfig) -> bool:
+def point_to_point(programs: list[WorkerProgram], config: ReplayConfig) -> bool:
     """Whether any collective runs point to point (the rest run on the aggregation stream)."""
     stream = config.switch_sums
     return any(not (stream and op.kind == CollKind.ALL_REDUCE and op.dtype.is_float)
@@ -85,14 +51,14 @@ def partition(layout: Layout | None, workers: int, processes: int) -> list[np.nd
     several leaves whole leaves (their links to the spine are the host's: emu.replay.leaves), as
     many per host as even."""
     if layout is None:
-        return [np.arange(a, b) for a, b in _split(workers, processes)]
+        return [np.arange(a, b) for a, b in split(workers, processes)]
     if layout.leaves > 1:
         leaves = np.unique(layout.leaf)
         parts = min(processes, len(leaves))
-        return [np.flatnonzero(np.isin(layout.leaf, leaves[a:b])) for a, b in _split(len(leaves), parts)]
+        return [np.flatnonzero(np.isin(layout.leaf, leaves[a:b])) for a, b in split(len(leaves), parts)]
     nodes = np.unique(layout.node)
     parts = min(processes, len(nodes))
-    return [np.flatnonzero(np.isin(layout.node, nodes[a:b])) for a, b in _split(len(nodes), parts)]
+    return [np.flatnonzero(np.isin(layout.node, nodes[a:b])) for a, b in split(len(nodes), parts)]
 
 
 UNPACED_TDF = 1e-6  # the calibration probe runs as fast as it can
@@ -148,7 +114,7 @@ def sparse_ps_scale_limit(trace: Trace, config: ReplayConfig) -> int | None:
     return max(1, int(blocks / (config.shards * MIN_SPARSE_BLOCKS_PER_SHARD)))
 
 
-def _check_scale(trace: Trace, config: ReplayConfig) -> None:
+def check_scale(trace: Trace, config: ReplayConfig) -> None:
     """A real ring (or sharded parameter server) past the fabric's limit is millions of messages
     per collective: refuse it and give the analytic estimate instead."""
     if not config.network.beyond_p2p_limit(config.workers):
@@ -183,7 +149,7 @@ def _calibrate(trace: Trace, config: ReplayConfig, trace_path: str | None,
     status(f"calibrating: measuring the work (payload scale {config.payload_scale})")
     unpaced = (replace(config, clock=Clock.SYNC, tdf=None, iters=1) if config.network.synchronizable
                else replace(config, tdf=UNPACED_TDF, iters=1))
-    probe, work_s = _run(trace, unpaced, trace_path, None, None)
+    probe, work_s = run_once(trace, unpaced, trace_path, None, None)
     iteration = probe.iterations[0].emulated_us
     target = 0.5 * LAG_TOLERANCE * iteration
     endpoints = config.workers + (config.shards if config.network.parameter_server else 0)
@@ -193,7 +159,7 @@ def _calibrate(trace: Trace, config: ReplayConfig, trace_path: str | None,
     iters = min(PROBE_ITERS, config.iters or trace.iterations)
     for _ in range(MAX_PROBES):
         status(f"calibrating: {iters} iteration(s) at tdf {tdf:.3g}")
-        paced, _ = _run(trace, replace(config, tdf=tdf, iters=iters), trace_path, None, None)
+        paced, _ = run_once(trace, replace(config, tdf=tdf, iters=iters), trace_path, None, None)
         worst = max(paced.emulator.lag_us_p99, paced.emulator.reorder_error_us)
         probes.append({"tdf": tdf, "lag_us_p99": paced.emulator.lag_us_p99,
                        "reorder_error_us": paced.emulator.reorder_error_us})
@@ -221,7 +187,7 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     """
     config.check()
     config.network.check_available()
-    _check_scale(trace, config)
+    check_scale(trace, config)
     plan_programs(trace, config.workers, trace_path or "trace", config.sparsity, config.compress,
                   switch_sums=config.switch_sums)  # bad input fails before any process
     calibration = None
@@ -234,7 +200,7 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     if config.compress.adaptive:
         report = _adaptive(trace, config, trace_path, chrome_trace, on_progress, on_status)
     else:
-        report, _ = _run(trace, config, trace_path, chrome_trace, on_progress, payload)
+        report, _ = run_once(trace, config, trace_path, chrome_trace, on_progress, payload)
     if payload is not None or payload_note is not None:
         report = replace(report, verification=replace(
             report.verification, payload="recorded" if payload is not None else "generated", payload_note=payload_note))
@@ -258,7 +224,7 @@ def _adaptive(trace: Trace, config: ReplayConfig, trace_path: str | None,
     reports: list[ReplayReport] = []
 
     def one(cfg: ReplayConfig) -> list[float]:
-        report, _ = _run(trace, cfg, trace_path, chrome_trace, on_progress)
+        report, _ = run_once(trace, cfg, trace_path, chrome_trace, on_progress)
         reports.append(report)
         assert report.compression is not None and report.compression.adaptive is not None
         return [step.bandwidth_bps for step in report.compression.adaptive.steps]
@@ -280,26 +246,7 @@ def _power_of_two_below(n: int) -> int:
     return r
 
 
-def _in_child(target: Callable[[Any], None], parent: int, workdir: str, setup: Any) -> None:
-    """A replay process: dies with the orchestrator, leaves Ctrl-C to it, and if the orchestrator
-    was killed, removes the private socket folder on its way out."""
-    lifetime.as_child(parent)
-    failed = False
-    try:
-        target(setup)
-    except Exception:
-        # the process reported its failure on the control socket; the orchestrator prints it
-        failed = True
-        if os.environ.get("EMU_DEBUG") == "1":
-            traceback.print_exc()
-    finally:
-        if not lifetime.parent_alive(parent):
-            shutil.rmtree(workdir, ignore_errors=True)
-    if failed:
-        os._exit(1)  # without multiprocessing's traceback
-
-
-def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
+def run_once(trace: Trace, config: ReplayConfig, trace_path: str | None,
          chrome_trace: str | os.PathLike[str] | None,
          on_progress: Callable[[float], None] | None,
          payload: RecordedPayload | None = None) -> tuple[ReplayReport, float]:
@@ -310,7 +257,7 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
     m = config.workers
     held = _worker_hosts(config)
     worker_hosts = [(int(ws[0]), int(ws[-1]) + 1) for ws in held]  # their spans (bmv2 routes by them)
-    ps_hosts = _split(config.shards, min(config.shards, 2)) if config.network.parameter_server else []
+    ps_hosts = split(config.shards, min(config.shards, 2)) if config.network.parameter_server else []
     endpoint_host = [0] * m
     for h, ws in enumerate(held):
         for w in ws:
@@ -330,7 +277,8 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
                          elements=config.elements, fabric=config.fabric,
                          worker_hosts=tuple(worker_hosts), endpoint_host=tuple(endpoint_host),
                          sync=config.resolved_clock == Clock.SYNC,
-                         lookahead_us=config.lookahead_us(inside_nodes=_point_to_point(programs, config)))
+                         lookahead_us=config.lookahead_us(inside_nodes=point_to_point(programs, config)),
+                         packet_rate=config.packet_rate)
         return setups, sw
 
     def build(results: list[HostResult], switch: SwitchResult, wall_s: float, cpu_s: float,
@@ -347,259 +295,6 @@ def _run(trace: Trace, config: ReplayConfig, trace_path: str | None,
             exc.partial_report = report  # type: ignore[attr-defined]  # the run itself is complete
             raise
     return report, run_s
-
-
-Build = Callable[[list[HostResult], SwitchResult, float, float, int], ReplayReport]
-
-
-def execute(config: ReplayConfig, plan: Callable[[str, str], tuple[list[HostSetup], SwitchSetup]],
-            total: int, build: Build, on_progress: Callable[[float], None] | None,
-            external: Callable[[], contextlib.AbstractContextManager] | None = None,
-            ) -> tuple[ReplayReport, float, list[HostResult]]:
-    """Start the switch and the hosts ``plan`` lays out, run them to the end, stop them all.
-
-    ``build`` makes the report from what they measured (a partial one, marked so, after a failure
-    or an interrupt, attached to the exception); ``total``: worker iterations, for progress.
-    Returns the report, the seconds the run itself took, and the hosts' results."""
-    workdir = tempfile.mkdtemp(prefix="emu-replay-")
-    if len(workdir) + len("/control") > getattr(zmq, "IPC_PATH_MAX_LEN", 107):
-        # a deep $TMPDIR makes socket paths longer than the kernel allows: a short folder instead
-        shutil.rmtree(workdir, ignore_errors=True)
-        workdir = tempfile.mkdtemp(prefix="emu-replay-", dir="/tmp")
-    record = lifetime.current()
-    if record is not None:
-        record.add_folder(workdir)
-    setups, sw = plan(f"ipc://{workdir}/switch", f"ipc://{workdir}/control")
-    control_addr = sw.control_addr
-    # a host sends one result per job it holds (jobs sharing the fabric), else one
-    worker_results = sum(max(1, len(s.parts)) for s in setups if s.role == "workers")
-    ps_results = sum(max(1, len(s.parts)) for s in setups if s.role == "ps")
-    fork = multiprocessing.get_context("fork")
-    procs: list[multiprocessing.process.BaseProcess] = []
-    ctx: zmq.Context | None = None
-    usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    self0 = resource.getrusage(resource.RUSAGE_SELF)
-    wall_start = time.monotonic()
-    stack = contextlib.ExitStack()
-    run: _Run | None = None
-    try:
-        if external is not None:
-            stack.enter_context(external())
-        # Children first, then the parent's zmq context: no context crosses a fork.
-        parent = os.getpid()
-        procs.append(fork.Process(target=_in_child, args=(switch_main, parent, workdir, sw), name="emu-switch",
-                                  daemon=True))
-        for s in setups:
-            procs.append(fork.Process(target=_in_child, args=(host_main, parent, workdir, s),
-                                      name=f"emu-host{s.index}", daemon=True))
-        with lifetime.signals_held():
-            for p in procs:
-                p.start()
-                if record is not None and p.pid is not None:
-                    record.add_child(p.pid)
-        ctx = zmq.Context()
-        ctrl = ctx.socket(zmq.ROUTER)
-        ctrl.setsockopt(zmq.LINGER, 0)
-        ctrl.bind(control_addr)
-        run = _Run(ctrl, procs, config, len(setups))
-        run.wait_ready()
-        wall0 = time.monotonic() + START_DELAY_S
-        run.broadcast(Start(wall0))
-        results = run.collect(worker_results, total, setups, on_progress)
-        run_s = time.monotonic() - wall0
-        run.broadcast(Stop(), include_switch=True)
-        extra, switch_stats = run.drain(ps_results)
-        wall_s = time.monotonic() - wall_start
-        _join(procs)
-        usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        self1 = resource.getrusage(resource.RUSAGE_SELF)
-        cpu = (usage1.ru_utime + usage1.ru_stime - usage0.ru_utime - usage0.ru_stime
-               + self1.ru_utime + self1.ru_stime - self0.ru_utime - self0.ru_stime)
-        results += extra
-        report = build(results, switch_stats, wall_s, cpu, len(procs))
-        report = replace(report, emulator=replace(report.emulator, run_s=run_s))
-        run.started = False  # finished: a failure from here on is not a partial run
-        return report, run_s, results
-    except (RunFailed, KeyboardInterrupt, lifetime.Terminated) as exc:
-        if run is not None and run.started:
-            # what the processes still alive measured, marked as partial
-            reason = {KeyboardInterrupt: "interrupted", lifetime.Terminated: "terminated"}.get(type(exc), str(exc))
-            hosts, switch = run.leftover_results(worker_results + ps_results)
-            wall_s = time.monotonic() - wall_start
-            with contextlib.suppress(Exception):  # a partial report must never hide the failure
-                report = build(hosts, switch, wall_s, 0.0, len(procs))
-                exc.partial_report = replace(report, complete=False, reason=reason)  # type: ignore[union-attr]
-        raise
-    finally:
-        with lifetime.signals_held():  # a second Ctrl-C must not cut the cleanup short
-            _stop(procs)
-            if ctx is not None:
-                ctx.destroy(linger=0)
-            stack.close()
-            shutil.rmtree(workdir, ignore_errors=True)
-
-
-class _Run:
-    def __init__(self, ctrl: zmq.Socket, procs: list, config: ReplayConfig, hosts: int) -> None:
-        self.ctrl, self.procs, self.config, self.hosts = ctrl, procs, config, hosts
-        self.idents: dict[Any, bytes] = {}
-        self.poller = zmq.Poller()
-        self.poller.register(ctrl, zmq.POLLIN)
-        self.started = False
-        self.results: dict[tuple[int, int], HostResult] = {}  # by (host, job)
-        self.pending: list[Message] = []  # read while looking for a dead process's last words
-
-    def _dead(self) -> list[tuple[Any, int | str]]:
-        """Processes that ended with an error, each with its name on the control socket."""
-        return [(p, "switch" if p.name == "emu-switch" else int(p.name.removeprefix("emu-host")))
-                for p in self.procs if p.exitcode not in (None, 0)]
-
-    def _check_children(self, exclude: int | str | None = None) -> None:
-        dead = [(p, who) for p, who in self._dead() if who != exclude]
-        if not dead:
-            return
-        p, who = dead[0]
-        # a process that failed said why before it exited: prefer its own words
-        deadline = time.monotonic() + 0.3
-        while time.monotonic() < deadline and self.poller.poll(50):
-            _, data = self.ctrl.recv_multipart()
-            msg = decode(data)
-            if isinstance(msg, Failed) and msg.host == who:
-                self._raise_failed(msg)
-            if not isinstance(msg, Failed):
-                self.pending.append(msg)
-        raise ReplayError(f"the replay process {p.name} died (exit code {p.exitcode})")
-
-    @staticmethod
-    def _raise_failed(msg: Failed) -> None:
-        if msg.user:
-            raise ReplayError(msg.error)
-        raise ReplayError(f"replay process {msg.host} failed: {msg.error}")
-
-    def _recv(self, timeout_ms: int) -> Message | None:
-        if self.pending:
-            return self.pending.pop(0)
-        if not self.poller.poll(timeout_ms):
-            return None
-        ident, data = self.ctrl.recv_multipart()
-        msg = decode(data)
-        if isinstance(msg, Failed):
-            # a process that died makes its peers fail (the switch cannot reach a killed host):
-            # name that death, the cause, when there is one
-            deadline = time.monotonic() + 0.5
-            while time.monotonic() < deadline:
-                self._check_children(exclude=msg.host)  # another's death (in its own words if it said any)
-                time.sleep(0.02)
-            self._raise_failed(msg)
-        if isinstance(msg, Ready):
-            self.idents[msg.host] = ident
-        return msg
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while len(self.idents) < self.hosts + 1:
-            if time.monotonic() > deadline:
-                raise ReplayError(f"only {len(self.idents)} of {self.hosts + 1} replay processes started "
-                                  f"within {READY_TIMEOUT_S:.0f} s")
-            self._check_children()
-            self._recv(100)
-
-    def broadcast(self, msg: Start | Stop, include_switch: bool = False) -> None:
-        self.started = self.started or isinstance(msg, Start)
-        data = encode(msg)
-        for host, ident in self.idents.items():
-            if host == "switch" and not include_switch:
-                continue
-            self.ctrl.send_multipart([ident, data])
-
-    def collect(self, worker_hosts: int, total: int, setups: list[HostSetup],
-                on_progress: Callable[[float], None] | None) -> list[HostResult]:
-        done = self.results
-        progress: dict[int, int] = {}
-        sizes = {s.index: len(s.endpoints) for s in setups if s.role == "workers"}
-        deadline = time.monotonic() + self.config.timeout_s
-        while len(done) < worker_hosts:
-            if time.monotonic() > deadline:
-                raise ReplayError(f"the replay did not finish within --timeout {self.config.timeout_s:.0f} s; "
-                                  "raise it, replay fewer iterations, or use a larger --payload-scale")
-            self._check_children()
-            msg = self._recv(200)
-            if msg is None:
-                continue
-            if isinstance(msg, Progress):
-                progress[msg.host] = msg.iterations
-            elif isinstance(msg, HostResult):
-                done[(msg.host, msg.job)] = msg
-                progress[msg.host] = 10**9
-            if on_progress is not None and total:
-                its = sum(min(progress.get(h, 0), total) * n for h, n in sizes.items())
-                on_progress(min(1.0, its / total))
-        return list(done.values())
-
-    def leftover_results(self, hosts: int) -> tuple[list[HostResult], SwitchResult]:
-        """After a failure: ask every process still alive for what it measured (2 s at most)."""
-        switch: SwitchResult | None = None
-        # the switch first: a host that stops leaves the switch unable to reach it
-        with contextlib.suppress(Exception):
-            if "switch" in self.idents:
-                self.ctrl.send_multipart([self.idents["switch"], encode(Stop())])
-        deadline = time.monotonic() + 1.0
-        while switch is None and time.monotonic() < deadline:
-            try:
-                msg = self._recv(50)
-            except RunFailed:
-                continue
-            if isinstance(msg, SwitchResult):
-                switch = msg
-            elif isinstance(msg, HostResult):
-                self.results[(msg.host, msg.job)] = msg
-        with contextlib.suppress(Exception):
-            self.broadcast(Stop())
-        deadline = time.monotonic() + 2.0
-        while (len(self.results) < hosts or switch is None) and time.monotonic() < deadline:
-            try:
-                msg = self._recv(100)
-            except RunFailed:  # another process's failure: it has nothing to give
-                continue
-            if isinstance(msg, HostResult):
-                self.results[(msg.host, msg.job)] = msg
-            elif isinstance(msg, SwitchResult):
-                switch = msg
-        return list(self.results.values()), switch or SwitchResult({}, 0)
-
-    def drain(self, results: int) -> tuple[list[HostResult], SwitchResult]:
-        """The parameter-server hosts' results and the switch's, after Stop."""
-        hosts: list[HostResult] = []
-        switch: SwitchResult | None = None
-        deadline = time.monotonic() + 30
-        while (len(hosts) < results or switch is None) and time.monotonic() < deadline:
-            msg = self._recv(200)
-            if isinstance(msg, HostResult):
-                hosts.append(msg)
-            elif isinstance(msg, SwitchResult):
-                switch = msg
-        if switch is None:
-            raise ReplayError("the switch process did not report within 30 s of the end")
-        return hosts, switch
-
-
-def _join(procs: list) -> None:
-    deadline = time.monotonic() + 10
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-
-
-def _stop(procs: list) -> None:
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + 5
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(5)
 
 
 __all__ = ["ReplayError", "replay", "asdict"]

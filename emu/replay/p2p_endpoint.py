@@ -56,11 +56,12 @@ UpSeg = tuple[float, int, int, int, int, Seg, str]
 
 
 def _reply_turns(layout: shape.Layout | None) -> np.ndarray | None:
-    """The order in which a parameter-server shard answers the workers on a topology, as each
+    """The order in which a dense parameter-server shard answers the workers on a topology, as each
     worker's turn: NIC by NIC in turn (the first worker of every NIC, then the second of each, ...),
     so that a NIC shared by several workers gets one answer while the others get theirs, not all of
     its workers' answers back to back while other NICs idle. Without sharing (a NIC a worker, or no
-    topology) it is rank order, as on one switch."""
+    topology) it is rank order, as on one switch. (A sparse shard numbers its answers by destination
+    already, which orders them first.)"""
     if layout is None or layout.busiest_nic() == 1:
         return None
     w = np.arange(layout.workers)

@@ -191,10 +191,12 @@ class JobReport:
     nodes: list[int] | None  # the fabric's nodes it holds (on a topology)
     slots: int  # its share of the switch's pool (emulated slots)
     iterations: tuple[IterationReport, ...]
-    summary: Summary | None
+    summary: Summary | None  # over all its iterations
     verification: Verification
-    alone_us: float | None  # its iteration (median) alone on the fabric: the same nodes and share of the pool
-    slowdown: float | None  # shared over alone
+    overlapped: int  # its iterations that ended while every job still ran
+    shared_us: float | None  # their median (None: none did; give more --iters)
+    alone_us: float | None  # the same iterations' median alone on the fabric: the same nodes and share of the pool
+    slowdown: float | None  # shared_us over alone_us
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,8 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
         dropped=int(stats.get("dropped", 0)), lost=sum(r.lost for r in results),
         packets_lost=sum(r.packets_lost for r in results), segments=switch.segments, fallbacks=fallbacks,
         invalid=int(stats.get("invalid", 0)), malformed=int(stats.get("malformed", 0)),
-        stale=int(stats.get("stale", 0)), **utilisation(results, records))
+        stale=int(stats.get("stale", 0)),
+        **utilisation(results, records, switch.pipeline_busy_us if config.packet_rate else None))
     sync = config.resolved_clock == Clock.SYNC
     emulator = EmulatorReport(
         clock=config.resolved_clock.value, tdf=None if sync else config.dilation, payload_scale=config.scale,
@@ -222,14 +223,19 @@ def _sent(config: ReplayConfig, replayed: Replayed) -> SparsityReport | None:
                                dense_collectives=dense)
 
 
-def utilisation(results: list[HostResult], records: dict[int, list[list[float]]]) -> dict[str, Any]:
-    """Each kind of link's busy time over the replay's emulated span (first start to last end)."""
+def utilisation(results: list[HostResult], records: dict[Any, list[list[float]]],
+                pipeline_busy_us: float | None = None) -> dict[str, Any]:
+    """Each kind of link's busy time over the replay's emulated span (first start to last end), and
+    the switch's aggregation pipeline's where it has a packet rate (``records``: each worker's
+    iterations, by any key)."""
     starts = [it[0] for rec in records.values() for it in rec]
     ends = [it[1] for rec in records.values() for it in rec]
     span = max(ends) - min(starts) if starts else 0.0
     if span <= 0:
         return {}
     kinds: dict[str, list[Any]] = {}
+    if pipeline_busy_us is not None:
+        kinds["switch pipeline"] = [1, int(round(pipeline_busy_us * 1e3)), pipeline_busy_us, "switch", 0]
     for r in results:
         for kind, (n, busy_ns, top, name, number) in r.links.items():
             have = kinds.setdefault(kind, [0, 0, -1.0, "", 0])

@@ -57,6 +57,7 @@ class SwitchSetup:
     job_workers: tuple[int, ...] = ()
     job_slots: tuple[int, ...] = ()
     job_base: tuple[int, ...] = (0,)
+    packet_rate: float | None = None  # contributions the pipeline processes a second (None: unlimited)
 
 
 class _Pools:
@@ -78,7 +79,8 @@ class _Pools:
 
     def host_of(self, job: int, endpoint: int) -> int:
         """The host of a job's endpoint (a segment's destination)."""
-        if not 0 <= job < len(self.base) or not 0 <= self.base[job] + endpoint < len(self.endpoint_host):
+        ends = [*self.base[1:], len(self.endpoint_host)]
+        if not 0 <= job < len(self.base) or not 0 <= endpoint < ends[job] - self.base[job]:
             raise FrameError(f"segment for unknown endpoint {endpoint} of job {job}")
         return int(self.endpoint_host[self.base[job] + endpoint])
 
@@ -174,7 +176,7 @@ def switch_main(setup: SwitchSetup) -> None:
 
 
 def _aggregate(router: zmq.Socket, pools: _Pools, batch: AggBatch, idents: list[bytes]) -> None:
-    # a job the switch has no pool for goes to the first pool, which drops it as invalid
+    # a job the switch has no pool for goes to the last pool, which drops it as invalid (another job's)
     jobs = np.minimum(batch.headers["job"].astype(np.int64), len(pools.switches) - 1)
     if not len(jobs) or (jobs == jobs[0]).all():
         _send_results(router, pools, int(jobs[0]) if len(jobs) else 0, batch, idents)
@@ -223,6 +225,7 @@ class _Coordinator:
         self.seg_min = math.inf
         self.ended = False
         self.windows = 0
+        self.pipeline = _Pipeline(setup.packet_rate) if setup.packet_rate else None
 
     def serve(self) -> None:
         poller = zmq.Poller()
@@ -233,7 +236,8 @@ class _Coordinator:
                 if sock is self.ctrl:
                     if isinstance(decode(self.ctrl.recv()), Stop):
                         stats = self.switch.stats() if self.switch else {}
-                        self.ctrl.send(encode(SwitchResult(stats, self.forwarded[0], self.windows)))
+                        busy = self.pipeline.busy_us if self.pipeline else 0.0
+                        self.ctrl.send(encode(SwitchResult(stats, self.forwarded[0], self.windows, busy)))
                         return
                     continue
                 self._drain()
@@ -300,4 +304,40 @@ class _Coordinator:
         h = batch.headers
         order = rows[np.lexsort((h["chunk"][rows], h["worker"][rows], h["job"][rows], stamps[rows]))]
         assert self.switch is not None
-        _aggregate(self.router, self.switch, batch.take(order), self.idents)
+        batch = batch.take(order)
+        if self.pipeline is not None:
+            batch = self.pipeline.through(batch)
+        _aggregate(self.router, self.switch, batch, self.idents)
+
+
+class _Pipeline:
+    """A switch's aggregation pipeline at ``rate`` packets a second (``--packet-rate``): one server
+    that conserves work, as a leaf's link does (emu.replay.leaves): a row of ``n`` packets takes
+    ``n / rate`` of it from when it arrives or the pipeline is free, rows arriving together
+    interleave, and a row leaves as its work is done or its last packet is in, whichever is later.
+    Rows come in stamp order, window after window, so it is a FIFO in emulated time."""
+
+    def __init__(self, rate: float) -> None:
+        self.per_packet_us = 1e6 / rate
+        self.free = -math.inf
+        self.busy_us = 0.0
+
+    def through(self, batch: AggBatch) -> AggBatch:
+        if not len(batch.headers):
+            return batch
+        assert batch.packets is not None
+        n = np.maximum(np.asarray(batch.packets, np.float64), 0.0)
+        first, last = batch.stamps[:, 0].astype(np.float64), batch.stamps[:, 1].astype(np.float64)
+        ser = n * self.per_packet_us
+        one = ser / np.maximum(n, 1.0)
+        cum = np.cumsum(ser)
+        start_bound = np.maximum.accumulate(np.maximum(first - (cum - ser), np.r_[self.free, np.full(len(ser) - 1,
+                                                                                                      -math.inf)]))
+        done = start_bound + cum
+        self.free = float(done[-1])
+        self.busy_us += float(ser.sum())
+        out_last = np.maximum(done, last + one)
+        start = done - ser
+        out_first = np.minimum(start + one, np.maximum(first + one, out_last - (last - first)))
+        return AggBatch(batch.headers, batch.payload, np.stack([out_first, out_last], axis=1), batch.sparse,
+                        batch.packets)

@@ -120,8 +120,15 @@ class _Schedule:
         t = self.times.get(key)
         if t is None and self.cfg.topology is not None:
             t = self.times[key] = _on_topology(op, self.cfg, self.scale)
+        c = self.cfg
+        if t is None and c.packet_rate is not None and c.switch_sums and op.kind == CollKind.ALL_REDUCE \
+                and op.dtype.is_float:
+            if op.sparsity is not None:
+                raise ConfigError("--packet-rate with a sparse all_reduce: emu predict's pipeline form takes dense "
+                                  "ones (docs/topology.md, 'Switch limits'); replay it (emu replay)")
+            t = self.times[key] = physics.ina_pipeline_us(op.count, c.link, c.elements, c.emulated_slots, c.workers,
+                                                          c.packet_rate)
         if t is None:
-            c = self.cfg
             t = physics.collective_time_us(
                 op.kind, op.count, op.dtype.itemsize, op.dtype.is_float, c.workers, c.link, self.fabric,
                 c.elements, c.emulated_slots, c.timeout_rto_us, c.shards, self.scale, op.sparsity,
@@ -215,6 +222,9 @@ def predict(trace: Trace, config: ReplayConfig) -> Prediction:
                           "(emu replay --bandwidth-schedule), or predict each step's bandwidth apart")
     if config.topology is not None:
         _check_topology(config)
+    if config.packet_rate is not None and (config.topology is not None or config.compress.active):
+        raise ConfigError("--packet-rate on a topology or with --compress: emu predict's pipeline form takes dense "
+                          "all_reduces on one switch (docs/topology.md, 'Switch limits'); replay it (emu replay)")
     if config.compress.adaptive:
         raise ConfigError("--compress adaptive: its choices follow what the replay measures as it runs; emu predict "
                           "takes one compressor (--compress topk:R), or replay it (emu replay --compress adaptive)")

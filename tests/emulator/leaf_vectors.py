@@ -60,8 +60,11 @@ class LeafReference:
         st = self.inner.state[(s, c)]
         if st["count"] != len(self.ranks) or st["chunk"] != h["chunk"]:
             return []  # stale: the copy moved on
-        self.final[(s, c)] = (h["chunk"], h["exponent"], list(payload) + [0] * (self.k - len(payload)))
         waiting = self.askers.pop((s, c), [])
+        kept = self.final.get((s, c))
+        if kept is not None and kept[0] == h["chunk"]:  # a second result for a kept sum: the askers only
+            return [(rank, self._result(s, c, rank), kept[2][: 64 * st["size"]]) for rank in waiting]
+        self.final[(s, c)] = (h["chunk"], h["exponent"], list(payload) + [0] * (self.k - len(payload)))
         dests = self.ranks if h["worker"] == MULTICAST else waiting
         return [(rank, self._result(s, c, rank), self.final[(s, c)][2][: 64 * st["size"]]) for rank in dests]
 
@@ -123,6 +126,22 @@ def scenarios() -> list[tuple[str, str, dict, list[Step]]]:
                   ("worker", contrib(1, 0, s, 3, a)), ("worker", contrib(1, 0, s, m, a, msg_type=2))],
                  [("worker", contrib(1, 0, s, m, a)), ("worker", contrib(3, 0, s, m, b))],
                  [("spine", spine_result(0, s, lv, total, dest=0)), ("spine", spine_result(0, s, 3, total))]]))
+    out.append(("leaf-twice", "the spine's unicast answer to a resent partial, then its delayed multicast: "
+                "the second result for a kept sum goes to the workers that asked since (none), not again to all",
+                cfg,
+                [[("worker", contrib(1, 0, s, m, a)), ("worker", contrib(3, 0, s, m, b)),
+                  ("worker", contrib(1, 0, s, m, a))],
+                 [("spine", spine_result(0, s, lv, total, dest=1)), ("spine", spine_result(0, s, lv, total))],
+                 [("worker", contrib(3, 0, s, m, b)), ("spine", spine_result(0, s, lv, total))]]))
+    one = {"slots": 2, "elements": 256, "job": 1, "ranks": [2], "job_workers": 4, "leaf": 0, "leaves": 3}
+    out.append(("leaf-one-worker", "a leaf of one worker: its contribution is its partial sum; an exponent-only "
+                "round (no payload) and 256-element packets pass the same way", one,
+                [[("worker", contrib(2, 0, s, m, None, exponent=-3))],
+                 [("spine", spine_result(0, s, 3, [], exponent=4))],
+                 [("worker", contrib(2, 1, s, m, vals(21, 256), exponent=4))],
+                 [("worker", contrib(2, 1, s, m, vals(21, 256), exponent=4)),
+                  ("spine", spine_result(1, s, 3, vals(22, 256), exponent=4))],
+                 [("worker", contrib(2, 1, s, m, vals(21, 256), exponent=4))]]))
     return out
 
 

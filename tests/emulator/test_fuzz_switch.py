@@ -291,8 +291,9 @@ def test_a_round_in_progress_refuses_another_chunk_and_size() -> None:
     assert res.payload[0][:64].tolist() == int32_sums([a, b, c])
 
 
-VECTOR_FRAMES = [f for path in sorted(OUT.glob("**/*.json")) for step in json.loads(path.read_text())["steps"]
-                 for f in step["in"]]
+# the leaf role's vectors name each frame's side ({"from", "frame"}); the others are frames
+VECTOR_FRAMES = [f["frame"] if isinstance(f, dict) else f for path in sorted(OUT.glob("**/*.json"))
+                 for step in json.loads(path.read_text())["steps"] for f in step["in"]]
 
 
 @st.composite

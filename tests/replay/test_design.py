@@ -72,7 +72,7 @@ def test_every_key() -> None:
                      "x.toml")
     assert d == NetworkDesign(path="x.toml", name="n", description="d", fabric="ps", bandwidth_bps=100e9,
                               latency_us=1000.0, loss=0.01, jitter_us=0.5, slots=8192, elements=256)
-    assert [d.value(k) for k in KEYS] == ["ps", 100e9, None, 1000.0, 0.01, 0.5, 8192, 256] + [None] * 9
+    assert [d.value(k) for k in KEYS] == ["ps", 100e9, None, 1000.0, 0.01, 0.5, 8192, 256] + [None] * 10
 
 
 def test_a_bandwidth_schedule() -> None:

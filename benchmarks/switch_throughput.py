@@ -52,7 +52,7 @@ def measure(workers: int, batch: int, elements: int, hosts: int, seconds: float)
     tmp = tempfile.mkdtemp(prefix="emu-bench-")
     split = [(i * workers // hosts, (i + 1) * workers // hosts) for i in range(hosts)]
     setup = SwitchSetup(address=f"ipc://{tmp}/s", control_addr=f"ipc://{tmp}/c", workers=workers, slots=slots,
-                        elements=elements, aggregate=True, worker_hosts=tuple(split),
+                        elements=elements, fabric="ina", worker_hosts=tuple(split),
                         endpoint_host=tuple(h for h, (a, b) in enumerate(split) for _ in range(a, b)))
     proc = multiprocessing.get_context("fork").Process(target=switch_main, args=(setup,), daemon=True)
     proc.start()
@@ -74,12 +74,16 @@ def measure(workers: int, batch: int, elements: int, hosts: int, seconds: float)
                                      .astype(">i4")) for a, b in split]
         stamps = [np.zeros(2 * batch * (b - a)).tobytes() for a, b in split]
         meta = [struct.pack("<II", batch * (b - a), elements) for a, b in split]
+        # the sparse stream's (block, next) and the packets each row stands for: zeros and ones
+        # (emu.emulator.transport.AggBatch's frames)
+        extra = [(np.zeros(2 * batch * (b - a), "<u4").tobytes(), np.ones(batch * (b - a), "<f8").tobytes())
+                 for a, b in split]
 
         def send(half: int) -> None:
             chunks = np.arange(half * batch, (half + 1) * batch)
             for h, (s, (a, b)) in enumerate(zip(socks, split, strict=True)):
-                s.send_multipart([AGG, meta[h], _headers(range(a, b), chunks, slots, workers), wire[h], stamps[h]],
-                                 copy=False)
+                s.send_multipart([AGG, meta[h], _headers(range(a, b), chunks, slots, workers), wire[h], stamps[h],
+                                  *extra[h]], copy=False)
 
         accepted, halves = 0, 0
         send(0)

@@ -18,7 +18,9 @@ the job's leaves: a leaf's contribution names the leaf (``worker`` = its number 
    ``num_workers`` = ``M``); a RESULT unicast to the leaf (the spine answering a resent partial)
    goes to the workers that asked, each alone. A RESULT for a copy the leaf does not hold
    complete for that chunk is dropped as ``stale``; a second RESULT for a sum it keeps goes to the
-   workers that asked since, and to no one else (every worker gets a round's result once).
+   workers that asked since and, where it is the multicast, to those the first one missed (the
+   spine's answer to a resent partial can overtake its multicast): every worker gets a round's
+   result once, unless it asks again.
 4. A worker's duplicate of a complete copy: answered with the final sum where the leaf has it;
    else the partial goes up again (the spine drops it while its own copy is incomplete, and
    answers the leaf once it is complete) and the worker waits among the askers. A duplicate of an
@@ -85,6 +87,7 @@ class LeafSwitch:
         self.final = np.zeros((n, elements), np.int32)
         self.final_exp = np.full(n, EXP_NONE, np.int64)
         self.askers: dict[int, list[int]] = {}  # copy -> ranks waiting for the final sum
+        self.served: dict[int, set[int]] = {}  # copy -> ranks the final sum went to from the spine's results
         self.stats = LeafStats()
 
     # -- from the workers ---------------------------------------------------------------
@@ -110,6 +113,7 @@ class LeafSwitch:
                 if int(rh["worker"]) == MULTICAST:  # the copy is complete: its partial sum goes up
                     self.final_chunk[idx] = -1
                     self.askers.pop(idx, None)
+                    self.served.pop(idx, None)
                     self.stats.up += 1
                     up.append(self._partial(rh, res.payload[r]))
                 elif self.final_chunk[idx] == int(rh["chunk"]):  # a duplicate, and the final sum is here
@@ -154,17 +158,23 @@ class LeafSwitch:
                 self.stats.stale += 1
                 continue
             waiting = self.askers.pop(idx, [])
-            if self.final_chunk[idx] == chunk:  # a second result for a sum the leaf keeps: to the askers
+            if self.final_chunk[idx] == chunk:  # a second result for a sum the leaf keeps
                 self.stats.duplicates += 1
-                down += [self._result(idx, chunk, h, rank) for rank in waiting]
+                # the askers since, and where it is the multicast, the workers the first one missed
+                missed = [int(r) for r in self.ranks if int(r) not in self.served.get(idx, set())]
+                dests = list(dict.fromkeys(waiting + (missed if dest == MULTICAST else [])))
+                self.served.setdefault(idx, set()).update(dests)
+                down += [self._result(idx, chunk, h, rank) for rank in dests]
                 continue
             self.stats.from_spine += 1
             self.final_chunk[idx] = chunk
             self.final[idx] = np.asarray(payload)[i]
             self.final_exp[idx] = int(h["exponent"])
             if dest == MULTICAST:
+                self.served[idx] = {int(r) for r in self.ranks}
                 down.append(self._result(idx, chunk, h, MULTICAST))
             else:
+                self.served[idx] = set(waiting)
                 down += [self._result(idx, chunk, h, rank) for rank in waiting]
         return self._frames(down)
 

@@ -59,19 +59,25 @@ def ina_detail_us(count: int, link: LinkSpec, elements: int, slots: int) -> floa
     return ina_time_us(count, link, elements) + exp_round + float(link.serialization_us(agg_wire_bytes(elements)))
 
 
+def pipeline_bound_us(count: int, link: LinkSpec, elements: int, slots: int, workers: int,
+                      packet_rate: float) -> float:
+    """A dense INA all_reduce bound by a switch whose pipeline takes ``packet_rate`` packets a second
+    (docs/topology.md, "Switch limits"): every worker's ``min(S, D)`` exponent and ``D`` data
+    packets through it one after another, plus a packet's round trip. Each packet costs the
+    pipeline the same, header-only or not."""
+    packets = -(-count // elements) if count else 0
+    if not packets:
+        return 0.0
+    through = workers * (packets + min(slots, packets)) * 1e6 / packet_rate
+    return through + 2 * (float(link.serialization_us(agg_wire_bytes(elements))) + link.latency_us)
+
+
 def ina_pipeline_us(count: int, link: LinkSpec, elements: int, slots: int, workers: int,
                     packet_rate: float | None) -> float:
-    """A dense INA all_reduce through a switch whose pipeline takes ``packet_rate`` packets a second
-    (docs/topology.md, "Switch limits"): the link's form, or, where the pipeline is slower, every
-    worker's ``min(S, D)`` exponent and ``D`` data packets through it one after another, plus a
-    packet's round trip. Each packet costs the pipeline the same, header-only or not."""
-    linked = ina_detail_us(count, link, elements, slots)
-    if packet_rate is None:
-        return linked
-    packets = -(-count // elements)
-    through = workers * (packets + min(slots, packets)) * 1e6 / packet_rate
-    rtt = 2 * (float(link.serialization_us(agg_wire_bytes(elements))) + link.latency_us)
-    return max(linked, through + rtt)
+    """The link's form (without loss), or the pipeline's bound where it is slower."""
+    linked = ina_detail_us(count, link, elements, slots) if count else 0.0
+    return linked if packet_rate is None else max(linked, pipeline_bound_us(count, link, elements, slots, workers,
+                                                                             packet_rate))
 
 
 def sparse_ina_us(count: int, sparsity: Sparsity, link: LinkSpec, elements: int, slots: int) -> float:

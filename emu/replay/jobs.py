@@ -207,8 +207,9 @@ def replay_jobs(traces: list[Trace], config: ReplayConfig, jobs: Jobs, trace_pat
         except (RunFailed, KeyboardInterrupt, Terminated) as exc:
             # the shared run is whole: keep it, with the jobs measured alone so far
             reason = {KeyboardInterrupt: "interrupted", Terminated: "terminated"}.get(type(exc), str(exc))
-            exc.partial_report = replace(shared, jobs=tuple(entries), complete=False,  # type: ignore[union-attr]
-                                         reason=f"job {j} alone: {reason}")
+            exc.partial_report = replace(  # type: ignore[union-attr]
+                shared, jobs=tuple(entries), verification=verification,
+                emulator=replace(shared.emulator, wall_s=wall), complete=False, reason=f"job {j} alone: {reason}")
             raise
         wall += solo.emulator.wall_s
         # the same iterations as the shared time's (iterations differ: the first starts every worker at once)

@@ -205,6 +205,9 @@ class LeafStage:
             seen.add(int(workers[i]))
             held.append(batch.take(slice(i, i + 1)))
             first, last = max(first, float(rows.first[i])), max(last, float(rows.last[i]))
+            # the partial's packets: a row's without its NIC's resends (with payload scale, a row counts
+            # the packets its own NIC lost and resent, which do not cross the leaf's link)
+            wire, packets = min(wire, float(rows.wire_bytes[i])), min(packets, float(rows.packets[i]))
             if len(seen) < self.partial_of[key[0], key[1]]:
                 self._held[key] = (seen, held, first, last, wire, packets)
                 continue
@@ -267,6 +270,5 @@ class LeafStage:
                 packets = b.packets
                 if p.merged:  # every contribution the partial sum carries arrives with it, as one row's packets
                     stamps = np.repeat(stamps, len(b.headers), axis=0)
-                    assert packets is not None
-                    packets = np.r_[packets[:1], np.zeros(len(b.headers) - 1)]
+                    packets = np.r_[p.packets[:1], np.zeros(len(b.headers) - 1)]
                 on_batch(AggBatch(b.headers, b.payload, stamps, b.sparse, packets), p.tags)

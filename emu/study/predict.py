@@ -121,18 +121,18 @@ class _Schedule:
         if t is None and self.cfg.topology is not None:
             t = self.times[key] = _on_topology(op, self.cfg, self.scale)
         c = self.cfg
-        if t is None and c.packet_rate is not None and c.switch_sums and op.kind == CollKind.ALL_REDUCE \
-                and op.dtype.is_float:
-            if op.sparsity is not None:
-                raise ConfigError("--packet-rate with a sparse all_reduce: emu predict's pipeline form takes dense "
-                                  "ones (docs/topology.md, 'Switch limits'); replay it (emu replay)")
-            t = self.times[key] = physics.ina_pipeline_us(op.count, c.link, c.elements, c.emulated_slots, c.workers,
-                                                          c.packet_rate)
         if t is None:
             t = physics.collective_time_us(
                 op.kind, op.count, op.dtype.itemsize, op.dtype.is_float, c.workers, c.link, self.fabric,
                 c.elements, c.emulated_slots, c.timeout_rto_us, c.shards, self.scale, op.sparsity,
                 c.network.sparse_stream)
+            if c.packet_rate is not None and c.switch_sums and op.kind == CollKind.ALL_REDUCE and op.dtype.is_float:
+                if op.sparsity is not None:
+                    raise ConfigError("--packet-rate with a sparse all_reduce: emu predict's pipeline form takes "
+                                      "dense ones (docs/topology.md, 'Switch limits'); replay it (emu replay)")
+                # the links' time (loss included), or the pipeline's where it is slower
+                t = max(t, physics.pipeline_bound_us(op.count, c.link, c.elements, c.emulated_slots, c.workers,
+                                                     c.packet_rate))
             self.times[key] = t
         return t
 

@@ -28,6 +28,7 @@ class LeafReference:
         self.ranks, self.m, self.leaf, self.leaves, self.job, self.k = ranks, job_workers, leaf, leaves, job, elements
         self.final: dict[tuple[int, int], tuple[int, int, list[int]]] = {}  # copy -> (chunk, exponent, sums)
         self.askers: dict[tuple[int, int], list[int]] = {}
+        self.served: dict[tuple[int, int], list[int]] = {}  # who got the final sum from the spine's results
 
     def from_worker(self, h: dict, payload: list[int]) -> list[tuple[int | str, dict, list[int]]]:
         if h["msg_type"] != 1 or h["job"] != self.job or h["num_workers"] != self.m or h["worker"] not in self.ranks:
@@ -42,6 +43,7 @@ class LeafReference:
         if not duplicate:  # the copy completed: its partial sum goes up, nothing down yet
             self.final.pop((s, c), None)
             self.askers.pop((s, c), None)
+            self.served.pop((s, c), None)
             return [(SPINE, self._partial(s, c), st["acc"][: 64 * st["size"]])]
         rank = self.ranks[outs[0][0]]
         final = self.final.get((s, c))
@@ -62,10 +64,16 @@ class LeafReference:
             return []  # stale: the copy moved on
         waiting = self.askers.pop((s, c), [])
         kept = self.final.get((s, c))
-        if kept is not None and kept[0] == h["chunk"]:  # a second result for a kept sum: the askers only
-            return [(rank, self._result(s, c, rank), kept[2][: 64 * st["size"]]) for rank in waiting]
+        served = self.served.setdefault((s, c), [])
+        if kept is not None and kept[0] == h["chunk"]:  # a second result for a kept sum
+            dests = list(waiting)
+            if h["worker"] == MULTICAST:  # and the workers the first one missed
+                dests += [r for r in self.ranks if r not in served and r not in dests]
+            served += [r for r in dests if r not in served]
+            return [(rank, self._result(s, c, rank), kept[2][: 64 * st["size"]]) for rank in dests]
         self.final[(s, c)] = (h["chunk"], h["exponent"], list(payload) + [0] * (self.k - len(payload)))
         dests = self.ranks if h["worker"] == MULTICAST else waiting
+        self.served[(s, c)] = list(dests)
         return [(rank, self._result(s, c, rank), self.final[(s, c)][2][: 64 * st["size"]]) for rank in dests]
 
     def _partial(self, s: int, c: int) -> dict:
@@ -126,8 +134,8 @@ def scenarios() -> list[tuple[str, str, dict, list[Step]]]:
                   ("worker", contrib(1, 0, s, 3, a)), ("worker", contrib(1, 0, s, m, a, msg_type=2))],
                  [("worker", contrib(1, 0, s, m, a)), ("worker", contrib(3, 0, s, m, b))],
                  [("spine", spine_result(0, s, lv, total, dest=0)), ("spine", spine_result(0, s, 3, total))]]))
-    out.append(("leaf-twice", "the spine's unicast answer to a resent partial, then its delayed multicast: "
-                "the second result for a kept sum goes to the workers that asked since (none), not again to all",
+    out.append(("leaf-twice", "the spine's unicast answer to a resent partial overtakes its multicast: the "
+                "late multicast goes to the workers the answer missed, and a third copy to no one",
                 cfg,
                 [[("worker", contrib(1, 0, s, m, a)), ("worker", contrib(3, 0, s, m, b)),
                   ("worker", contrib(1, 0, s, m, a))],

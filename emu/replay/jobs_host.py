@@ -98,16 +98,7 @@ class JobsHost:
         """One result a job; the leaves' links, which the jobs share, counted once (in the first)."""
         out = [h.metrics() for h in self.hosts.values()]
         if self.leaves is not None and out:
-            first = out[0]
-            stage = self.leaves
-            links = dict(first.links)
-            for kind, direction in (("leaf to spine", 0), ("spine to leaf", 1)):
-                busy = stage.busy_us[direction]
-                if len(busy):
-                    top = int(np.argmax(busy))
-                    links[kind] = [len(busy), int(np.rint(busy * 1e3).astype(np.int64).sum()), float(busy[top]),
-                                   f"leaf {int(stage.leaves[top])}", int(stage.leaves[top])]
-            out[0] = replace(first, links=links)
+            out[0] = replace(out[0], links={**out[0].links, **self.leaves.usage()})
         out[0] = replace(out[0], real_bytes=out[0].real_bytes + self.counters.real_bytes)
         return out
 

@@ -89,6 +89,35 @@ class _Rows:
         return int(self.item.headers["job"][0])
 
 
+def conserve(link: np.ndarray, first: np.ndarray, last: np.ndarray, ser: np.ndarray, packets: np.ndarray,
+             free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows sorted by (link, first) through work-conserving servers (module docstring): row ``i``
+    takes ``ser_i`` of its link from ``max(first_i, free)``; returns when its first and last
+    packet are out, and moves ``free`` (per link) on. A switch's pipeline is one such server
+    (emu.replay.switchd)."""
+    one = ser / np.maximum(packets, 1.0)
+    n = len(first)
+    new = np.r_[True, link[1:] != link[:-1]]
+    starts = np.flatnonzero(new)
+    seg = np.cumsum(new) - 1
+    pos = np.arange(n) - starts[seg]
+    # d_i = max(first_i, d_{i-1}) + S_i per link: on a (links x rows) grid, as LinkArray.transmit
+    grid = np.zeros((len(starts), int(pos.max()) + 1))
+    grid[seg, pos] = ser
+    cum = np.cumsum(grid, axis=1)[seg, pos]
+    grid.fill(-math.inf)
+    grid[seg, pos] = np.maximum(first - (cum - ser), np.where(new, free[link], -math.inf))
+    done = np.maximum.accumulate(grid, axis=1)[seg, pos] + cum
+    lasts = np.r_[starts[1:] - 1, n - 1]
+    free[link[starts]] = done[lasts]
+    out_last = np.maximum(done, last + one)
+    # its first packet: out when the link gets to it (a slower link sends it at once, at its own
+    # pace), or, where rows that arrived together interleave, as early as the row's spread
+    # allows (a row that queued is squeezed toward its end); never before it is in
+    start = done - ser
+    return np.minimum(start + one, np.maximum(first + one, out_last - (last - first))), out_last
+
+
 class LeafStage:
     """The uplinks and downlinks of the leaves a host holds."""
 
@@ -136,30 +165,21 @@ class LeafStage:
         """Rows sorted by (leaf, first) through the work-conserving links (module docstring): when
         the first and the last packet each row stands for reach the far end."""
         ser = np.asarray(self.spec.serialization_us(wire_bytes), np.float64)
-        one = ser / np.maximum(packets, 1.0)
-        free = self.free[direction]
-        n = len(first)
-        new = np.r_[True, leaf[1:] != leaf[:-1]]
-        starts = np.flatnonzero(new)
-        seg = np.cumsum(new) - 1
-        pos = np.arange(n) - starts[seg]
-        # d_i = max(first_i, d_{i-1}) + S_i per link: on a (links x rows) grid, as LinkArray.transmit
-        grid = np.zeros((len(starts), int(pos.max()) + 1))
-        grid[seg, pos] = ser
-        cum = np.cumsum(grid, axis=1)[seg, pos]
-        grid.fill(-math.inf)
-        grid[seg, pos] = np.maximum(first - (cum - ser), np.where(new, free[leaf], -math.inf))
-        done = np.maximum.accumulate(grid, axis=1)[seg, pos] + cum
-        lasts = np.r_[starts[1:] - 1, n - 1]
-        free[leaf[starts]] = done[lasts]
         np.add.at(self.busy_us[direction], leaf, ser)
+        out_first, out_last = conserve(leaf, first, last, ser, packets, self.free[direction])
         lat = self.spec.latency_us
-        out_last = np.maximum(done, last + one)
-        # its first packet: out when the link gets to it (a slower link sends it at once, at its own
-        # pace), or, where rows that arrived together interleave, as early as the row's spread
-        # allows (a row that queued is squeezed toward its end); never before it is in
-        start = done - ser
-        return np.minimum(start + one, np.maximum(first + one, out_last - (last - first))) + lat, out_last + lat
+        return out_first + lat, out_last + lat
+
+    def usage(self) -> dict[str, list]:
+        """The leaves' links as ``Wiring.usage`` reports each kind of link."""
+        out = {}
+        for kind, direction in (("leaf to spine", 0), ("spine to leaf", 1)):
+            busy = self.busy_us[direction]
+            if len(busy):
+                top = int(np.argmax(busy))  # the first of equals: leaves ascend
+                out[kind] = [len(busy), int(np.rint(busy * 1e3).astype(np.int64).sum()), float(busy[top]),
+                             f"leaf {int(self.leaves[top])}", int(self.leaves[top])]
+        return out
 
     def segment(self, direction: int, leaf: int, seg: Segment, wire_bytes: float, packets: int) -> None:
         """A segment reached ``leaf`` (up: from its NIC; down: from the spine)."""

@@ -35,6 +35,7 @@ from emu.emulator.transport import (
     segment_first_us,
 )
 from emu.emulator.wire import P2P_HEADER
+from emu.replay.leaves import conserve
 from emu.replay.messages import Ready, Stop, SwitchResult, connect_control, decode, encode, failure
 
 HELLO_TIMEOUT_S = 60.0
@@ -319,7 +320,7 @@ class _Pipeline:
 
     def __init__(self, rate: float) -> None:
         self.per_packet_us = 1e6 / rate
-        self.free = -math.inf
+        self.free = np.full(1, -math.inf)
         self.busy_us = 0.0
 
     def through(self, batch: AggBatch) -> AggBatch:
@@ -327,17 +328,9 @@ class _Pipeline:
             return batch
         assert batch.packets is not None
         n = np.maximum(np.asarray(batch.packets, np.float64), 0.0)
-        first, last = batch.stamps[:, 0].astype(np.float64), batch.stamps[:, 1].astype(np.float64)
         ser = n * self.per_packet_us
-        one = ser / np.maximum(n, 1.0)
-        cum = np.cumsum(ser)
-        start_bound = np.maximum.accumulate(np.maximum(first - (cum - ser), np.r_[self.free, np.full(len(ser) - 1,
-                                                                                                      -math.inf)]))
-        done = start_bound + cum
-        self.free = float(done[-1])
         self.busy_us += float(ser.sum())
-        out_last = np.maximum(done, last + one)
-        start = done - ser
-        out_first = np.minimum(start + one, np.maximum(first + one, out_last - (last - first)))
+        out_first, out_last = conserve(np.zeros(len(n), np.int64), batch.stamps[:, 0].astype(np.float64),
+                                       batch.stamps[:, 1].astype(np.float64), ser, n, self.free)
         return AggBatch(batch.headers, batch.payload, np.stack([out_first, out_last], axis=1), batch.sparse,
                         batch.packets)

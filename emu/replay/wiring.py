@@ -100,9 +100,7 @@ class Wiring:
             if self.intra_up is not None and self.intra_down is not None:
                 kinds += [("node port up", self.intra_up.busy_us, endpoints, port),
                           ("node port down", self.intra_down.busy_us, endpoints, port)]
-            if self.leaves is not None and leaves:
-                kinds += [("leaf to spine", self.leaves.busy_us[0], self.leaves.leaves, "leaf {}".format),
-                          ("spine to leaf", self.leaves.busy_us[1], self.leaves.leaves, "leaf {}".format)]
+
         out = {}
         for kind, busy, ids, name in kinds:
             if len(busy):
@@ -110,6 +108,8 @@ class Wiring:
                 number = int(ids[top])
                 out[kind] = [len(busy), int(np.rint(busy * 1e3).astype(np.int64).sum()), float(busy[top]),
                              name(number), number]
+        if self.leaves is not None and leaves:  # a worker host's on a topology of several leaves
+            out.update(self.leaves.usage())
         return out
 
     def all_links(self) -> list[LinkArray]:

@@ -30,9 +30,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from emu.capture.groups import Attributor
 from emu.capture.kineto import Event, KinetoTrace
 from emu.errors import KinetoError
-from emu.traces.model import CollKind, Dtype
+from emu.traces.model import CollKind, Dtype, GroupRole
 
 
 @dataclass(frozen=True)
@@ -64,14 +65,21 @@ class CollEvent:
     root: int | None = None
     peer: int | None = None
     sparse: SparseRows | None = None  # an all_reduce of a sparse tensor (gloo)
+    group_name: str | None = None  # the process group's name, where the trace says
+    stream_key: int | str | None = None  # the GPU stream its kernel ran on (NCCL)
+    role: GroupRole | None = None  # its group's dimension of the job's mesh (emu.capture.groups)
+    stream: int | None = None  # the rank's stream it ran on, where the rank has several
 
 
 @dataclass(frozen=True)
 class WaitEvent:
-    """An explicit wait (NCCL's record_param_comms "wait")."""
+    """An explicit wait: NCCL's record_param_comms "wait", or a functional collective's
+    ``wait_tensor`` (which names the tensor's size, and blocks the thread until ``end_us``)."""
 
     ts_us: float
     tid: int | str
+    end_us: float | None = None
+    count: int | None = None
 
 
 # record_param_comms "Collective name" -> (kind, which element count is the full tensor)
@@ -165,13 +173,20 @@ def _parse_ranks(value: Any) -> tuple[int, ...] | None:
 
 
 def _group_size(kt: KinetoTrace, ev: Event) -> tuple[int, tuple[int, ...] | None]:
-    """(group size, the group's ranks where recorded) of a record_param_comms event."""
+    """(group size, the group's ranks where known) of a record_param_comms event: its own
+    'Process Group Ranks', else those of the group its 'Process Group Name' names in the trace's
+    distributedInfo. A sub-group whose ranks are neither is refused where the rank belongs to
+    several groups of that size (emu cannot tell which one it was)."""
     try:
         group = _parse_ranks(ev.args.get("Process Group Ranks"))
     except ValueError:
         raise KinetoError(f"{kt.where(ev)}: argument 'Process Group Ranks' is "
                           f"{str(ev.args.get('Process Group Ranks'))[:40]!r}, not a list of ranks; the "
                           "file is corrupted") from None
+    table = kt.group_table()
+    name = ev.args.get("Process Group Name")
+    if not group and name is not None and str(name) in table:
+        group = table[str(name)].ranks
     size = ev.args.get("Group size")
     if size is None:
         if not group:
@@ -182,6 +197,14 @@ def _group_size(kt: KinetoTrace, ev: Event) -> tuple[int, tuple[int, ...] | None
     if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= kt.world_size:
         raise KinetoError(f"{kt.where(ev)}: argument 'Group size' is {str(size)[:40]!r}, not a group size "
                           f"in 1..{kt.world_size} (the world size); the file is corrupted")
+    if not group and size < kt.world_size:
+        mine = [g for g in table.values() if len(g.ranks) == size and kt.rank in g.ranks]
+        if len(mine) != 1:
+            raise KinetoError(f"{kt.where(ev)}: a collective of a group of {size} ranks, and the trace says "
+                              f"neither its ranks nor a group name it lists ({len(mine)} groups of that size hold "
+                              "this rank): emu cannot tell the groups apart; record with PyTorch 2.1 or newer, "
+                              "whose record_param_comms names the group")
+        group = mine[0].ranks
     return size, group
 
 
@@ -229,11 +252,13 @@ def nccl_collectives(kt: KinetoTrace, comms: Sequence[Event]) -> tuple[list[Coll
         group_size, group = _group_size(kt, ev)
         ext = ev.args.get("External id")
         kernel = kernels.get(ext) if isinstance(ext, (int, str)) else None
+        name = ev.args.get("Process Group Name")
         colls.append(CollEvent(
             kind=kind, dtype=dtype,
             count=count, group_size=group_size, group=_group(kt, group), issue_us=ev.ts_us,
             launch_end_us=ev.end_us, done_us=kernel.end_us if kernel else None, tid=ev.tid,
-            blocking=False, async_op=None))
+            blocking=False, async_op=None, group_name=None if name is None else str(name),
+            stream_key=kernel.tid if kernel else None))
     return colls, waits
 
 
@@ -283,11 +308,11 @@ def _is_sparse_launch(ev: Event) -> bool:
             and len(dims[0]) == 1 and isinstance(dims[0][0], list) and len(dims[0][0]) > 0)
 
 
-def sparse_rows(kt: KinetoTrace, ex: Event, count: int) -> SparseRows:
+def sparse_rows(kt: KinetoTrace, ex: Event, count: int, ranks: int) -> SparseRows:
     """The rows of a ``gloo:sparse_all_reduce`` from the aten events gloo ran inside it: one
     ``aten::sparse_coo_tensor`` per rank (rank order) of indices ``[sparse_dim, nnz]`` and values
     ``[nnz, *row]`` built from what it gathered, and, last, the coalesce of their sum, whose final
-    ``aten::narrow`` of the indices keeps the result's distinct rows."""
+    ``aten::narrow`` of the indices keeps the result's distinct rows; ``ranks``: the group's."""
     inside = [e for e in kt.events if e.tid == ex.tid and ex.ts_us <= e.ts_us <= ex.end_us]
     nnz, row = [], None
     for e in inside:
@@ -305,16 +330,42 @@ def sparse_rows(kt: KinetoTrace, ex: Event, count: int) -> SparseRows:
             union = int(values[3])
     if union is None and nnz and sum(nnz) < 2:  # a sum of one row or none: gloo's coalesce narrows nothing
         union = sum(nnz)
-    if len(nnz) != kt.world_size or not row or count % row or union is None:
+    if len(nnz) != ranks or not row or count % row or union is None:
         raise KinetoError(f"{kt.where(ex)}: an all_reduce of a sparse tensor whose rows the trace does not "
-                          f"show ({len(nnz)} of {kt.world_size} ranks' 'aten::sparse_coo_tensor' events with "
+                          f"show ({len(nnz)} of {ranks} ranks' 'aten::sparse_coo_tensor' events with "
                           "shapes, and the result's coalesce); emu will not invent them: re-record with "
                           "torch.profiler.profile(record_shapes=True)")
     return SparseRows(rows=count // row, row_elements=row, nnz=tuple(nnz), union=max(union, *nnz))
 
 
+def _attributor(kt: KinetoTrace) -> Attributor | None:
+    """What names each launch's group (and a send's or recv's peer and whether it blocked): emu's
+    record, where the capture wrote one. Without sub-groups every collective spans the job and the
+    record is only asked about point-to-point calls; with sub-groups and no record the trace is
+    refused."""
+    table = kt.group_table()
+    whole = tuple(range(kt.world_size))
+    subgroups = any(tuple(sorted(g.ranks)) != whole for g in table.values())
+    if kt.comms is not None and (subgroups or kt.comms.error is None):
+        return Attributor(kt.comms, table, kt.base_time_ns, kt.path, strict=subgroups)
+    if subgroups:
+        subs = sorted({len(g.ranks) for g in table.values() if tuple(sorted(g.ranks)) != whole})
+        raise KinetoError(f"{kt.path}: rank {kt.rank} belongs to process groups of {subs} ranks besides the "
+                          "whole job, and gloo's events do not say which group each collective ran on; emu "
+                          "will not read them all as the whole job's: capture the script with 'emu capture -- "
+                          "python SCRIPT', which records each call's group (rank<R>.comms.json beside the "
+                          "Kineto file)")
+    return None
+
+
 def gloo_collectives(kt: KinetoTrace) -> list[CollEvent]:
-    """Collectives from c10d launch events matched to gloo execution events."""
+    """Collectives from c10d launch events matched to gloo execution events; with sub-groups, each
+    launch's group (and a point-to-point call's global peer) from emu's record (``emu.capture.groups``).
+
+    A group's executions run on gloo threads of its own, so an execution on a thread that another
+    group's collectives ran on is not this launch's (two groups' collectives of one size in flight
+    at once would otherwise be matched crosswise). Point-to-point executions run on the caller's
+    thread."""
     launches = [e for e in kt.events if e.name in _GLOO_LAUNCH]
     bad = next((e for e in kt.events if e.name in _UNSUPPORTED), None)
     if bad is not None:
@@ -325,11 +376,14 @@ def gloo_collectives(kt: KinetoTrace) -> list[CollEvent]:
         raise KinetoError(f"{kt.path}: the collectives carry no 'Input Dims': the profiler ran "
                           "without record_shapes=True, so their sizes are unknown and emu will not "
                           "invent them; re-record with torch.profiler.profile(record_shapes=True)")
+    attributor = _attributor(kt)
     executions = [e for e in kt.events if e.name.startswith("gloo:")]
     used = [False] * len(executions)
+    thread_group: dict[int | str, str] = {}
     colls = []
     for ev in launches:
         kind, index, is_list, times_group, exec_names = _GLOO_LAUNCH[ev.name]
+        p2p = kind in (CollKind.SEND, CollKind.RECV)
         count = 0
         if kind != CollKind.BARRIER:
             dims = ev.args.get("Input Dims")
@@ -341,7 +395,10 @@ def gloo_collectives(kt: KinetoTrace) -> list[CollEvent]:
                 raise KinetoError(f"{kt.where(ev)}: argument 'Input Dims' {what}: its size is unknown, and emu "
                                   "will not invent it; re-record with torch.profiler.profile(record_shapes=True)")
             count = numel
-        group_size = kt.world_size
+        att = attributor.launch(kind, ev.ts_us, ev.end_us, kt.where(ev)) if attributor is not None else None
+        if att is not None and not attributor.strict and not p2p:
+            att = None  # one group: the whole job's, as the trace format's default
+        group_size = len(att.ranks) if att is not None else kt.world_size
         if times_group:
             count *= group_size
         if _is_sparse_launch(ev):
@@ -351,6 +408,8 @@ def gloo_collectives(kt: KinetoTrace) -> list[CollEvent]:
         match = None
         for k, ex in enumerate(executions):
             if used[k] or ex.name not in exec_names or ex.end_us < ev.ts_us:
+                continue
+            if att is not None and not p2p and thread_group.get(ex.tid, att.group) != att.group:
                 continue
             ex_dims = ex.args.get("Input Dims")
             ex_count = _numel(ex_dims[0], False) if isinstance(ex_dims, list) and ex_dims else None
@@ -364,6 +423,8 @@ def gloo_collectives(kt: KinetoTrace) -> list[CollEvent]:
                               "execution event; was the profiling window cut mid-collective?")
         used[match] = True
         ex = executions[match]
+        if att is not None and not p2p:
+            thread_group.setdefault(ex.tid, att.group)
         types = ex.args.get("Input type")
         if kind == CollKind.BARRIER:
             dtype = Dtype.UINT8
@@ -373,14 +434,41 @@ def gloo_collectives(kt: KinetoTrace) -> list[CollEvent]:
                               "re-record with torch.profiler.profile(record_shapes=True)")
         else:
             dtype = _dtype(kt, ex, types[0], "Input type")
-        rows = sparse_rows(kt, ex, count) if ex.name == _SPARSE_EXECUTION else None
+        rows = sparse_rows(kt, ex, count, group_size) if ex.name == _SPARSE_EXECUTION else None
+        # the launch's root is a rank of its group; the trace's are the job's
+        root = _concrete_int(ev, 2) if kind == CollKind.BROADCAST else None
+        if root is not None and att is not None and root < len(att.ranks):
+            root = att.ranks[root]
+        peer = (att.peer if att is not None else _concrete_int(ev, 2)) if p2p else None
+        blocking = att.blocking if att is not None and att.blocking is not None else ex.tid == ev.tid
         colls.append(CollEvent(
-            kind=kind, dtype=dtype, count=count, group_size=group_size, group=None,
+            kind=kind, dtype=dtype, count=count, group_size=group_size,
+            group=_group(kt, att.ranks) if att is not None else None,
             issue_us=ev.ts_us, launch_end_us=ev.end_us, done_us=max(ex.end_us, ev.ts_us), tid=ev.tid,
-            blocking=ex.tid == ev.tid, async_op=_async_flag(ev),
-            root=_concrete_int(ev, 2) if kind == CollKind.BROADCAST else None,
-            peer=_concrete_int(ev, 2) if kind in (CollKind.SEND, CollKind.RECV) else None, sparse=rows))
+            blocking=blocking, async_op=_async_flag(ev) if not p2p or att is None else not blocking,
+            root=root, peer=peer, sparse=rows, group_name=att.group if att is not None else None))
     return colls
+
+
+_WAIT_TENSOR = "_c10d_functional::wait_tensor"
+
+
+def tensor_waits(kt: KinetoTrace) -> list[WaitEvent]:
+    """Functional collectives' waits (``_c10d_functional::wait_tensor``, which DTensor's tensor
+    parallelism issues after each collective): the outermost of nested ones, with the size of the
+    tensor waited on and when the wait returned."""
+    out: list[WaitEvent] = []
+    open_until: dict[int | str, float] = {}
+    for ev in kt.events:
+        if ev.name != _WAIT_TENSOR:
+            continue
+        if ev.ts_us < open_until.get(ev.tid, -math.inf):
+            continue  # inside the wait it belongs to
+        open_until[ev.tid] = ev.end_us
+        dims = ev.args.get("Input Dims")
+        count = _numel(dims[0], False) if isinstance(dims, list) and dims else None
+        out.append(WaitEvent(ts_us=ev.ts_us, tid=ev.tid, end_us=ev.end_us, count=count))
+    return out
 
 
 def find_collectives(kt: KinetoTrace) -> tuple[list[CollEvent], list[WaitEvent]]:
@@ -391,4 +479,5 @@ def find_collectives(kt: KinetoTrace) -> tuple[list[CollEvent], list[WaitEvent]]
     else:
         colls, waits = gloo_collectives(kt), []
     colls.sort(key=lambda c: c.issue_us)
+    waits = sorted(waits + tensor_waits(kt), key=lambda w: w.ts_us)
     return colls, waits

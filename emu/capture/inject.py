@@ -9,7 +9,9 @@ the profiler up, and the next ``steps`` are recorded and exported as
 ``rank<R>.json``. A sidecar ``rank<R>.meta.json`` says how far the script got, and
 which DDP communication hook the script registered, if any (``register_comm_hook`` is
 wrapped to note its name: PyTorch's fp16, bf16 and PowerSGD hooks compress the buckets,
-so the trace's all_reduces are then the compressed ones).
+so the trace's all_reduces are then the compressed ones). A third, ``rank<R>.comms.json``,
+gives the process group of every collective of the window and the script's device meshes
+(``emu.capture.commlog``: gloo's profiler events do not say which group a collective ran on).
 With ``steps`` 0 the script runs without the profiler and writes no sidecar
 (``emu validate``'s real runs, whose step times must not carry its overhead).
 
@@ -37,6 +39,7 @@ import os
 import runpy
 import sys
 import threading
+import time
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -55,6 +58,8 @@ class RankReport:
     torch_version: str
     device: str
     comm_hook: str | None = None  # the DDP communication hook the script registered (its name)
+    threads: int | None = None  # torch's intra-op threads in the rank (at the end of the window)
+    cpu_cores: int | None = None  # the cores the rank could run on
 
 
 def _run_target(target: list[str]) -> int:
@@ -117,6 +122,9 @@ def run(out: Path, warmup: int, steps: int, target: list[str]) -> int:
     if steps == 0:
         return _run_target(target)
 
+    from emu.capture import commlog
+
+    commlog.enable()  # before torch.distributed builds a process group
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -129,8 +137,13 @@ def run(out: Path, warmup: int, steps: int, target: list[str]) -> int:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
         report.device = torch.cuda.get_device_name()
 
+    window = [time.time_ns()]  # when the profiler's window opened (wall clock, ns)
+
     def export(prof: torch.profiler.profile) -> None:
+        report.threads = torch.get_num_threads()
+        report.cpu_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         prof.export_chrome_trace(str(out / f"rank{rank}.json"))
+        commlog.dump(out / f"rank{rank}.comms.json", window[0])
         report.trace_written = True
 
     prof = torch.profiler.profile(
@@ -147,6 +160,8 @@ def run(out: Path, warmup: int, steps: int, target: list[str]) -> int:
         if followed[0] != id(optimizer) or report.trace_written:
             return
         report.optimizer_steps += 1
+        if report.optimizer_steps == warmup:  # the profiler warms up next: its window opens
+            window[0] = time.time_ns()
         prof.step()
 
     handle = register_optimizer_step_post_hook(on_step)

@@ -23,12 +23,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from emu.capture.groups import CommsRecord, GroupInfo, comms_path, read_comms
 from emu.errors import KinetoError
 from emu.traces.jsonfile import read_json
 
 # Kineto traces of real jobs reach hundreds of MB; more than this is a wrong file.
 MAX_KINETO_BYTES = 4 << 30
 _SUFFIXES = (".json", ".json.gz")
+# what emu capture writes beside each rank's Kineto file (--keep-kineto): not Kineto traces
+_SIDECARS = (".comms.json", ".meta.json")
 # Plausibility: a day for one event (longer is a profiler bug or a unit mix-up), about
 # three centuries of timestamps in microseconds, 2**20 ranks, 13-digit step numbers.
 MAX_EVENT_US = 86_400e6
@@ -60,12 +63,6 @@ class Event:
 
 
 @dataclass(frozen=True)
-class ProcessGroup:
-    name: str
-    ranks: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class KinetoTrace:
     """One rank's Kineto file: the job it belongs to and its events by start time."""
 
@@ -73,15 +70,24 @@ class KinetoTrace:
     rank: int
     world_size: int
     backend: str
-    groups: tuple[ProcessGroup, ...]
+    groups: tuple[GroupInfo, ...]  # the process groups this rank belongs to (distributedInfo)
     device: str
     events: tuple[Event, ...]
     base_time_ns: int | None = None  # wall-clock epoch of the ts clock, where recorded
+    comms: CommsRecord | None = None  # emu's record of each collective's group (emu.capture.groups)
 
     @property
     def job_key(self) -> tuple[Any, ...]:
-        """What every rank file of one job shares."""
-        return (self.world_size, self.backend, tuple((g.name, g.ranks) for g in self.groups))
+        """What every rank file of one job shares (each lists only the groups it belongs to)."""
+        return (self.world_size, self.backend)
+
+    def group_table(self) -> dict[str, GroupInfo]:
+        """The rank's groups by name: distributedInfo's, and the record's where the trace lacks one."""
+        table = {g.name: g for g in self.groups}
+        if self.comms is not None:
+            for g in self.comms.groups:
+                table.setdefault(g.name, g)
+        return table
 
     @cached_property
     def _steps(self) -> tuple[list[float], list[tuple[float, int]]]:
@@ -108,7 +114,8 @@ def expand_paths(items: Iterable[str | os.PathLike[str]]) -> list[Path]:
     for item in items:
         path = Path(item)
         if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_SUFFIXES))
+            found = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_SUFFIXES)
+                           and not p.name.endswith(_SIDECARS))
             if not found:
                 raise KinetoError(f"{path}: the directory holds no .json or .json.gz files; "
                                   "give the Kineto trace files of the ranks")
@@ -128,7 +135,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _groups(path: Path, info: Mapping[str, Any], world: int) -> tuple[ProcessGroup, ...]:
+def _groups(path: Path, info: Mapping[str, Any], world: int) -> tuple[GroupInfo, ...]:
     groups = []
     pgs = info.get("pg_config")
     pgs = [] if pgs is None else pgs  # older PyTorch records no groups
@@ -140,7 +147,8 @@ def _groups(path: Path, info: Mapping[str, Any], world: int) -> tuple[ProcessGro
             if not all(_is_int(r) and 0 <= r < world for r in ranks):
                 raise _fail(path, "distributedInfo.pg_config", f"lists ranks {_short(ranks)} of group "
                             f"{_short(pg.get('pg_name'))}; ranks are integers below the world size {world}")
-            groups.append(ProcessGroup(name=str(pg.get("pg_name", "")), ranks=tuple(ranks)))
+            groups.append(GroupInfo(name=str(pg.get("pg_name", "")), desc=str(pg.get("pg_desc", "") or ""),
+                                    ranks=tuple(ranks)))
     return tuple(groups)
 
 
@@ -246,4 +254,5 @@ def read_kineto(path: str | os.PathLike[str]) -> KinetoTrace:
         raise _fail(path, "baseTimeNanoseconds", f"is {_short(base, 40)}, not a time in ns since the "
                     "epoch (an integer in 0..2**63); the file is corrupted")
     return KinetoTrace(path=str(path), rank=rank, world_size=world, backend=backend, groups=groups,
-                       device=_device(doc, events), events=tuple(events), base_time_ns=base)
+                       device=_device(doc, events), events=tuple(events), base_time_ns=base,
+                       comms=read_comms(comms_path(path)))

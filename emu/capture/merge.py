@@ -21,22 +21,30 @@ from collections import Counter
 from collections.abc import Sequence
 
 from emu.capture.collectives import find_collectives
+from emu.capture.groups import described_mesh, recorded_mesh
 from emu.capture.kineto import KinetoTrace, expand_paths, read_kineto
 from emu.capture.program import convert_rank, profiler_steps
 from emu.errors import KinetoError, TraceError
+from emu.traces.mesh import Mesh
 from emu.traces.model import Coll, CollKind, Iteration, RankProgram, Source, Trace, TraceMeta, Wait
 from emu.traces.validate import validate_trace
 
 
 def _check_same_job(kts: Sequence[KinetoTrace]) -> None:
     first = kts[0]
-    for kt in kts[1:]:
+    seen: dict[str, tuple[tuple[int, ...], str]] = {}
+    for kt in kts:
         if kt.job_key != first.job_key:
             raise KinetoError(
                 f"{kt.path}: rank files of different jobs: it says world size {kt.world_size}, "
-                f"backend {kt.backend}, {len(kt.groups)} process groups, but {first.path} says world "
-                f"size {first.world_size}, backend {first.backend}, {len(first.groups)} process "
-                "groups; give the files of one job")
+                f"backend {kt.backend}, but {first.path} says world size {first.world_size}, backend "
+                f"{first.backend}; give the files of one job")
+        for g in kt.groups:  # each file lists the groups its rank is in: a name means one group
+            ranks, where = seen.setdefault(g.name, (g.ranks, kt.path))
+            if ranks != g.ranks:
+                raise KinetoError(f"{kt.path}: rank files of different jobs: process group {g.name!r} holds ranks "
+                                  f"{list(g.ranks)[:16]} here but {list(ranks)[:16]} in {where}; give the files "
+                                  "of one job")
     ranks = Counter(kt.rank for kt in kts)
     dup = [r for r, n in ranks.items() if n > 1]
     if dup:
@@ -88,15 +96,31 @@ def _gaps(kt: KinetoTrace, iterations: Sequence[Iteration]) -> list[str]:
     return lines
 
 
+def job_mesh(kts: Sequence[KinetoTrace]) -> Mesh | None:
+    """The job's device mesh: the one its script built (emu's record), else the one its groups'
+    descriptions imply (``emu.capture.groups``); None where neither says."""
+    world = kts[0].world_size
+    for kt in kts:
+        if kt.comms is not None:
+            mesh = recorded_mesh(kt.comms, world)
+            if mesh is not None:
+                return mesh
+    groups = {g.name: g for kt in kts for g in kt.group_table().values()}
+    return described_mesh(list(groups.values()), world)
+
+
 def merge_ranks(kts: Sequence[KinetoTrace], *, source: Source, model: str | None = None,
                 framework: str = "torch (version not recorded)", batch_size: int | None = None,
-                params: int | None = None, command: str | None = None, comm_hook: str | None = None) -> Trace:
-    """One emu trace from the Kineto traces of some or all ranks of one job."""
+                params: int | None = None, command: str | None = None, comm_hook: str | None = None,
+                cpu_cores: int | None = None, threads_per_rank: int | None = None) -> Trace:
+    """One emu trace from the Kineto traces of some or all ranks of one job; ``cpu_cores`` and
+    ``threads_per_rank``: how a capture's ranks shared the machine."""
     if not kts:
         raise KinetoError("no Kineto files given")
     kts = sorted(kts, key=lambda kt: kt.rank)
     _check_same_job(kts)
-    per_rank = {kt.rank: convert_rank(kt) for kt in kts}
+    mesh = job_mesh(kts)
+    per_rank = {kt.rank: convert_rank(kt, mesh) for kt in kts}
     common = set.intersection(*({it.step for it in its} for its in per_rank.values()))
     if not common:
         raise KinetoError(f"{kts[0].path}: the rank files share no ProfilerStep number; give "
@@ -122,7 +146,8 @@ def merge_ranks(kts: Sequence[KinetoTrace], *, source: Source, model: str | None
         source=source, world_size=kts[0].world_size, backend=kts[0].backend, device=kts[0].device,
         framework=framework, dtype=dtype, captured_at=_captured_at(kts), model=model,
         batch_size=batch_size, params=params, command=command, comm_hook=comm_hook,
-        kineto_files=tuple(os.path.basename(kt.path) for kt in kts), gaps=tuple(gaps))
+        kineto_files=tuple(os.path.basename(kt.path) for kt in kts), gaps=tuple(gaps), mesh=mesh,
+        cpu_cores=cpu_cores, threads_per_rank=threads_per_rank)
     trace = Trace(meta=meta, ranks=programs)
     try:
         validate_trace(trace, kts[0].path)

@@ -18,8 +18,13 @@ Where a wait sits and how long it blocked:
   completion, zero if it completed while the thread was busy;
 - NCCL's explicit ``wait`` events: each waits for the oldest pending collective
   of its thread;
+- a functional collective's ``wait_tensor`` (DTensor's tensor parallelism): the oldest
+  pending collective of its thread whose tensor has the waited tensor's size, blocked from
+  the wait's start until the collective completed or the wait returned;
 - other asynchronous collectives on CPU traces: the idle gap of the main thread
-  that holds their completion, if there is one.
+  that holds their completion, if there is one. Idle means between the thread's
+  innermost events: an autograd function or module hook that waits inside (FSDP's
+  backward does) spans its wait, and its own span would hide it.
 
 On GPU traces the CPU does not block in a wait; the GPU's compute streams do. There
 a wait's blocked time is the idle time of the compute streams between the wait
@@ -31,17 +36,23 @@ from __future__ import annotations
 
 import bisect
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from emu.capture.collectives import CollEvent, WaitEvent, find_collectives
+from emu.capture.groups import role_of, stream_numbers
 from emu.capture.kineto import Event, KinetoTrace
 from emu.errors import KinetoError
+from emu.traces.mesh import Mesh
 from emu.traces.model import Coll, CollKind, Compute, Iteration, Op, Sparsity, Wait
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _DDP_COPY = "torch.distributed.ddp.reducer::copy_bucket_to_grad"
 _SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize"}
 _FORWARD = ("DistributedDataParallel.forward", "FullyShardedDataParallel.forward")
+# FSDP2 (fully_shard) marks the root module's forward by its pre- and post-forward hooks, and
+# torch.distributed.pipelining each microbatch's forward and backward
+_FSDP2_FORWARD = ("FSDP::root_pre_forward", "FSDP::post_forward")
+_MICROBATCH = re.compile(r"^(Forward|Backward) \d+$")
 _BACKWARD = "autograd::engine::evaluate_function"
 _OPTIMIZER = ("Optimizer.step#", "Optimizer.zero_grad#")
 
@@ -127,6 +138,7 @@ class _Context:
     main_tid: int | str
     gpu: bool
     busy: dict[int | str, _Busy]
+    leaves: _Busy  # the main thread's innermost events only
     compute_streams: _Busy | None
     syncs: tuple[Event, ...]
     copies: tuple[Event, ...]
@@ -161,11 +173,18 @@ def _context(kt: KinetoTrace, main_tid: int | str, colls: list[CollEvent]) -> _C
     by_tid.setdefault(main_tid, [])
     phases = []
     backward = [e for e in kt.events if e.name.startswith(_BACKWARD)]
+    root_posts = [e for e in kt.events if e.name == _FSDP2_FORWARD[1]]
     for ev in kt.events:
         if ev.name.startswith(_FORWARD):
             phases.append((ev.ts_us, ev.end_us, "forward"))
         elif ev.name.startswith(_OPTIMIZER):
             phases.append((ev.ts_us, ev.end_us, "optimizer"))
+        elif ev.name == _FSDP2_FORWARD[0]:
+            post = next((p for p in root_posts if p.ts_us >= ev.ts_us and p.tid == ev.tid), None)
+            if post is not None:
+                phases.append((ev.ts_us, post.end_us, "forward"))
+        elif ev.cat == "user_annotation" and (m := _MICROBATCH.match(ev.name)):
+            phases.append((ev.ts_us, ev.end_us, m.group(1).lower()))
     # Backward has no span of its own: it runs from the first to the last autograd
     # function of a step; group them by the forward spans that separate steps.
     forwards = sorted(p[0] for p in phases if p[2] == "forward")
@@ -176,10 +195,17 @@ def _context(kt: KinetoTrace, main_tid: int | str, colls: list[CollEvent]) -> _C
         phases.append((min(e.ts_us for e in evs), max(e.end_us for e in evs), "backward"))
     return _Context(
         kt=kt, main_tid=main_tid, gpu=gpu, busy={tid: _Busy(evs) for tid, evs in by_tid.items()},
+        leaves=_Busy(_innermost(by_tid[main_tid])),
         compute_streams=_Busy([e for e in gpu_events if e.tid not in comm_streams]) if gpu else None,
         syncs=tuple(e for e in kt.events if e.cat == "cuda_runtime" and e.name in _SYNC_CALLS),
         copies=tuple(e for e in kt.events if e.name == _DDP_COPY),
         phases=tuple(sorted(phases)))
+
+
+def _innermost(events: list[Event]) -> list[Event]:
+    """The events that hold no other (one thread's): what it was doing, not what it was inside."""
+    ordered = sorted(events, key=lambda e: (e.ts_us, -e.dur_us))
+    return [e for i, e in enumerate(ordered) if i + 1 == len(ordered) or ordered[i + 1].ts_us >= e.end_us]
 
 
 def _phase(ctx: _Context, a: float, b: float) -> str:
@@ -214,9 +240,16 @@ def _plan_waits(ctx: _Context, colls: list[CollEvent], waits: list[WaitEvent],
             take([i])
     for w in waits:
         mine = [i for i in pending if colls[i].issue_us <= w.ts_us and colls[i].tid == w.tid]
-        mine = mine or [i for i in pending if colls[i].issue_us <= w.ts_us]
+        if w.count is not None:  # a tensor's wait: for a collective of its size (in or out)
+            mine = [i for i in mine if w.count in (colls[i].count, colls[i].count // max(1, colls[i].group_size))]
+        else:
+            mine = mine or [i for i in pending if colls[i].issue_us <= w.ts_us]
         if mine:
-            plans.append(_WaitPlan(w.ts_us, [mine[0]], 0.0))
+            c = colls[mine[0]]
+            blocked = 0.0
+            if w.end_us is not None and not ctx.gpu and c.done_us is not None:
+                blocked = max(0.0, min(w.end_us, c.done_us) - w.ts_us)
+            plans.append(_WaitPlan(w.ts_us, [mine[0]], blocked))
             take([mine[0]])
     # DDP: after the last bucket is launched, the reducer waits for each bucket in turn and
     # copies it back before waiting for the next.
@@ -225,6 +258,9 @@ def _plan_waits(ctx: _Context, colls: list[CollEvent], waits: list[WaitEvent],
         first = copies[0]
         ids = sorted((i for i in pending if colls[i].issue_us < first.ts_us
                       and colls[i].kind == CollKind.ALL_REDUCE), key=lambda i: colls[i].issue_us)
+        # the buckets are the reducer's group's (the last issued before the copies); other groups'
+        # all_reduces in flight (tensor parallel's) are not DDP's
+        ids = [i for i in ids if colls[i].group_name == colls[ids[-1]].group_name] if ids else ids
         if ids:
             shapes = _bucket_tensors(copies)
             if ctx.gpu or any(colls[i].done_us is None for i in ids):
@@ -247,7 +283,7 @@ def _plan_waits(ctx: _Context, colls: list[CollEvent], waits: list[WaitEvent],
                     lo = max(lo, g1 if g1 > g0 else hi)
             take(ids)
     if not ctx.gpu:
-        main = ctx.busy[ctx.main_tid]
+        main = ctx.leaves
         by_gap: dict[tuple[float, float], list[int]] = {}
         for i in list(pending):
             c = colls[i]
@@ -369,7 +405,7 @@ def _iteration(ctx: _Context, step: int, span: Event, colls: list[CollEvent],
                 group_size=c.group_size,
                 observed_us=None if c.done_us is None else max(0.0, c.done_us - c.issue_us),
                 root=c.root, peer=c.peer, group=c.group, tensors=tensors.get(item),
-                sparsity=_sparse_tensor(ctx.kt.rank, c)))
+                sparsity=_sparse_tensor(ctx.kt.rank, c), group_role=c.role, stream=c.stream))
         elif isinstance(item, _WaitPlan):
             ops.append(item)
             debt += item.blocked_us
@@ -387,11 +423,24 @@ def _iteration(ctx: _Context, step: int, span: Event, colls: list[CollEvent],
     return Iteration(step=step, measured_us=span.dur_us, ops=program)
 
 
-def convert_rank(kt: KinetoTrace) -> list[Iteration]:
-    """All profiled steps of one rank as emu iterations."""
+def _with_groups(kt: KinetoTrace, colls: list[CollEvent], mesh: Mesh | None) -> list[CollEvent]:
+    """Each collective's role in the mesh and its stream (``emu.capture.groups``): by the GPU stream
+    its kernel ran on where every one has a kernel, else by its group."""
+    table = kt.group_table()
+    keys = [c.stream_key for c in colls] if colls and all(c.stream_key is not None for c in colls) \
+        else [c.group_name or ("" if c.group is None else ",".join(map(str, c.group))) for c in colls]
+    streams = stream_numbers(keys)
+    return [replace(c, role=role_of(table.get(c.group_name or ""), c.group or (), kt.world_size, mesh), stream=st)
+            for c, st in zip(colls, streams, strict=True)]
+
+
+def convert_rank(kt: KinetoTrace, mesh: Mesh | None = None) -> list[Iteration]:
+    """All profiled steps of one rank as emu iterations; ``mesh``: the job's, which gives each
+    collective's group its role."""
     steps = profiler_steps(kt)
     main_tid = steps[0][1].tid
     colls, waits = find_collectives(kt)
+    colls = _with_groups(kt, colls, mesh)
     ctx = _context(kt, main_tid, colls)
     iterations = []
     for step, span in steps:

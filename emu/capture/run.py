@@ -18,7 +18,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from emu.capture.kineto import read_kineto
@@ -27,8 +27,8 @@ from emu.capture.merge import merge_ranks
 from emu.capture.sparsity import attach_sparsity, mask_path, read_masks
 from emu.errors import CaptureError, ConfigError, EmuError
 from emu.lifetime import current
-from emu.traces.model import Source, Trace
-from emu.traces.samples import MODELS
+from emu.traces.model import GroupRole, Source, Trace
+from emu.traces.samples import BUILT_IN, MODELS, PARALLEL_MODELS
 from emu.traces.validate import validate_trace
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
@@ -114,10 +114,15 @@ def _run(interpreter: str, target: Callable[[Path], list[str]], config: CaptureC
                 f"{config.profile_steps} profiled, one to close the window); train longer or profile "
                 f"fewer steps (logs: {workdir})")
         kts = [read_kineto(workdir / f"rank{r}.json") for r in range(config.world_size)]
+        threads = {r.get("threads") for r in reports}
         trace = merge_ranks(kts, source=Source.CAPTURE, model=source_model,
                             framework=f"torch {reports[0]['torch_version']}", batch_size=batch_size,
-                            params=reports[0]["params"], command=command,
-                            comm_hook=reports[0].get("comm_hook"))
+                            params=_params(reports), command=command,
+                            comm_hook=reports[0].get("comm_hook"), cpu_cores=reports[0].get("cpu_cores"),
+                            threads_per_rank=threads.pop() if len(threads) == 1 else None)
+        if trace.meta.mesh is not None and any(d.role in _SPLIT for d in trace.meta.mesh.dims):
+            # each rank holds a part of the model: rank 0's optimizer's count is not the model's
+            trace = replace(trace, meta=replace(trace.meta, params=None))
         if sparsity:
             masks = {r: read_masks(mask_path(workdir, r)) for r in range(config.world_size)}
             trace = attach_sparsity(trace, masks)
@@ -136,19 +141,55 @@ def _run(interpreter: str, target: Callable[[Path], list[str]], config: CaptureC
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+_SPLIT = (GroupRole.TP, GroupRole.PP, GroupRole.EP)
+
+
+def _params(reports: list[dict]) -> int | None:
+    """The model's parameters: what the ranks' optimizers step, where they agree (FSDP's sharded
+    parameters count whole); None where ranks hold different parts (pipeline stages)."""
+    counts = {r["params"] for r in reports}
+    return counts.pop() if len(counts) == 1 else None
+
+
+SCRIPTS = Path(__file__).parent / "scripts"
+PARALLEL_WORLD = 4  # the built-in sharded and split workloads' default world size (dp=2 x tp=2, ...)
+
+
+def capture_parallel(model: str, config: CaptureConfig, *, batch_size: int | None = None,
+                     bucket_cap_mb: float = 4.0, seed: int = 0,
+                     on_tick: Callable[[float], None] | None = None) -> Trace:
+    """Run a built-in sharded or split workload (``fsdp``, ``tp``, ``pp``: the unmodified scripts
+    of ``emu/capture/scripts/``, which ``examples/`` links to) on gloo and capture it."""
+    script = SCRIPTS / f"{model}_train.py"
+    batch = batch_size or 32
+    steps = config.warmup + 1 + config.profile_steps + 1
+    args = ["--steps", str(steps), "--batch-size", str(batch), "--seed", str(seed)]
+    if model == "tp":
+        args += ["--bucket-cap-mb", f"{bucket_cap_mb:g}"]
+    command = (f"emu capture --model {model} --world-size {config.world_size} --iters {config.profile_steps} "
+               f"--warmup {config.warmup} --batch-size {batch} --seed {seed}"
+               + (f" --bucket-cap-mb {bucket_cap_mb:g}" if model == "tp" else ""))
+    return _run(sys.executable, lambda _: [str(script), *args], config, source_model=model, command=command,
+                batch_size=batch, on_tick=on_tick)
+
+
 def capture_model(model: str, config: CaptureConfig = CaptureConfig(), *, batch_size: int | None = None,
                   bucket_cap_mb: float = 25.0, seed: int = 0, sparsity: bool = False,
                   on_tick: Callable[[float], None] | None = None) -> Trace:
     """Run a built-in workload (mlp, cnn, transformer, dlrm) with DDP on gloo and capture it; with
-    ``sparsity``, measure each gradient bucket's block sparsity too.
+    ``sparsity``, measure each gradient bucket's block sparsity too. The sharded and split ones
+    (fsdp, tp, pp) run as ``capture_parallel`` (no sparsity: their scripts are users' scripts).
 
     Measuring runs inside the measured backward pass (docs/capture.md: about 3.5 ms a step for
     6.4M gradient elements on 2 CPU cores, the mask and DDP's hook in Python), so it is off here
     unless asked for: callers that compare the trace
     with real runs made without it (``emu validate``) must not carry its cost. ``emu capture
     --model`` asks for it unless given ``--no-sparsity``."""
+    if model in PARALLEL_MODELS:
+        return capture_parallel(model, config, batch_size=batch_size, bucket_cap_mb=bucket_cap_mb, seed=seed,
+                                on_tick=on_tick)
     if model not in MODELS:
-        raise ConfigError(f"--model {model!r} is not built in; choose one of: {', '.join(MODELS)}")
+        raise ConfigError(f"--model {model!r} is not built in; choose one of: {', '.join(BUILT_IN)}")
     if bucket_cap_mb <= 0:
         raise ConfigError(f"--bucket-cap-mb must be positive, got {bucket_cap_mb}")
     if batch_size is not None and batch_size < 1:

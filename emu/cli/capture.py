@@ -9,17 +9,20 @@ import click
 from emu.cli import cli
 from emu.cli.output import err, ms
 from emu.errors import ConfigError
-from emu.traces.samples import MODELS
+from emu.traces.samples import BUILT_IN, PARALLEL_MODELS
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
-@click.option("--model", type=click.Choice(MODELS),
-              help="Run a built-in workload with DDP on gloo.")
+@click.option("--model", type=click.Choice(BUILT_IN),
+              help="Run a built-in workload on gloo: DDP (mlp, cnn, transformer, dlrm), FSDP's fully_shard "
+                   "(fsdp), tensor parallel in data parallel (tp: dp x tp=2) or a two-stage pipeline in data "
+                   "parallel (pp: pp=2 x dp).")
 @click.option("--kineto", is_flag=True,
               help="Import existing profiler traces: the arguments are files or folders, one file per rank.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="The emu trace to write (.json or .json.gz).")
-@click.option("--world-size", type=int, default=2, show_default=True, help="Rank processes to start.")
+@click.option("--world-size", type=int, default=None,
+              help="Rank processes to start  [default: 4 for fsdp, tp and pp, else 2]")
 @click.option("--iters", "--profile-steps", "iters", type=int, default=5, show_default=True,
               help="Steps to record after the warm-up.")
 @click.option("--warmup", type=int, default=3, show_default=True,
@@ -36,7 +39,7 @@ from emu.traces.samples import MODELS
 @click.option("--timeout", type=float, default=1800.0, show_default=True,
               help="Seconds before the ranks are stopped.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def capture(model: str | None, kineto: bool, output: Path, world_size: int, iters: int, warmup: int,
+def capture(model: str | None, kineto: bool, output: Path, world_size: int | None, iters: int, warmup: int,
             bucket_cap_mb: float, batch_size: int | None, seed: int, no_sparsity: bool,
             keep_kineto: Path | None, timeout: float, args: tuple[str, ...]) -> None:
     """Record what a data-parallel run does as an emu trace.
@@ -51,6 +54,8 @@ def capture(model: str | None, kineto: bool, output: Path, world_size: int, iter
 
     if sum((model is not None, kineto, bool(args) and not kineto)) != 1:
         raise ConfigError("give exactly one of --model NAME, --kineto FILE..., or -- python train.py")
+    if world_size is None:
+        world_size = 4 if model in PARALLEL_MODELS else 2
     config = CaptureConfig(world_size=world_size, profile_steps=iters, warmup=warmup,
                            timeout_s=timeout, keep_kineto=keep_kineto)
     console = err()

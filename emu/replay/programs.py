@@ -55,6 +55,9 @@ class WorkerProgram:
 
 
 def _scale_op(op: Op, rank: int, worker: int, n: int, m: int, path: str) -> Op:
+    if isinstance(op, Coll) and op.group is not None:
+        raise ConfigError(f"{path}: rank {rank} issues a {op.kind.value} on the sub-group {list(op.group)}; "
+                          "this emu replays collectives of the whole job only")
     if not isinstance(op, Coll) or m == n:
         return op
     if op.group is not None:

@@ -20,12 +20,14 @@ from typing import Any
 
 from emu.errors import TraceError
 from emu.traces.jsonfile import read_json
+from emu.traces.mesh import Mesh, MeshDim
 from emu.traces.model import (
     SCHEMA,
     Coll,
     CollKind,
     Compute,
     Dtype,
+    GroupRole,
     Iteration,
     Op,
     RankProgram,
@@ -182,6 +184,8 @@ def _load_op(raw: Any, where: _Where) -> Op:
             group=_int_tuple(raw, "group", where),
             tensors=tensors,
             sparsity=_load_sparsity(raw, where),
+            group_role=None if raw.get("group_role") is None else _enum(GroupRole, raw, "group_role", where),
+            stream=_int(raw, "stream", where, optional=True),
         )
     raise where.fail("op", f"is {kind!r}; it must be one of: compute, coll, wait")
 
@@ -225,7 +229,23 @@ def _load_meta(raw: Any, where: _Where) -> TraceMeta:
         kineto_files=_str_tuple(raw, "kineto_files", where),
         gaps=_str_tuple(raw, "gaps", where),
         comm_hook=_get(raw, "comm_hook", where, str, optional=True),
+        mesh=_load_mesh(raw, where),
+        cpu_cores=_int(raw, "cpu_cores", where, minimum=1, optional=True),
+        threads_per_rank=_int(raw, "threads_per_rank", where, minimum=1, optional=True),
     )
+
+
+def _load_mesh(raw: dict[str, Any], where: _Where) -> Mesh | None:
+    """``meta.mesh``: an object of dimension names to sizes, outermost first (JSON keeps the order)."""
+    doc = _get(raw, "mesh", where, dict, optional=True)
+    if doc is None:
+        return None
+    dims = []
+    for name, size in doc.items():
+        if not _is_count(size) or size < 1:
+            raise where.fail(f"meta.mesh.{name[:40]}", f"is {_show(size)}; give the dimension's size, an integer >= 1")
+        dims.append(MeshDim(name, size))
+    return Mesh(tuple(dims))
 
 
 def _load_v1(doc: dict[str, Any], where: _Where) -> Trace:
@@ -295,6 +315,11 @@ def trace_to_dict(trace: Trace) -> dict[str, Any]:
         meta_doc["gaps"] = list(meta.gaps)
     if meta.comm_hook is not None:
         meta_doc["comm_hook"] = meta.comm_hook
+    if meta.mesh is not None:
+        meta_doc["mesh"] = {d.name: d.size for d in meta.mesh.dims}
+    for key in ("cpu_cores", "threads_per_rank"):
+        if getattr(meta, key) is not None:
+            meta_doc[key] = getattr(meta, key)
     return {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "meta": meta_doc,
         "ranks": [{"rank": r.rank, "iterations": [
@@ -338,6 +363,10 @@ def _op_to_dict(op: Op) -> dict[str, Any]:
             doc[key] = getattr(op, key)
     if op.group is not None:
         doc["group"] = list(op.group)
+    if op.group_role is not None:
+        doc["group_role"] = op.group_role.value
+    if op.stream is not None:
+        doc["stream"] = op.stream
     if op.tensors is not None:
         doc["tensors"] = [list(t) for t in op.tensors]
     if op.sparsity is not None:

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from emu.traces.mesh import Mesh
 
 SCHEMA = "emu-trace"
 
@@ -26,6 +30,17 @@ class CollKind(str, Enum):
     SEND = "send"
     RECV = "recv"
     BARRIER = "barrier"
+
+
+class GroupRole(str, Enum):
+    """Which dimension of the job's parallelism a collective's group belongs to (``group_role``)."""
+
+    DP = "dp"  # data parallel: replicas that all-reduce their gradients
+    FSDP = "fsdp"  # fully sharded data parallel: shards that gather parameters, reduce-scatter gradients
+    TP = "tp"  # tensor parallel: one layer split across ranks (usually inside a node)
+    PP = "pp"  # pipeline parallel: stages that pass activations and gradients (send/recv)
+    EP = "ep"  # expert parallel: experts of a mixture spread over ranks (all_to_all)
+    OTHER = "other"  # any other group (context parallel, a group made by hand)
 
 
 class Dtype(str, Enum):
@@ -129,6 +144,11 @@ class Coll:
     group: tuple[int, ...] | None = None
     tensors: tuple[tuple[int, ...], ...] | None = None
     sparsity: Sparsity | None = None  # measured where the capture could see the data (all_reduce)
+    # which dimension of the job's mesh the group belongs to (absent: unknown, or a one-group job)
+    group_role: GroupRole | None = None
+    # the rank's communication stream: collectives of one stream complete in issue order, those of
+    # different streams run concurrently (absent: the rank's one stream, as every collective of v1)
+    stream: int | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +216,11 @@ class TraceMeta:
     # The DDP communication hook the captured script registered (its function's name): with
     # PyTorch's fp16, bf16 or PowerSGD hooks the all_reduces are the compressed buckets
     comm_hook: str | None = None
+    # The job's device mesh (emu.traces.mesh.Mesh), where the source recorded it
+    mesh: Mesh | None = None
+    # How the capture's ranks shared this machine: its CPU cores, and the threads each rank used
+    cpu_cores: int | None = None
+    threads_per_rank: int | None = None
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,14 @@ from pathlib import Path
 from emu.errors import TraceError
 
 _DIR = Path(__file__).parent / "samples"
-# The built-in workloads (emu capture --model, emu validate --models), each with its sample trace
+# The built-in data-parallel workloads (emu capture --model, emu validate --models), each with its
+# sample trace
 MODELS = ("mlp", "cnn", "transformer", "dlrm")
-SAMPLES = MODELS
+# The built-in sharded and split ones (emu capture --model: the scripts of emu/capture/scripts/, at
+# world size 4), each with its sample trace too (docs/parallelism.md)
+PARALLEL_MODELS = ("fsdp", "tp", "pp")
+BUILT_IN = MODELS + PARALLEL_MODELS
+SAMPLES = BUILT_IN
 
 
 def sample_path(name: str) -> Path:

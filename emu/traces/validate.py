@@ -14,7 +14,8 @@ trace it would refuse to read.
 from __future__ import annotations
 
 from emu.errors import TraceError
-from emu.traces.model import Coll, CollKind, Compute, Iteration, Op, Trace, Wait
+from emu.traces.mesh import Mesh
+from emu.traces.model import Coll, CollKind, Compute, GroupRole, Iteration, Op, Trace, Wait
 
 _P2P = (CollKind.SEND, CollKind.RECV)
 
@@ -25,6 +26,7 @@ MAX_US = 86_400e6  # a day, in microseconds: no step, compute span or collective
 MAX_WORLD = 2**20  # ranks of a job
 MAX_STEP = 2**40  # a ProfilerStep number
 MAX_ID = 2**31 - 1  # a collective's id within an iteration
+MAX_STREAM = 2**16 - 1  # a rank's communication streams (NCCL uses a handful)
 _TOO_BIG = ("no real job has that; the file is corrupted or was written by a bug; "
             "re-capture the trace (emu capture) or fix the tool that wrote it")
 _TOO_LONG = ("more than a day, which no training step takes; if the tool that wrote the trace "
@@ -85,6 +87,8 @@ def _op_problem(op: Op) -> tuple[str, str] | None:
         value = getattr(op, key)
         if value is not None and value < 0:
             return key, f"is {value}; a rank is an integer >= 0"
+    if op.stream is not None and not 0 <= op.stream <= MAX_STREAM:
+        return "stream", f"is {op.stream}; a stream is a rank's own number in 0..{MAX_STREAM}"
     if op.tensors is not None:
         sizes = [_shape_elements(t) for t in op.tensors]
         if any(n is None for n in sizes):
@@ -106,7 +110,28 @@ def _op_problem(op: Op) -> tuple[str, str] | None:
     return None
 
 
-def _check_iteration(path: str, rank: int, world: int, index: int, it: Iteration) -> None:
+def _mesh_problem(op: Coll, rank: int, world: int, mesh: Mesh) -> tuple[str, str] | None:
+    """(field, problem) where a collective's role or group contradicts the job's mesh, or None."""
+    role = op.group_role
+    dims = [i for i, d in enumerate(mesh.dims) if d.role == role] if role not in (None, GroupRole.OTHER) else []
+    if len(dims) != 1:  # a role the mesh does not name (or names twice) says nothing checkable
+        return None
+    group = op.group if op.group is not None else tuple(range(world)) if op.group_size == world else None
+    if group is None:
+        return None
+    want = mesh.slice(rank, (dims[0],))
+    if tuple(sorted(group)) != want:
+        return "group_role", (f"is {role.value} but the group {_short(group)} is not rank {rank}'s {role.value} "
+                              f"slice {_short(want)} of meta.mesh {mesh.text()}: fix the group or its role")
+    return None
+
+
+def _short(ranks: tuple[int, ...]) -> str:
+    text = str(list(ranks))
+    return text if len(text) <= 60 else f"{text[:60]}...]"
+
+
+def _check_iteration(path: str, rank: int, world: int, index: int, it: Iteration, mesh: Mesh | None = None) -> None:
     if not it.ops:
         raise _fail(path, rank, index, it, None, "ops", "is empty: an iteration needs a program")
     if not 0 <= it.step <= MAX_STEP:
@@ -137,6 +162,14 @@ def _check_iteration(path: str, rank: int, world: int, index: int, it: Iteration
                 if max(op.group) >= world or rank not in op.group:
                     raise _fail(path, rank, index, it, k, "group",
                                 f"must hold ranks below {world} including rank {rank}")
+                if op.peer is not None and op.peer not in op.group:
+                    raise _fail(path, rank, index, it, k, "peer",
+                                f"is {op.peer}, not a rank of the group {_short(op.group)} the "
+                                f"{op.kind.value} was issued on")
+            if mesh is not None:
+                bad = _mesh_problem(op, rank, world, mesh)
+                if bad:
+                    raise _fail(path, rank, index, it, k, *bad)
             if op.kind in (CollKind.ALL_GATHER, CollKind.REDUCE_SCATTER) and op.count % op.group_size:
                 raise _fail(path, rank, index, it, k, "count",
                             f"{op.count} of a {op.kind.value} must divide by group_size {op.group_size}")
@@ -170,6 +203,14 @@ def _check_meta(trace: Trace, path: str) -> None:
     if meta.batch_size is not None and not 1 <= meta.batch_size <= MAX_ELEMENTS:
         raise TraceError(f"{path}: field 'meta.batch_size' is {meta.batch_size}; a batch holds 1..2**40 "
                          "samples; leave it null where unknown")
+    if meta.mesh is not None:
+        problem = meta.mesh.problem(meta.world_size)
+        if problem:
+            raise TraceError(f"{path}: field 'meta.mesh' {problem}; fix the mesh or drop it")
+    for key in ("cpu_cores", "threads_per_rank"):
+        value = getattr(meta, key)
+        if value is not None and not 1 <= value <= MAX_WORLD:
+            raise TraceError(f"{path}: field 'meta.{key}' is {value}; give 1..2**20, or leave it out")
     if meta.params is not None and not 0 <= meta.params <= MAX_ELEMENTS * 1024:
         raise TraceError(f"{path}: field 'meta.params' is {meta.params}; a model has 0..2**50 parameters; "
                          "leave it null where unknown")
@@ -195,7 +236,7 @@ def validate_trace(trace: Trace, path: str) -> None:
             raise TraceError(f"{path}: rank {program.rank}: field 'iterations' is empty")
         lengths.add(len(program.iterations))
         for index, it in enumerate(program.iterations):
-            _check_iteration(path, program.rank, world, index, it)
+            _check_iteration(path, program.rank, world, index, it, trace.meta.mesh)
     if len(lengths) > 1:
         raise TraceError(f"{path}: field 'iterations' differs in length between ranks "
                          f"({sorted(lengths)}); every rank needs the same iterations")

@@ -126,7 +126,8 @@ def _import_changed(tmp_path: Path, raw: dict, change) -> tuple[Path, object]:
      f"{AT}: argument 'Group size' is '3', not a group size in 1..2 (the world size); the file is corrupted"),
     (lambda d: _first_allreduce(d)["args"].update({"Process Group Ranks": "[0, x]"}),
      f"{AT}: argument 'Process Group Ranks' is '[0, x]', not a list of ranks; the file is corrupted"),
-    (lambda d: [_first_allreduce(d)["args"].pop(k) for k in ("Group size", "Process Group Ranks")],
+    (lambda d: [_first_allreduce(d)["args"].pop(k) for k in ("Group size", "Process Group Ranks",
+                                                             "Process Group Name")],
      f"{AT}: neither 'Group size' nor 'Process Group Ranks' is recorded: the collective's group is unknown, and "
      f"emu will not assume the whole job; {RERECORD}"),
     (lambda d: _first_allreduce(d)["args"].update({"Collective name": "gather"}),
@@ -222,3 +223,39 @@ def test_inspect_shows_the_gaps(tmp_path: Path, raw) -> None:
     assert "gap" in result.stdout and "no GPU kernels in the file" in result.stdout
     doc = CliRunner().invoke(cli, ["inspect", str(saved), "--json"])
     assert json.loads(doc.stdout)["gaps"][0].startswith("rank0.json: rank 0: no GPU kernels")
+
+
+def _as_subgroup_job(doc: dict, keep: tuple[str, ...]) -> None:
+    """The A100 file as rank 0 of a 4-rank job whose all_reduces ran on a 2-rank group [0, 2],
+    recording only the ``keep`` keys of the group (the trace's pg_config lists both groups of 2
+    that hold rank 0)."""
+    doc["distributedInfo"].update(world_size=4, pg_config=[
+        {"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1, 2, 3]},
+        {"pg_name": "1", "pg_desc": "mesh_dp", "ranks": [0, 2]},
+        {"pg_name": "3", "pg_desc": "mesh_tp", "ranks": [0, 1]}])
+    for e in doc["traceEvents"]:
+        if e.get("name") == "record_param_comms":
+            args = e["args"]
+            for key in ("Process Group Ranks", "Process Group Name", "Process Group Description"):
+                args.pop(key, None)
+            args["Group size"] = 2
+            if "name" in keep:
+                args["Process Group Name"] = "1"
+            if "ranks" in keep:
+                args["Process Group Ranks"] = "[0, 2]"
+
+
+def test_a_group_named_but_not_listed_takes_its_ranks_from_distributed_info(tmp_path: Path, lean) -> None:
+    path, _ = _import_changed(tmp_path, lean, lambda d: _as_subgroup_job(d, ("name",)))
+    got = import_kineto([path])
+    assert got.meta.mesh is not None and got.meta.mesh.text() == "dp=2,tp=2"  # from the groups' names
+    ops = [op for it in got.ranks[0].iterations for op in it.colls]
+    assert {op.group for op in ops} == {(0, 2)} and {op.group_role.value for op in ops} == {"dp"}
+
+
+def test_a_subgroup_neither_listed_nor_named_is_refused_when_two_could_be_it(tmp_path: Path, lean) -> None:
+    path, _ = _import_changed(tmp_path, lean, lambda d: _as_subgroup_job(d, ()))
+    with pytest.raises(KinetoError, match="a collective of a group of 2 ranks, and the trace says neither its ranks "
+                                          "nor a group name it lists \\(2 groups of that size hold this rank\\): emu "
+                                          "cannot tell the groups apart"):
+        import_kineto([path])

@@ -1,0 +1,1 @@
+../emu/capture/scripts/fsdp_train.py

@@ -1,0 +1,1 @@
+../emu/capture/scripts/pp_train.py

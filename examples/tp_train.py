@@ -1,0 +1,1 @@
+../emu/capture/scripts/tp_train.py

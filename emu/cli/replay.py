@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 @click.argument("trace_args", metavar="TRACE...", nargs=-1, required=True)
 @click.option("--workers", "-w", "workers_arg", default="8", show_default=True,
               help="Fake workers; with several traces (jobs sharing the fabric) one count a trace, 64,32.")
+@click.option("--mesh", default=None,
+              help="The layout of a sharded or split trace: its mesh with new sizes for the data-parallel "
+                   "dimensions, e.g. dp=64,tp=2 (the workers are its product; docs/parallelism.md).")
 @click.option("--allocation", type=click.Choice(["contiguous", "interleaved"]), default=None,
               help="Several traces on a topology: hand each job whole nodes in turn (interleaved: the jobs share "
                    "leaves) or in blocks (contiguous, the default); docs/topology.md.")
@@ -77,7 +80,7 @@ if TYPE_CHECKING:
 @click.option("--json", "as_json", is_flag=True, help="Print the report(s) as JSON on stdout.")
 @topology_options
 @click.pass_context
-def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, allocation: str | None,
+def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, mesh: str | None, allocation: str | None,
            network: str | None, fabric: str, bandwidth: str,
            bandwidth_schedule: str | None, latency: str, loss: float, jitter: str,
            iters: int | None, clock: str | None, tdf: str | None, payload_scale: str, stragglers: tuple[str, ...],
@@ -101,12 +104,16 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, al
     from emu.replay import ReplayConfig
     from emu.replay import replay as run_replay
     from emu.replay.config import Clock, CompressOption, SparsityOption, Straggler
+    from emu.replay.layout import parse_mesh
     from emu.replay.report import check_writable
     from emu.traces import load_trace
 
     counts = _worker_counts(workers_arg, len(trace_args))
     workers = sum(counts)
     several = len(trace_args) > 1
+    layout = None if mesh is None else parse_mesh(mesh)
+    if layout is not None and several:
+        raise ConfigError("--mesh lays out one sharded or split trace: give it with one trace")
     if several and payload_file is not None:
         raise ConfigError("--payload sends one emu run's tensors: give it with one trace")
     if not several and allocation is not None:
@@ -164,9 +171,15 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, al
                               stragglers=tuple(Straggler.parse(x) for x in stragglers), seed=seed, slots=slots,
                               elements=int(elements), processes=processes, ps_shards=ps_shards, timeout_s=timeout,
                               sparsity=sparse, compress=compression, topology=topology,
-                              packet_rate=None if packet_rate is None else _packet_rate(packet_rate))
+                              packet_rate=None if packet_rate is None else _packet_rate(packet_rate),
+                              mesh=layout)
         if design is not None:
             config = replace(design.overlay(config, given | {"fabric"}), design_file=network, design_name=design.name)
+        if config.mesh is not None:  # the layout sets the workers; a typed count must agree
+            if typed(ctx, "workers_arg") and workers != config.mesh.size:
+                raise ConfigError(f"--mesh {config.mesh.text()} is {config.mesh.size} workers but --workers is "
+                                  f"{workers}: give one, or the same count")
+            config = replace(config, workers=config.mesh.size)
         if not several:
             config.check()
         elif allocation is not None and config.topology is None:

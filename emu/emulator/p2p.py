@@ -373,10 +373,14 @@ class PSClient(Algorithm):
 
 
 class PSServer:
-    """One parameter-server shard: sums each segment over all workers, then sends it to each."""
+    """One parameter-server shard: sums each segment over all workers (or, for a sub-group's
+    collective, over its members), then sends it to each."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, groups: tuple[tuple[int, ...] | None, ...] = ()) -> None:
+        """``groups``: per collective number within an iteration (``seq`` modulo their count), its
+        group's workers in the algorithms' rank order (None: the whole job; empty: always)."""
         self.workers = workers
+        self.groups = groups
         self.partial: dict[tuple[int, int], tuple[np.ndarray, int, float, float]] = {}
 
     def on_segment(self, me: int, src: int, seq: int, segment: int, data: np.ndarray, emu_bytes: float,
@@ -386,8 +390,9 @@ class PSServer:
         acc = acc + data
         n += 1
         latest = max(latest, t)
-        if n < self.workers:
+        group = self.groups[seq % len(self.groups)] if self.groups else None
+        if n < (self.workers if group is None else len(group)):
             self.partial[key] = (acc, n, latest, emu_bytes)
             return []
         self.partial.pop(key, None)
-        return [Seg(w, seq, segment, acc, emu_bytes, latest) for w in range(self.workers)]
+        return [Seg(w, seq, segment, acc, emu_bytes, latest) for w in (range(self.workers) if group is None else group)]

@@ -15,6 +15,7 @@ from emu.emulator.links import LinkSpec
 from emu.emulator.topology import Algorithm, Layout, Topology
 from emu.emulator.wire import ELEMENTS_ALLOWED, MAX_WORKERS_SOFTWARE, MIN_WIRE_BYTES, agg_wire_bytes
 from emu.errors import ConfigError
+from emu.traces.mesh import Mesh
 
 # What --payload-scale auto lets the workers really send per iteration. On the synchronized clock
 # nothing is paced, so real bytes cost only their handling (about 10 ms per real MB here:
@@ -279,6 +280,10 @@ class ReplayConfig:
     packet_rate: float | None = None
     """The switch's aggregation pipeline: contributions it processes a second, all jobs together
     (the spine's, on a topology of several leaves); None: as fast as they come (docs/topology.md)."""
+    mesh: Mesh | None = None
+    """The layout a sharded or split trace replays at (``--mesh dp=64,tp=2``: the trace's mesh with
+    new sizes for its data-parallel dimensions; docs/parallelism.md); its size is ``workers``. None:
+    the trace's mesh grown to ``workers`` along its one data-parallel dimension."""
 
     def check(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS_SOFTWARE:
@@ -339,6 +344,12 @@ class ReplayConfig:
             if not net.synchronizable:
                 raise ConfigError(f"--fabric {self.fabric}: a topology runs on the software fabrics (ina, ring, ps); "
                                   "an external switch is one switch with one port per worker")
+        if self.mesh is not None:
+            if not isinstance(self.mesh, Mesh):
+                raise ConfigError(f"mesh must be a Mesh (emu.replay.layout.parse_mesh('dp=64,tp=2')), got {self.mesh!r}")
+            if self.mesh.size != self.workers:
+                raise ConfigError(f"--mesh {self.mesh.text()} is {self.mesh.size} workers but --workers is "
+                                  f"{self.workers}: give one, or the same count")
         if self.packet_rate is not None:
             if not (math.isfinite(self.packet_rate) and 1.0 <= self.packet_rate <= 1e13):
                 raise ConfigError(f"--packet-rate {self.packet_rate:g}: give 1 to 1e13 packets a second (a Tofino "

@@ -5,7 +5,8 @@ files"): reading and checking a file (``load_design``, ``parse_design``), laying
 replay's configuration with the flags a user typed winning (``NetworkDesign.overlay``), and the
 design as a run resolved it for the report (``resolved_design``). Every refusal is one ConfigError
 line naming the file, the dotted key and the fix. ``[topology]`` describes nodes, NICs, leaves and
-the placement (``emu.emulator.topology``, docs/topology.md).
+the placement (``emu.emulator.topology``, docs/topology.md); ``[parallelism]`` the layout a sharded
+or split trace replays at (``mesh``, docs/parallelism.md), which sets the number of workers.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from emu.emulator.topology import Algorithm, Allocation, Placement, SlotPolicy, 
 from emu.emulator.wire import ELEMENTS_ALLOWED
 from emu.errors import ConfigError
 from emu.replay.config import ReplayConfig
+from emu.replay.layout import parse_mesh
+from emu.traces.mesh import Mesh
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -43,7 +46,8 @@ TOPOLOGY_KEYS: tuple[str, ...] = ("topology.workers_per_node", "topology.nics_pe
                                   "topology.leaf_ports", "topology.oversubscription", "topology.placement",
                                   "topology.algorithm", "topology.spine_latency")
 KEYS: tuple[str, ...] = ("fabric", "link.bandwidth", "link.bandwidth_schedule", "link.latency", "link.loss",
-                         "link.jitter", "switch.slots", "switch.elements", "switch.packet_rate", *TOPOLOGY_KEYS)
+                         "link.jitter", "switch.slots", "switch.elements", "switch.packet_rate", *TOPOLOGY_KEYS,
+                         "parallelism.mesh")
 # The replay flags (click's parameter names) that set the same things: a flag the user typed wins.
 FLAG_KEYS: dict[str, str] = {"fabric": "fabric", "bandwidth": "link.bandwidth",
                              "bandwidth_schedule": "link.bandwidth_schedule", "latency": "link.latency",
@@ -54,12 +58,14 @@ FLAG_KEYS: dict[str, str] = {"fabric": "fabric", "bandwidth": "link.bandwidth",
                              "intra_bandwidth": "topology.intra_node_bandwidth",
                              "intra_latency": "topology.intra_node_latency", "leaf_ports": "topology.leaf_ports",
                              "oversubscription": "topology.oversubscription", "placement": "topology.placement",
-                             "algorithm": "topology.algorithm", "spine_latency": "topology.spine_latency"}
+                             "algorithm": "topology.algorithm", "spine_latency": "topology.spine_latency",
+                             "mesh": "parallelism.mesh"}
 _LABELS = ("name", "description")
 _TABLES = {"link": ("bandwidth", "bandwidth_schedule", "latency", "loss", "jitter"),
            "switch": ("slots", "elements", "packet_rate"),
            "topology": tuple(k.split(".")[1] for k in TOPOLOGY_KEYS),
-           "jobs": ("allocation", "slot_policy")}  # several jobs sharing the fabric (emu.replay.jobs)
+           "jobs": ("allocation", "slot_policy"),  # several jobs sharing the fabric (emu.replay.jobs)
+           "parallelism": ("mesh",)}  # the layout of a sharded or split trace (emu.replay.layout)
 _ALLOWED = (*_LABELS, "fabric", *_TABLES)
 _EXAMPLE = "examples/designs/ina-100g.toml"
 
@@ -99,6 +105,8 @@ class NetworkDesign:
     """Several jobs: how the fabric's nodes are handed out (``--allocation``)."""
     slot_policy: SlotPolicy | None = None
     """Several jobs: how they share the switch's slots."""
+    mesh: Mesh | None = None
+    """The layout a sharded or split trace replays at (``parallelism.mesh = "dp=64,tp=2"``)."""
 
     def value(self, key: str) -> Any:
         """The value the design gives dotted ``key`` (one of KEYS), None where unset."""
@@ -133,6 +141,9 @@ class NetworkDesign:
             top["elements"] = take["switch.elements"]
         if "switch.packet_rate" in take:
             top["packet_rate"] = take["switch.packet_rate"]
+        if "parallelism.mesh" in take:  # the workers follow it (the CLI checks a typed --workers)
+            top["mesh"] = take["parallelism.mesh"]
+            top["workers"] = take["parallelism.mesh"].size
         if link:
             top["link"] = dataclasses.replace(config.link, **link)
         shape = {k: v for k, v in take.items() if k.startswith("topology.")}
@@ -182,7 +193,7 @@ _FIELDS = {"fabric": "fabric", "link.bandwidth": "bandwidth_bps", "link.bandwidt
            "topology.intra_node_latency": "intra_latency_us", "topology.leaf_ports": "leaf_ports",
            "topology.oversubscription": "oversubscription", "topology.placement": "placement",
            "topology.algorithm": "algorithm", "topology.spine_latency": "spine_latency_us",
-           "jobs.allocation": "allocation", "jobs.slot_policy": "slot_policy"}
+           "jobs.allocation": "allocation", "jobs.slot_policy": "slot_policy", "parallelism.mesh": "mesh"}
 
 
 def load_design(path: str | os.PathLike) -> NetworkDesign:
@@ -254,7 +265,7 @@ def _refuse_unknown(doc: dict[str, Any], source: str) -> None:
     for key in doc:
         if key not in _ALLOWED:
             raise ConfigError(f"{source}: unknown key {_key(key)}{_closest(key, None)}: a design takes "
-                              "name, description, fabric, [link], [switch], [topology] and [jobs]")
+                              "name, description, fabric, [link], [switch], [topology], [jobs] and [parallelism]")
     for table, keys in _TABLES.items():
         if table not in doc:
             continue
@@ -415,6 +426,16 @@ def parse_packet_rate(text: str) -> float:
     return float(body) * scale
 
 
+def _mesh(value: Any, source: str, key: str) -> Mesh:
+    if not isinstance(value, str):
+        raise ConfigError(f'{source}: {key} = {_show(value)} is {_kind(value)}: give the layout as a string of '
+                          'NAME=SIZE pairs, outermost first, such as "dp=64,tp=2"')
+    try:
+        return parse_mesh(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {key}: {str(exc).removeprefix('--mesh ')}") from None
+
+
 def _algorithm(value: Any, source: str, key: str) -> Algorithm:
     if isinstance(value, str) and value in (a.value for a in Algorithm):
         return Algorithm(value)
@@ -432,6 +453,7 @@ _CHECKS: dict[str, Callable[[Any, str, str], Any]] = {
     "topology.leaf_ports": _whole("1..4096", lambda v: 1 <= v <= 4096, 32),
     "topology.oversubscription": _ratio, "topology.placement": _placement, "topology.algorithm": _algorithm,
     "topology.spine_latency": _duration, "jobs.allocation": _choice(Allocation), "jobs.slot_policy": _choice(SlotPolicy),
+    "parallelism.mesh": _mesh,
 }
 
 
@@ -482,4 +504,6 @@ def resolved_design(config: ReplayConfig, design: NetworkDesign | None = None) -
         resolved["switch"]["packet_rate"] = config.packet_rate
     if config.topology is not None:  # only where there is one: reports without keep their keys
         resolved["topology"] = config.topology.to_dict(config.link)
+    if config.mesh is not None:  # only where there is one
+        resolved["parallelism"] = {"mesh": config.mesh.text()}
     return resolved

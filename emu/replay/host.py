@@ -27,16 +27,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from emu.emulator.fabric import AllReduce
 from emu.emulator.recorded import RecordedPayload
 from emu.emulator.transport import AggBatch, Segment
 from emu.errors import RunFailed
 from emu.replay.config import ReplayConfig
-from emu.replay.ina_endpoint import InaEndpoint, take
+from emu.replay.ina_endpoint import InaEndpoint, Pool, take
+from emu.replay.ina_pools import InaPools, pools_of
 from emu.replay.lag import LagHistogram
 from emu.replay.leaves import LeafStage
 from emu.replay.messages import HostResult, WorkerRecord
 from emu.replay.p2p_endpoint import P2PEndpoint
+from emu.replay.parallelism import inside_a_node, on_stream
 from emu.replay.programs import WorkerProgram, straggling
 from emu.replay.wiring import Wiring
 from emu.replay.worker import CollRun, FakeWorker, WorkerState
@@ -75,6 +76,13 @@ class HostSetup:
     # jobs sharing the fabric (emu.replay.jobs_host): each job's endpoints here, and every job's configuration
     parts: tuple[HostSetup, ...] = ()
     jobs: tuple[ReplayConfig, ...] = ()
+    # a sharded or split job's groups: per collective number within an iteration, its workers
+    # (emu.replay.programs.group_table; what parameter-server shards sum over)
+    groups: tuple[tuple[int, ...] | None, ...] = ()
+    # sub-groups the switch aggregates for, each a pool of its own (pool 1 + i: emu.replay.ina_pools),
+    # and every pool's (real, emulated) slots, the job's pool first; empty: the job's pool alone
+    pools: tuple[tuple[int, ...], ...] = ()
+    pool_slots: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass
@@ -114,10 +122,21 @@ class Host:
         # aggregation and point-to-point traffic (emu.replay.wiring)
         self.wiring = Wiring.build(cfg, endpoints, workers, leaves)
         self.up, self.down = self.wiring.up, self.wiring.down
-        self.ina = InaEndpoint(cfg, endpoints if workers else np.zeros(0, np.int64), self.wiring, index,
-                               self._timer, self._completed, setup.payload, setup.job)
+        if workers and setup.pools:  # a sharded or split job: the job's pool and its sub-groups'
+            real, emulated = setup.pool_slots[0]
+            job_pool = Pool(job=setup.job, workers=cfg.workers, real_slots=real, emulated_slots=emulated,
+                            ranks=endpoints, ids=endpoints, locals=np.arange(len(endpoints), dtype=np.int64))
+            pools = {0: InaEndpoint(cfg, endpoints, self.wiring, index, self._timer, self._completed, setup.payload,
+                                    setup.job, pool=job_pool)}
+            for pool in pools_of(endpoints, index, setup.pools, setup.pool_slots[1:]):
+                pools[pool.job] = InaEndpoint(cfg, endpoints, self.wiring, index,
+                                              InaPools.timer_for(pool.job, self._timer), self._completed, pool=pool)
+            self.ina: InaEndpoint | InaPools = InaPools(pools, {g: 1 + i for i, g in enumerate(setup.pools)})
+        else:
+            self.ina = InaEndpoint(cfg, endpoints if workers else np.zeros(0, np.int64), self.wiring, index,
+                                   self._timer, self._completed, setup.payload, setup.job)
         self.p2p = P2PEndpoint(cfg, self.net, () if workers else setup.endpoints, self.wiring, index,
-                               setup.index, self._completed, setup.payload, setup.job)
+                               setup.index, self._completed, setup.payload, setup.job, setup.groups)
         self.workers: dict[int, FakeWorker] = {}
         if workers:
             factor, sigma = straggling(cfg.stragglers, self.m, cfg.seed)
@@ -165,12 +184,15 @@ class Host:
     def _start_coll(self, worker: FakeWorker, run: CollRun) -> None:
         op = run.op
         real = -(-op.count // self.r) if op.count else 0
-        aggregated = op.kind == CollKind.ALL_REDUCE and op.dtype.is_float
-        if aggregated and self.net.all_reduce == AllReduce.STREAM:
+        if on_stream(op, self.cfg):
             if self.ina.start(worker.w, run, real):
                 worker.completed(run, run.start_us)
             return
-        if self.net.counts_as_fallback(op.kind, aggregated):
+        # what the fabric's switch does not run is a fallback, but for a group's collectives inside a
+        # node, which never reach it (they cross the node's own links)
+        aggregated = op.kind == CollKind.ALL_REDUCE and op.dtype.is_float and op.group is None
+        inside = op.group is not None and inside_a_node(op.group, self.cfg)
+        if not inside and self.net.counts_as_fallback(op.kind, aggregated):
             name = op.kind.value
             self.counters.fallbacks[name] = self.counters.fallbacks.get(name, 0) + 1
         self.p2p.start(worker.w, run, real)
@@ -305,5 +327,14 @@ class Host:
             verify_elements=self.p2p.check.elements + self.ina.check.elements,
             verify_mismatches=self.p2p.check.mismatches + self.ina.check.mismatches,
             lag=self.lag.to_dict() if self.measure_lag else None,
+            completed=_sum_counts(fw.s.completed for fw in self.workers.values()),
             links=self.wiring.usage(np.asarray(self.setup.endpoints, np.int64), self.setup.role == "workers",
                                     leaves=self.own_leaves))
+
+
+def _sum_counts(counts) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            total[k] = total.get(k, 0) + v
+    return total

@@ -18,6 +18,7 @@ import numpy as np
 
 from emu.emulator import wire
 from emu.emulator.ina import InaGroup, InaParams, Packets, PayloadCache, ResultCheck
+from emu.emulator.links import Transmitted
 from emu.emulator.recorded import RecordedPayload
 from emu.emulator.scaled_loss import ScaledLoss
 from emu.emulator.switch import MULTICAST
@@ -46,8 +47,38 @@ def _wire_sizes(headers: np.ndarray, k: int) -> np.ndarray:
             + np.where(sparse, wire.SPARSE_EXTRA, 0))
 
 
+@dataclass
+class Deliveries:
+    """Results on their way to workers: per worker reached, the message row, the link, when the
+    row is ready to leave (first and last packet), its bytes, the emulated packets it stands for,
+    and (payload scale with loss) its sub-chains' delay (``InaEndpoint.deliveries``)."""
+
+    li: np.ndarray
+    rb: np.ndarray
+    links: np.ndarray
+    ready: np.ndarray
+    ready_last: np.ndarray
+    row_bytes: np.ndarray
+    scale: np.ndarray
+    delay: np.ndarray | None
+
+
 def due(times: np.ndarray, bound: float, inclusive: bool) -> np.ndarray:
     return times <= bound if inclusive else times < bound
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The switch's slot pool an endpoint streams into: the job's, or a sub-group's (a sharded or
+    split job's; docs/parallelism.md), with this host's members of it."""
+
+    job: int  # its number in the headers' job field
+    workers: int  # its workers (the headers' num_workers)
+    real_slots: int
+    emulated_slots: int
+    ranks: np.ndarray  # this host's members: their numbers in the pool (the headers' worker)
+    ids: np.ndarray  # their worker ids in the job
+    locals: np.ndarray  # their indices among the host's workers (their links)
 
 
 @dataclass
@@ -61,24 +92,35 @@ class InaEndpoint:
     def __init__(self, cfg: ReplayConfig, workers: np.ndarray, wiring: Wiring,
                  index: dict[int, int], timer: Callable[[float, int, int, float], None],
                  completed: Callable[[int, CollRun, float], None], recorded: RecordedPayload | None = None,
-                 job: int = 0) -> None:
-        self.cfg, self.up, self.down, self.index = cfg, wiring.up, wiring.down, index
+                 job: int = 0, pool: Pool | None = None) -> None:
+        """``workers``: the host's; ``pool``: the sub-group pool it streams into (None: the job's,
+        of every worker, numbered ``job`` in the headers)."""
+        if pool is None:
+            pool = Pool(job=job, workers=cfg.workers, real_slots=cfg.real_slots, emulated_slots=cfg.emulated_slots,
+                        ranks=np.asarray(workers, np.int64), ids=np.asarray(workers, np.int64),
+                        locals=np.asarray([index[int(w)] for w in workers], np.int64))
+        self.pool = pool
+        self.cfg, self.up, self.down = cfg, wiring.up, wiring.down
+        self.index = {int(w): i for i, w in enumerate(pool.ids)}  # a worker id's place here
+        self.by_rank = {int(r): i for i, r in enumerate(pool.ranks)}  # a pool rank's place here
         # each local worker's link (its NIC's, shared with the node's other workers on a topology),
         # and, with several leaves, each one's leaf, whose links to the spine (which aggregates)
         # every contribution and result crosses (emu.replay.wiring, emu.replay.leaves)
-        self.link = wiring.local_link
+        self.link = wiring.local_link[pool.locals] if len(pool.locals) else np.zeros(0, np.int64)
+        self.shared = len(np.unique(self.link)) < len(self.link)  # workers here share a link (a NIC)
         self.leaves = wiring.leaves
-        self.leaf = (wiring.layout.leaf[workers] if wiring.layout is not None and self.leaves is not None
-                     else np.zeros(len(workers), np.int64))
+        self.leaf = (wiring.layout.leaf[pool.ids] if wiring.layout is not None and self.leaves is not None
+                     else np.zeros(len(pool.ids), np.int64))
         self.k = cfg.elements
         self.timer, self.completed = timer, completed
-        params = InaParams(slots=cfg.real_slots, elements=self.k, workers=cfg.workers, job=job, seed=cfg.seed,
-                           scale=cfg.scale, emulated_slots=cfg.emulated_slots,
+        params = InaParams(slots=pool.real_slots, elements=self.k, workers=pool.workers, job=pool.job, seed=cfg.seed,
+                           scale=cfg.scale, emulated_slots=pool.emulated_slots,
                            sparse_stream=cfg.network.sparse_stream)
-        self.group = InaGroup(workers, params, PayloadCache(cfg.seed, cfg.workers), recorded)
-        # with payload scale, loss is drawn per emulated packet and the real rows always cross
-        self.scaled = (ScaledLoss(cfg.seed, cfg.workers, cfg.link.loss, cfg.real_slots,
-                                  -(-cfg.emulated_slots // cfg.real_slots), cfg.timeout_rto_us)
+        self.group = InaGroup(pool.ranks, params, PayloadCache(cfg.seed, pool.workers), recorded)
+        # with payload scale, loss is drawn per emulated packet and the real rows always cross; each
+        # pool's packets have fates of their own
+        self.scaled = (ScaledLoss(cfg.seed + 7919 * pool.job, pool.workers, cfg.link.loss, pool.real_slots,
+                                  -(-pool.emulated_slots // pool.real_slots), cfg.timeout_rto_us)
                        if cfg.scale > 1 and cfg.link.loss > 0 else None)
         self.counters = InaCounters()
         self.check = ResultCheck()
@@ -161,15 +203,23 @@ class InaEndpoint:
     def send(self, pk: Packets) -> None:
         """Contributions cross their uplinks: what arrives goes to the switch, what is lost waits
         for its timer."""
+        links, wire_bytes, packets = self.offer(pk)
+        self.sent(pk, self.up.transmit(links, pk.send_us, wire_bytes, packets=packets, lossy=self.scaled is None),
+                  wire_bytes, packets)
+
+    def offer(self, pk: Packets) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What contributions ask of their uplinks: the links, wire bytes and emulated packets (the
+        pools of one host share its links: ``emu.replay.ina_pools`` hands them over together)."""
         sizes = _wire_sizes(pk.headers, self.k)
         packets = pk.emu_packets
         if self.scaled is not None:
             resent = self._scaled_lost(pk.headers["chunk"].astype(np.int64), pk.emu_packets, pk.local, down=False)
             self.counters.packets_lost += int(resent.sum())
             packets = packets + resent
-        wire_bytes = sizes * packets
-        sent = self.up.transmit(self.link[pk.local], pk.send_us, wire_bytes, packets=packets,
-                                lossy=self.scaled is None)
+        return self.link[pk.local], sizes * packets, packets
+
+    def sent(self, pk: Packets, sent: Transmitted, wire_bytes: np.ndarray, packets: np.ndarray) -> None:
+        """What the uplinks did with contributions (``offer``'s): on to the switch, or lost."""
         arrival = np.stack([sent.first_us, sent.last_us], axis=1)
         self.counters.bytes_sent += float(np.rint(wire_bytes).sum())  # whole bytes: exact in any order
         lost = sent.lost
@@ -211,7 +261,7 @@ class InaEndpoint:
         if not len(at):
             return
         tags = np.concatenate([np.tile(mine, len(multi)),
-                               self.leaf[[self.index[int(d)] for d in dest[uni]]] if len(uni) else np.zeros(0, np.int64)])
+                               self.leaf[[self.by_rank[int(d)] for d in dest[uni]]] if len(uni) else np.zeros(0, np.int64)])
         copy = batch.take(at)
         assert copy.sparse is not None
         per, _ = self.group.emu_packets_of(copy.headers, copy.sparse)
@@ -254,6 +304,16 @@ class InaEndpoint:
     def on_results(self, batch: AggBatch, verify: np.ndarray, tags: np.ndarray | None = None) -> None:
         """Results cross the downlinks to the workers they are for (``tags``: per row, the leaf whose
         workers a multicast row is for; -1: every worker here)."""
+        rows = self.deliveries(batch, tags)
+        if rows is None:
+            return
+        got = self.down.transmit(rows.links, rows.ready, rows.row_bytes, packets=rows.scale,
+                                 ready_last_us=rows.ready_last, lossy=self.scaled is None)
+        self.delivered_rows(rows, got, batch, verify)
+
+    def deliveries(self, batch: AggBatch, tags: np.ndarray | None = None) -> Deliveries | None:
+        """What results ask of their downlinks: per worker reached, the row, the link, when ready and
+        the bytes (None: they reach nobody here)."""
         g = self.group
         dest = batch.headers["worker"].astype(np.int64)
         chunks = batch.headers["chunk"].astype(np.int64)
@@ -272,10 +332,10 @@ class InaEndpoint:
             rb_parts.append(rb)
         uni = np.flatnonzero((dest != MULTICAST) & np.isin(dest, g.wids))
         if len(uni):
-            li_parts.append(np.array([self.index[int(d)] for d in dest[uni]]))
+            li_parts.append(np.array([self.by_rank[int(d)] for d in dest[uni]]))
             rb_parts.append(uni)
         if not li_parts:
-            return
+            return None
         li, rb = np.concatenate(li_parts), np.concatenate(rb_parts)
         scale = per[rb]
         if len(uni):  # an answer to a retransmission stands for the packets that were resent
@@ -283,7 +343,7 @@ class InaEndpoint:
             scale = scale.copy()
             scale[-n_uni:] = [min(scale[-n_uni + i], self.retx_scale.get(
                 (int(li[-n_uni + i]), int(batch.headers["slot"][uni[i]])), 1.0)) for i in range(n_uni)]
-        if (len(uni) and len(multi)) or self.link.max(initial=0) < g.m - 1:
+        if (len(uni) and len(multi)) or self.shared:
             # each downlink in the message's (stamp) order; a NIC's workers' rows interleaved by it
             order = np.lexsort((li, rb, self.link[li]))
             li, rb, scale = li[order], rb[order], scale[order]
@@ -303,8 +363,12 @@ class InaEndpoint:
                         else int(chunks[i]) >= coll.base + coll.chunks - g.p.slots)
                 delay[i] = self.scaled.delay(int(chunks[i]), int(slots[i]), int(which[i]), float(per[i]), last)
         row_bytes = sizes[rb] / per[rb] * scale
-        got = self.down.transmit(self.link[li], batch.stamps[rb, 0], row_bytes, packets=scale,
-                                 ready_last_us=batch.stamps[rb, 1], lossy=self.scaled is None)
+        return Deliveries(li, rb, self.link[li], batch.stamps[rb, 0], batch.stamps[rb, 1], row_bytes, scale, delay)
+
+    def delivered_rows(self, rows: Deliveries, got: Transmitted, batch: AggBatch, verify: np.ndarray) -> None:
+        """What the downlinks did with results (``deliveries``'): to the workers, or lost."""
+        g = self.group
+        li, rb, row_bytes, delay = rows.li, rows.rb, rows.row_bytes, rows.delay
         first, last, lost = got.first_us, got.last_us, got.lost
         if delay is not None:
             first, last = first + delay[rb], last + delay[rb]
@@ -326,5 +390,5 @@ class InaEndpoint:
                             self.check, batch.sparse)
         for local, coll in done:
             run = self.runs.pop((local, coll.seq))
-            self.completed(int(g.wids[local]), run, float(coll.end_us[local]))
+            self.completed(int(self.pool.ids[local]), run, float(coll.end_us[local]))
         self.pump_due = True

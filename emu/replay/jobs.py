@@ -41,6 +41,7 @@ from emu.lifetime import Terminated
 from emu.replay.config import Clock, ReplayConfig
 from emu.replay.design import resolved_design
 from emu.replay.host import HostSetup
+from emu.replay.layout import plan_mesh
 from emu.replay.messages import HostResult, SwitchResult
 from emu.replay.orchestrator import (
     check_scale,
@@ -188,6 +189,10 @@ def replay_jobs(traces: list[Trace], config: ReplayConfig, jobs: Jobs, trace_pat
     configs = jobs.configs(config)
     for t, cfg, path in zip(traces, configs, paths, strict=True):  # bad input fails before any process
         check_scale(t, cfg)
+        if plan_mesh(t, cfg.workers, None, path) is not None:
+            raise ConfigError(f"{path} is sharded or split (its collectives run on groups of a mesh), and jobs that "
+                              "share the fabric each run their collectives on the whole job: replay it alone "
+                              "(docs/parallelism.md)")
         plan_programs(t, cfg.workers, path, cfg.sparsity, cfg.compress, switch_sums=cfg.switch_sums)
 
     def status(text: str) -> None:

@@ -83,6 +83,8 @@ class HostResult:
     # busiest, its name]
     links: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
     job: int = 0  # jobs sharing the fabric: whose endpoints these are (a host sends one result per job)
+    # collectives its workers completed, by their group's role ("" for a collective without one)
+    completed: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -13,20 +13,22 @@ import numpy as np
 
 from emu.emulator import physics
 from emu.emulator.recorded import RecordedPayload
-from emu.emulator.topology import Layout
+from emu.emulator.topology import Algorithm, Layout
 from emu.errors import ConfigError, RunFailed
 from emu.replay.adaptive import run_passes
 from emu.replay.config import REAL_BYTES_PER_ITERATION, Clock, ReplayConfig
 from emu.replay.host import HostSetup
+from emu.replay.layout import plan_mesh
 from emu.replay.messages import HostResult, SwitchResult
+from emu.replay.parallelism import ina_pools, on_stream, parallelism_report
 from emu.replay.payloads import recorded_payload
 from emu.replay.processes import ReplayError, execute
-from emu.replay.programs import WorkerProgram, plan_programs
+from emu.replay.programs import WorkerProgram, group_table, plan_programs
 from emu.replay.report import ReplayReport, write_chrome_trace
 from emu.replay.results import LAG_TOLERANCE, build_report
 from emu.replay.sparsity import with_sparsity
 from emu.replay.switchd import SwitchSetup
-from emu.traces.model import CollKind, Trace
+from emu.traces.model import Trace
 
 
 def split(n: int, parts: int) -> list[tuple[int, int]]:
@@ -35,9 +37,7 @@ def split(n: int, parts: int) -> list[tuple[int, int]]:
 
 def point_to_point(programs: list[WorkerProgram], config: ReplayConfig) -> bool:
     """Whether any collective runs point to point (the rest run on the aggregation stream)."""
-    stream = config.switch_sums
-    return any(not (stream and op.kind == CollKind.ALL_REDUCE and op.dtype.is_float)
-               for prog in programs[:1] for it in prog.iterations for op in it.colls)
+    return any(not on_stream(op, config) for prog in programs[:1] for it in prog.iterations for op in it.colls)
 
 
 def _worker_hosts(config: ReplayConfig) -> list[np.ndarray]:
@@ -189,7 +189,7 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     config.network.check_available()
     check_scale(trace, config)
     plan_programs(trace, config.workers, trace_path or "trace", config.sparsity, config.compress,
-                  switch_sums=config.switch_sums)  # bad input fails before any process
+                  switch_sums=config.switch_sums, mesh=config.mesh)  # bad input fails before any process
     calibration = None
     if config.payload_scale is None:
         config = replace(config, payload_scale=choose_payload_scale(trace, config))
@@ -252,7 +252,15 @@ def run_once(trace: Trace, config: ReplayConfig, trace_path: str | None,
          payload: RecordedPayload | None = None) -> tuple[ReplayReport, float]:
     """One replay with a concrete configuration; the report and the seconds the run itself took."""
     programs = plan_programs(trace, config.workers, trace_path or "trace", config.sparsity, config.compress,
-                             switch_sums=config.switch_sums)
+                             switch_sums=config.switch_sums, mesh=config.mesh)
+    groups = group_table(programs)
+    pools, pool_slots = ina_pools(programs, config)
+    shape = config.layout()
+    if pools and shape is not None and shape.leaves > 1 and config.topology is not None \
+            and config.topology.algorithm == Algorithm.HIERARCHICAL:
+        raise ConfigError("hierarchical INA on several leaves aggregates the whole job's collectives only: its "
+                          f"leaves hold one partial sum a chunk, and {trace_path or 'the trace'} aggregates on "
+                          f"{len(pools)} sub-groups too; give topology.algorithm = \"flat\" or one leaf")
     iters = config.iters or trace.iterations
     m = config.workers
     held = _worker_hosts(config)
@@ -267,23 +275,33 @@ def run_once(trace: Trace, config: ReplayConfig, trace_path: str | None,
     def plan(switch_addr: str, control_addr: str) -> tuple[list[HostSetup], SwitchSetup]:
         setups = [HostSetup(index=h, role="workers", endpoints=tuple(int(w) for w in ws), config=config,
                             programs=tuple(programs[int(w)] for w in ws), iters=iters, switch_addr=switch_addr,
-                            control_addr=control_addr, spans=chrome_trace is not None, payload=payload)
+                            control_addr=control_addr, spans=chrome_trace is not None, payload=payload,
+                            groups=groups, pools=pools, pool_slots=pool_slots)
                   for h, ws in enumerate(held)]
         setups += [HostSetup(index=len(worker_hosts) + h, role="ps", endpoints=tuple(m + i for i in range(a, b)),
                              config=config, programs=(), iters=iters, switch_addr=switch_addr,
-                             control_addr=control_addr, spans=False)
+                             control_addr=control_addr, spans=False, groups=groups)
                    for h, (a, b) in enumerate(ps_hosts)]
         sw = SwitchSetup(address=switch_addr, control_addr=control_addr, workers=m, slots=config.real_slots,
                          elements=config.elements, fabric=config.fabric,
                          worker_hosts=tuple(worker_hosts), endpoint_host=tuple(endpoint_host),
                          sync=config.resolved_clock == Clock.SYNC,
                          lookahead_us=config.lookahead_us(inside_nodes=point_to_point(programs, config)),
-                         packet_rate=config.packet_rate)
+                         packet_rate=config.packet_rate, pools=pools, pool_slots=pool_slots)
         return setups, sw
+
+    layout = plan_mesh(trace, m, config.mesh, trace_path or "trace")
 
     def build(results: list[HostResult], switch: SwitchResult, wall_s: float, cpu_s: float,
               processes: int) -> ReplayReport:
-        return build_report(trace, trace_path, config, iters, results, switch, wall_s, cpu_s, processes)
+        report = build_report(trace, trace_path, config, iters, results, switch, wall_s, cpu_s, processes)
+        if layout is None:
+            return report
+        done: dict[str, int] = {}
+        for r in results:
+            for role, n in r.completed.items():
+                done[role] = done.get(role, 0) + n
+        return replace(report, parallelism=parallelism_report(trace, layout, programs, config, iters, done))
 
     report, run_s, results = execute(config, plan, iters * m, build, on_progress,
                                      external=lambda: config.network.external_switch(m, config.real_slots))

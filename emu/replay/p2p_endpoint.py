@@ -2,7 +2,9 @@
 
 Each collective that does not run on the aggregation stream runs here as an algorithm of
 ``emu.emulator.p2p`` per worker (which one is the fabric's choice), exchanging segments
-through the switch; a parameter-server host's shards live here too. A sparse float all_reduce
+through the switch; a parameter-server host's shards live here too. A collective on a sub-group
+(``Coll.group``: its workers) runs its algorithm among the group's members, numbered 0..g-1
+in ascending order, and its segments go to the members' own ids. A sparse float all_reduce
 on a ring or parameter server runs the sparse algorithm of ``emu.emulator.sparse_p2p`` where it
 sends fewer bytes than the dense one (the same choice on every worker). Like the aggregation
 endpoint it keeps what waits for its time, and the host decides when it crosses the links.
@@ -78,7 +80,10 @@ def _reply_turns(layout: shape.Layout | None) -> np.ndarray | None:
 class P2PEndpoint:
     def __init__(self, cfg: ReplayConfig, net: Fabric, servers: tuple[int, ...], wiring: Wiring,
                  index: dict[int, int], host: int, completed: Callable[[int, CollRun, float], None],
-                 recorded: RecordedPayload | None = None, job: int = 0) -> None:
+                 recorded: RecordedPayload | None = None, job: int = 0,
+                 groups: tuple[tuple[int, ...] | None, ...] = ()) -> None:
+        """``groups``: a sharded or split job's, for the parameter-server shards: per collective
+        number within an iteration, its group's workers (None: the whole job; empty: every one)."""
         self.cfg, self.net, self.index, self.job = cfg, net, index, job
         self.wiring, self.up, self.down = wiring, wiring.up, wiring.down
         topo = cfg.topology
@@ -94,8 +99,11 @@ class P2PEndpoint:
         self.delivered = 0  # segments that reached their endpoint
         self.algs: dict[tuple[int, int], Algorithm] = {}
         self.runs: dict[tuple[int, int], CollRun] = {}
+        # a sub-group collective's members (its algorithm's ranks) and each one's rank among them
+        self.members: dict[tuple[int, int], tuple[tuple[int, ...], dict[int, int]]] = {}
+        self._ranks: dict[tuple[int, ...], dict[int, int]] = {}
         self.early: dict[tuple[int, int], list[tuple[int, int, np.ndarray, float]]] = {}
-        self.servers = {e: PSServer(self.m) for e in servers}
+        self.servers = {e: PSServer(self.m, groups) for e in servers}
         self._turn = _reply_turns(wiring.layout) if servers else None
         self.sparse_servers = {e: SparsePSServer(self.m) for e in servers}
         self.up_heap: list[UpSeg] = []
@@ -110,18 +118,44 @@ class P2PEndpoint:
     def start(self, w: int, run: CollRun, real_elements: int) -> None:
         key = (w, run.seq)
         self.runs[key] = run
+        if run.op.group is not None:
+            group = run.op.group
+            ranks = self._ranks.get(group)
+            if ranks is None:
+                ranks = self._ranks[group] = {g: i for i, g in enumerate(group)}
+            self.members[key] = (group, ranks)
         alg = self._algorithm(w, run, real_elements)
+        if isinstance(alg, (PSClient, SparsePSClient)):
+            self.members.pop(key, None)  # it talks to the shards, by their own ids, not to its group
         self.algs[key] = alg
-        self._queue(w, alg.start(run.start_us), alg.dtype)
+        self._queue(w, self._out(key, alg.start(run.start_us)), alg.dtype)
         for src, seg, data, t in self.early.pop(key, []):
-            self._queue(w, alg.on_segment(src, seg, data, max(t, run.start_us)), alg.dtype)
+            self._queue(w, self._out(key, alg.on_segment(self._in(key, src), seg, data, max(t, run.start_us))),
+                        alg.dtype)
         if alg.finished:
             self._finish(w, run.seq)
 
+    def _out(self, key: tuple[int, int], segs: list[Seg]) -> list[Seg]:
+        """A sub-group algorithm's sends, to its members' own ids."""
+        group = self.members.get(key)
+        if group is not None:
+            for seg in segs:
+                seg.dst = group[0][seg.dst]
+        return segs
+
+    def _in(self, key: tuple[int, int], src: int) -> int:
+        """A sender's rank among a sub-group algorithm's members."""
+        group = self.members.get(key)
+        return src if group is None else group[1][src]
+
     def _algorithm(self, w: int, run: CollRun, real: int) -> Algorithm:
         op, cfg, m = run.op, self.cfg, self.m
+        group = self.members.get((w, run.seq))
+        rank = w
+        if group is not None:  # among the group's members
+            rank, m = group[1][w], len(group[0])
         emu_bytes = float(op.count * op.dtype.itemsize)
-        common = dict(rank=w, size=m, seq=run.seq, dtype=op.dtype.value, seed=cfg.seed, check=self.check,
+        common = dict(rank=rank, size=m, seq=run.seq, dtype=op.dtype.value, seed=cfg.seed, check=self.check,
                       sparsity=op.sparsity, recorded=None if op.sparsity is not None else self.recorded)
         kind = op.kind
         sparse = kind == CollKind.ALL_REDUCE and is_sparse(op.sparsity, op.dtype.value)
@@ -129,29 +163,29 @@ class P2PEndpoint:
             rounds = max(1, (m - 1).bit_length())
             return Barrier(**{**common, "dtype": "uint8"}, layout=Layout(0, rounds, 0.0))
         if kind == CollKind.ALL_REDUCE and self.net.all_reduce == AllReduce.SERVER:
-            servers = [m + j for j in range(cfg.shards)]
+            servers = [self.m + j for j in range(cfg.shards)]
             if sparse and ps_sparse(op.sparsity, m, op.dtype.itemsize):
                 return SparsePSClient(**common, layout=Layout(real, len(servers), emu_bytes), servers=servers)
             return PSClient(**common, layout=Layout(real, len(servers), emu_bytes), servers=servers)
         if kind == CollKind.ALL_REDUCE and sparse and self.net.all_reduce == AllReduce.RING \
                 and ring_sparse(op.sparsity, m, op.dtype.itemsize):
             return SparseRing(**common, layout=Layout(real, m, emu_bytes))
-        if kind == CollKind.ALL_REDUCE and self.hierarchical:
+        if kind == CollKind.ALL_REDUCE and self.hierarchical and group is None:
             node, leaders = self._node_of(w)
             return HierRing(**common, layout=Layout(real, 1, emu_bytes), node=node, leaders=leaders,
                             emu_bytes=emu_bytes)
         if kind == CollKind.ALL_REDUCE:
-            return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=True, gather=True, own=w)
+            return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=True, gather=True, own=rank)
         if kind == CollKind.REDUCE_SCATTER:
-            return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=True, gather=False, own=w - 1)
+            return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=True, gather=False, own=rank - 1)
         if kind == CollKind.ALL_GATHER:
-            return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=False, gather=True, own=w - 1)
+            return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=False, gather=True, own=rank - 1)
         if kind == CollKind.BROADCAST:
             return Tree(**common, layout=Layout(real, 1, emu_bytes), root=op.root or 0)
         if kind == CollKind.ALL_TO_ALL:
             return AllToAll(**common, layout=Layout(real, m, emu_bytes))
         return SendRecv(**common, layout=Layout(real, 1, emu_bytes), peer=op.peer or 0,
-                        sending=kind == CollKind.SEND)
+                        sending=kind == CollKind.SEND)  # point to point: the job's ranks
 
     def _node_of(self, w: int) -> tuple[list[int], list[int]]:
         """Worker w's node (its workers, the leader first) and every node's leader, in node order
@@ -169,6 +203,7 @@ class P2PEndpoint:
         return by_node[int(self.wiring.layout.node[w])], leaders
 
     def _finish(self, w: int, seq: int) -> None:
+        self.members.pop((w, seq), None)
         alg = self.algs.pop((w, seq))
         self.completed(w, self.runs.pop((w, seq)), alg.end_us)
 
@@ -277,6 +312,6 @@ class P2PEndpoint:
         if alg is None:
             self.early.setdefault(key, []).append((src, segno, seg.values, t))
             return
-        self._queue(dst, alg.on_segment(src, segno, seg.values, t), alg.dtype)
+        self._queue(dst, self._out(key, alg.on_segment(self._in(key, src), segno, seg.values, t)), alg.dtype)
         if alg.finished and key in self.runs:
             self._finish(dst, seq)

@@ -8,10 +8,18 @@ reused cyclically. Sub-groups cannot be scaled and are refused unless M == N;
 point-to-point peers keep their offset (peer - rank) modulo M; a broadcast root
 outside 0..M-1 wraps around.
 
-Each collective gets its number in the worker's stream (``seq``), the same on
-every worker, which is how the fabrics match them up; and its payload's sparsity, also the
-same on every worker (``emu.replay.sparsity``); with ``--compress``, each float all_reduce is the
-collective its compressor uses (``emu.replay.compression``).
+Each collective gets its number (``seq``), the same on every worker of its group, which is how
+the fabrics match them up; and its payload's sparsity, also the same on every worker
+(``emu.replay.sparsity``); with ``--compress``, each float all_reduce is the collective its
+compressor uses (``emu.replay.compression``).
+
+A trace of several process groups (FSDP's, tensor and pipeline parallel ones) replays at a layout
+(``emu.replay.layout``): each worker runs the program of the rank at its place in the mesh, and
+each collective runs on its group of workers. The k-th collective of a group on one member meets
+the k-th on every other (NCCL's rule; for a send and a recv, the k-th of one sender to one
+receiver), so a collective's number is ``iteration x T + base(group) + k``, with ``T`` the
+collectives of every group in an iteration and each group's range apart: numbers are unique on
+every worker and agreed within each group. A trace of one group numbers as before (``k``).
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ from emu.errors import ConfigError
 from emu.replay.adaptive import planned_ranks
 from emu.replay.compression import with_compression
 from emu.replay.config import CompressOption, SparsityOption
+from emu.replay.layout import GroupKey, MeshPlan, plan_mesh
 from emu.replay.sparsity import with_sparsity
+from emu.traces.mesh import Mesh
 from emu.traces.model import Coll, CollKind, Iteration, Op, Trace
 
 
@@ -51,13 +61,17 @@ class WorkerProgram:
     worker: int
     rank: int  # the file's rank whose program this is
     iterations: tuple[Iteration, ...]  # the trace's, scaled; replayed cyclically
-    colls_per_iteration: int
+    colls_per_iteration: int  # T: the numbers an iteration takes (every group's collectives)
+    # per iteration of the cycle, each collective's number within the iteration (empty: 0, 1, ...)
+    seq_offsets: tuple[tuple[int, ...], ...] = ()
+
+    def seq(self, iteration: int, k: int) -> int:
+        """The number of the ``k``-th collective of replayed iteration ``iteration``."""
+        offsets = self.seq_offsets
+        return iteration * self.colls_per_iteration + (offsets[iteration % len(offsets)][k] if offsets else k)
 
 
 def _scale_op(op: Op, rank: int, worker: int, n: int, m: int, path: str) -> Op:
-    if isinstance(op, Coll) and op.group is not None:
-        raise ConfigError(f"{path}: rank {rank} issues a {op.kind.value} on the sub-group {list(op.group)}; "
-                          "this emu replays collectives of the whole job only")
     if not isinstance(op, Coll) or m == n:
         return op
     if op.group is not None:
@@ -73,12 +87,16 @@ def _scale_op(op: Op, rank: int, worker: int, n: int, m: int, path: str) -> Op:
 
 def plan_programs(trace: Trace, workers: int, path: str = "trace", sparsity: SparsityOption | None = None,
                   compress: CompressOption | None = None, job_workers: int | None = None,
-                  switch_sums: bool = False, first: int | None = None) -> list[WorkerProgram]:
+                  switch_sums: bool = False, first: int | None = None, mesh: Mesh | None = None) -> list[WorkerProgram]:
     """The programs of ``workers`` fake workers; ``job_workers``: the job's size where fewer are
     planned (``emu predict``), which a compressed all_gather's size follows; ``switch_sums``: the
     fabric sums all_reduces in a switch (INA), which takes some compressors' levels
     (``emu.replay.compression.compressed``); ``first``: plan only the first workers' programs
-    (what a report reads of a run whose programs were checked), without the point-to-point check."""
+    (what a report reads of a run whose programs were checked), without the point-to-point check;
+    ``mesh``: the layout of a sharded or split trace (``emu.replay.layout``)."""
+    layout = plan_mesh(trace, workers, mesh, path)
+    if layout is not None:
+        return _plan_groups(trace, layout, path, sparsity, compress, first)
     n = trace.meta.world_size
     ranks = with_sparsity(trace, workers, sparsity)
     if compress is not None and compress.adaptive and compress.plan is not None:
@@ -102,6 +120,94 @@ def plan_programs(trace: Trace, workers: int, path: str = "trace", sparsity: Spa
     if first is None:
         _check_p2p(programs, path)
     return programs
+
+
+def _plan_groups(trace: Trace, layout: MeshPlan, path: str, sparsity: SparsityOption | None,
+                 compress: CompressOption | None, first: int | None) -> list[WorkerProgram]:
+    """Programs of a trace of several groups at a layout (module docstring): each collective on its
+    group of workers, numbered so that every group's members agree."""
+    if compress is not None and compress.active:
+        raise ConfigError(f"--compress {compress.text}: {path} runs collectives on sub-groups (its mesh: "
+                          f"{_mesh_text(trace)}), and emu compresses a whole job's all_reduces only")
+    recorded = any(op.sparsity is not None for r in trace.ranks for it in r.iterations for op in it.colls)
+    if (sparsity is not None and sparsity.source == "option") or (recorded and (sparsity is None or sparsity.source != "none")):
+        raise ConfigError(f"{path} runs collectives on sub-groups (its mesh: {_mesh_text(trace)}), and emu replays "
+                          "their payload dense: give --sparsity none, or drop --sparsity")
+    by_rank = {p.rank: p for p in trace.ranks}
+    m = layout.workers
+    # per worker, per iteration of its cycle: each collective scaled, its group, its place in the group
+    counts: dict[GroupKey, int] = {}
+    signature: dict[GroupKey, tuple] = {}
+    planned: list[tuple[int, list[list[tuple[Coll, GroupKey, int]]]]] = []
+    for w in range(m):
+        rank = layout.rank_of(w)
+        per_it = []
+        for index, it in enumerate(by_rank[rank].iterations):
+            seen: dict[GroupKey, list[tuple[str, str, int]]] = {}
+            row = []
+            for op in it.colls:
+                scaled, key = layout.scale_op(op, rank, w)
+                sig = seen.setdefault(key, [])
+                row.append((scaled, key, len(sig)))
+                sig.append(("p2p" if op.kind in (CollKind.SEND, CollKind.RECV) else op.kind.value, op.dtype.value,
+                            scaled.count))
+            for key, sig in seen.items():
+                want = signature.setdefault(key, tuple(sig))
+                if tuple(sig) != want:
+                    who = (f"sends from worker {key.anchor[0]} to worker {key.anchor[1]}" if key.kind == "p2p"
+                           else f"its group {list(layout.members(key) or ())[:8]}")
+                    raise ConfigError(f"{path}: worker {w} (rank {rank}'s program), iteration {index}: {who} do not "
+                                      "match across the group's members and iterations (kind, dtype and count in "
+                                      "issue order, the same in every iteration); replay needs every member to "
+                                      "issue the same collectives")
+                counts[key] = len(sig)
+            per_it.append(row)
+        planned.append((rank, per_it))
+    # every key's members must all issue its collectives (a send needs its recv)
+    keys_of = [{k for _, k, _ in per_it[0]} for _, per_it in planned]
+    for key in signature:
+        members = layout.members(key) or range(m)
+        for w in members:
+            if key not in keys_of[w]:
+                raise ConfigError(f"{path}: worker {w} never issues the collectives of "
+                                  + ("the send from worker {} to worker {}".format(*key.anchor) if key.kind == "p2p"
+                                     else f"its group {list(members)[:8]}") + "; replay needs every member to issue them")
+    bases, total = {}, 0
+    for key in sorted(counts, key=lambda k: (("job", "slice", "p2p").index(k.kind), k.dims, k.anchor)):
+        bases[key] = total
+        total += counts[key]
+    programs = []
+    for w in range(m if first is None else min(first, m)):
+        rank, per_it = planned[w]
+        source = by_rank[rank].iterations
+        iterations, offsets = [], []
+        for it, row in zip(source, per_it, strict=True):
+            scaled = iter(row)
+            ops = tuple(next(scaled)[0] if isinstance(op, Coll) else op for op in it.ops)
+            iterations.append(Iteration(step=it.step, measured_us=it.measured_us, ops=ops))
+            offsets.append(tuple(bases[key] + k for _, key, k in row))
+        programs.append(WorkerProgram(worker=w, rank=rank, iterations=tuple(iterations), colls_per_iteration=total,
+                                      seq_offsets=tuple(offsets)))
+    return programs
+
+
+def group_table(programs: list[WorkerProgram]) -> tuple[tuple[int, ...] | None, ...]:
+    """Per collective number within an iteration, its group's workers (None: the whole job, or a
+    send or recv); empty where every collective is the whole job's (what parameter-server shards
+    sum over: ``emu.emulator.p2p.PSServer``)."""
+    if not programs or not programs[0].seq_offsets:
+        return ()
+    table: list[tuple[int, ...] | None] = [None] * programs[0].colls_per_iteration
+    for prog in programs:
+        for it, offsets in zip(prog.iterations, prog.seq_offsets, strict=True):
+            for op, o in zip(it.colls, offsets, strict=True):
+                if op.group is not None:
+                    table[o] = op.group
+    return tuple(table)
+
+
+def _mesh_text(trace: Trace) -> str:
+    return trace.meta.mesh.text() if trace.meta.mesh is not None else "none recorded"
 
 
 def _check_p2p(programs: list[WorkerProgram], path: str) -> None:

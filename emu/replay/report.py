@@ -182,6 +182,37 @@ class CompressionReport:
 
 
 @dataclass(frozen=True)
+class GroupReport:
+    """The collectives of one role of a sharded or split job's groups (docs/parallelism.md)."""
+
+    role: str  # dp, fsdp, tp, pp, ep, other; "" where the trace names none
+    dims: tuple[str, ...]  # the mesh dimensions its groups span (a send's and a recv's: the one they cross)
+    groups: int  # how many such groups the replay has (pp: sender-receiver channels)
+    size: int  # workers in each
+    collectives: int  # a group's collectives an iteration
+    bytes: int  # a member's collectives' bytes an iteration (full tensors, as the trace counts them)
+    kinds: tuple[str, ...]
+    ran: tuple[str, ...]  # how the fabric ran them: "switch", "ring", "parameter server", "tree", ...
+    inside_nodes: bool  # every group lies within one node of the topology (its traffic never leaves it)
+    padded_elements: int  # a group's padding an iteration: all_gathers and reduce_scatters grown to whole shards
+    expected: int  # collectives the run's workers had to complete (every member's, every iteration)
+    completed: int  # those they completed
+
+
+@dataclass(frozen=True)
+class ParallelismReport:
+    """How a sharded or split trace was laid out and what each kind of group did (docs/parallelism.md)."""
+
+    trace_mesh: str | None  # the trace's mesh (None: sub-groups without one, replayed as they are)
+    mesh: str | None  # the replay's
+    scaled: tuple[str, ...]  # the dimensions that changed size
+    kept: tuple[str, ...]
+    groups: tuple[GroupReport, ...]
+    accounted: bool  # every collective of every group completed on every worker
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class JobReport:
     """One of several jobs sharing the fabric (docs/topology.md, "Several jobs")."""
 
@@ -215,6 +246,7 @@ class ReplayReport:
     sparsity: SparsityReport | None = None  # None when every all_reduce was dense
     compression: CompressionReport | None = None  # None without --compress
     jobs: tuple[JobReport, ...] | None = None  # several jobs sharing the fabric; the rest is job 0's
+    parallelism: ParallelismReport | None = None  # a sharded or split trace's layout and groups
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)

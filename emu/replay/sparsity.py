@@ -114,13 +114,13 @@ def replayed_sparse(trace: Trace, config: ReplayConfig, iters: int) -> Replayed:
     from emu.replay.programs import plan_programs
 
     program = plan_programs(trace, config.workers, sparsity=config.sparsity, compress=config.compress,
-                            switch_sums=config.switch_sums, first=1)[0]
+                            switch_sums=config.switch_sums, first=1, mesh=config.mesh)[0]
     out = []
     for it in range(iters):
         for k, op in enumerate(program.iterations[it % len(program.iterations)].colls):
             if is_sparse(op.sparsity, op.dtype.value):
                 assert op.sparsity is not None
-                out.append((it * program.colls_per_iteration + k, op, op.sparsity))
+                out.append((program.seq(it, k), op, op.sparsity))
     return out
 
 

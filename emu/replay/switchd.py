@@ -59,24 +59,36 @@ class SwitchSetup:
     job_slots: tuple[int, ...] = ()
     job_base: tuple[int, ...] = (0,)
     packet_rate: float | None = None  # contributions the pipeline processes a second (None: unlimited)
+    # a sharded or split job's sub-groups the switch aggregates for: pool 1 + i holds pools[i]'s
+    # workers (numbered 0..g-1 in its headers), and every pool's (real, emulated) slots, the job's first
+    pools: tuple[tuple[int, ...], ...] = ()
+    pool_slots: tuple[tuple[int, int], ...] = ()
 
 
 class _Pools:
-    """The switch's slot pools, one a job, and where each job's endpoints are: a packet's header
-    names its job and its worker in that job; a result goes to the hosts of its job's workers."""
+    """The switch's slot pools, one a job (or, for a sharded or split job, one its whole job and one
+    each sub-group it aggregates for), and where each pool's endpoints are: a packet's header names
+    its pool (the job field) and its worker in that pool; a result goes to the hosts of the pool's
+    workers."""
 
     def __init__(self, setup: SwitchSetup, aggregates: bool = True) -> None:
         """``aggregates``: with the pools (else only the routes, for a switch that forwards)."""
         workers = setup.job_workers or (setup.workers,)
         slots = setup.job_slots or (setup.slots,)
+        # each pool's endpoint ids, by its own numbering of them
+        members = [np.arange(b, b + m, dtype=np.int64) for b, m in zip(setup.job_base, workers, strict=True)]
+        if setup.pools:
+            slots = tuple(real for real, _ in setup.pool_slots)
+            members += [np.asarray(g, np.int64) for g in setup.pools]
+            workers = tuple(len(g) for g in members)
         self.switches = [AggregationSwitch(s, m, setup.elements, job=j)
                          for j, (m, s) in enumerate(zip(workers, slots, strict=True))] if aggregates else []
         self.base = np.asarray(setup.job_base, np.int64)
+        self.members = members
         self.endpoint_host = np.asarray(setup.endpoint_host, np.int64)
         self.hosts = len(setup.worker_hosts)
-        # the hosts holding each job's workers (a multicast result goes to each)
-        self.job_hosts = [np.unique(self.endpoint_host[b:b + m]).tolist()
-                          for b, m in zip(setup.job_base, workers, strict=True)]
+        # the hosts holding each pool's workers (a multicast result goes to each)
+        self.job_hosts = [np.unique(self.endpoint_host[g]).tolist() for g in members]
 
     def host_of(self, job: int, endpoint: int) -> int:
         """The host of a job's endpoint (a segment's destination)."""
@@ -193,7 +205,7 @@ def _send_results(router: zmq.Socket, pools: _Pools, job: int, batch: AggBatch, 
     dest = res.headers["worker"].astype(np.int64)
     multi = dest == MULTICAST
     # a host holds any set of workers
-    host = np.where(multi, -1, pools.endpoint_host[pools.base[job] + np.where(multi, 0, dest)])
+    host = np.where(multi, -1, pools.endpoint_host[pools.members[job][np.where(multi, 0, dest)]])
     for h in pools.job_hosts[job]:
         mine = multi | (host == h)
         if mine.all():

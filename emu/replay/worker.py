@@ -1,7 +1,8 @@
 """A fake worker: runs its program in emulated time, without a GPU and without sleeping.
 
-Compute advances the worker's clock; a collective is issued onto the worker's one
-communication stream (FIFO, as NCCL's and gloo's) and the program goes on; a wait
+Compute advances the worker's clock; a collective is issued onto its communication stream
+(FIFO, as NCCL's and gloo's: the rank's one stream, or the one its ``stream`` names, where a
+trace's groups run concurrently on streams of their own) and the program goes on; a wait
 blocks the clock until the listed collectives completed. An iteration ends when
 its last op ran and all its collectives completed; the next begins then. The
 host decides when (in emulated time) each of these happens and moves the bytes;
@@ -57,13 +58,15 @@ class WorkerState:
     t: float = 0.0
     records: list[IterationRecord] = field(default_factory=list)
     colls: dict[int, CollRun] = field(default_factory=dict)  # this iteration's, by trace id
-    stream: list[CollRun] = field(default_factory=list)  # issued, not yet completed, in order
+    # per stream: issued, not yet completed, in order
+    streams: dict[int, list[CollRun]] = field(default_factory=dict)
     waiting: tuple[int, ...] | None = None
-    # When the stream's last completed collective ended: a completion can be known (from stamps)
-    # before the worker's clock reaches it, and the next collective may not start earlier.
-    stream_free_us: float = 0.0
+    # When a stream's last completed collective ended: a completion can be known (from stamps)
+    # before the worker's clock reaches it, and the stream's next collective may not start earlier.
+    stream_free_us: dict[int, float] = field(default_factory=dict)
     finished: bool = False
     spans: list[tuple[str, str, float, float]] = field(default_factory=list)  # (cat, name, start, end)
+    completed: dict[str, int] = field(default_factory=dict)  # collectives done, by their group's role
 
     def span(self, cat: str, name: str, start: float, end: float) -> None:
         if len(self.spans) < _SPAN_LIMIT and end >= start:
@@ -116,13 +119,13 @@ class FakeWorker:
                 self._resume_at(self, s.t)
                 return
             if isinstance(op, Coll):
-                seq = s.it * s.program.colls_per_iteration + len(s.colls)
-                run = CollRun(op=op, seq=seq, issue_us=s.t)
+                run = CollRun(op=op, seq=s.program.seq(s.it, len(s.colls)), issue_us=s.t)
                 s.colls[op.id] = run
-                s.stream.append(run)
+                stream = s.streams.setdefault(op.stream or 0, [])
+                stream.append(run)
                 s.op += 1
-                if len(s.stream) == 1:
-                    run.start_us = max(s.t, s.stream_free_us)
+                if len(stream) == 1:
+                    run.start_us = max(s.t, s.stream_free_us.get(op.stream or 0, 0.0))
                     self._start_coll(self, run)
                 continue
             assert isinstance(op, Wait)
@@ -164,11 +167,15 @@ class FakeWorker:
         """The host reports that a collective finished on this worker at ``end_us``."""
         s = self.s
         run.end_us = max(end_us, run.start_us or end_us)
-        s.stream_free_us = max(s.stream_free_us, run.end_us)
+        role = run.op.group_role.value if run.op.group_role is not None else ""
+        s.completed[role] = s.completed.get(role, 0) + 1
+        key = run.op.stream or 0
+        s.stream_free_us[key] = max(s.stream_free_us.get(key, 0.0), run.end_us)
         s.span("comm", run.op.kind.value, run.start_us or run.issue_us, run.end_us)
-        s.stream.remove(run)
-        if s.stream:
-            nxt = s.stream[0]
+        stream = s.streams[key]
+        stream.remove(run)
+        if stream:
+            nxt = stream[0]
             nxt.start_us = max(nxt.issue_us, run.end_us)
             self._start_coll(self, nxt)
         if s.waiting is not None and all(s.colls[i].end_us is not None for i in s.waiting):

@@ -315,3 +315,28 @@ def test_concurrent_replays_do_not_collide(tmp_path: Path) -> None:
     assert [p.returncode for p in procs] == [0, 0], outs
     docs = [json.loads(out) for out, _ in outs]
     assert docs[0]["iterations"] == docs[1]["iterations"] and docs[0]["verification"]["ok"]
+
+
+def test_mesh_on_the_command_line_and_in_a_design(tmp_path: Path, no_children) -> None:
+    """--mesh lays out a sharded or split trace and sets the workers; a design's [parallelism] mesh
+    does the same; the report says what was laid out (docs/parallelism.md)."""
+    report = tmp_path / "r.json"
+    result = run("replay", "tp", "--mesh", "dp=4,tp=2", "--fabric", "ring", "--iters", "1", "--report", str(report))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(report.read_text())
+    assert doc["config"]["workers"] == 8 and doc["parallelism"]["mesh"] == "dp=4,tp=2"
+    assert doc["parallelism"]["accounted"] is True and doc["config"]["design"]["parallelism"] == {"mesh": "dp=4,tp=2"}
+    design = tmp_path / "d.toml"
+    design.write_text('fabric = "ring"\n[parallelism]\nmesh = "dp=3,tp=2"\n')
+    result = run("replay", "tp", "--network", str(design), "--iters", "1", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["config"]["workers"] == 6
+    for args, words in [(["--mesh", "dp=4,tp=2", "--workers", "6"], "--mesh dp=4,tp=2 is 8 workers but --workers is 6"),
+                        (["--mesh", "dp=4,tp=3"], "dimension tp (tp) splits the model and keeps its size 2"),
+                        (["--mesh", "dp=4"], "the trace's mesh is dp=2,tp=2; give its dimensions"),
+                        (["--mesh", "dp:4"], "give the mesh as NAME=SIZE pairs")]:
+        result = run("replay", "tp", "--fabric", "ring", "--iters", "1", *args)
+        assert result.exit_code == 2, result.output
+        assert_one_line_error(result, words)
+    result = run("replay", "mlp", "--mesh", "dp=4", "--iters", "1")
+    assert result.exit_code == 2 and "records no mesh" in result.output

@@ -72,7 +72,7 @@ def test_every_key() -> None:
                      "x.toml")
     assert d == NetworkDesign(path="x.toml", name="n", description="d", fabric="ps", bandwidth_bps=100e9,
                               latency_us=1000.0, loss=0.01, jitter_us=0.5, slots=8192, elements=256)
-    assert [d.value(k) for k in KEYS] == ["ps", 100e9, None, 1000.0, 0.01, 0.5, 8192, 256] + [None] * 10
+    assert [d.value(k) for k in KEYS] == ["ps", 100e9, None, 1000.0, 0.01, 0.5, 8192, 256] + [None] * 11
 
 
 def test_a_bandwidth_schedule() -> None:
@@ -109,7 +109,7 @@ def test_unknown_keys_suggest_the_closest() -> None:
     refused('fabrik = "ina"\n', "fabrik", "did you mean fabric?")
     refused("[swich]\nslots = 4\n", "swich", "did you mean switch?")
     refused("[switch.extra]\na = 1\n", "switch.extra", "slots, elements")
-    refused('"a b" = 1\n', "'a b'", "name, description, fabric, [link], [switch], [topology] and [jobs]")
+    refused('"a b" = 1\n', "'a b'", "name, description, fabric, [link], [switch], [topology], [jobs] and [parallelism]")
 
 
 def test_topology_keys() -> None:

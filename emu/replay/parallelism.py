@@ -1,0 +1,164 @@
+"""The report's ``parallelism``: how a sharded or split trace was laid out, and what each kind of
+group did (docs/parallelism.md).
+
+Per role (dp, fsdp, tp, pp, ep, other), from the programs the workers ran: how many groups, of
+how many workers, spanning which dimensions of the replay's mesh; a group's collectives and a
+member's bytes an iteration; how the fabric ran them; whether they stayed inside nodes; how much
+the layout padded them; and every collective accounted for (each worker's completions against
+its program's, over the iterations replayed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from emu.emulator.fabric import AllReduce
+from emu.replay.config import ReplayConfig
+from emu.replay.layout import MeshPlan
+from emu.replay.programs import WorkerProgram
+from emu.replay.report import GroupReport, ParallelismReport
+from emu.traces.mesh import Mesh
+from emu.traces.model import Coll, CollKind, Trace
+
+_P2P = (CollKind.SEND, CollKind.RECV)
+_ALGORITHMS = {CollKind.BROADCAST: "tree", CollKind.BARRIER: "dissemination", CollKind.ALL_TO_ALL: "direct",
+               CollKind.SEND: "point to point", CollKind.RECV: "point to point"}
+
+
+def on_stream(op: Coll, config: ReplayConfig) -> bool:
+    """Whether a collective runs on the in-network aggregation stream (else point to point): a
+    float all_reduce on a fabric that sums in its switch, of the whole job, or of a sub-group that
+    leaves its node (one inside a node sums over the node's own links, as NVLink does) where the
+    software switch aggregates (it keeps a pool for each: emu.replay.ina_pools)."""
+    if not (config.network.all_reduce == AllReduce.STREAM and op.kind == CollKind.ALL_REDUCE and op.dtype.is_float):
+        return False
+    if op.group is None:
+        return True
+    return config.network.sums_in_switch_process and not inside_a_node(op.group, config)
+
+
+def inside_a_node(group: tuple[int, ...], config: ReplayConfig) -> bool:
+    """Whether a group's workers all sit in one node of the topology (none without one)."""
+    if config.topology is None:
+        return False
+    key = (group, config.topology, config.workers, config.seed)
+    found = _INSIDE.get(key)
+    if found is None:
+        layout = config.layout()
+        assert layout is not None
+        found = _INSIDE[key] = len(set(layout.node[list(group)].tolist())) == 1
+        if len(_INSIDE) > 4096:
+            _INSIDE.pop(next(iter(_INSIDE)))
+    return found
+
+
+_INSIDE: dict[tuple, bool] = {}  # a host asks at every collective it starts
+
+
+def ina_pools(programs: list[WorkerProgram], config: ReplayConfig) -> tuple[tuple[tuple[int, ...], ...],
+                                                                            tuple[tuple[int, int], ...]]:
+    """The sub-groups the switch aggregates for, each a pool of its own, and every pool's (real,
+    emulated) slots, the job's pool first; empty where the job's pool is all there is. The pool
+    of the job's design (``--slots``) is split evenly among the pools it has (a static split, as
+    SwitchML's among jobs: docs/parallelism.md)."""
+    groups: set[tuple[int, ...]] = set()
+    whole = False
+    for prog in programs:
+        for it in prog.iterations:
+            for op in it.colls:
+                if on_stream(op, config):
+                    if op.group is None:
+                        whole = True
+                    else:
+                        groups.add(op.group)
+    if not groups:
+        return (), ()
+    share = max(1, config.emulated_slots // (len(groups) + whole))
+    slots = (max(1, -(-share // config.scale)), share)
+    return tuple(sorted(groups)), (slots,) * (len(groups) + 1)
+
+
+def mechanism(op: Coll, config: ReplayConfig) -> str:
+    """How the fabric runs a collective, in the words of the report."""
+    if on_stream(op, config):
+        return "switch"
+    if op.kind in _ALGORITHMS:
+        return _ALGORITHMS[op.kind]
+    if op.kind == CollKind.ALL_REDUCE and op.dtype.is_float and config.network.all_reduce == AllReduce.SERVER:
+        return "parameter server"
+    return "ring"
+
+
+def _dims(op: Coll, w: int, mesh: Mesh | None) -> tuple[str, ...]:
+    """The dimensions of the replay's mesh an op's group spans (a send's: the one it crosses)."""
+    if mesh is None:
+        return ()
+    if op.kind in _P2P:
+        assert op.peer is not None
+        a, b = mesh.coords(w), mesh.coords(op.peer)
+        return tuple(d.name for d, x, y in zip(mesh.dims, a, b, strict=True) if x != y)
+    if op.group is None:
+        return mesh.names
+    spans = mesh.spans(op.group)
+    return tuple(mesh.dims[i].name for i in spans) if spans is not None else ()
+
+
+def parallelism_report(trace: Trace, plan: MeshPlan, programs: list[WorkerProgram], config: ReplayConfig,
+                       iters: int, completed: Mapping[str, int]) -> ParallelismReport:
+    """``programs``: every worker's; ``completed``: the collectives the workers completed, by role."""
+    by_rank = {p.rank: p for p in trace.ranks}
+    layout = config.layout()
+    roles: dict[str, dict] = {}
+    for prog in programs:
+        first = prog.iterations[0]
+        source = by_rank[prog.rank].iterations[0].colls
+        for op, original in zip(first.colls, source, strict=True):
+            role = op.group_role.value if op.group_role is not None else ""
+            r = roles.setdefault(role, {"dims": set(), "groups": set(), "size": 0, "per": {}, "bytes": {}, "kinds": set(),
+                                        "ran": set(), "inside": True, "padded": {}, "expected": 0})
+            members = ((min(prog.worker, op.peer or 0), max(prog.worker, op.peer or 0)) if op.kind in _P2P
+                       else op.group if op.group is not None else tuple(range(config.workers)))
+            r["dims"].update(_dims(op, prog.worker, plan.mesh))
+            r["groups"].add(members)
+            r["size"] = max(r["size"], len(members))
+            r["per"][(prog.worker, members)] = r["per"].get((prog.worker, members), 0) + 1
+            r["bytes"][prog.worker] = r["bytes"].get(prog.worker, 0) + op.bytes
+            r["kinds"].add(op.kind.value)
+            r["ran"].add(mechanism(op, config))
+            r["padded"][(prog.worker, members)] = r["padded"].get((prog.worker, members), 0) + op.count - original.count
+            if layout is not None and len({int(layout.node[m]) for m in members}) > 1:
+                r["inside"] = False
+            elif layout is None:
+                r["inside"] = False
+        for it in range(iters):
+            for op in prog.iterations[it % len(prog.iterations)].colls:
+                role = op.group_role.value if op.group_role is not None else ""
+                roles[role]["expected"] += 1
+    groups = []
+    for role, r in sorted(roles.items()):
+        mesh_order = plan.mesh.names if plan.mesh is not None else ()
+        groups.append(GroupReport(
+            role=role, dims=tuple(n for n in mesh_order if n in r["dims"]), groups=len(r["groups"]), size=r["size"],
+            collectives=max(r["per"].values()), bytes=max(r["bytes"].values()), kinds=tuple(sorted(r["kinds"])),
+            ran=tuple(sorted(r["ran"])), inside_nodes=bool(r["inside"]), padded_elements=max(r["padded"].values()),
+            expected=r["expected"], completed=int(completed.get(role, 0))))
+    notes = []
+    if any(g.padded_elements for g in groups):
+        notes.append("all_gathers and reduce_scatters on groups that grew are padded to whole shards (as FSDP pads "
+                     "its parameters): padded_elements a group an iteration")
+    pools, slots = ina_pools(programs, config)
+    if pools:
+        notes.append(f"the switch keeps a pool for the job and each of its {len(pools)} sub-groups it aggregates for: "
+                     f"{slots[0][1]} slots each of the design's {config.emulated_slots}")
+    for g in groups:
+        if config.network.all_reduce == AllReduce.STREAM and "ring" in g.ran and "all_reduce" in g.kinds:
+            notes.append(f"{g.role or 'sub-group'} all_reduces run as rings: "
+                         + ("inside nodes, over the nodes' own links" if g.inside_nodes else
+                            "the switch does not aggregate for sub-groups on this fabric"))
+    trace_mesh = plan.trace_mesh
+    return ParallelismReport(
+        trace_mesh=trace_mesh.text() if trace_mesh is not None else None,
+        mesh=plan.mesh.text() if plan.mesh is not None else None,
+        scaled=tuple(plan.mesh.dims[i].name for i in plan.scaled) if plan.mesh is not None else (),
+        kept=tuple(d.name for i, d in enumerate(plan.mesh.dims) if i not in plan.scaled) if plan.mesh is not None else (),
+        groups=tuple(groups), accounted=all(g.expected == g.completed for g in groups), notes=tuple(notes))

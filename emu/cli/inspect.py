@@ -55,6 +55,7 @@ def inspect(trace_path: Path, as_json: bool) -> None:
         ("iterations", str(s.iterations)),
         ("parameters", "-" if s.params is None else f"{s.params:,}"),
         ("batch size", "-" if s.batch_size is None else str(s.batch_size)),
+        *((("mesh", s.mesh),) if s.mesh is not None else ()),
         ("step (median)", f"{ms(s.step_us_median)} ms (min {ms(s.step_us_min)}, max {ms(s.step_us_max)})"),
         ("compute (median)", f"{ms(s.compute_us_median)} ms"),
         ("communication (median)", f"{ms(s.comm_us_median)} ms"),
@@ -68,9 +69,10 @@ def inspect(trace_path: Path, as_json: bool) -> None:
         head.add_row("gap", gap)
     console.print(head)
     colls = Table(title="collectives per iteration (rank 0 of the file)")
-    for name in ("kind", "dtype", "count", "elements", "bytes"):
-        colls.add_column(name, justify="left" if name in ("kind", "dtype") else "right")
+    roles = any(c.role is not None for c in s.collectives)  # a sharded or split job's: by its groups' roles
+    for name in ("kind", *(("group",) if roles else ()), "dtype", "count", "elements", "bytes"):
+        colls.add_column(name, justify="left" if name in ("kind", "group", "dtype") else "right")
     for c in s.collectives:
-        colls.add_row(c.kind, c.dtype, str(c.per_iteration), f"{c.elements_per_iteration:,}",
-                      human_bytes(c.bytes_per_iteration))
+        colls.add_row(c.kind, *((c.role or "-",) if roles else ()), c.dtype, str(c.per_iteration),
+                      f"{c.elements_per_iteration:,}", human_bytes(c.bytes_per_iteration))
     console.print(colls)

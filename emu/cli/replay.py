@@ -229,6 +229,13 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
                           f"{sum(r.verification.mismatches for r in failed)} mismatched elements")
 
 
+def _layout(par) -> str:
+    """The mesh a sharded or split trace ran at, and whether every collective was accounted for."""
+    scaled = f" ({', '.join(par.scaled)} scaled from {par.trace_mesh})" if par.scaled else ""
+    done = "every collective accounted for" if par.accounted else "COLLECTIVES MISSING"
+    return f"{par.mesh or 'as traced'}{scaled}; {done}"
+
+
 def _table(reports, path: Path) -> None:
     from rich.table import Table
 
@@ -262,6 +269,11 @@ def _table(reports, path: Path) -> None:
     row("verification", lambda r: ("ok" if r.verification.ok else "FAILED")
         + f" ({r.verification.elements_checked:,} checked"
         + (", real ranks' tensors)" if r.verification.payload == "recorded" else ")"))
+    if any(r.parallelism is not None for r in reports):
+        row("layout", lambda r: "-" if r.parallelism is None else _layout(r.parallelism))
+        row("groups", lambda r: "-" if r.parallelism is None else "; ".join(
+            f"{g.role or 'group'}: {g.groups} of {g.size}, {'/'.join(g.ran)}{' in nodes' if g.inside_nodes else ''}"
+            for g in r.parallelism.groups))
     if any(r.sparsity is not None for r in reports):
         row("non-zero blocks", lambda r: "dense" if r.sparsity is None else
             f"{100 * r.sparsity.nonzero_fraction:.1f}% per worker, {100 * r.sparsity.union_fraction:.1f}% on some "

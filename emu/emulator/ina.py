@@ -19,6 +19,16 @@ A sparse float all_reduce, where the fabric has the sparse stream, runs it inste
 (``emu.emulator.sparse_ina``): announcements where the exponent chunks go, then rounds that
 carry only the blocks some worker holds.
 
+A reduce_scatter and an all_gather run on the same stream (docs/protocol.md, "Reduce-scatter and
+all-gather"). Their tensor is the group's ``g`` shards, each cut into ``P`` blocks of its own (a
+block never spans two shards; a shard's last block is padded), so block ``b`` is shard
+``b // P``'s, whose owner is worker ``b // P``. A reduce_scatter's blocks go as an all_reduce's do
+(the exponent chunks first, every worker's block quantized), flagged ``FLAG_SCATTER`` and, on the
+owner's packet, ``FLAG_OWNER``: the sum comes back to the owner alone, a header-only completion
+(with the exponent the slot's next block needs) to the others. An all_gather needs no exponents:
+the owner of each block sends it, its int32 lanes as they are (the bytes of its shard), the others
+a header, and the block comes back to all, bit for bit.
+
 The group decides what to send and when (emulated time); the host moves the bytes
 and runs the links. Loss recovery: a packet the links lost (or whose result they
 lost) is sent again ``rto`` after it was sent.
@@ -32,11 +42,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from emu.emulator import fixedpoint
-from emu.emulator.payload import Block, block, holds, is_sparse, is_wide, sparse_sum_units
+from emu.emulator.ina_data import PayloadCache, StreamData
+from emu.emulator.payload import is_sparse, is_wide
 from emu.emulator.recorded import RecordedPayload
 from emu.emulator.sparse_ina import NONE, SparseStream, held_blocks, streams_sparse
-from emu.emulator.wire import AGG_HEADER, BLOCK_NONE, FLAG_COPY, MsgType
-from emu.traces.model import Sparsity
+from emu.emulator.wire import AGG_HEADER, BLOCK_NONE, FLAG_COPY, FLAG_GATHER, FLAG_OWNER, FLAG_SCATTER, MsgType
+from emu.traces.model import CollKind, Dtype, Sparsity
 
 IDLE, SENT = 0, 1
 
@@ -53,11 +64,33 @@ class InaParams:
     sparse_stream: bool = False  # the switch runs the sparse stream (emu.emulator.sparse_ina)
 
 
+def shard_layout(kind: CollKind, count: int, dtype: str, params: InaParams) -> tuple[int, int, int]:
+    """A reduce_scatter's or all_gather's shards on the stream: (lanes of real data a shard holds,
+    blocks a shard takes, emulated packets of a shard). A reduce_scatter's lane is an element in
+    fixed point; an all_gather's carries 4 bytes of the tensor as they are."""
+    shard = count // params.workers
+    k, r = params.elements, max(1, params.scale)
+    if kind == CollKind.REDUCE_SCATTER:
+        lanes, emulated = -(-shard // r), -(-shard // k)
+    else:
+        size = Dtype(dtype).itemsize
+        lanes, emulated = -(-(-(-shard // r) * size) // 4), -(-(shard * size) // (4 * k))
+    return lanes, -(-lanes // k) if lanes else 0, emulated
+
+
 class InaCollective:
-    """One all_reduce in the stream of every worker of a group."""
+    """One all_reduce (or reduce_scatter, or all_gather) in the stream of every worker of a group."""
 
     def __init__(self, seq: int, dtype: str, real_elements: int, emu_packets: int, base: int,
-                 params: InaParams, m: int, sparsity: Sparsity | None = None) -> None:
+                 params: InaParams, m: int, sparsity: Sparsity | None = None,
+                 kind: CollKind = CollKind.ALL_REDUCE, count: int = 0) -> None:
+        """``count``: a reduce_scatter's or all_gather's full tensor on the emulated wire."""
+        self.kind = kind
+        self.shard_lanes = self.shard_blocks = self.shard_emulated = 0
+        if kind != CollKind.ALL_REDUCE:  # g shards of P blocks, each shard's last padded
+            self.shard_lanes, self.shard_blocks, self.shard_emulated = shard_layout(kind, count, dtype, params)
+            real_elements = params.workers * self.shard_blocks * params.elements
+            emu_packets = params.workers * self.shard_emulated
         self.seq, self.dtype, self.real_elements, self.emu_packets = seq, dtype, real_elements, emu_packets
         self.sparsity = sparsity if is_sparse(sparsity, dtype) else None  # the payload's (emu.emulator.payload)
         self.base = base
@@ -66,7 +99,8 @@ class InaCollective:
         self.blocks = -(-real_elements // k) if real_elements else 0  # packets of real elements
         self.data_blocks = self.blocks  # data chunks: one per block, or the sparse stream's rounds
         self.stream: SparseStream | None = None
-        self.exp_chunks = min(s, self.data_blocks)
+        # an all_gather moves its bytes as they are: no exponents to agree on
+        self.exp_chunks = 0 if kind == CollKind.ALL_GATHER else min(s, self.data_blocks)
         self.agreed = np.full(self.data_blocks + s, fixedpoint.EXP_NONE, np.int8)
         self.start_us = np.full(m, np.nan)
         self.exp_known = np.full((m, self.exp_chunks), math.inf)
@@ -77,6 +111,16 @@ class InaCollective:
     @property
     def chunks(self) -> int:
         return self.exp_chunks + self.data_blocks
+
+    def owner(self, blocks: np.ndarray) -> np.ndarray:
+        """A reduce_scatter's or all_gather's block's shard, whose owner is the worker of that rank."""
+        return blocks // max(1, self.shard_blocks)
+
+    def lanes(self, blocks: np.ndarray, k: int) -> np.ndarray:
+        """The lanes of real data each block holds (a shard's last block fewer: its padding is not data)."""
+        if self.kind == CollKind.ALL_REDUCE:
+            return np.minimum(k, self.real_elements - blocks * k)
+        return np.clip(self.shard_lanes - (blocks % max(1, self.shard_blocks)) * k, 0, k)
 
 
 @dataclass
@@ -98,39 +142,8 @@ class ResultCheck:
     mismatches: int = 0
 
 
-class PayloadCache:
-    """Pages of the shared payload parts (owner, common, own, beta), for every worker of a host."""
 
-    PAGE = 16384
-
-    def __init__(self, seed: int, workers: int, pages: int = 64) -> None:
-        self.seed, self.workers, self.pages = seed, workers, pages
-        self._cache: dict[tuple[int, int], Block] = {}
-
-    def page(self, coll: InaCollective, page: int) -> Block:
-        key = (coll.seq, page)
-        blk = self._cache.get(key)
-        if blk is None:
-            start = page * self.PAGE
-            blk = block(self.seed, coll.seq, start, min(self.PAGE, coll.real_elements - start), self.workers,
-                        coll.dtype, coll.sparsity)
-            if len(self._cache) >= self.pages:
-                self._cache.pop(next(iter(self._cache)))
-            self._cache[key] = blk
-        return blk
-
-    def span(self, coll: InaCollective, lo: int, hi: int, field: str) -> np.ndarray:
-        """One shared array over elements [lo, hi)."""
-        parts = []
-        while lo < hi:
-            blk = self.page(coll, lo // self.PAGE)
-            a, z = lo - blk.start, min(hi, blk.start + len(blk.owner)) - blk.start
-            parts.append(getattr(blk, field)[a:z])
-            lo = blk.start + z
-        return np.concatenate(parts) if parts else np.zeros(0, np.int32)
-
-
-class InaGroup:
+class InaGroup(StreamData):
     def __init__(self, workers: np.ndarray, params: InaParams, cache: PayloadCache | None = None,
                  recorded: RecordedPayload | None = None) -> None:
         self.wids = np.asarray(workers, dtype=np.int64)
@@ -151,17 +164,21 @@ class InaGroup:
 
     # -- the stream -------------------------------------------------------------------
     def collective(self, seq: int, dtype: str, real_elements: int, emu_packets: int,
-                   sparsity: Sparsity | None = None) -> InaCollective:
+                   sparsity: Sparsity | None = None, kind: CollKind = CollKind.ALL_REDUCE,
+                   count: int = 0) -> InaCollective:
         """The stream's collective number ``seq`` (added when the first worker starts it); its payload
-        follows ``sparsity`` where given (the same on every worker)."""
+        follows ``sparsity`` where given (the same on every worker); ``kind`` and ``count``: a
+        reduce_scatter's or all_gather's (its full tensor's elements)."""
         coll = self.by_seq.get(seq)
         if coll is None:
             if self.colls and seq < self.colls[-1].seq:
                 raise ValueError(f"collective {seq} joins the stream after {self.colls[-1].seq}")
-            coll = InaCollective(seq, dtype, real_elements, emu_packets, self.end, self.p, self.m, sparsity)
+            coll = InaCollective(seq, dtype, real_elements, emu_packets, self.end, self.p, self.m, sparsity,
+                                 kind, count)
             if self.recorded is not None and coll.sparsity is None:
-                if self.recorded.kept(seq) < real_elements:
-                    raise ValueError(f"collective {seq}: {real_elements} elements to send, "
+                need = real_elements if kind == CollKind.ALL_REDUCE else -(-count // self.p.scale)
+                if self.recorded.kept(seq) < need:
+                    raise ValueError(f"collective {seq}: {need} elements to send, "
                                      f"{self.recorded.kept(seq)} recorded")
                 coll.recorded = self.recorded
             if self.p.sparse_stream and coll.sparsity is not None and streams_sparse(
@@ -252,6 +269,8 @@ class InaGroup:
         self.sent_at[li, si] = send
         if coll.stream is not None:
             return self._build_sparse(coll, h, li, is_exp, b, send, retx)
+        if coll.kind == CollKind.ALL_GATHER:
+            return self._build_gather(coll, h, li, b, send, retx)
         target = np.where(is_exp, b, b + s)
         has = target < coll.blocks
         exps = np.full(n, fixedpoint.EXP_NONE, np.int8)
@@ -259,11 +278,28 @@ class InaGroup:
             exps[has] = self.exponents(coll, li[has], target[has])
         h["exponent"] = exps
         h["size"] = np.where(is_exp, 0, k // 64)
+        if coll.kind == CollKind.REDUCE_SCATTER:
+            owns = ~is_exp & (coll.owner(b) == self.wids[li])
+            h["flags"] |= (np.where(is_exp, 0, FLAG_SCATTER) | np.where(owns, FLAG_OWNER, 0)).astype(np.uint8)
         payload = np.zeros((n, k), np.int32)
         data = np.flatnonzero(~is_exp)
         if len(data):
             payload[data] = self.quantized(coll, li[data], b[data])
         return Packets(li, h, payload, send, self._emu_packets(coll, b, is_exp), np.full(n, retx),
+                       np.zeros((n, 2), np.uint32))
+
+    def _build_gather(self, coll: InaCollective, h: np.ndarray, li: np.ndarray, b: np.ndarray, send: np.ndarray,
+                      retx: bool) -> Packets:
+        """An all_gather's packets: each block's owner sends its lanes as they are, the others a header."""
+        n, k = len(li), self.p.elements
+        owns = coll.owner(b) == self.wids[li]
+        h["flags"] |= (FLAG_GATHER | np.where(owns, FLAG_OWNER, 0)).astype(np.uint8)
+        h["exponent"] = fixedpoint.EXP_NONE
+        h["size"] = np.where(owns, k // 64, 0)
+        payload = np.zeros((n, k), np.int32)
+        if owns.any():
+            payload[owns] = self._gathered(coll, self.wids[li[owns]], b[owns])
+        return Packets(li, h, payload, send, self._emu_packets(coll, b, np.zeros(n, bool)), np.full(n, retx),
                        np.zeros((n, 2), np.uint32))
 
     def _build_sparse(self, coll: InaCollective, h: np.ndarray, li: np.ndarray, is_exp: np.ndarray,
@@ -303,112 +339,18 @@ class InaGroup:
     def _emu_packets(self, coll: InaCollective, b: np.ndarray, is_exp: np.ndarray) -> np.ndarray:
         r = self.p.scale
         last = coll.blocks - 1
-        per = np.where(~is_exp & (b == last), max(1.0, float(coll.emu_packets - r * last)), float(r))
+        if coll.kind != CollKind.ALL_REDUCE:  # each shard's last block stands for the shard's rest
+            p = max(1, coll.shard_blocks)
+            rest = max(1.0, float(coll.shard_emulated - r * (p - 1)))
+            per = np.where(~is_exp & (b % p == p - 1), rest, float(r))
+        else:
+            per = np.where(~is_exp & (b == last), max(1.0, float(coll.emu_packets - r * last)), float(r))
         if coll.exp_chunks:
             emu_window = self.p.emulated_slots or self.p.slots * r
             per = np.where(is_exp, min(emu_window, coll.emu_packets) / coll.exp_chunks, per)
         return per
 
     # -- data -------------------------------------------------------------------------
-    def _rows(self, coll: InaCollective, blocks: np.ndarray, field: str, dtype) -> np.ndarray:
-        """A shared field of the given (sorted, unique) data blocks, one zero-padded row each."""
-        k = self.p.elements
-        first, last = int(blocks[0]), int(blocks[-1])
-        if last - first + 1 > 4 * len(blocks):  # scattered (the sparse stream's): gather page by page
-            assert PayloadCache.PAGE % k == 0, "a page holds whole packets (k is 64 or 256)"
-            per_page = PayloadCache.PAGE // k
-            pages = blocks // per_page
-            out = np.zeros((len(blocks), k), dtype)
-            for page in np.unique(pages):
-                sel = np.flatnonzero(pages == page)
-                arr = getattr(self.cache.page(coll, int(page)), field)
-                at = (blocks[sel] - page * per_page)[:, None] * k + np.arange(k)
-                out[sel] = np.where(at < len(arr), arr[np.minimum(at, len(arr) - 1)], 0)
-            return out
-        lo, hi = first * k, min((last + 1) * k, coll.real_elements)
-        span = np.zeros((last - first + 1) * k, dtype=dtype)
-        span[: hi - lo] = self.cache.span(coll, lo, hi, field)
-        return span.reshape(-1, k)[blocks - first]
-
-    def units(self, coll: InaCollective, li: np.ndarray, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Workers li's payload units of data blocks (one int32 row each, k wide, zero padded) and
-        each block's power-of-two scale beta: the values are ``units * 2**beta``, exactly.
-
-        The workers of a host mostly send the same blocks: the shared parts are gathered once
-        per distinct block, and each row only adds its worker's own elements.
-        """
-        k = self.p.elements
-        if not len(blocks):
-            return np.zeros((0, k), np.int32), np.zeros(0, np.int64)
-        uniq, inv = np.unique(blocks, return_inverse=True)
-        owner = self._rows(coll, uniq, "owner", np.int32)
-        tail = coll.real_elements - uniq * k
-        owner[np.arange(k)[None, :] >= tail[:, None]] = -1  # padding belongs to nobody
-        own = self._rows(coll, uniq, "own", np.int32)
-        common = self._rows(coll, uniq, "common", np.int32)
-        beta = self._rows(coll, uniq, "beta", np.int32)[:, 0].astype(np.int64)  # constant per block
-        units = common[inv] + np.where(owner[inv] == self.wids[li][:, None], own[inv], np.int32(0))
-        if coll.sparsity is not None:  # zero outside the blocks each worker holds (padding: held by nobody)
-            holders = self._rows(coll, uniq, "holders", np.int32)
-            mul = self._rows(coll, uniq, "mul", np.int64)
-            add = self._rows(coll, uniq, "add", np.int32)
-            held = holds(mul[inv], add[inv], holders[inv], self.p.workers, self.wids[li][:, None])
-            units = np.where(held, units, np.int32(0))
-        return units, beta[inv]
-
-    def values(self, coll: InaCollective, li: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-        """Workers li's values of data blocks, float32 (what a real worker's gradient block holds);
-        float64 rows of the real ranks' tensors where they are sent."""
-        if coll.recorded is not None:
-            return coll.recorded.rows(coll.seq, self.wids[li], blocks, self.p.elements)
-        units, beta = self.units(coll, li, blocks)
-        return units * np.exp2(beta.astype(np.float32))[:, None]
-
-    def exponents(self, coll: InaCollective, li: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-        """Each row's block exponent: the smallest e with 2**e >= max|x| (``fixedpoint.block_exponents``
-        of ``values``, computed on the integer units: |x| = |units| * 2**beta)."""
-        if coll.recorded is not None:
-            return fixedpoint.block_exponents(self.values(coll, li, blocks))
-        units, beta = self.units(coll, li, blocks)
-        peak = np.abs(units).max(axis=1).astype(np.int64)
-        e = beta + np.ceil(np.log2(np.maximum(peak, 1))).astype(np.int64)
-        return np.where(peak > 0, np.clip(e, -127, 127), fixedpoint.EXP_NONE).astype(np.int8)
-
-    def quantized(self, coll: InaCollective, li: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-        """Rows quantized with the agreed exponents (``fixedpoint.quantize`` of ``values``): the
-        power-of-two scale makes it a shift of the integer units."""
-        agreed = coll.agreed[blocks]
-        if coll.recorded is not None:
-            return fixedpoint.quantize(self.values(coll, li, blocks), agreed, self.p.workers)
-        units, beta = self.units(coll, li, blocks)
-        shift = beta + fixedpoint.scale_shift(agreed, self.p.workers)
-        if (agreed == fixedpoint.EXP_NONE).any() or (shift < 0).any():  # not a plain left shift
-            return fixedpoint.quantize(self.values(coll, li, blocks), agreed, self.p.workers)
-        return np.left_shift(units, shift.astype(np.int32)[:, None])
-
-    def expected_sums(self, coll: InaCollective, blocks: np.ndarray) -> np.ndarray:
-        """The exact int32 sums the switch must return for data blocks (rows, zero padded)."""
-        n = self.p.workers
-        if coll.recorded is not None:  # every worker quantizes its real rank's rows: n / K of each
-            ranks = coll.recorded.rank_rows(coll.seq, blocks, self.p.elements)
-            agreed = coll.agreed[blocks]
-            q = np.stack([fixedpoint.quantize(r, agreed, n).astype(np.int64) for r in ranks])
-            return (n // coll.recorded.real_ranks) * q.sum(axis=0)
-        uniq, inv = np.unique(blocks, return_inverse=True)  # gathered once each, page by page
-        common = self._rows(coll, uniq, "common", np.int64)
-        own = self._rows(coll, uniq, "own", np.int64)
-        if coll.sparsity is None:
-            units = n * common + own
-        else:  # H_B workers hold the block, and its owner is one of them (emu.emulator.payload)
-            units = sparse_sum_units(self._rows(coll, uniq, "holders", np.int64), common, own)
-        units = units[inv]
-        beta = self._rows(coll, uniq, "beta", np.int64)[inv]
-        agreed = coll.agreed[blocks]
-        none = agreed == fixedpoint.EXP_NONE
-        shift = np.where(none, 0, fixedpoint.scale_shift(agreed, n))
-        out = (units * np.exp2((beta + shift[:, None]).astype(np.float64))).astype(np.int64)
-        return np.where(none[:, None], 0, out)
-
     def emu_packets_of(self, headers: np.ndarray, extra: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For results: emulated packets each stands for, and whether it carries a payload."""
         chunks = headers["chunk"].astype(np.int64)
@@ -481,10 +423,14 @@ class InaGroup:
                 coll.agreed[b + self.p.slots] = exps[d]
                 if check is not None and verify is not None:
                     msg_rows = rb[r[d]]
+                    carries = headers["size"][msg_rows] > 0  # a reduce_scatter's completion holds no data
+                    msg_rows, checked = msg_rows[carries], b[carries]
                     todo = verify[msg_rows] < 0
                     if todo.any():
-                        self._check(coll, msg_rows[todo], b[todo], payload, verify)
-                    real = np.minimum(self.p.elements, coll.real_elements - b * self.p.elements)
+                        self._check(coll, msg_rows[todo], checked[todo], payload, verify)
+                    real = coll.lanes(checked, self.p.elements)
+                    if coll.kind == CollKind.ALL_GATHER:  # a lane carries 4 bytes of the tensor
+                        real = real * 4 // Dtype(coll.dtype).itemsize
                     check.elements += int(real.sum())
                     check.mismatches += int(verify[msg_rows].sum())
                 np.add.at(coll.done, w[d], 1)
@@ -541,16 +487,6 @@ class InaGroup:
             coll.finished[local_w] = True
             finished.append((int(local_w), coll))
         return s * (1 + skip)
-
-    def _check(self, coll: InaCollective, rows: np.ndarray, blocks: np.ndarray, payload: np.ndarray,
-               verify: np.ndarray) -> None:
-        """Compare message rows with the exact sums; store each row's mismatches in ``verify``."""
-        uniq, first = np.unique(rows, return_index=True)
-        blocks = blocks[first]
-        want = self.expected_sums(coll, blocks)
-        got = payload[uniq].astype(np.int64)
-        real = np.arange(self.p.elements)[None, :] < (coll.real_elements - blocks * self.p.elements)[:, None]
-        verify[uniq] = np.count_nonzero((got != want) & real, axis=1)
 
     def pending(self) -> bool:
         return any(not c.finished.all() for c in self.colls)

@@ -59,6 +59,29 @@ def ina_detail_us(count: int, link: LinkSpec, elements: int, slots: int) -> floa
     return ina_time_us(count, link, elements) + exp_round + float(link.serialization_us(agg_wire_bytes(elements)))
 
 
+def ina_reduce_scatter_us(count: int, workers: int, link: LinkSpec, elements: int, slots: int) -> float:
+    """A reduce_scatter on the stream (emu.emulator.ina): every worker sends every block, as an
+    all_reduce's uplink does (each shard's blocks apart: ``g`` shards of ``ceil(count / g / k)``),
+    after the exponent round; each downlink carries its shard and the others' header-only
+    completions, less. So the all_reduce's form over the shards' blocks."""
+    shard_packets = -(-(count // workers) // elements) if count else 0
+    return ina_detail_us(workers * shard_packets * elements, link, elements, slots) if shard_packets else 0.0
+
+
+def ina_all_gather_us(count: int, itemsize: int, workers: int, link: LinkSpec, elements: int) -> float:
+    """An all_gather on the stream: no exponent round; each shard's ``e`` packets (4 bytes a lane)
+    go up from its owner with every other worker's headers, and every downlink carries all ``g e``;
+    the busier link (the downlink, but for a very small packet payload) sets the pace, plus the
+    round trip's latency and the last packet's store and forward."""
+    e = -(-(count // workers) * itemsize // (4 * elements)) if count else 0
+    if not e:
+        return 0.0
+    down = workers * e * agg_wire_bytes(elements)
+    up = e * agg_wire_bytes(elements) + (workers - 1) * e * agg_wire_bytes(0)
+    return (float(link.serialization_us(max(up, down))) + 2 * link.latency_us
+            + float(link.serialization_us(agg_wire_bytes(elements))))
+
+
 def pipeline_bound_us(count: int, link: LinkSpec, elements: int, slots: int, workers: int,
                       packet_rate: float) -> float:
     """A dense INA all_reduce bound by a switch whose pipeline takes ``packet_rate`` packets a second
@@ -326,7 +349,8 @@ def sparse_ps_us(count: int, itemsize: int, workers: int, shards: int, sparsity:
 def collective_time_us(kind: CollKind, count: int, itemsize: int, is_float: bool, workers: int, link: LinkSpec,
                        fabric: AllReduce, elements: int = 64, slots: int = 4096, rto_us: float = 0.0,
                        ps_shards: int | None = None, payload_scale: int = 1,
-                       sparsity: Sparsity | None = None, sparse_stream: bool = False) -> float:
+                       sparsity: Sparsity | None = None, sparse_stream: bool = False,
+                       switch_collectives: bool = False) -> float:
     """The time of one collective alone on the links, from its start on every worker to the last
     worker's completion, as emu's emulated network runs it on ``fabric`` (docs/physics.md).
 
@@ -337,8 +361,10 @@ def collective_time_us(kind: CollKind, count: int, itemsize: int, is_float: bool
     the segments' sizes). ``sparsity``: the payload's, for a float all_reduce (docs/sparse.md); the
     ring and the parameter server run sparse where their choice (emu.emulator.sparse_p2p) does, INA
     runs the sparse stream where ``sparse_stream`` (the fabric has one) and its choice
-    (emu.emulator.sparse_ina.streams_sparse) say so, else sends every block. Loss: INA's tail formula; point to point, resent bytes and one chain's
-    expected timeouts per hop (a lower bound)."""
+    (emu.emulator.sparse_ina.streams_sparse) say so, else sends every block. ``switch_collectives``: the
+    switch (emu's software one) runs reduce_scatters of floats and all_gathers on the stream too
+    (docs/protocol.md); elsewhere they run as rings. Loss: INA's tail formula; point to point, resent
+    bytes and one chain's expected timeouts per hop (a lower bound)."""
     m = workers
     if kind == CollKind.ALL_REDUCE:
         if fabric == AllReduce.STREAM and is_float:  # a worker alone still streams through the switch
@@ -366,6 +392,12 @@ def collective_time_us(kind: CollKind, count: int, itemsize: int, is_float: bool
             return ps_all_reduce_us(count, itemsize, m, ps_shards or m, link, rto_us, payload_scale)
         return ring_pipelined_us(count, itemsize, m, link, 2 * (m - 1), rto_us, payload_scale)
     if kind in (CollKind.REDUCE_SCATTER, CollKind.ALL_GATHER):
+        if fabric == AllReduce.STREAM and switch_collectives and (kind == CollKind.ALL_GATHER or is_float):
+            t = (ina_reduce_scatter_us(count, m, link, elements, slots) if kind == CollKind.REDUCE_SCATTER
+                 else ina_all_gather_us(count, itemsize, m, link, elements))
+            if link.loss > 0 and t:
+                t += ina_loss_extra_us(count, link, m, slots, rto_us, elements)
+            return t
         return ring_pipelined_us(count, itemsize, m, link, m - 1, rto_us, payload_scale)
     if kind == CollKind.BROADCAST:
         return tree_broadcast_us(count, itemsize, m, link, rto_us, payload_scale)

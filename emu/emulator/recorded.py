@@ -118,6 +118,26 @@ class RecordedPayload:
         """(K, len(blocks), k): every real rank's rows of ``blocks``."""
         return _padded(self, seq % len(self.tensors), k)[:, np.asarray(blocks)]
 
+    def shard_rows(self, seq: int, workers: np.ndarray, blocks: np.ndarray, k: int, shards: int,
+                   lanes: int) -> np.ndarray:
+        """A reduce_scatter's rows on the stream (``emu.emulator.ina``): float64 rows of ``k``, shard
+        ``s``'s elements ``[s lanes, (s+1) lanes)`` cut into blocks of its own and zero padded; block
+        ``blocks[i]`` of worker ``workers[i]`` (real rank ``workers[i] mod K``'s values)."""
+        return _sharded(self, seq % len(self.tensors), k, shards, lanes, False)[np.asarray(workers) % self.real_ranks,
+                                                                               np.asarray(blocks)]
+
+    def rank_shard_rows(self, seq: int, blocks: np.ndarray, k: int, shards: int, lanes: int) -> np.ndarray:
+        """(K, len(blocks), k): ``shard_rows`` of every real rank."""
+        return _sharded(self, seq % len(self.tensors), k, shards, lanes, False)[:, np.asarray(blocks)]
+
+    def gather_lanes(self, seq: int, owners: np.ndarray, blocks: np.ndarray, k: int, shards: int,
+                     lanes: int) -> np.ndarray:
+        """An all_gather's rows on the stream: int32 lanes of 4 bytes of the tensor's dtype, shard
+        ``s``'s ``ceil(n / shards)`` elements (real rank ``s mod K``'s, as the owner of shard ``s``
+        holds) in ``lanes`` lanes, cut into blocks of its own; block ``blocks[i]`` of its owner."""
+        sharded = _sharded(self, seq % len(self.tensors), k, shards, lanes, True)
+        return sharded[np.asarray(owners) % self.real_ranks, np.asarray(blocks)]
+
     def trimmed(self, counts: list[int], scale: int) -> RecordedPayload:
         """Each entry cut to the ``ceil(count / scale)`` elements a replay at payload scale
         ``scale`` sends (``counts``: per entry)."""
@@ -140,6 +160,28 @@ def _padded(payload: RecordedPayload, index: int, k: int) -> np.ndarray:
     out = np.zeros((t.shape[0], blocks * k))
     out[:, : t.shape[1]] = t
     return out.reshape(t.shape[0], blocks, k)
+
+
+@functools.lru_cache(maxsize=8)
+def _sharded(payload: RecordedPayload, index: int, k: int, shards: int, lanes: int, raw: bool) -> np.ndarray:
+    """Entry ``index`` as (K, shards x P, k), each shard in ``P = ceil(lanes / k)`` blocks of its own:
+    float64 elements (``lanes`` a shard), or (``raw``) int32 lanes of the shard's bytes in its dtype."""
+    t = payload.tensors[index]
+    if t is None:
+        raise ValueError(f"collective {index} carries no payload")
+    blocks = -(-lanes // k) if lanes else 0
+    out = np.zeros((t.shape[0], shards, blocks * k), np.int32 if raw else np.float64)
+    per = -(-t.shape[1] // shards)
+    for s in range(shards):
+        part = t[:, s * per:(s + 1) * per] if raw else t[:, s * lanes:(s + 1) * lanes]
+        if raw:  # the shard's bytes, zero padded to whole lanes
+            data = np.zeros((t.shape[0], lanes * 4), np.uint8)
+            flat = np.ascontiguousarray(part).view(np.uint8).reshape(t.shape[0], -1)
+            data[:, : flat.shape[1]] = flat[:, : lanes * 4]
+            out[:, s, :lanes] = data.view("<i4")
+        else:
+            out[:, s, : part.shape[1]] = part
+    return out.reshape(t.shape[0], shards * blocks, k)
 
 
 def payload_arrays(payload: RecordedPayload) -> dict[str, np.ndarray]:

@@ -16,6 +16,16 @@ A batch is applied with numpy in segments that hold no duplicate and no worker
 twice on one slot, so that its effect equals the packets' in order; a packet that
 would break a segment (a retransmission) is applied on its own.
 
+A reduce_scatter's and an all_gather's rounds (docs/protocol.md, "Reduce-scatter and all-gather")
+run on the same slots, copies and rules, with flags that say their kind: every packet of a
+reduce_scatter round (``FLAG_SCATTER``) carries a block to sum, and the round's sum goes to the
+worker whose packet carried ``FLAG_OWNER`` (the owner of the block's shard) alone, with one
+header-only ``SCATTER_DONE`` for every other worker, so that each still learns its slot is free
+and the exponent its next block needs; a duplicate of a completed scatter round is answered with
+the sum to its owner and a header-only result to anyone else. An all_gather round
+(``FLAG_GATHER``) carries the owner's block and the others' headers; sizes differ within it (its
+identity is its kind), and its sum, the owner's block exactly, goes to every worker.
+
 The sparse stream (``SPARSE_CONTRIB``, docs/sparse.md) runs on the same slots, copies and
 rules, with two differences: a round is pinned by its chunk *and* the block it sums (every
 packet of the round names it; a header-only packet of a worker that does not hold the block
@@ -45,10 +55,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from emu.emulator.fixedpoint import EXP_NONE
-from emu.emulator.wire import AGG_HEADER, BLOCK_NONE, FLAG_COPY, MsgType
+from emu.emulator.wire import AGG_HEADER, BLOCK_NONE, FLAG_COPY, FLAG_GATHER, FLAG_OWNER, FLAG_SCATTER, MsgType
 
 MULTICAST = 0xFFFF  # the destination of a result for every worker
-SPARSE_IDENT = 256  # a round's identity: its size for a dense round, SPARSE_IDENT + block for a sparse one
+# a round's identity: its size for a dense round, SPARSE_IDENT + block for a sparse one, and, apart
+# from both (negative), SCATTER_IDENT - size for a reduce_scatter's and GATHER_IDENT for an all_gather's
+SPARSE_IDENT = 256
+SCATTER_IDENT = -1
+GATHER_IDENT = -1000
 _NO_NEXT = (BLOCK_NONE << 8) | 0xFF  # a sparse copy's (next, exponent) key before any packet
 
 
@@ -104,6 +118,7 @@ class AggregationSwitch:
         self.nkey = np.full(slots * 2, _NO_NEXT, dtype=np.int64)
         # when the first and the last emulated packet of the slot copy's group had arrived
         self.stamp = np.zeros((slots * 2, 2), dtype=np.float64)
+        self.owner = np.full(slots * 2, -1, dtype=np.int64)  # a scatter or gather round's owner (-1: none yet)
         self.stats = SwitchStats()
 
     def process(self, headers: np.ndarray, payload: np.ndarray, stamps: np.ndarray | None = None,
@@ -125,11 +140,16 @@ class AggregationSwitch:
         copy = (headers["flags"] & FLAG_COPY).astype(np.int64)
         is_sparse = headers["msg_type"] == MsgType.SPARSE_CONTRIB
         ours = (headers["job"] == self.job) & (headers["num_workers"] == self.workers)
-        valid = ours & (((headers["msg_type"] == MsgType.CONTRIB) | is_sparse) & (slot < self.slots)
-                        & (worker < self.workers) & (headers["size"].astype(np.int64) * 64 <= self.k))
+        flags = headers["flags"].astype(np.int64)
+        scatter, gather = (flags & FLAG_SCATTER) > 0, (flags & FLAG_GATHER) > 0
         size = headers["size"].astype(np.int64)
-        # per row: what pins its round (size, or SPARSE_IDENT + block) and its (next, exponent) key
-        keys = (np.where(is_sparse, SPARSE_IDENT + sparse[:, 0].astype(np.int64), size),
+        # a round of one kind: not scatter and gather, not sparse and either, no gather data but the owner's
+        kinds_ok = ~(scatter & gather) & ~(is_sparse & (scatter | gather)) & ~(gather & (size > 0) & ((flags & FLAG_OWNER) == 0))
+        valid = ours & kinds_ok & (((headers["msg_type"] == MsgType.CONTRIB) | is_sparse) & (slot < self.slots)
+                                   & (worker < self.workers) & (size * 64 <= self.k))
+        # per row: what pins its round (size, SPARSE_IDENT + block, or its kind's) and its (next, exponent) key
+        keys = (np.where(is_sparse, SPARSE_IDENT + sparse[:, 0].astype(np.int64),
+                         np.where(scatter, SCATTER_IDENT - size, np.where(gather, GATHER_IDENT, size))),
                 (sparse[:, 1].astype(np.int64) << 8) | (127 - headers["exponent"].astype(np.int64)))
         self.stats.invalid += int(n - ours.sum())
         self.stats.malformed += int(ours.sum() - valid.sum())
@@ -254,6 +274,8 @@ class AggregationSwitch:
                                        np.minimum.reduceat(keys[1][rows[order]], starts))
         self.chunk[groups] = np.where(fresh, headers["chunk"][firsts], self.chunk[groups])
         self.count[groups] = np.where(fresh, 0, self.count[groups]) + counts
+        owned = np.where((headers["flags"].astype(np.int64)[rows[order]] & FLAG_OWNER) > 0, worker[order], -1)
+        self.owner[groups] = np.maximum(np.where(fresh, -1, self.owner[groups]), np.maximum.reduceat(owned, starts))
         self.stats.payload_bytes += int((headers["size"][rows].astype(np.int64) * 256).sum())
         done = groups[self.count[groups] == self.workers]
         if not len(done):
@@ -262,7 +284,25 @@ class AggregationSwitch:
         last = np.maximum.reduceat(order, starts)[self.count[groups] == self.workers]
         done = done[np.argsort(last, kind="stable")]
         self.stats.results += len(done)
-        return self._emit(done, np.full(len(done), MULTICAST), self.stamp[done])
+        return self._complete(done)
+
+    def _complete(self, done: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The results of completed copies, in order: a multicast each, but for a reduce_scatter's
+        round, the sum to its owner and a completion for the others."""
+        scatter = (self.ident[done] < 0) & (self.ident[done] > GATHER_IDENT) & (self.owner[done] >= 0)
+        if not scatter.any():
+            return self._emit(done, np.full(len(done), MULTICAST), self.stamp[done])
+        idx = np.repeat(done, np.where(scatter, 2, 1))
+        first = np.r_[True, idx[1:] != idx[:-1]]  # each copy's first row: the owner's sum (or the multicast)
+        owner = self.owner[idx]
+        two = np.repeat(scatter, np.where(scatter, 2, 1))
+        dest = np.where(two & first, owner, np.where(two, owner, MULTICAST))
+        rec, payload, stamps, extra = self._emit(idx, dest, self.stamp[idx])
+        completion = two & ~first
+        rec["msg_type"] = np.where(completion, MsgType.SCATTER_DONE, rec["msg_type"])
+        rec["size"] = np.where(completion, 0, rec["size"])
+        payload[completion] = 0
+        return rec, payload, stamps, extra
 
     def _sums(self, idx: np.ndarray, worker: np.ndarray, rows: np.ndarray,
               payload: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -305,7 +345,10 @@ class AggregationSwitch:
             if self.count[idx] == self.workers:
                 self.stats.answered += 1
                 when = np.maximum(stamps[row], self.stamp[idx])
-                return self._emit(np.array([idx]), np.array([worker]), when[None, :])
+                out = self._emit(np.array([idx]), np.array([worker]), when[None, :])
+                if SCATTER_IDENT >= self.ident[idx] > GATHER_IDENT and worker != self.owner[idx]:
+                    out[0]["size"], out[1][:] = 0, 0  # the sum is the owner's: anyone else gets its header
+                return out
             self.stats.dropped += 1
             return ()
         return self._apply(np.array([row]), idx_all, worker_all, headers, payload, stamps, keys)
@@ -314,7 +357,9 @@ class AggregationSwitch:
         rec = np.zeros(len(idx), AGG_HEADER)
         sparse = self.ident[idx] >= SPARSE_IDENT
         rec["msg_type"] = np.where(sparse, MsgType.SPARSE_RESULT, MsgType.RESULT)
-        rec["flags"] = idx & 1
+        kind = np.where(self.ident[idx] == GATHER_IDENT, FLAG_GATHER,
+                        np.where((self.ident[idx] < 0) & (self.ident[idx] > GATHER_IDENT), FLAG_SCATTER, 0))
+        rec["flags"] = (idx & 1) | kind
         rec["job"] = self.job
         rec["worker"] = dest
         rec["num_workers"] = self.workers

@@ -44,9 +44,19 @@ class MsgType(IntEnum):
     P2P = 3  # point-to-point data (ring, parameter server, fallbacks)
     SPARSE_CONTRIB = 4  # a worker's round of the sparse stream: its block (or none) and its next one
     SPARSE_RESULT = 5  # the switch's sum of a sparse round, with the next block any worker holds
+    # a reduce_scatter round's completion, header only, for every worker of the pool but ``worker``
+    # (the owner of the round's shard, which gets the RESULT with the sum)
+    SCATTER_DONE = 6
 
 
 FLAG_COPY = 0x01  # which of the slot's two copies
+# The kind of a round (docs/protocol.md, "Reduce-scatter and all-gather"): an all_reduce's round has
+# neither; a reduce_scatter's sums every worker's block and sends the sum to its shard's owner
+# alone, a completion to the rest; an all_gather's carries the owner's block only (the others send
+# headers) and multicasts it. FLAG_OWNER marks the packet of the worker whose shard the round is.
+FLAG_SCATTER = 0x02
+FLAG_GATHER = 0x04
+FLAG_OWNER = 0x08
 
 
 class MalformedPacket(EmuError, ValueError):
@@ -206,11 +216,12 @@ def parse_agg_packet(data: bytes) -> tuple[np.void, np.ndarray]:
     """Header and payload (native int32) of one aggregation packet.
 
     Raises MalformedPacket for what no emu sender makes: fewer than 16 bytes, a
-    type other than CONTRIB or RESULT, a payload that is not whole int32 or not
+    type other than CONTRIB, RESULT or SCATTER_DONE, a payload that is not whole int32 or not
     the ``64 * size`` elements the header says. Ranges (worker, slot, job) depend
     on the pool and are the switch's to check.
     """
-    return _unpack(AGG_HEADER, (MsgType.CONTRIB, MsgType.RESULT), "header", "an aggregation packet", data)
+    return _unpack(AGG_HEADER, (MsgType.CONTRIB, MsgType.RESULT, MsgType.SCATTER_DONE), "header",
+                   "an aggregation packet", data)
 
 
 def sparse_packet(header: np.void | dict, payload: np.ndarray | None = None) -> bytes:

@@ -138,7 +138,8 @@ class InaEndpoint:
     def start(self, worker: int, run: CollRun, real_elements: int) -> bool:
         """A worker starts an all_reduce on the stream; True if it is already complete (empty)."""
         op = run.op
-        coll = self.group.collective(run.seq, op.dtype.value, real_elements, -(-op.count // self.k), op.sparsity)
+        coll = self.group.collective(run.seq, op.dtype.value, real_elements, -(-op.count // self.k), op.sparsity,
+                                     op.kind, op.count)
         local = self.index[worker]
         coll.start_us[local] = run.start_us
         if coll.chunks == 0:
@@ -255,8 +256,10 @@ class InaEndpoint:
             return
         dest = batch.headers["worker"].astype(np.int64)
         mine = np.unique(self.leaf)
-        multi = np.flatnonzero(dest == MULTICAST)
-        uni = np.flatnonzero((dest != MULTICAST) & np.isin(dest, self.group.wids))
+        # a reduce_scatter's completion goes to every worker but the one it names, as a multicast
+        done = batch.headers["msg_type"] == wire.MsgType.SCATTER_DONE
+        multi = np.flatnonzero((dest == MULTICAST) | done)
+        uni = np.flatnonzero((dest != MULTICAST) & ~done & np.isin(dest, self.group.wids))
         at = np.concatenate([np.repeat(multi, len(mine)), uni])
         if not len(at):
             return
@@ -320,7 +323,8 @@ class InaEndpoint:
         assert batch.sparse is not None
         per, _ = g.emu_packets_of(batch.headers, batch.sparse)
         sizes = _wire_sizes(batch.headers, self.k) * per
-        multi = np.flatnonzero(dest == MULTICAST)
+        done = batch.headers["msg_type"] == wire.MsgType.SCATTER_DONE  # to all but the worker it names
+        multi = np.flatnonzero((dest == MULTICAST) | done)
         li_parts, rb_parts = [], []
         if len(multi):  # every worker of the host (of the row's leaf) receives these, each on its own downlink
             li = np.repeat(np.arange(g.m), len(multi))
@@ -328,9 +332,12 @@ class InaEndpoint:
             if tags is not None and (tags[multi] >= 0).any():
                 ok = (tags[rb] < 0) | (tags[rb] == self.leaf[li])
                 li, rb = li[ok], rb[ok]
+            if done.any():
+                keep = ~done[rb] | (g.wids[li] != dest[rb])
+                li, rb = li[keep], rb[keep]
             li_parts.append(li)
             rb_parts.append(rb)
-        uni = np.flatnonzero((dest != MULTICAST) & np.isin(dest, g.wids))
+        uni = np.flatnonzero((dest != MULTICAST) & ~done & np.isin(dest, g.wids))
         if len(uni):
             li_parts.append(np.array([self.by_rank[int(d)] for d in dest[uni]]))
             rb_parts.append(uni)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from emu.emulator.fabric import AllReduce
+from emu.emulator.topology import Algorithm
 from emu.replay.config import ReplayConfig
 from emu.replay.layout import MeshPlan
 from emu.replay.programs import WorkerProgram
@@ -26,15 +27,29 @@ _ALGORITHMS = {CollKind.BROADCAST: "tree", CollKind.BARRIER: "dissemination", Co
 
 
 def on_stream(op: Coll, config: ReplayConfig) -> bool:
-    """Whether a collective runs on the in-network aggregation stream (else point to point): a
-    float all_reduce on a fabric that sums in its switch, of the whole job, or of a sub-group that
+    """Whether a collective runs on the in-network aggregation stream (else point to point), on a
+    fabric that sums in its switch: a float all_reduce of the whole job, or of a sub-group that
     leaves its node (one inside a node sums over the node's own links, as NVLink does) where the
-    software switch aggregates (it keeps a pool for each: emu.replay.ina_pools)."""
-    if not (config.network.all_reduce == AllReduce.STREAM and op.kind == CollKind.ALL_REDUCE and op.dtype.is_float):
+    software switch aggregates (it keeps a pool for each: emu.replay.ina_pools); and, where the
+    software switch runs it, a float reduce_scatter (the sum to each shard's owner) or an
+    all_gather of any dtype (each shard multicast), but not on hierarchical INA over several leaves,
+    whose leaves keep one partial sum an all_reduce's chunk (docs/protocol.md)."""
+    net = config.network
+    if net.all_reduce != AllReduce.STREAM:
         return False
-    if op.group is None:
-        return True
-    return config.network.sums_in_switch_process and not inside_a_node(op.group, config)
+    if op.kind == CollKind.ALL_REDUCE:
+        if not op.dtype.is_float:
+            return False
+        return op.group is None or (net.sums_in_switch_process and not inside_a_node(op.group, config))
+    if op.kind not in (CollKind.REDUCE_SCATTER, CollKind.ALL_GATHER) or not net.sums_in_switch_process:
+        return False
+    if op.kind == CollKind.REDUCE_SCATTER and not op.dtype.is_float:
+        return False
+    layout = config.layout()
+    if layout is not None and layout.leaves > 1 and config.topology is not None \
+            and config.topology.algorithm == Algorithm.HIERARCHICAL:
+        return False
+    return op.group is None or not inside_a_node(op.group, config)
 
 
 def inside_a_node(group: tuple[int, ...], config: ReplayConfig) -> bool:
@@ -66,7 +81,7 @@ def ina_pools(programs: list[WorkerProgram], config: ReplayConfig) -> tuple[tupl
     for prog in programs:
         for it in prog.iterations:
             for op in it.colls:
-                if on_stream(op, config):
+                if on_stream(op, config):  # a group's reduce_scatters and all_gathers share its pool
                     if op.group is None:
                         whole = True
                     else:

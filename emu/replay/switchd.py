@@ -34,7 +34,7 @@ from emu.emulator.transport import (
     Go,
     segment_first_us,
 )
-from emu.emulator.wire import P2P_HEADER
+from emu.emulator.wire import P2P_HEADER, MsgType
 from emu.replay.leaves import conserve
 from emu.replay.messages import Ready, Stop, SwitchResult, connect_control, decode, encode, failure
 
@@ -203,7 +203,8 @@ def _send_results(router: zmq.Socket, pools: _Pools, job: int, batch: AggBatch, 
     if not len(res):
         return
     dest = res.headers["worker"].astype(np.int64)
-    multi = dest == MULTICAST
+    # a reduce_scatter's completion goes to every worker of the pool but the one it names
+    multi = (dest == MULTICAST) | (res.headers["msg_type"] == MsgType.SCATTER_DONE)
     # a host holds any set of workers
     host = np.where(multi, -1, pools.endpoint_host[pools.members[job][np.where(multi, 0, dest)]])
     for h in pools.job_hosts[job]:

@@ -131,7 +131,7 @@ class _Schedule:
             t = physics.collective_time_us(
                 op.kind, op.count, op.dtype.itemsize, op.dtype.is_float, c.workers, c.link, self.fabric,
                 c.elements, c.emulated_slots, c.timeout_rto_us, c.shards, self.scale, op.sparsity,
-                c.network.sparse_stream)
+                c.network.sparse_stream, c.network.sums_in_switch_process)
             if c.packet_rate is not None and c.switch_sums and op.kind == CollKind.ALL_REDUCE and op.dtype.is_float:
                 if op.sparsity is not None:
                     raise ConfigError("--packet-rate with a sparse all_reduce: emu predict's pipeline form takes "

@@ -19,13 +19,15 @@ from emu.traces.model import Coll, CollKind, Compute, Iteration, Trace, Wait
 
 @dataclass(frozen=True)
 class CollStats:
-    """One kind of collective (with its dtype), per iteration of one rank."""
+    """One kind of collective (with its dtype, and its group's role where the trace names one),
+    per iteration of one rank."""
 
     kind: str
     dtype: str
     per_iteration: int
     bytes_per_iteration: int
     elements_per_iteration: int
+    role: str | None = None  # dp, fsdp, tp, pp, ep or other (docs/parallelism.md)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class TraceSummary:
     collectives: tuple[CollStats, ...]
     gaps: tuple[str, ...] = ()  # what the source trace lacked (meta.gaps): values that are bounds, not measures
     sparsity: SparsityStats | None = None  # where the capture measured it (built-in workloads)
+    mesh: str | None = None  # the job's device mesh (dp=2,tp=2), where the trace records one
 
 
 def iteration_comm_us(it: Iteration) -> float | None:
@@ -129,19 +132,20 @@ def summarize(trace: Trace) -> TraceSummary:
     overlap = None
     if comm_med:
         overlap = max(0.0, 100.0 * (1.0 - exposed / comm_med))
-    stats: dict[tuple[str, str], list[int]] = {}
+    stats: dict[tuple[str, str, str | None], list[int]] = {}
     first = trace.ranks[0]
     n = len(first.iterations)
     for it in first.iterations:
         for op in it.colls:
-            row = stats.setdefault((op.kind.value, op.dtype.value), [0, 0, 0])
+            role = op.group_role.value if op.group_role is not None else None
+            row = stats.setdefault((op.kind.value, op.dtype.value, role), [0, 0, 0])
             row[0] += 1
             row[1] += op.bytes
             row[2] += op.count
     collectives = tuple(
         CollStats(kind=k, dtype=d, per_iteration=round(v[0] / n), bytes_per_iteration=v[1] // n,
-                  elements_per_iteration=v[2] // n)
-        for (k, d), v in sorted(stats.items(), key=lambda kv: -kv[1][1]))
+                  elements_per_iteration=v[2] // n, role=role)
+        for (k, d, role), v in sorted(stats.items(), key=lambda kv: -kv[1][1]))
     m = trace.meta
     return TraceSummary(
         model=m.model, source=m.source.value, backend=m.backend, device=m.device,
@@ -151,4 +155,5 @@ def summarize(trace: Trace) -> TraceSummary:
         compute_us_median=statistics.median(it.compute_us for it in its),
         comm_us_median=comm_med, exposed_comm_us_median=exposed, overlap_pct=overlap,
         collectives=collectives, gaps=m.gaps, sparsity=sparsity_stats(trace),
+        mesh=m.mesh.text() if m.mesh is not None else None,
     )

@@ -219,3 +219,26 @@ def test_ranks_die_with_a_killed_emu(no_leftovers: Path, tmp_path_factory: pytes
     # the run's record names both ranks, for `emu clean`
     (record,) = [rec for _, rec, _ in lifetime.leftovers() if rec.pid == proc.pid]
     assert sorted(pid for pid, _ in record.children) == sorted(ranks)
+
+
+@pytest.mark.parametrize("model", ["tp", pytest.param("fsdp", marks=pytest.mark.slow),
+                                   pytest.param("pp", marks=pytest.mark.slow)])
+def test_sharded_and_split_captures_name_every_group(no_leftovers: Path, model: str) -> None:
+    """The built-in FSDP, tensor-parallel and pipeline workloads at world size 4: four real ranks
+    of one thread each; every collective on its group, with its role, and the job's mesh
+    (docs/parallelism.md)."""
+    from emu.capture.run import PARALLEL_WORLD
+
+    trace = capture_model(model, CaptureConfig(world_size=PARALLEL_WORLD, profile_steps=2, warmup=2,
+                                               keep_kineto=no_leftovers))
+    meta = trace.meta
+    mesh = {"fsdp": "fsdp=4", "tp": "dp=2,tp=2", "pp": "pp=2,dp=2"}[model]
+    assert meta.mesh is not None and meta.mesh.text() == mesh and meta.threads_per_rank == 1 and meta.cpu_cores
+    assert len(trace.ranks) == 4 and all((no_leftovers / f"rank{r}.comms.json").exists() for r in range(4))
+    for program in trace.ranks:
+        for it in program.iterations:
+            assert it.colls and all(op.group_role is not None for op in it.colls)
+            for op in it.colls:
+                dim = meta.mesh.names.index(op.group_role.value)
+                assert (op.group or tuple(range(4))) == meta.mesh.slice(program.rank, (dim,))
+            assert it.compute_us + it.blocked_us == pytest.approx(it.measured_us, abs=0.05)

@@ -80,3 +80,14 @@ def test_sparsity_line_names_partial_and_mixed_measures() -> None:
                                        union_median=0.5, nonzero_weighted=0.1, union_weighted=0.4))
     assert line == ("12.5% of blocks non-zero per rank, 50.0% on some rank (median of the 3 of 4 all_reduces "
                     "measured; bytes-weighted 10.0%, 40.0%)")
+
+
+def test_a_sharded_trace_shows_its_mesh_and_each_groups_collectives() -> None:
+    runner = CliRunner(env={"NO_COLOR": "1", "COLUMNS": "160"})
+    result = runner.invoke(cli, ["inspect", "tp"])
+    assert result.exit_code == 0, result.output
+    assert "mesh" in result.output and "dp=2,tp=2" in result.output and "group" in result.output
+    data = json.loads(runner.invoke(cli, ["inspect", "tp", "--json"]).stdout)
+    assert data["mesh"] == "dp=2,tp=2"
+    rows = {(c["kind"], c["role"]): c for c in data["collectives"]}
+    assert rows[("all_reduce", "tp")]["per_iteration"] == 3 and rows[("all_reduce", "dp")]["per_iteration"] == 1

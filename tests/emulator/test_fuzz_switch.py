@@ -42,12 +42,16 @@ class StrictReference(Reference):
         if h["job"] != self.job or h["num_workers"] != self.workers:
             self.invalid += 1
             return []
-        if h["msg_type"] not in (1, 4) or h["slot"] >= self.slots or h["worker"] >= self.workers or h["size"] * 64 > self.k:
+        kind = h["flags"] & (wire.FLAG_SCATTER | wire.FLAG_GATHER)
+        if (h["msg_type"] not in (1, 4) or h["slot"] >= self.slots or h["worker"] >= self.workers
+                or h["size"] * 64 > self.k or kind == wire.FLAG_SCATTER | wire.FLAG_GATHER
+                or (kind and h["msg_type"] == 4)
+                or (kind == wire.FLAG_GATHER and h["size"] and not h["flags"] & wire.FLAG_OWNER)):
             self.malformed += 1
             return []
         state = self.state[(h["slot"], h["flags"] & 1)]
         pinned = 0 < state["count"] and (state["count"] < self.workers or h["worker"] in state["bits"])
-        ident = 256 + state["block"] if state["sparse"] else state["size"]
+        ident = self.state_ident(state)
         if pinned and (h["chunk"] != state["chunk"] or self.ident(h) != ident):
             self.malformed += 1
             return []
@@ -78,7 +82,10 @@ def sent(switch: AggregationSwitch, headers: np.ndarray, payload: np.ndarray,
     res = switch.process(headers, payload, sparse=extra)
     out = []
     for h, p, x in zip(res.headers, res.payload, res.sparse, strict=True):
-        dests = range(switch.workers) if h["worker"] == MULTICAST else [int(h["worker"])]
+        if h["msg_type"] == wire.MsgType.SCATTER_DONE:  # every port but the owner's (its header names it)
+            dests = [d for d in range(switch.workers) if d != int(h["worker"])]
+        else:
+            dests = range(switch.workers) if h["worker"] == MULTICAST else [int(h["worker"])]
         fields = tuple(int(h[n]) for n in wire.AGG_HEADER.names if n != "worker")
         out += [(d, *fields, int(x[0]), int(x[1]), tuple(int(v) for v in p[: 64 * int(h["size"])]))
                 for d in dests]
@@ -326,7 +333,7 @@ def check_parse(data: bytes) -> str:
         assert str(exc) and "\n" not in str(exc)
         return "malformed"
     assert int(header["msg_type"]) in (wire.MsgType.CONTRIB, wire.MsgType.RESULT, wire.MsgType.SPARSE_CONTRIB,
-                                       wire.MsgType.SPARSE_RESULT)
+                                       wire.MsgType.SPARSE_RESULT, wire.MsgType.SCATTER_DONE)
     assert len(payload) == 64 * int(header["size"]) and payload.dtype == np.int32
     # what parses is what the sender framed: framing it again gives the same bytes
     body = payload if len(payload) else None
@@ -384,3 +391,55 @@ def test_many_honest_rounds_with_malformed_packets(case) -> None:
 @given(data=frames())
 def test_many_damaged_frames(data: bytes) -> None:
     assert check_parse(data) in ("packet", "malformed")
+
+
+@st.composite
+def collective_rounds(draw: st.DrawFn) -> tuple[int, int, int, list[list[Packet]], dict[int, tuple[str, int]]]:
+    """Rounds of all_reduces, reduce_scatters and all_gathers on one pool (each chunk of its own
+    kind, with an owner), shuffled and cut into batches."""
+    slots, workers, k = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.sampled_from([64, 256]))
+    rnd = random.Random(draw(st.integers(0, 2**32)))
+    batches, kinds = [], {}
+    for r in range(draw(st.integers(1, 3))):
+        seq = []
+        for c in range(r * slots, (r + 1) * slots):
+            kind, owner = rnd.choice(["dense", "scatter", "gather"]), rnd.randrange(workers)
+            kinds[c] = (kind, owner)
+            for w in range(workers):
+                flags = (c // slots) % 2 | {"dense": 0, "scatter": wire.FLAG_SCATTER, "gather": wire.FLAG_GATHER}[kind]
+                size = k // 64 if kind != "gather" or w == owner else 0
+                if kind != "dense" and w == owner:
+                    flags |= wire.FLAG_OWNER
+                mine = random.Random(c * 7919 + w)
+                seq.append(({"msg_type": 1, "flags": flags, "job": 1, "worker": w, "num_workers": workers,
+                             "slot": c % slots, "exponent": mine.randint(-128, 127), "size": size, "chunk": c},
+                            mine.choices(range(-(2**31), 2**31), k=64 * size)))
+        rnd.shuffle(seq)
+        cuts = sorted(rnd.sample(range(1, len(seq)), min(rnd.randint(0, 3), len(seq) - 1)))
+        batches += [seq[a:b] for a, b in zip([0, *cuts], [*cuts, len(seq)], strict=True)]
+    return slots, workers, k, batches, kinds
+
+
+@settings(FAST, max_examples=400)
+@given(case=collective_rounds())
+def test_a_scatter_sum_reaches_its_owner_alone_and_a_gather_block_everyone(case) -> None:
+    slots, workers, k, batches, kinds = case
+    switch = AggregationSwitch(slots, workers, k, 1)
+    got: dict[int, list[tuple[int, int, list[int]]]] = {}
+    packets: dict[int, list[Packet]] = {}
+    for batch in batches:
+        for h, v in batch:
+            packets.setdefault(h["chunk"], []).append((h, v))
+        headers, payload, extra = to_arrays(batch, k)
+        res = switch.process(headers, payload, sparse=extra)
+        for h, p in zip(res.headers, res.payload, strict=True):
+            got.setdefault(int(h["chunk"]), []).append((int(h["msg_type"]), int(h["worker"]),
+                                                        p[: 64 * int(h["size"])].tolist()))
+    assert switch.stats.malformed == switch.stats.invalid == 0 and sorted(got) == sorted(kinds)
+    for c, (kind, owner) in kinds.items():
+        sums = int32_sums([(h, v + [0] * (k - len(v))) for h, v in packets[c]])[: k]
+        if kind == "scatter":
+            assert got[c] == [(wire.MsgType.RESULT, owner, sums), (wire.MsgType.SCATTER_DONE, owner, [])]
+        else:  # a gather's "sum" is the owner's block, bit for bit
+            want = next(v for h, v in packets[c] if h["worker"] == owner) if kind == "gather" else sums
+            assert got[c] == [(wire.MsgType.RESULT, MULTICAST, want)]

@@ -9,17 +9,18 @@ import pytest
 
 from emu.emulator import wire
 from emu.emulator.switch import MULTICAST, AggregationSwitch
-from tests.emulator.vectors import OUT, SPARSE_OUT, build
+from tests.emulator.vectors import COLLECTIVES_OUT, OUT, SPARSE_OUT, build
 
 DENSE = sorted(OUT.glob("*.json"))  # the P4 program passes these too (tests/p4)
 SPARSE = sorted(SPARSE_OUT.glob("*.json"))  # the sparse stream: the software switch only
-VECTORS = DENSE + SPARSE
+COLLECTIVES = sorted(COLLECTIVES_OUT.glob("*.json"))  # reduce_scatter and all_gather rounds: the software switch only
+VECTORS = DENSE + SPARSE + COLLECTIVES
 
 
-@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
-def test_vector_files_are_current(sparse: bool) -> None:
-    built = build(sparse)
-    paths = SPARSE if sparse else DENSE
+@pytest.mark.parametrize("kind", ["dense", "sparse", "collectives"])
+def test_vector_files_are_current(kind: str) -> None:
+    built = build(kind == "sparse", kind == "collectives")
+    paths = {"dense": DENSE, "sparse": SPARSE, "collectives": COLLECTIVES}[kind]
     assert sorted(p.stem for p in paths) == sorted(built)
     for path in paths:
         assert json.loads(path.read_text()) == built[path.stem], f"regenerate {path.name}"
@@ -42,10 +43,14 @@ def frames_out(switch: AggregationSwitch, headers: np.ndarray, payload: np.ndarr
     out = []
     for h, p, x in zip(res.headers, res.payload, res.sparse, strict=True):
         body = p[: 64 * int(h["size"])]
-        dests = range(switch.workers) if h["worker"] == MULTICAST else [int(h["worker"])]
+        if h["msg_type"] == wire.MsgType.SCATTER_DONE:  # every port but the owner's; its header names the owner
+            dests = [d for d in range(switch.workers) if d != int(h["worker"])]
+        else:
+            dests = range(switch.workers) if h["worker"] == MULTICAST else [int(h["worker"])]
         for dest in dests:  # what the switch's egress replication sends, port by port
             h2 = {n: h[n] for n in wire.AGG_HEADER.names}
-            h2["worker"] = dest
+            if h["msg_type"] != wire.MsgType.SCATTER_DONE:
+                h2["worker"] = dest
             if h["msg_type"] == wire.MsgType.SPARSE_RESULT:
                 h2.update(block=x[0], next=x[1])
                 packet = wire.sparse_packet(h2, body if len(body) else None)

@@ -7,7 +7,8 @@ writes them to ``tests/data/conformance/`` (frames in hex: Ethernet/IPv4/UDP
 template + emu header + payload), and a test checks the files are current. The
 software switch runs them in every test run; the P4 program runs them on BMv2. The sparse
 stream's vectors (``SPARSE_CONTRIB``, docs/sparse.md) are in ``sparse/``: the software switch
-runs them too; the P4 program, which stays dense, does not.
+runs them too; the P4 program, which stays dense, does not. So are the reduce_scatter's and
+all_gather's rounds (``FLAG_SCATTER``, ``FLAG_GATHER``: docs/protocol.md), in ``collectives/``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from emu.emulator import wire
 
 OUT = Path(__file__).resolve().parents[1] / "data" / "conformance"
 SPARSE_OUT = OUT / "sparse"
+COLLECTIVES_OUT = OUT / "collectives"
+SCATTER, GATHER, OWNER = wire.FLAG_SCATTER, wire.FLAG_GATHER, wire.FLAG_OWNER
 NONE = 0xFFFFFFFF  # wire.BLOCK_NONE
 
 
@@ -28,32 +31,56 @@ class Reference:
     def __init__(self, slots: int, workers: int, elements: int, job: int) -> None:
         self.slots, self.workers, self.k, self.job = slots, workers, elements, job
         self.state = {(s, c): {"acc": [0] * elements, "bits": set(), "count": 0, "exp": -128,
-                               "size": 0, "chunk": 0, "sparse": False, "block": 0, "next": NONE}
+                               "size": 0, "chunk": 0, "sparse": False, "block": 0, "next": NONE,
+                               "kind": 0, "owner": -1}
                       for s in range(slots) for c in (0, 1)}
 
     @staticmethod
     def ident(h: dict) -> int:
-        """What pins a round besides its chunk: a dense packet's size, a sparse packet's block."""
-        return 256 + h.get("block", 0) if h["msg_type"] == 4 else h["size"]
+        """What pins a round besides its chunk: a dense packet's size, a sparse packet's block, a
+        reduce_scatter's size apart from an all_reduce's, an all_gather's kind alone."""
+        if h["msg_type"] == 4:
+            return 256 + h.get("block", 0)
+        kind = h["flags"] & (SCATTER | GATHER)
+        return -1000 if kind == GATHER else -1 - h["size"] if kind == SCATTER else h["size"]
+
+    @staticmethod
+    def state_ident(st: dict) -> int:
+        """The same of the round a slot copy holds."""
+        if st["sparse"]:
+            return 256 + st["block"]
+        return -1000 if st["kind"] == GATHER else -1 - st["size"] if st["kind"] == SCATTER else st["size"]
 
     def packet(self, h: dict, payload: list[int]) -> list[tuple[int, dict, list[int]]]:
+        kind, owns = h["flags"] & (SCATTER | GATHER), bool(h["flags"] & OWNER)
         if (h["msg_type"] not in (1, 4) or h["job"] != self.job or h["num_workers"] != self.workers
-                or h["slot"] >= self.slots or h["worker"] >= self.workers or h["size"] * 64 > self.k):
+                or h["slot"] >= self.slots or h["worker"] >= self.workers or h["size"] * 64 > self.k
+                or kind == SCATTER | GATHER or (kind and h["msg_type"] == 4)
+                or (kind == GATHER and h["size"] and not owns)):
             return []
         s, c, w = h["slot"], h["flags"] & 1, h["worker"]
         self.state[(s, 1 - c)]["bits"].discard(w)
         st = self.state[(s, c)]
         if w in st["bits"]:
-            return [self._result(s, c, w)] if st["count"] == self.workers else []
+            if st["count"] != self.workers:
+                return []
+            out = self._result(s, c, w)
+            if st["kind"] == SCATTER and st["owner"] >= 0 and w != st["owner"]:
+                out[1]["size"] = 0  # the sum is the owner's alone
+                return [(w, out[1], [])]
+            return [out]
         st["bits"].add(w)
         values = payload + [0] * (self.k - len(payload))
         sparse, nxt = h["msg_type"] == 4, h.get("next", 0)
         if st["count"] in (0, self.workers):
             st.update(acc=values, count=1, exp=h["exponent"], size=h["size"], chunk=h["chunk"], sparse=sparse,
-                      block=h.get("block", 0), next=nxt if sparse else NONE)
+                      block=h.get("block", 0), next=nxt if sparse else NONE, kind=kind, owner=w if owns else -1)
         else:
             st["acc"] = [((a + b + 2**31) % 2**32) - 2**31 for a, b in zip(st["acc"], values, strict=True)]
             st["count"] += 1
+            st["size"] = max(st["size"], h["size"])
+            if owns:
+                st["owner"] = max(st["owner"], w)
             if not sparse:
                 st["exp"] = max(st["exp"], h["exponent"])
             else:  # the smallest next block wins; among the packets that named it, the largest exponent
@@ -63,12 +90,16 @@ class Reference:
                 elif nxt == st["next"]:
                     st["exp"] = max(st["exp"], h["exponent"])
         if st["count"] == self.workers:
+            if st["kind"] == SCATTER and st["owner"] >= 0:  # the sum to the owner, a completion to the rest
+                owner = st["owner"]
+                done = {**self._result(s, c, owner)[1], "msg_type": 6, "size": 0}
+                return [self._result(s, c, owner)] + [(d, done, []) for d in range(self.workers) if d != owner]
             return [self._result(s, c, dest) for dest in range(self.workers)]
         return []
 
     def _result(self, s: int, c: int, dest: int) -> tuple[int, dict, list[int]]:
         st = self.state[(s, c)]
-        header = {"msg_type": 5 if st["sparse"] else 2, "flags": c, "job": self.job, "worker": dest,
+        header = {"msg_type": 5 if st["sparse"] else 2, "flags": c | st["kind"], "job": self.job, "worker": dest,
                   "num_workers": self.workers, "slot": s, "exponent": st["exp"], "size": st["size"],
                   "chunk": st["chunk"]}
         if st["sparse"]:
@@ -132,9 +163,10 @@ def encode(h: dict, payload: list[int]) -> str:
     return wire.frame(make(h, np.array(payload, dtype=np.int64) if payload else None)).hex()
 
 
-def build(sparse: bool = False) -> dict[str, dict]:
+def build(sparse: bool = False, collectives: bool = False) -> dict[str, dict]:
     files = {}
-    for name, description, cfg, steps in (sparse_scenarios() if sparse else scenarios()):
+    chosen = collective_scenarios() if collectives else sparse_scenarios() if sparse else scenarios()
+    for name, description, cfg, steps in chosen:
         ref = Reference(**cfg)
         doc_steps = []
         for step in steps:
@@ -188,9 +220,48 @@ def sparse_scenarios() -> list[tuple[str, str, dict, list[list[tuple[dict, list[
     return out
 
 
+def collective_scenarios() -> list[tuple[str, str, dict, list[list[tuple[dict, list[int]]]]]]:
+    """A reduce_scatter's rounds (the sum to the shard's owner, completions to the rest) and an
+    all_gather's (the owner's block, everyone's headers, the block to all)."""
+    out = []
+    cfg = {"slots": 2, "workers": 3, "elements": 64, "job": 1}
+
+    def rs(w: int, chunk: int, owner: int, values: list[int] | None, exponent: int = 0) -> tuple[dict, list[int]]:
+        return contrib(w, chunk, 2, 3, values, exponent, flags=(chunk // 2) % 2 | SCATTER | (OWNER if w == owner else 0))
+
+    def ag(w: int, chunk: int, owner: int, values: list[int]) -> tuple[dict, list[int]]:
+        return contrib(w, chunk, 2, 3, values if w == owner else None, -128,
+                       flags=(chunk // 2) % 2 | GATHER | (OWNER if w == owner else 0))
+
+    steps = [[rs(w, 0, 1, vals(w), exponent=w) for w in range(3)],  # worker 1's shard: its sum, the others' done
+             [rs(w, 1, 2, vals(10 + w)) for w in (2, 0, 1)],
+             [rs(w, 2, 0, vals(20 + w), exponent=-w) for w in range(3)]]  # slot 0's other copy, worker 0's shard
+    out.append(("scatter-to-owner", "a reduce_scatter's rounds: every worker's block is summed, the sum goes to the "
+                "block's owner alone, a header-only completion with the agreed exponent to every other worker",
+                cfg, steps))
+    steps = [[rs(0, 0, 2, vals(1)), rs(2, 0, 2, vals(2))],
+             [rs(2, 0, 2, vals(2))],  # the owner's duplicate of an incomplete round: dropped
+             [rs(1, 0, 2, vals(3))],  # completes
+             [rs(2, 0, 2, vals(2)), rs(0, 0, 2, vals(1))]]  # duplicates: the owner gets the sum, worker 0 a header
+    out.append(("scatter-duplicates", "duplicates of a reduce_scatter's round: dropped while incomplete, then the "
+                "owner's answered with the sum and another worker's with a header alone", cfg, steps))
+    edge = [-(2**31), 2**31 - 1, -1, 0] * 16  # raw bits: the sum of one block and nothing is the block
+    steps = [[ag(w, 0, 0, edge) for w in (1, 0, 2)],
+             [ag(w, 1, 2, vals(5)) for w in range(3)],
+             [contrib(1, 2, 2, 3, vals(6), -128, flags=1 | GATHER)]]  # a gather block not its owner's: dropped
+    out.append(("gather-multicast", "an all_gather's rounds: the owner sends its block, the others a header; the "
+                "block, bit for bit, goes to every worker; data from a worker that does not own the block is dropped",
+                cfg, steps))
+    return out
+
+
 if __name__ == "__main__":
     for folder, sparse_set in ((OUT, False), (SPARSE_OUT, True)):
         folder.mkdir(parents=True, exist_ok=True)
         for name, doc in build(sparse_set).items():
             (folder / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
             print(f"wrote {folder / name}.json")
+    COLLECTIVES_OUT.mkdir(parents=True, exist_ok=True)
+    for name, doc in build(collectives=True).items():
+        (COLLECTIVES_OUT / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {COLLECTIVES_OUT / name}.json")

@@ -54,6 +54,9 @@ def test_fsdp_at_eight_shards(no_children, fabric: str) -> None:
     (g,) = report.parallelism.groups
     # the root module's 6156 parameters gathered and reduce-scattered in shards of 770 (6160: 4 padded, each)
     assert g.kinds == ("all_gather", "reduce_scatter") and g.size == 8 and g.padded_elements == 8
+    # the switch sums the reduce_scatters to each shard's owner and multicasts the all_gathers
+    assert g.ran == (("switch",) if fabric == "ina" else ("ring",))
+    assert (report.fabric.fallbacks == {}) == (fabric == "ina")
 
 
 def test_a_pipeline_at_a_larger_data_parallel_size(no_children) -> None:
@@ -120,3 +123,47 @@ def test_groups_on_streams_of_their_own_run_concurrently(no_children) -> None:
     one = 4 * 1000.0  # a ring all_reduce of 2: two steps, each up and down a link
     assert times[True] == pytest.approx(10 + one, rel=1e-3)
     assert times[False] == pytest.approx(10 + 2 * one, rel=1e-3)
+
+
+def _one(kind: CollKind, count: int, dtype: Dtype, world: int = 8) -> Trace:
+    op = Coll(id=0, kind=kind, dtype=dtype, count=count, bytes=count * dtype.itemsize, group_size=world)
+    return _trace(world, None, {r: (Compute("forward", 10.0), op, Wait(ids=(0,))) for r in range(world)})
+
+
+@pytest.mark.parametrize("kind, dtype", [(CollKind.REDUCE_SCATTER, Dtype.FLOAT32), (CollKind.ALL_GATHER, Dtype.FLOAT32),
+                                         (CollKind.ALL_GATHER, Dtype.FLOAT16)])
+def test_the_switch_runs_reduce_scatter_and_all_gather_as_its_closed_forms(no_children, kind, dtype) -> None:
+    """On ina a reduce_scatter sums in the switch (its sums to each shard's owner, exact) and an
+    all_gather multicasts each shard (its bytes as they are, 2-byte dtypes two to a lane): no
+    fallback, every element checked, the time the closed form's (docs/physics.md)."""
+    from emu.emulator.fabric import AllReduce
+    from emu.emulator.physics import collective_time_us
+
+    link = LinkSpec(bandwidth_bps=10e9, latency_us=5.0)
+    count = 1 << 20
+    report = replay(_one(kind, count, dtype), ReplayConfig(workers=8, fabric="ina", iters=1, link=link, payload_scale=1))
+    assert report.fabric.fallbacks == {} and report.verification.ok
+    # a reduce_scatter's owner checks its shard (the job's tensor once); an all_gather every worker all of it
+    assert report.verification.elements_checked == (count if kind == CollKind.REDUCE_SCATTER else 8 * count)
+    cfg = ReplayConfig(workers=8, fabric="ina", link=link)
+    form = collective_time_us(kind, count, dtype.itemsize, True, 8, link, AllReduce.STREAM, cfg.elements,
+                              cfg.emulated_slots, switch_collectives=True)
+    assert report.iterations[0].emulated_us - 10.0 == pytest.approx(form, rel=0.005)
+
+
+@pytest.mark.parametrize("scale", [1, 8])
+def test_scatter_and_gather_rounds_recover_from_loss(no_children, scale: int) -> None:
+    """Lost contributions and results of reduce_scatter and all_gather rounds are resent and the
+    switch answers duplicates (the owner with its sum, the others with a header): every element
+    still arrives right."""
+    ops = (Compute("forward", 10.0),
+           Coll(id=0, kind=CollKind.REDUCE_SCATTER, dtype=Dtype.FLOAT32, count=1 << 16, bytes=1 << 18, group_size=4),
+           Coll(id=1, kind=CollKind.ALL_GATHER, dtype=Dtype.FLOAT32, count=1 << 16, bytes=1 << 18, group_size=4),
+           Wait(ids=(0, 1)))
+    trace = _trace(4, None, {r: ops for r in range(4)})
+    link = LinkSpec(bandwidth_bps=10e9, latency_us=5.0, loss=0.02)
+    report = replay(trace, ReplayConfig(workers=4, fabric="ina", iters=2, link=link, payload_scale=scale, seed=3))
+    assert report.verification.ok and report.fabric.fallbacks == {}
+    assert report.fabric.packets_lost > 0
+    if scale == 1:  # real rows lost and resent; the switch answered duplicates of completed rounds
+        assert report.fabric.retransmissions > 0 and report.fabric.answered > 0

@@ -446,7 +446,9 @@ def gloo_collectives(kt: KinetoTrace) -> list[CollEvent]:
             group=_group(kt, att.ranks) if att is not None else None,
             issue_us=ev.ts_us, launch_end_us=ev.end_us, done_us=max(ex.end_us, ev.ts_us), tid=ev.tid,
             blocking=blocking, async_op=_async_flag(ev) if not p2p or att is None else not blocking,
-            root=root, peer=peer, sparse=rows, group_name=att.group if att is not None else None))
+            # a job of one group: its sends and receives on its one stream, as every collective of it
+            root=root, peer=peer, sparse=rows,
+            group_name=att.group if att is not None and attributor is not None and attributor.strict else None))
     return colls
 
 

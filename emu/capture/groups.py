@@ -42,10 +42,12 @@ class GroupInfo:
 
 @dataclass(frozen=True)
 class Issued:
-    """A collective the flight recorder saw issued: its group and when (wall clock, ns)."""
+    """A collective the flight recorder saw issued: its group, when (wall clock, ns) and what
+    (its profiling name, ``gloo:all_reduce``)."""
 
     group: str
     created_ns: int
+    kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,8 @@ def read_comms(path: Path) -> CommsRecord | None:
     try:
         groups = tuple(GroupInfo(str(g["name"]), str(g.get("desc", "")), tuple(g["ranks"]))
                        for g in doc.get("groups", []) if _ints(g.get("ranks")))
-        issued = tuple(Issued(str(e["group"]), int(e["created_ns"])) for e in doc.get("collectives", []))
+        issued = tuple(Issued(str(e["group"]), int(e["created_ns"]), str(e.get("kind", "")))
+                       for e in doc.get("collectives", []) if not e.get("p2p"))  # sends and recvs: emu's own notes
         p2p = tuple(P2PCall(CollKind.SEND if e["kind"] == "send" else CollKind.RECV, bool(e["blocking"]),
                             str(e["group"]), None if e.get("peer") is None else int(e["peer"]), int(e["count"]),
                             int(e["start_ns"]), int(e["end_ns"])) for e in doc.get("p2p", []))
@@ -196,6 +199,15 @@ class Attribution:
     blocking: bool | None = None  # the call waited for its completion (send, recv)
 
 
+# how the flight recorder names what a launch of each kind executes (gloo runs a reduce_scatter
+# as an all_reduce of its input), underscores dropped
+_RECORDED_AS: dict[CollKind, tuple[str, ...]] = {
+    CollKind.ALL_REDUCE: ("allreduce", "sparseallreduce"), CollKind.REDUCE_SCATTER: ("allreduce", "reducescatter"),
+    CollKind.ALL_GATHER: ("allgather",), CollKind.BROADCAST: ("broadcast",), CollKind.ALL_TO_ALL: ("alltoall",),
+    CollKind.BARRIER: ("barrier",),
+}
+
+
 class Attributor:
     """Hands each gloo launch of one rank its entry of the record, in time order."""
 
@@ -241,12 +253,18 @@ class Attributor:
                 return None
             raise KinetoError(f"{where}: no {kind.value} call in {self.record.path} spans it, so its group and "
                               "peer are unknown; capture with emu capture (which notes every send and recv)")
+        # the unused entry of a kind the launch can be, issued nearest its start (two threads may launch at once)
+        at = self.base_ns + round(ts_us * 1000)
+        names = _RECORDED_AS.get(kind, ())
         best = None
         for i, t in enumerate(self.issued_ns):
             if i in self.used_issued or not start <= t <= end:
                 continue
-            best = i
-            break
+            recorded = self.record.issued[i].kind.removeprefix("gloo:").replace("_", "")
+            if recorded and names and recorded not in names:
+                continue
+            if best is None or abs(t - at) < abs(self.issued_ns[best] - at):
+                best = i
         if best is None:
             raise KinetoError(f"{where}: no entry of {self.record.path} was issued during it, so its group is "
                               "unknown; the flight recorder may have run out of room: set TORCH_FR_BUFFER_SIZE "

@@ -68,7 +68,7 @@ def shard_layout(kind: CollKind, count: int, dtype: str, params: InaParams) -> t
     """A reduce_scatter's or all_gather's shards on the stream: (lanes of real data a shard holds,
     blocks a shard takes, emulated packets of a shard). A reduce_scatter's lane is an element in
     fixed point; an all_gather's carries 4 bytes of the tensor as they are."""
-    shard = count // params.workers
+    shard = -(-count // params.workers)  # a count that does not divide: the last shards padded
     k, r = params.elements, max(1, params.scale)
     if kind == CollKind.REDUCE_SCATTER:
         lanes, emulated = -(-shard // r), -(-shard // k)

@@ -64,7 +64,8 @@ def ina_reduce_scatter_us(count: int, workers: int, link: LinkSpec, elements: in
     all_reduce's uplink does (each shard's blocks apart: ``g`` shards of ``ceil(count / g / k)``),
     after the exponent round; each downlink carries its shard and the others' header-only
     completions, less. So the all_reduce's form over the shards' blocks."""
-    shard_packets = -(-(count // workers) // elements) if count else 0
+    shard = -(-count // workers)  # a count that does not divide: the last shards padded
+    shard_packets = -(-shard // elements) if count else 0
     return ina_detail_us(workers * shard_packets * elements, link, elements, slots) if shard_packets else 0.0
 
 
@@ -73,7 +74,8 @@ def ina_all_gather_us(count: int, itemsize: int, workers: int, link: LinkSpec, e
     go up from its owner with every other worker's headers, and every downlink carries all ``g e``;
     the busier link (the downlink, but for a very small packet payload) sets the pace, plus the
     round trip's latency and the last packet's store and forward."""
-    e = -(-(count // workers) * itemsize // (4 * elements)) if count else 0
+    shard = -(-count // workers)
+    e = -(-shard * itemsize // (4 * elements)) if count else 0
     if not e:
         return 0.0
     down = workers * e * agg_wire_bytes(elements)

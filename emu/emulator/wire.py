@@ -71,7 +71,7 @@ class MalformedPacket(EmuError, ValueError):
 # (name, numpy type, bits): the order and widths the P4 header must match.
 AGG_FIELDS: tuple[tuple[str, str, int], ...] = (
     ("msg_type", ">u1", 8),
-    ("flags", ">u1", 8),  # bit 0: slot copy
+    ("flags", ">u1", 8),  # bit 0: slot copy; bits 1-3: FLAG_SCATTER, FLAG_GATHER, FLAG_OWNER
     ("job", ">u2", 16),
     ("worker", ">u2", 16),  # contributor (CONTRIB) or destination (RESULT)
     ("num_workers", ">u2", 16),

@@ -348,8 +348,8 @@ class ReplayConfig:
             if not isinstance(self.mesh, Mesh):
                 raise ConfigError(f"mesh must be a Mesh (emu.replay.layout.parse_mesh('dp=64,tp=2')), got {self.mesh!r}")
             if self.mesh.size != self.workers:
-                raise ConfigError(f"--mesh {self.mesh.text()} is {self.mesh.size} workers but --workers is "
-                                  f"{self.workers}: give one, or the same count")
+                raise ConfigError(f"the mesh {self.mesh.text()} (--mesh, or a design's parallelism.mesh) is "
+                                  f"{self.mesh.size} workers but --workers is {self.workers}: give one, or the same count")
         if self.packet_rate is not None:
             if not (math.isfinite(self.packet_rate) and 1.0 <= self.packet_rate <= 1e13):
                 raise ConfigError(f"--packet-rate {self.packet_rate:g}: give 1 to 1e13 packets a second (a Tofino "

@@ -79,6 +79,7 @@ class Pool:
     ranks: np.ndarray  # this host's members: their numbers in the pool (the headers' worker)
     ids: np.ndarray  # their worker ids in the job
     locals: np.ndarray  # their indices among the host's workers (their links)
+    seed_offset: int = 0  # a sub-group pool's packets have loss fates of their own (the job's pool: 0)
 
 
 @dataclass
@@ -119,7 +120,7 @@ class InaEndpoint:
         self.group = InaGroup(pool.ranks, params, PayloadCache(cfg.seed, pool.workers), recorded)
         # with payload scale, loss is drawn per emulated packet and the real rows always cross; each
         # pool's packets have fates of their own
-        self.scaled = (ScaledLoss(cfg.seed + 7919 * pool.job, pool.workers, cfg.link.loss, pool.real_slots,
+        self.scaled = (ScaledLoss(cfg.seed + pool.seed_offset, pool.workers, cfg.link.loss, pool.real_slots,
                                   -(-pool.emulated_slots // pool.real_slots), cfg.timeout_rto_us)
                        if cfg.scale > 1 and cfg.link.loss > 0 else None)
         self.counters = InaCounters()

@@ -228,7 +228,7 @@ def pools_of(host_workers: np.ndarray, index: dict[int, int], groups: tuple[tupl
         ids = np.asarray([members[r] for r in here], np.int64)
         out.append(Pool(job=1 + i, workers=len(members), real_slots=real, emulated_slots=emulated,
                         ranks=np.asarray(here, np.int64), ids=ids,
-                        locals=np.asarray([index[int(w)] for w in ids], np.int64)))
+                        locals=np.asarray([index[int(w)] for w in ids], np.int64), seed_offset=7919 * (1 + i)))
     return out
 
 

@@ -41,7 +41,7 @@ from emu.lifetime import Terminated
 from emu.replay.config import Clock, ReplayConfig
 from emu.replay.design import resolved_design
 from emu.replay.host import HostSetup
-from emu.replay.layout import plan_mesh
+from emu.replay.layout import has_subgroups
 from emu.replay.messages import HostResult, SwitchResult
 from emu.replay.orchestrator import (
     check_scale,
@@ -179,6 +179,9 @@ def replay_jobs(traces: list[Trace], config: ReplayConfig, jobs: Jobs, trace_pat
     if len(traces) != len(jobs.workers) or len(paths) != len(traces):
         raise ConfigError(f"{len(traces)} traces and {len(jobs.workers)} worker counts: give one --workers "
                           "value per trace (64,32), or one for all")
+    if config.mesh is not None:
+        raise ConfigError(f"a mesh ({config.mesh.text()}: --mesh, or a design's parallelism.mesh) lays out one "
+                          "sharded or split trace, and several traces are jobs of one group each: drop it")
     # every job runs as many iterations (the shorter traces' are reused cyclically), and the shared
     # time counts only iterations that ran while every job still ran (``_report``)
     config = replace(config, workers=sum(jobs.workers), iters=config.iters or max(t.iterations for t in traces))
@@ -189,7 +192,7 @@ def replay_jobs(traces: list[Trace], config: ReplayConfig, jobs: Jobs, trace_pat
     configs = jobs.configs(config)
     for t, cfg, path in zip(traces, configs, paths, strict=True):  # bad input fails before any process
         check_scale(t, cfg)
-        if plan_mesh(t, cfg.workers, None, path) is not None:
+        if has_subgroups(t):
             raise ConfigError(f"{path} is sharded or split (its collectives run on groups of a mesh), and jobs that "
                               "share the fabric each run their collectives on the whole job: replay it alone "
                               "(docs/parallelism.md)")

@@ -106,6 +106,19 @@ class MeshPlan:
         a, b, c = self.trace_mesh.coords(rank), self.trace_mesh.coords(other), self.mesh.coords(w)
         return self.mesh.rank([(cw + (y - x)) % d.size for x, y, cw, d in zip(a, b, c, self.mesh.dims, strict=True)])
 
+    def _root(self, root: int, key: GroupKey, w: int) -> int:
+        """A broadcast's root among the workers of its group: the trace root's coordinates along the
+        dimensions the group spans (every member names the same worker), the group's elsewhere."""
+        if self.identity or key.kind == "job" and self.trace_mesh is None:
+            return root
+        assert self.trace_mesh is not None and self.mesh is not None
+        at = self.trace_mesh.coords(root)
+        spanned = range(len(self.mesh.dims)) if key.kind == "job" else key.dims
+        mine = list(self.mesh.coords(w))
+        for d in spanned:
+            mine[d] = at[d]  # a root inside the trace's sizes: the same place in the grown group
+        return self.mesh.rank(mine)
+
     def key(self, op: Coll, rank: int, w: int) -> GroupKey:
         """The group of workers that ``w``'s copy of trace rank ``rank``'s ``op`` runs on."""
         if op.kind in _P2P:
@@ -115,7 +128,9 @@ class MeshPlan:
         if self.trace_mesh is None:  # sub-groups kept as they are, at the trace's size
             group = op.group if op.group is not None else tuple(range(self.workers))
             return JOB if len(group) == self.workers else GroupKey("slice", anchor=tuple(sorted(group)))
-        group = op.group if op.group is not None else tuple(range(self.trace_mesh.size))
+        if op.group is None or len(op.group) == self.trace_mesh.size:  # the whole job, whatever its dimensions
+            return JOB
+        group = op.group
         dims = self.trace_mesh.spans(tuple(sorted(group)))
         if dims is None:
             raise ConfigError(f"{self.path}: rank {rank} issues a {op.kind.value} on the group {list(group)[:16]}, "
@@ -153,7 +168,7 @@ class MeshPlan:
         if op.kind in _P2P:
             peer = key.anchor[1] if op.kind == CollKind.SEND else key.anchor[0]
             return replace(op, group=None, group_size=size, peer=peer), key
-        root = None if op.root is None else self._shift(rank, op.root, w)
+        root = None if op.root is None else self._root(op.root, key, w)
         count = op.count
         if op.kind in (CollKind.ALL_GATHER, CollKind.REDUCE_SCATTER) and count % size:
             count += size - count % size  # padded to whole shards, as FSDP pads its parameters
@@ -161,12 +176,18 @@ class MeshPlan:
                        bytes=count * op.dtype.itemsize), key
 
 
+def has_subgroups(trace: Trace) -> bool:
+    """Whether any collective of the trace runs on a group smaller than the job (a send or recv:
+    its pair, where the trace names the group it was issued on)."""
+    n = trace.meta.world_size
+    return any(op.group is not None and len(op.group) < n for r in trace.ranks for it in r.iterations for op in it.colls)
+
+
 def plan_mesh(trace: Trace, workers: int, mesh: Mesh | None, path: str) -> MeshPlan | None:
     """The layout a replay runs at; None for a trace whose collectives all span the job and that
     asks for no mesh (replayed at any size, as every trace before meshes)."""
     n = trace.meta.world_size
-    subgroups = any(op.group is not None for r in trace.ranks for it in r.iterations for op in it.colls
-                    if op.kind not in _P2P)
+    subgroups = has_subgroups(trace)
     trace_mesh = trace.meta.mesh
     if trace_mesh is None:
         if mesh is not None:

@@ -36,8 +36,11 @@ def split(n: int, parts: int) -> list[tuple[int, int]]:
 
 
 def point_to_point(programs: list[WorkerProgram], config: ReplayConfig) -> bool:
-    """Whether any collective runs point to point (the rest run on the aggregation stream)."""
-    return any(not on_stream(op, config) for prog in programs[:1] for it in prog.iterations for op in it.colls)
+    """Whether any collective runs point to point (the rest run on the aggregation stream): the
+    first worker's program tells for a trace of one group; a sharded or split job's ranks run
+    programs of their own, so one worker of each rank's is asked."""
+    one = {prog.rank: prog for prog in (programs if programs and programs[0].seq_offsets else programs[:1])}
+    return any(not on_stream(op, config) for prog in one.values() for it in prog.iterations for op in it.colls)
 
 
 def _worker_hosts(config: ReplayConfig) -> list[np.ndarray]:
@@ -256,6 +259,10 @@ def run_once(trace: Trace, config: ReplayConfig, trace_path: str | None,
     groups = group_table(programs)
     pools, pool_slots = ina_pools(programs, config)
     shape = config.layout()
+    if payload is not None and any(op.group is not None for prog in programs for it in prog.iterations[:1]
+                                   for op in it.colls):
+        raise ConfigError("--payload sends the real ranks' tensors of a job of one group (emu run's), and this "
+                          "trace runs collectives on sub-groups: replay it without --payload")
     if pools and shape is not None and shape.leaves > 1 and config.topology is not None \
             and config.topology.algorithm == Algorithm.HIERARCHICAL:
         raise ConfigError("hierarchical INA on several leaves aggregates the whole job's collectives only: its "

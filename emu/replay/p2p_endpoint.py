@@ -180,8 +180,9 @@ class P2PEndpoint:
             return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=True, gather=False, own=rank - 1)
         if kind == CollKind.ALL_GATHER:
             return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=False, gather=True, own=rank - 1)
-        if kind == CollKind.BROADCAST:
-            return Tree(**common, layout=Layout(real, 1, emu_bytes), root=op.root or 0)
+        if kind == CollKind.BROADCAST:  # its root among the group's members, where it has one
+            root = op.root or 0
+            return Tree(**common, layout=Layout(real, 1, emu_bytes), root=root if group is None else group[1][root])
         if kind == CollKind.ALL_TO_ALL:
             return AllToAll(**common, layout=Layout(real, m, emu_bytes))
         return SendRecv(**common, layout=Layout(real, 1, emu_bytes), peer=op.peer or 0,

@@ -33,10 +33,12 @@ from emu.errors import ConfigError
 from emu.replay.adaptive import planned_ranks
 from emu.replay.compression import with_compression
 from emu.replay.config import CompressOption, SparsityOption
-from emu.replay.layout import GroupKey, MeshPlan, plan_mesh
+from emu.replay.layout import GroupKey, MeshPlan, has_subgroups, plan_mesh
 from emu.replay.sparsity import with_sparsity
 from emu.traces.mesh import Mesh
 from emu.traces.model import Coll, CollKind, Iteration, Op, Trace
+
+_ONE_ORDER = (CollKind.ALL_REDUCE, CollKind.REDUCE_SCATTER, CollKind.ALL_GATHER)
 
 
 def straggling(stragglers, workers: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -82,7 +84,10 @@ def _scale_op(op: Op, rank: int, worker: int, n: int, m: int, path: str) -> Op:
                           f"job of {n}; only whole-job collectives scale: replay with --workers {n}")
     peer = None if op.peer is None else (worker + op.peer - rank) % m
     root = None if op.root is None else op.root % m
-    return replace(op, group_size=m, peer=peer, root=root)
+    count = op.count
+    if op.kind in (CollKind.ALL_GATHER, CollKind.REDUCE_SCATTER) and count % m:
+        count += m - count % m  # whole shards of the grown group, as FSDP pads (emu.replay.layout)
+    return replace(op, group_size=m, peer=peer, root=root, count=count, bytes=count * op.dtype.itemsize)
 
 
 def plan_programs(trace: Trace, workers: int, path: str = "trace", sparsity: SparsityOption | None = None,
@@ -94,8 +99,8 @@ def plan_programs(trace: Trace, workers: int, path: str = "trace", sparsity: Spa
     (``emu.replay.compression.compressed``); ``first``: plan only the first workers' programs
     (what a report reads of a run whose programs were checked), without the point-to-point check;
     ``mesh``: the layout of a sharded or split trace (``emu.replay.layout``)."""
-    layout = plan_mesh(trace, workers, mesh, path)
-    if layout is not None:
+    layout = plan_mesh(trace, workers, mesh, path)  # checks a mesh given, and a layout's ranks
+    if layout is not None and has_subgroups(trace):
         return _plan_groups(trace, layout, path, sparsity, compress, first)
     n = trace.meta.world_size
     ranks = with_sparsity(trace, workers, sparsity)
@@ -103,6 +108,12 @@ def plan_programs(trace: Trace, workers: int, path: str = "trace", sparsity: Spa
         ranks = planned_ranks(ranks, compress.plan, job_workers or workers, n, compress.speed, switch_sums)
     elif compress is not None and compress.active:  # adaptive before its plan: checked at its floor
         ranks = with_compression(ranks, job_workers or workers, compress.compressor, compress.speed, switch_sums)
+    for r in ranks:  # the whole job's reductions and gathers keep one order (the switch's stream among them)
+        streams = {op.stream or 0 for it in r.iterations for op in it.colls if op.kind in _ONE_ORDER}
+        if len(streams) > 1:
+            raise ConfigError(f"{path}: rank {r.rank} puts the job's all_reduces, reduce_scatters and all_gathers on "
+                              f"streams {sorted(streams)}; emu runs one group's in issue order on one stream, as NCCL "
+                              "runs a communicator's: give them one stream")
     counts = {len(it.colls) for r in ranks for it in r.iterations}
     if len(counts) > 1:
         raise ConfigError(f"{path}: the iterations issue different numbers of collectives ({sorted(counts)}); "
@@ -130,9 +141,12 @@ def _plan_groups(trace: Trace, layout: MeshPlan, path: str, sparsity: SparsityOp
         raise ConfigError(f"--compress {compress.text}: {path} runs collectives on sub-groups (its mesh: "
                           f"{_mesh_text(trace)}), and emu compresses a whole job's all_reduces only")
     recorded = any(op.sparsity is not None for r in trace.ranks for it in r.iterations for op in it.colls)
-    if (sparsity is not None and sparsity.source == "option") or (recorded and (sparsity is None or sparsity.source != "none")):
-        raise ConfigError(f"{path} runs collectives on sub-groups (its mesh: {_mesh_text(trace)}), and emu replays "
-                          "their payload dense: give --sparsity none, or drop --sparsity")
+    if sparsity is not None and sparsity.source == "option":
+        raise ConfigError(f"--sparsity {sparsity.text}: {path} runs collectives on sub-groups (its mesh: "
+                          f"{_mesh_text(trace)}), and emu replays their payload dense: drop --sparsity")
+    if recorded and (sparsity is None or sparsity.source != "none"):
+        raise ConfigError(f"{path} runs collectives on sub-groups (its mesh: {_mesh_text(trace)}) and records their "
+                          "sparsity, which emu follows on a whole job's all_reduces only: give --sparsity none")
     by_rank = {p.rank: p for p in trace.ranks}
     m = layout.workers
     # per worker, per iteration of its cycle: each collective scaled, its group, its place in the group
@@ -163,6 +177,20 @@ def _plan_groups(trace: Trace, layout: MeshPlan, path: str, sparsity: SparsityOp
                 counts[key] = len(sig)
             per_it.append(row)
         planned.append((rank, per_it))
+    # every iteration of a worker issues the same groups' collectives, on one stream a group
+    for rank, per_it in planned:
+        first_keys = {k for _, k, _ in per_it[0]}
+        for index, row in enumerate(per_it):
+            if {k for _, k, _ in row} != first_keys:
+                raise ConfigError(f"{path}: rank {rank}'s iteration {index} issues collectives on other groups than "
+                                  "its first iteration; replay needs the same collectives in every iteration")
+            streams: dict[GroupKey, set[int]] = {}
+            for op, k, _ in row:
+                streams.setdefault(k, set()).add(op.stream or 0)
+            if any(len(v) > 1 for v in streams.values()):
+                raise ConfigError(f"{path}: rank {rank}'s iteration {index} puts one group's collectives on several "
+                                  "streams; emu runs a group's collectives in issue order on one stream, as NCCL "
+                                  "runs a communicator's: give each group one stream")
     # every key's members must all issue its collectives (a send needs its recv)
     keys_of = [{k for _, k, _ in per_it[0]} for _, per_it in planned]
     for key in signature:

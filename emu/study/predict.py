@@ -41,11 +41,10 @@ from emu.emulator.topology import Algorithm
 from emu.emulator.topology_physics import topology_hier_ring_us, topology_ina_us, topology_ring_us
 from emu.errors import ConfigError
 from emu.replay.config import CompressOption, ReplayConfig, SparsityOption
-from emu.replay.layout import plan_mesh
+from emu.replay.layout import has_subgroups, plan_mesh
 from emu.replay.orchestrator import choose_payload_scale
 from emu.replay.programs import WorkerProgram, plan_programs, straggling
 from emu.replay.worker import IterationRecord, union_us
-from emu.traces.mesh import Mesh
 from emu.traces.model import Coll, CollKind, Compute, Sparsity, Trace, Wait
 
 # Past this many workers the programs are planned for fewer (plan_programs builds one per worker):
@@ -84,14 +83,10 @@ class _Class:
 
 
 def _programs(trace: Trace, workers: int, sparsity: SparsityOption | None = None,
-              compress: CompressOption | None = None, switch_sums: bool = False,
-              mesh: Mesh | None = None) -> list[WorkerProgram]:
+              compress: CompressOption | None = None, switch_sums: bool = False) -> list[WorkerProgram]:
     """The programs of workers 0..min(M, len(ranks))-1, checked as a replay checks them."""
     n, r = trace.meta.world_size, len(trace.ranks)
     m = workers
-    if plan_mesh(trace, workers, mesh, "the trace") is not None:  # a layout plans every worker (checked above)
-        return plan_programs(trace, workers, sparsity=sparsity, compress=compress, switch_sums=switch_sums,
-                             mesh=mesh)[:min(r, workers)]
     if workers > PLAN_LIMIT and workers != n:
         m = PLAN_LIMIT + (workers - PLAN_LIMIT) % r  # same residue: the same last worker's program
         if m == n:
@@ -101,7 +96,7 @@ def _programs(trace: Trace, workers: int, sparsity: SparsityOption | None = None
 
 
 def _classes(trace: Trace, config: ReplayConfig) -> list[_Class]:
-    programs = _programs(trace, config.workers, config.sparsity, config.compress, config.switch_sums, config.mesh)
+    programs = _programs(trace, config.workers, config.sparsity, config.compress, config.switch_sums)
     factor, _ = straggling(config.stragglers, config.workers, config.seed)  # numpy over M, as replay draws
     prog = np.arange(config.workers) % len(programs)
     keys, first = np.unique(np.stack([prog.astype(float), factor], axis=1), axis=0, return_index=True)
@@ -234,13 +229,12 @@ def predict(trace: Trace, config: ReplayConfig) -> Prediction:
     if config.compress.adaptive:
         raise ConfigError("--compress adaptive: its choices follow what the replay measures as it runs; emu predict "
                           "takes one compressor (--compress topk:R), or replay it (emu replay --compress adaptive)")
-    layout = plan_mesh(trace, config.workers, config.mesh, "the trace")
-    if layout is not None and (config.workers > PLAN_LIMIT or any(
-            op.group is not None or op.stream is not None for r in trace.ranks for it in r.iterations
-            for op in it.colls)):
+    plan_mesh(trace, config.workers, config.mesh, "the trace")  # a mesh given must fit the trace's
+    if has_subgroups(trace) or any(op.stream is not None for r in trace.ranks for it in r.iterations for op in it.colls):
+        mesh = trace.meta.mesh
         raise ConfigError(f"emu predict's closed forms run the collectives of the whole job on one stream; this "
-                          f"trace is sharded or split ({'mesh ' + layout.trace_mesh.text() if layout.trace_mesh else 'sub-groups'}"
-                          f"), with groups and streams of their own: replay it (emu replay; docs/parallelism.md)")
+                          f"trace is sharded or split ({'mesh ' + mesh.text() if mesh else 'sub-groups'}), with groups "
+                          f"and streams of their own: replay it (emu replay; docs/parallelism.md)")
     iters = config.iters or trace.iterations
     scale = config.payload_scale or choose_payload_scale(trace, config)
     classes = _classes(trace, config)

@@ -123,7 +123,7 @@ def run_sweep(points: list[Point], out: Path, traces: TraceCache, *, with_predic
     # and compression are one value for every point)
     for point in {(p.trace, p.config.workers): p for p in points if refusal(p) is None}.values():
         plan_programs(traces.get(point.trace), point.config.workers, point.trace, point.config.sparsity,
-                      point.config.compress, switch_sums=point.config.switch_sums)
+                      point.config.compress, switch_sums=point.config.switch_sums, mesh=point.config.mesh)
     folder = out / "points"
     folder.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []

@@ -347,3 +347,16 @@ def test_fuzz_valid_designs_parse_to_their_values(values: dict[str, Any]) -> Non
         want = values.get(key)
         assert design.value(key) == (want[1] if isinstance(want, tuple) else want), key
     assert design.name == values.get("name")
+
+
+def test_a_layout_in_a_design() -> None:
+    """[parallelism] mesh: the layout of a sharded or split trace, which sets the workers (docs/parallelism.md)."""
+    d = parse_design('[parallelism]\nmesh = "dp=16,tp=2"\n', "p.toml")
+    assert d.mesh is not None and d.mesh.text() == "dp=16,tp=2"
+    config = d.overlay(ReplayConfig(), frozenset())
+    assert config.mesh == d.mesh and config.workers == 32
+    assert resolved_design(config)["parallelism"] == {"mesh": "dp=16,tp=2"}
+    assert "parallelism" not in resolved_design(ReplayConfig())
+    refused('[parallelism]\nmesh = 4\n', "parallelism.mesh", "give the layout as a string of NAME=SIZE pairs")
+    refused('[parallelism]\nmesh = "dp=0"\n', "parallelism.mesh", "give the mesh as NAME=SIZE pairs")
+    refused('[parallelism]\nlayout = "dp=2"\n', "parallelism.layout", "[parallelism] takes mesh")

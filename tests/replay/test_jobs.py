@@ -58,7 +58,8 @@ def test_jobs_that_share_nothing_take_their_time_alone_exactly(fabric: str, no_c
     assert report.iterations == report.jobs[0].iterations  # the top is job 0's
 
 
-@pytest.mark.parametrize("fabric", ["ina", "ring", "ps"])
+# ina's is the slowest to replay (40 s here): the default run keeps ring's and ps's
+@pytest.mark.parametrize("fabric", [pytest.param("ina", marks=pytest.mark.slow), "ring", "ps"])
 def test_jobs_sharing_oversubscribed_leaves_slow_each_other(fabric: str, no_children) -> None:
     """Interleaved, each job holds a node on each leaf, so both jobs' traffic between leaves queues
     on the same 4:1 links: both are slower than alone. Contiguous, each job holds its own leaf: the
@@ -75,6 +76,7 @@ def test_jobs_sharing_oversubscribed_leaves_slow_each_other(fabric: str, no_chil
     assert [j.slowdown for j in apart.jobs] == pytest.approx([1.0, 1.0], rel=1e-12)
 
 
+@pytest.mark.slow  # 50 s here; tests/replay/test_clock.py checks one job's replay across layouts by default
 def test_a_shared_replay_is_the_same_on_any_process_layout(no_children) -> None:
     """Hierarchical INA: a leaf sums each job's workers apart (its partial is per job and chunk)."""
     topo = replace(SHARED_SPINE, nics_per_node=1, leaf_ports=2, algorithm=Algorithm.HIERARCHICAL)

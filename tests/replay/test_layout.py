@@ -127,8 +127,39 @@ def test_sub_groups_without_a_mesh_replay_at_their_own_size(tp) -> None:
 def test_what_sub_groups_do_not_take_yet(tp) -> None:
     with pytest.raises(ConfigError, match="--compress topk:0.01: t runs collectives on sub-groups"):
         plan_programs(tp, 4, "t", compress=CompressOption("topk:0.01"))
-    with pytest.raises(ConfigError, match="t runs collectives on sub-groups .* give --sparsity none"):
+    with pytest.raises(ConfigError, match="--sparsity 0.1: t runs collectives on sub-groups .* drop --sparsity"):
         plan_programs(tp, 4, "t", sparsity=SparsityOption.parse("0.1"))
+
+
+def test_a_mesh_of_whole_job_collectives_takes_compression_and_sparsity(fsdp) -> None:
+    """FSDP's gathers and scatters span the job: a trace of one group that records a mesh is planned
+    as any such trace (the mesh sets its size and roles), with every option."""
+    progs = plan_programs(fsdp, 8, "t", sparsity=SparsityOption.parse("0.1"), compress=CompressOption("fp16"))
+    assert progs[0].seq_offsets == () and {op.group_size for op in progs[0].iterations[0].colls} == {8}
+
+
+def test_a_broadcast_of_a_grown_group_has_one_root() -> None:
+    """Every member of a data-parallel group grown from 2 to 4 names the trace root's place in it."""
+    from emu.traces import Coll, Dtype, Iteration, RankProgram, Source, Trace, TraceMeta, Wait
+    from emu.traces.mesh import Mesh
+
+    mesh = Mesh.of([("dp", 2), ("tp", 2)])
+    meta = TraceMeta(source=Source.SYNTHETIC, world_size=4, backend="gloo", device="cpu", framework="none",
+                     dtype="float32", captured_at="2026-12-01T00:00:00Z", mesh=mesh)
+
+    def program(r: int) -> RankProgram:
+        dp = mesh.slice(r, (0,))
+        op = Coll(id=0, kind=CollKind.BROADCAST, dtype=Dtype.FLOAT32, count=8, bytes=32, group_size=2, group=dp,
+                  root=dp[0], group_role=GroupRole.DP)
+        return RankProgram(rank=r, iterations=(Iteration(step=0, measured_us=1.0, ops=(op, Wait(ids=(0,)))),))
+
+    trace = Trace(meta=meta, ranks=tuple(program(r) for r in range(4)))
+    progs = plan_programs(trace, 8, "t", mesh=parse_mesh("dp=4,tp=2"))
+    roots = {}
+    for prog in progs:
+        op = prog.iterations[0].colls[0]
+        roots.setdefault(op.group, set()).add(op.root)
+    assert roots == {(0, 2, 4, 6): {0}, (1, 3, 5, 7): {1}}
 
 
 def test_a_file_of_some_ranks_cannot_lay_out_the_mesh(tp) -> None:

@@ -167,3 +167,20 @@ def test_scatter_and_gather_rounds_recover_from_loss(no_children, scale: int) ->
     assert report.fabric.packets_lost > 0
     if scale == 1:  # real rows lost and resent; the switch answered duplicates of completed rounds
         assert report.fabric.retransmissions > 0 and report.fabric.answered > 0
+
+
+def test_small_gathers_and_group_broadcasts_move_their_bytes(no_children) -> None:
+    """An all_gather smaller than the grown job still crosses the switch (padded to whole shards),
+    and a broadcast on a data-parallel group reaches every member from the one root."""
+    small = _one(CollKind.ALL_GATHER, 2, Dtype.FLOAT32, world=2)
+    report = replay(small, ReplayConfig(workers=8, fabric="ina", iters=1))
+    assert report.verification.ok and report.fabric.packets > 0 and report.iterations[0].comm_us > 0
+    mesh = Mesh.of([("dp", 2), ("tp", 2)])
+    ops = {r: (Compute("forward", 10.0),
+               Coll(id=0, kind=CollKind.BROADCAST, dtype=Dtype.FLOAT32, count=4096, bytes=16384, group_size=2,
+                    group=mesh.slice(r, (0,)), root=mesh.slice(r, (0,))[1], group_role=GroupRole.DP),
+               Wait(ids=(0,))) for r in range(4)}
+    report = replay(_trace(4, mesh, ops), ReplayConfig(workers=8, fabric="ring", iters=1, mesh=parse_mesh("dp=4,tp=2")))
+    assert report.verification.ok and report.parallelism.accounted
+    # each of the two groups of 4: 3 receivers check the 4096 elements
+    assert report.verification.elements_checked == 2 * 3 * 4096

@@ -114,7 +114,7 @@ def test_a_shipped_trace_replays_on_every_fabric(no_children) -> None:
 
 
 @pytest.mark.parametrize(("fabric", "topo"), [
-    ("ina", Topology(workers_per_node=8)),
+    pytest.param("ina", Topology(workers_per_node=8), marks=pytest.mark.slow),  # 28 s here
     ("ring", Topology(workers_per_node=8, placement=Placement.SPREAD)),
     ("ina", Topology(workers_per_node=8, nics_per_node=8, leaf_ports=16, oversubscription=4,
                      algorithm=Algorithm.HIERARCHICAL)),

@@ -49,11 +49,13 @@ class Progress:
     """A progress bar on a terminal; elsewhere (a pipe, a CI log) a line per status and per
     quarter done, on stderr, so that a long run shows it is alive there too."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, quiet: bool = False) -> None:
+        """``quiet``: no bar and no lines (a machine whose run machine 0 reports)."""
         self._label = label
         self._bar = None
-        self._quarter = 0
-        if err().is_terminal:
+        self._quarter = 4 if quiet else 0
+        self._quiet = quiet
+        if err().is_terminal and not quiet:
             from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as Bar
 
@@ -76,7 +78,7 @@ class Progress:
     def status(self, text: str) -> None:
         if self._bar is not None:
             self._bar.update(self._task, description=f"{self._label}: {text}")
-        else:
+        elif not self._quiet:
             err().print(f"{self._label}: {text}", markup=False, highlight=False)
 
     def __exit__(self, *exc: object) -> None:

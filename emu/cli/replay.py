@@ -78,6 +78,9 @@ if TYPE_CHECKING:
 @click.option("--chrome-trace", type=click.Path(dir_okay=False, path_type=Path),
               help="Write every worker's spans in emulated time (Perfetto / chrome://tracing).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report(s) as JSON on stdout.")
+@click.option("--launcher", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
+              help="auto: under torchrun, srun or a PyTorchJob (RANK, WORLD_SIZE, MASTER_ADDR or SLURM_*), join the "
+                   "other machines and host a share of the workers (docs/multi-host.md); none: this machine alone.")
 @topology_options
 @click.pass_context
 def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, mesh: str | None, allocation: str | None,
@@ -87,7 +90,7 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
            sparsity: str, sparsity_block: int | None, compress: str, compress_speed: float, seed: int,
            payload_file: str | None, slots: int | None, elements: str, packet_rate: str | None,
            processes: int | None, ps_shards: int | None, timeout: float, report_path: Path | None,
-           chrome_trace: Path | None, as_json: bool, **shape: Any) -> None:
+           chrome_trace: Path | None, as_json: bool, launcher: str, **shape: Any) -> None:
     """Replay TRACE (a file, or a shipped sample: mlp, cnn, transformer, dlrm) on fake workers;
     several traces are jobs sharing the fabric, each also replayed alone for its slowdown.
 
@@ -122,6 +125,12 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
         raise ConfigError("--chrome-trace draws one job's workers: give it with one trace")
     paths = [trace_path(arg) for arg in trace_args]
     traces = [load_trace(p) for p in paths]
+    cluster = _join(launcher, processes, paths)
+    quiet = cluster is not None and cluster.rank != 0  # machine 0 reports; the others host workers
+    if cluster is not None:  # every replay below is spread over the machines; they part at the command's end
+        from emu.replay.machines import spread
+
+        ctx.with_resource(spread(cluster))
     path, trace = paths[0], traces[0]
     payload = None
     if payload_file is not None:
@@ -144,7 +153,7 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
     def target(base: Path | None, name: str) -> Path | None:
         return None if base is None or len(fabrics) == 1 else base.with_name(f"{base.stem}-{name}{base.suffix}")
 
-    for name in fabrics:  # found before anything runs, not after
+    for name in fabrics if not quiet else ():  # found before anything runs, not after
         if report_path is not None:
             check_writable(target(report_path, name) or report_path, "--report")
         if chrome_trace is not None:
@@ -180,15 +189,18 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
                 raise ConfigError(f"--mesh {config.mesh.text()} is {config.mesh.size} workers but --workers is "
                                   f"{workers}: give one, or the same count")
             config = replace(config, workers=config.mesh.size)
+        if cluster is not None:
+            config = cluster.configure(config)
         if not several:
             config.check()
         elif allocation is not None and config.topology is None:
             raise ConfigError("--allocation hands a topology's nodes to the jobs: give a topology too "
                               "(--workers-per-node, or a design's [topology])")
-        chrome = None if chrome_trace is None else target(chrome_trace, name) or chrome_trace
-        out_path = None if report_path is None else target(report_path, name) or report_path
+        chrome = None if chrome_trace is None or quiet else target(chrome_trace, name) or chrome_trace
+        out_path = None if report_path is None or quiet else target(report_path, name) or report_path
         try:
-            with Progress(f"{name} x{workers_arg}") as bar:
+            on = "" if cluster is None else f" on {cluster.world} machines"
+            with Progress(f"{name} x{workers_arg}{on}", quiet=quiet) as bar:
                 if several:
                     from emu.emulator.topology import Allocation
                     from emu.replay.jobs import Jobs, replay_jobs
@@ -216,7 +228,12 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
         if out_path is not None:
             report.save(out_path)
             err().print(f"wrote {out_path}", markup=False, highlight=False)
-    if as_json:
+    if quiet:
+        assert cluster is not None
+        err().print(f"machine {cluster.rank} of {cluster.world} ({cluster.me.hostname}) hosted its share of the "
+                    f"workers; machine 0 ({cluster.machines[0].hostname}) printed the results", markup=False,
+                    highlight=False)
+    elif as_json:
         docs = [r.to_dict() for r in reports]
         click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
     else:
@@ -227,6 +244,31 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
     if failed:
         raise CheckFailed(f"verification failed on {', '.join(r.config['fabric'] for r in failed)}: "
                           f"{sum(r.verification.mismatches for r in failed)} mismatched elements")
+
+
+def _join(launcher: str, processes: int | None, paths: list[Path]):
+    """The machines of the launcher's environment, joined and agreed on the traces (None: alone)."""
+    if launcher == "none":
+        return None
+    import os
+
+    from emu.replay.machines import JOIN_TIMEOUT_S, from_environment, join
+    from emu.traces.io import trace_sha256
+
+    env = from_environment(os.environ)
+    if env is None or env.world_size == 1:
+        return None
+    err().print(f"machine {env.rank} of {env.world_size}: joining the rendezvous at {env.master_addr}:"
+                f"{env.master_port} ({env.launcher})", markup=False, highlight=False)
+    wait = os.environ.get("EMU_JOIN_TIMEOUT")
+    try:
+        timeout_s = JOIN_TIMEOUT_S if wait is None else float(wait)
+    except ValueError:
+        raise ConfigError(f"EMU_JOIN_TIMEOUT={wait!r} is not a number of seconds") from None
+    cluster = join(env, processes, os.environ.get("EMU_SECRET") or None, os.environ.get("EMU_ADDRESS") or None,
+                   timeout_s=timeout_s)
+    cluster.agree("traces", {"traces": [trace_sha256(p) for p in paths]})
+    return cluster
 
 
 def _layout(par) -> str:

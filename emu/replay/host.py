@@ -83,6 +83,7 @@ class HostSetup:
     # and every pool's (real, emulated) slots, the job's pool first; empty: the job's pool alone
     pools: tuple[tuple[int, ...], ...] = ()
     pool_slots: tuple[tuple[int, int], ...] = ()
+    key: bytes | None = None  # several machines: the run's secret, which seals every message (emu.replay.sealed)
 
 
 @dataclass

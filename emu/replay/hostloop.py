@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import zmq
 
@@ -33,10 +34,12 @@ from emu.emulator.transport import (
     Go,
     Segment,
 )
+from emu.replay import sealed
 from emu.replay.config import Clock
 from emu.replay.host import Host, HostSetup
 from emu.replay.jobs_host import JobsHost
 from emu.replay.messages import Progress, Ready, Start, Stop, connect_control, decode, encode, failure
+from emu.replay.sealed import Rejected
 
 PROGRESS_S = 0.2
 POLL_MS = 100
@@ -45,8 +48,8 @@ POLL_MS = 100
 def host_main(setup: HostSetup) -> None:
     """Entry of a forked host process; it returns when the orchestrator says stop."""
     ctx = zmq.Context()
-    ctrl = connect_control(ctx, setup.control_addr)
-    data = ctx.socket(zmq.DEALER)
+    ctrl = connect_control(ctx, setup.control_addr, setup.key)
+    data = sealed.make(ctx, zmq.DEALER, setup.key)
     data.setsockopt(zmq.LINGER, 2000)
     data.setsockopt(zmq.IDENTITY, f"h{setup.index}".encode())
     data.setsockopt(zmq.SNDHWM, 0)
@@ -84,7 +87,10 @@ class _Loop:
         self.wall0 = 0.0
 
     def _control(self) -> None:
-        msg = decode(self.ctrl.recv())
+        try:
+            msg = decode(self.ctrl.recv())
+        except Rejected:
+            return
         if isinstance(msg, Start):
             self.wall0 = msg.wall0
             self.started = True
@@ -96,8 +102,9 @@ class _Loop:
 
     def _report(self) -> None:
         results = self.host.metrics()
-        for result in results if isinstance(results, list) else [results]:
-            self.ctrl.send(encode(result))
+        dropped = sealed.rejected(self.ctrl, self.data)
+        for i, result in enumerate(results if isinstance(results, list) else [results]):
+            self.ctrl.send(encode(replace(result, rejected=dropped if i == 0 else 0)))
 
     def _send_out(self) -> None:
         batch, segs = self.host.take_outgoing()

@@ -43,6 +43,21 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Alive:
+    """A heartbeat between the orchestrator and a machine of a replay spread over several
+    (docs/multi-host.md); ``machine``: the sender's rank (0: the orchestrator's)."""
+
+    machine: int
+
+
+@dataclass(frozen=True)
+class Abort:
+    """The orchestrator ended the run: stop your processes (``reason``: why)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Progress:
     host: int
     iterations: int  # the fewest iterations any of its workers finished
@@ -85,6 +100,7 @@ class HostResult:
     job: int = 0  # jobs sharing the fabric: whose endpoints these are (a host sends one result per job)
     # collectives its workers completed, by their group's role ("" for a collective without one)
     completed: dict[str, int] = dataclasses.field(default_factory=dict)
+    rejected: int = 0  # messages its sockets dropped as unauthenticated (several machines)
 
 
 @dataclass(frozen=True)
@@ -93,12 +109,18 @@ class SwitchResult:
     segments: int  # point-to-point segments forwarded
     windows: int | None = None  # rounds of the synchronized clock
     pipeline_busy_us: float = 0.0  # the aggregation pipeline's busy time (a switch with a packet rate)
+    rejected: int = 0  # messages its sockets dropped as unauthenticated (several machines)
 
 
-def connect_control(ctx: zmq.Context, address: str) -> zmq.Socket:
-    """A replay process's control socket to the orchestrator."""
-    ctrl = ctx.socket(zmq.DEALER)
+def connect_control(ctx: zmq.Context, address: str, key: bytes | None = None,
+                    identity: bytes | None = None) -> zmq.Socket:
+    """A replay process's control socket to the orchestrator (sealed under ``key`` across machines)."""
+    from emu.replay import sealed
+
+    ctrl = sealed.make(ctx, zmq.DEALER, key)
     ctrl.setsockopt(zmq.LINGER, 0)
+    if identity is not None:
+        ctrl.setsockopt(zmq.IDENTITY, identity)
     ctrl.connect(address)
     return ctrl
 
@@ -109,9 +131,9 @@ def failure(host: Who, exc: BaseException) -> Failed:
     return Failed(host, f"{type(exc).__name__}: {exc}")
 
 
-Message = Ready | Start | Stop | Progress | Failed | HostResult | SwitchResult
+Message = Ready | Start | Stop | Progress | Failed | HostResult | SwitchResult | Alive | Abort
 _TYPES: dict[str, type] = {"ready": Ready, "start": Start, "stop": Stop, "progress": Progress, "error": Failed,
-                           "result": HostResult, "switch": SwitchResult}
+                           "result": HostResult, "switch": SwitchResult, "alive": Alive, "abort": Abort}
 _NAMES = {cls: name for name, cls in _TYPES.items()}
 
 
@@ -182,5 +204,5 @@ def _check(where: str, name: str, hint: Any, value: Any) -> Any:
     raise FrameError(f"control message {where}: {name} has the wrong type")
 
 
-__all__ = ["Failed", "HostResult", "Message", "Progress", "Ready", "Start", "Stop", "SwitchResult", "WorkerRecord",
+__all__ = ["Abort", "Alive", "Failed", "HostResult", "Message", "Progress", "Ready", "Start", "Stop", "SwitchResult", "WorkerRecord",
            "decode", "encode"]

@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import resource
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -25,10 +26,13 @@ import zmq
 
 from emu import lifetime
 from emu.errors import RunFailed
+from emu.replay import machines, remote, sealed
 from emu.replay.config import ReplayConfig
 from emu.replay.host import HostSetup
 from emu.replay.hostloop import host_main
 from emu.replay.messages import (
+    Abort,
+    Alive,
     Failed,
     HostResult,
     Message,
@@ -41,6 +45,7 @@ from emu.replay.messages import (
     encode,
 )
 from emu.replay.report import ReplayReport
+from emu.replay.sealed import Rejected
 from emu.replay.switchd import SwitchSetup, switch_main
 
 START_DELAY_S = 0.05
@@ -82,7 +87,22 @@ def execute(config: ReplayConfig, plan: Callable[[str, str], tuple[list[HostSetu
 
     ``build`` makes the report from what they measured (a partial one, marked so, after a failure
     or an interrupt, attached to the exception); ``total``: worker iterations, for progress.
-    Returns the report, the seconds the run itself took, and the hosts' results."""
+    Returns the report, the seconds the run itself took, and the hosts' results.
+
+    Spread over several machines (``emu.replay.machines.spread``), machine 0 does all this with
+    TCP endpoints and sealed messages, starting only its share of the hosts, and the others host
+    theirs (``emu.replay.remote``)."""
+    cluster = machines.current()
+    if cluster is not None and cluster.world == 1:
+        cluster = None
+    if cluster is not None:
+        remote.check_spreadable(config)
+        if cluster.rank != 0:
+            return remote.serve_share(cluster, config, plan)
+        run_no = cluster.runs
+        cluster.runs += 1
+    key = cluster.key if cluster is not None else None
+    published = False
     workdir = tempfile.mkdtemp(prefix="emu-replay-")
     if len(workdir) + len("/control") > getattr(zmq, "IPC_PATH_MAX_LEN", 107):
         # a deep $TMPDIR makes socket paths longer than the kernel allows: a short folder instead
@@ -101,7 +121,18 @@ def execute(config: ReplayConfig, plan: Callable[[str, str], tuple[list[HostSetu
     stack = contextlib.ExitStack()
     run: _Run | None = None
     try:  # the plan too: whatever it raises, the folder goes
-        setups, sw = plan(f"ipc://{workdir}/switch", f"ipc://{workdir}/control")
+        if cluster is None:
+            setups, sw = plan(f"ipc://{workdir}/switch", f"ipc://{workdir}/control")
+            local = setups
+        else:
+            setups, sw = plan(*cluster.endpoints(2))
+            where = remote.machine_of(cluster, setups)
+            remote.publish(cluster, run_no, sw.address, sw.control_addr, where,
+                           remote.digest(config, setups, sw))
+            setups = [replace(s, key=key) for s in setups]
+            sw = replace(sw, key=key)
+            local = [s for s, m in zip(setups, where, strict=True) if m == 0]
+            cluster.hosted = [s.index for s in local]
         control_addr = sw.control_addr
         # a host sends one result per job it holds (jobs sharing the fabric), else one
         worker_results = sum(max(1, len(s.parts)) for s in setups if s.role == "workers")
@@ -112,7 +143,7 @@ def execute(config: ReplayConfig, plan: Callable[[str, str], tuple[list[HostSetu
         parent = os.getpid()
         procs.append(fork.Process(target=_in_child, args=(switch_main, parent, workdir, sw), name="emu-switch",
                                   daemon=True))
-        for s in setups:
+        for s in local:
             procs.append(fork.Process(target=_in_child, args=(host_main, parent, workdir, s),
                                       name=f"emu-host{s.index}", daemon=True))
         with lifetime.signals_held():
@@ -121,10 +152,10 @@ def execute(config: ReplayConfig, plan: Callable[[str, str], tuple[list[HostSetu
                 if record is not None and p.pid is not None:
                     record.add_child(p.pid)
         ctx = zmq.Context()
-        ctrl = ctx.socket(zmq.ROUTER)
+        ctrl = sealed.make(ctx, zmq.ROUTER, key)
         ctrl.setsockopt(zmq.LINGER, 0)
         ctrl.bind(control_addr)
-        run = _Run(ctrl, procs, config, len(setups))
+        run = _Run(ctrl, procs, config, len(setups), None if cluster is None else remote.Watch(cluster, ctrl))
         run.wait_ready()
         wall0 = time.monotonic() + START_DELAY_S
         run.broadcast(Start(wall0))
@@ -140,8 +171,13 @@ def execute(config: ReplayConfig, plan: Callable[[str, str], tuple[list[HostSetu
                + self1.ru_utime + self1.ru_stime - self0.ru_utime - self0.ru_stime)
         results += extra
         report = build(results, switch_stats, wall_s, cpu, len(procs))
-        report = replace(report, emulator=replace(report.emulator, run_s=run_s))
+        dropped = sealed.rejected(ctrl) + switch_stats.rejected + sum(r.rejected for r in results)
+        report = replace(report, emulator=replace(report.emulator, run_s=run_s, rejected_messages=dropped,
+                                                  machines=1 if cluster is None else cluster.world))
         run.started = False  # finished: a failure from here on is not a partial run
+        if cluster is not None:
+            remote.finish(cluster, run_no, report, None)
+            published = True
         return report, run_s, results
     except (RunFailed, KeyboardInterrupt, lifetime.Terminated) as exc:
         if run is not None and run.started:
@@ -154,6 +190,12 @@ def execute(config: ReplayConfig, plan: Callable[[str, str], tuple[list[HostSetu
                 exc.partial_report = replace(report, complete=False, reason=reason)  # type: ignore[union-attr]
         raise
     finally:
+        if cluster is not None and not published:  # every other machine ends with this error
+            failure = sys.exc_info()[1]
+            why = {KeyboardInterrupt: "interrupted", lifetime.Terminated: "terminated"}.get(type(failure), str(failure))
+            remote.finish(cluster, run_no, None, why or f"machine 0 failed ({type(failure).__name__})")
+            if run is not None and run.watch is not None:
+                run.watch.send(Abort(why))
         with lifetime.signals_held():  # a second Ctrl-C must not cut the cleanup short
             _stop(procs)
             if ctx is not None:
@@ -163,8 +205,9 @@ def execute(config: ReplayConfig, plan: Callable[[str, str], tuple[list[HostSetu
 
 
 class _Run:
-    def __init__(self, ctrl: zmq.Socket, procs: list, config: ReplayConfig, hosts: int) -> None:
-        self.ctrl, self.procs, self.config, self.hosts = ctrl, procs, config, hosts
+    def __init__(self, ctrl: zmq.Socket, procs: list, config: ReplayConfig, hosts: int,
+                 watch: remote.Watch | None = None) -> None:
+        self.ctrl, self.procs, self.config, self.hosts, self.watch = ctrl, procs, config, hosts, watch
         self.idents: dict[Any, bytes] = {}
         self.poller = zmq.Poller()
         self.poller.register(ctrl, zmq.POLLIN)
@@ -178,6 +221,8 @@ class _Run:
                 for p in self.procs if p.exitcode not in (None, 0)]
 
     def _check_children(self, exclude: int | str | None = None) -> None:
+        if self.watch is not None:
+            self.watch.tick()
         dead = [(p, who) for p, who in self._dead() if who != exclude]
         if not dead:
             return
@@ -185,11 +230,14 @@ class _Run:
         # a process that failed said why before it exited: prefer its own words
         deadline = time.monotonic() + 0.3
         while time.monotonic() < deadline and self.poller.poll(50):
-            _, data = self.ctrl.recv_multipart()
+            try:
+                _, data = self.ctrl.recv_multipart()
+            except Rejected:
+                continue
             msg = decode(data)
             if isinstance(msg, Failed) and msg.host == who:
                 self._raise_failed(msg)
-            if not isinstance(msg, Failed):
+            if not isinstance(msg, Failed | Alive):
                 self.pending.append(msg)
         raise ReplayError(f"the replay process {p.name} died (exit code {p.exitcode})")
 
@@ -204,8 +252,15 @@ class _Run:
             return self.pending.pop(0)
         if not self.poller.poll(timeout_ms):
             return None
-        ident, data = self.ctrl.recv_multipart()
+        try:
+            ident, data = self.ctrl.recv_multipart()
+        except Rejected:
+            return None
         msg = decode(data)
+        if isinstance(msg, Alive):
+            if self.watch is not None:
+                self.watch.alive(msg.machine, ident)
+            return None
         if isinstance(msg, Failed):
             # a process that died makes its peers fail (the switch cannot reach a killed host):
             # name that death, the cause, when there is one

@@ -10,9 +10,12 @@ wire bytes (times R) of every link direction, headers and retransmissions includ
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -74,6 +77,8 @@ class EmulatorReport:
     calibration: dict | None = None  # how auto chose tdf and payload scale
     windows: int | None = None  # rounds of the synchronized clock
     real_bytes: float = 0.0  # bytes of data messages that really crossed between processes (both ways)
+    machines: int = 1  # machines the replay was spread over (docs/multi-host.md)
+    rejected_messages: int = 0  # messages dropped as unauthenticated (several machines: emu.replay.sealed)
 
 
 @dataclass(frozen=True)
@@ -257,6 +262,50 @@ class ReplayReport:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         return write_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n", "the report")
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> ReplayReport:
+        """The report ``to_dict`` gave (read back from JSON: a saved report, or machine 0's for the
+        other machines of a replay spread over several); ConfigError where it is not one."""
+        return _build(cls, doc, "report")
+
+
+def _build(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _build(option, value, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}: {value!r:.60} is none of {hint}")
+    if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        hints = typing.get_type_hints(hint)
+        names = {f.name for f in dataclasses.fields(hint)}
+        if set(value) - names:
+            raise ConfigError(f"{where}: unknown keys {sorted(set(value) - names)}")
+        return hint(**{k: _build(hints[k], v, f"{where}.{k}") for k, v in value.items()})
+    if origin is tuple and isinstance(value, list):
+        (item, _) = typing.get_args(hint)
+        return tuple(_build(item, v, where) for v in value)
+    if origin is list and isinstance(value, list):
+        (item,) = typing.get_args(hint)
+        return [_build(item, v, where) for v in value]
+    if origin is dict and isinstance(value, dict):
+        _, item = typing.get_args(hint)
+        return {k: _build(item, v, f"{where}.{k}") for k, v in value.items()}
+    if hint is Any or (hint in (dict, list) and isinstance(value, hint)):
+        return value
+    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, str, bool) and type(value) is hint:
+        return value
+    raise ConfigError(f"{where}: {value!r:.60} is not a {getattr(hint, '__name__', hint)}")
 
 
 def write_atomic(path: str | os.PathLike[str], text: str, what: str) -> Path:

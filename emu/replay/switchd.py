@@ -35,8 +35,11 @@ from emu.emulator.transport import (
     segment_first_us,
 )
 from emu.emulator.wire import P2P_HEADER, MsgType
+from emu.errors import RunFailed
+from emu.replay import sealed
 from emu.replay.leaves import conserve
-from emu.replay.messages import Ready, Stop, SwitchResult, connect_control, decode, encode, failure
+from emu.replay.messages import Message, Ready, Stop, SwitchResult, connect_control, decode, encode, failure
+from emu.replay.sealed import Rejected
 
 HELLO_TIMEOUT_S = 60.0
 
@@ -63,6 +66,7 @@ class SwitchSetup:
     # workers (numbered 0..g-1 in its headers), and every pool's (real, emulated) slots, the job's first
     pools: tuple[tuple[int, ...], ...] = ()
     pool_slots: tuple[tuple[int, int], ...] = ()
+    key: bytes | None = None  # several machines: the run's secret, which seals every message (emu.replay.sealed)
 
 
 class _Pools:
@@ -107,8 +111,8 @@ class _Pools:
 
 def switch_main(setup: SwitchSetup) -> None:
     ctx = zmq.Context()
-    ctrl = connect_control(ctx, setup.control_addr)
-    router = ctx.socket(zmq.ROUTER)
+    ctrl = connect_control(ctx, setup.control_addr, setup.key)
+    router = sealed.make(ctx, zmq.ROUTER, setup.key)
     router.setsockopt(zmq.LINGER, 0)
     router.setsockopt(zmq.SNDHWM, 0)
     router.setsockopt(zmq.RCVHWM, 0)
@@ -127,7 +131,10 @@ def switch_main(setup: SwitchSetup) -> None:
         while waiting:
             if not router.poll(int(max(0.0, deadline - time.monotonic()) * 1000)):
                 raise FrameError(f"hosts {sorted(w.decode() for w in waiting)} never connected to the switch")
-            frames = router.recv_multipart()
+            try:
+                frames = router.recv_multipart()
+            except Rejected:
+                continue
             if len(frames) == 2 and frames[1] == HELLO:
                 waiting.discard(frames[0])
         ctrl.send(encode(Ready("switch")))
@@ -151,9 +158,9 @@ def switch_main(setup: SwitchSetup) -> None:
                 if not isinstance(sock, zmq.Socket):
                     continue  # a BMv2 port: drained above
                 if sock is ctrl:
-                    if isinstance(decode(ctrl.recv()), Stop):
+                    if isinstance(_control(ctrl), Stop):
                         stats = switch.stats() if switch else {}
-                        ctrl.send(encode(SwitchResult(stats, forwarded[0])))
+                        ctrl.send(encode(SwitchResult(stats, forwarded[0], rejected=sealed.rejected(router, ctrl))))
                         return
                     continue
                 while True:
@@ -174,6 +181,10 @@ def switch_main(setup: SwitchSetup) -> None:
                     else:
                         raise FrameError(f"unexpected message kind {kind[:8]!r} at the switch")
     except Exception as exc:
+        if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
+            # ROUTER_MANDATORY: a host's connection closed under the switch (over TCP: its machine stopped)
+            exc = RunFailed("a host process left the run: its connection to the switch closed (killed, or its "
+                            "machine stopped)")
         try:
             ctrl.send(encode(failure("switch", exc)))
             ctrl.close(linger=1000)  # the report must leave before the process does
@@ -186,6 +197,14 @@ def switch_main(setup: SwitchSetup) -> None:
         ctrl.close(0)
         router.close(0)
         ctx.term()
+
+
+def _control(ctrl: zmq.Socket) -> Message | None:
+    """The orchestrator's message (None: one that failed authentication, dropped)."""
+    try:
+        return decode(ctrl.recv())
+    except Rejected:
+        return None
 
 
 def _aggregate(router: zmq.Socket, pools: _Pools, batch: AggBatch, idents: list[bytes]) -> None:
@@ -248,10 +267,11 @@ class _Coordinator:
         while True:
             for sock, _ in poller.poll(200):
                 if sock is self.ctrl:
-                    if isinstance(decode(self.ctrl.recv()), Stop):
+                    if isinstance(_control(self.ctrl), Stop):
                         stats = self.switch.stats() if self.switch else {}
                         busy = self.pipeline.busy_us if self.pipeline else 0.0
-                        self.ctrl.send(encode(SwitchResult(stats, self.forwarded[0], self.windows, busy)))
+                        self.ctrl.send(encode(SwitchResult(stats, self.forwarded[0], self.windows, busy,
+                                                           rejected=sealed.rejected(self.router, self.ctrl))))
                         return
                     continue
                 self._drain()

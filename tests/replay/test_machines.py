@@ -1,0 +1,290 @@
+"""A replay spread over several machines (docs/multi-host.md): the launcher's environment, sealed
+messages, and real runs of ``python -m emu replay`` as machines on loopback ports, each its own
+process group, started with a launcher's variables and always stopped. The runs through torchrun
+in network namespaces are in test_machines_netns.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import zmq
+
+from emu.errors import ConfigError
+from emu.replay.machines import Cluster, LauncherEnv, Machine, from_environment
+from emu.replay.sealed import Rejected, make, tag
+
+# everything that depends on the machines, not on the emulation
+MACHINE_KEYS = {"wall_s", "cpu_percent", "processes", "run_s", "events", "real_bytes", "machines"}
+REPLAY = ["mlp", "--workers", "8", "--iters", "1", "--payload-scale", "64", "--processes", "1"]
+
+
+def exact_part(doc: dict) -> dict:
+    doc = dict(doc)
+    doc["emulator"] = {k: v for k, v in doc["emulator"].items() if k not in MACHINE_KEYS}
+    doc["config"] = {k: v for k, v in doc["config"].items() if k != "processes"}
+    return doc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- the launcher's environment -------------------------------------------------------------
+
+def test_torchrun_environment() -> None:
+    env = {"RANK": "2", "WORLD_SIZE": "4", "MASTER_ADDR": "m0", "MASTER_PORT": "29500", "LOCAL_WORLD_SIZE": "1",
+           "TORCHELASTIC_RUN_ID": "job7", "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "1"}
+    got = from_environment(env)
+    assert got == LauncherEnv("torchrun", 2, 4, "m0", 29500, 1, agent_store=True, run_id="job7/1")
+    assert from_environment({}) is None
+
+
+def test_slurm_environment() -> None:
+    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "MASTER_ADDR": "node01", "SLURM_NTASKS_PER_NODE": "1",
+           "SLURM_JOB_ID": "55", "SLURM_STEP_ID": "0"}
+    got = from_environment(env)
+    assert got is not None and (got.launcher, got.rank, got.world_size, got.master_port) == ("slurm", 1, 2, 29500)
+    assert got.run_id == "slurm-55.0" and not got.agent_store
+
+
+@pytest.mark.parametrize(("env", "says"), [
+    ({"RANK": "0", "WORLD_SIZE": "2"}, "MASTER_ADDR is not"),
+    ({"RANK": "x", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, "RANK='x' is not a whole number"),
+    ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, "rank 2 of 2"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "70000"}, "not a TCP port"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, "scontrol show hostnames"),
+])
+def test_bad_environments_say_what_to_set(env: dict, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        from_environment(env)
+
+
+def test_shares_follow_each_machines_processes() -> None:
+    machines = [Machine(r, f"m{r}", "127.0.0.1", 2, p, "0", "f", 1) for r, p in enumerate((1, 3))]
+    cluster = Cluster(LauncherEnv("env", 0, 2, "127.0.0.1", 1), None, b"k", machines)
+    assert cluster.share(4) == [0, 1, 1, 1]
+    assert cluster.share(2) == [0, 1]  # fewer hosts than processes (whole nodes): still in proportion
+
+
+# -- sealed messages ------------------------------------------------------------------------
+
+def test_sealed_sockets_drop_and_count_what_fails_authentication() -> None:
+    """Over real TCP: a message under the run's key passes, frames intact; one without a tag, one
+    under another key and one with its frames re-cut are dropped and counted, never parsed."""
+    ctx = zmq.Context()
+    try:
+        router = make(ctx, zmq.ROUTER, b"k" * 32)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        good = make(ctx, zmq.DEALER, b"k" * 32)
+        stranger = make(ctx, zmq.DEALER, b"x" * 32)
+        plain = ctx.socket(zmq.DEALER)
+        for s in (good, stranger, plain):
+            s.connect(f"tcp://127.0.0.1:{port}")
+        plain.send_multipart([b"AGG", b"forged"])
+        stranger.send_multipart([b"AGG", b"forged"])
+        plain.send_multipart([b"AG", b"Gforged", tag(b"k" * 32, [b"AGG", b"forged"])])  # frames re-cut
+        good.send_multipart([b"AGG", b"real"])
+        got, rejected = [], 0
+        deadline = time.monotonic() + 5
+        while (not got or rejected < 3) and time.monotonic() < deadline:  # connections arrive in any order
+            if router.poll(100):
+                try:
+                    msg = router.recv_multipart()
+                    got = got or msg
+                except Rejected:
+                    rejected += 1
+        assert got[1:] == [b"AGG", b"real"]
+        assert rejected == router.rejected == 3
+        router.send_multipart([got[0], b"GO", b"1"])
+        assert good.poll(2000) and good.recv_multipart() == [b"GO", b"1"]
+    finally:
+        ctx.destroy(linger=0)
+
+
+# -- machines on loopback -------------------------------------------------------------------
+
+@dataclass
+class Run:
+    procs: list[subprocess.Popen]
+    folder: Path
+
+    def wait(self, timeout: float = 120) -> list[int]:
+        deadline = time.monotonic() + timeout
+        codes = []
+        for p in self.procs:
+            codes.append(p.wait(max(1.0, deadline - time.monotonic())))
+        return codes
+
+    def err(self, rank: int) -> str:
+        return (self.folder / f"err{rank}.txt").read_text()
+
+    def report(self, rank: int = 0) -> dict:
+        return json.loads((self.folder / f"r{rank}.json").read_text())
+
+
+def leftover_processes(marker: str) -> list[int]:
+    """Processes whose command line holds ``marker`` (forked hosts keep their parent's)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.fixture
+def machines(tmp_path: Path):
+    """Start ``n`` machines (``python -m emu replay``, each its own session); always stopped."""
+    started: list[subprocess.Popen] = []
+
+    def start(n: int, args: list[str], env_of=None, port: int | None = None) -> Run:
+        port = port or free_port()
+        for rank in range(n):
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(port), "EMU_JOIN_TIMEOUT": "60", "NO_COLOR": "1"}
+            if env_of is not None:
+                env = env_of(rank, env)
+            cmd = env.pop("_CMD", None)
+            argv = [*(json.loads(cmd) if cmd else [sys.executable, "-m", "emu"]), "replay", *args,
+                    "--report", str(tmp_path / f"r{rank}.json")]
+            started.append(subprocess.Popen(argv, env=env, stdout=open(tmp_path / f"out{rank}.txt", "w"),
+                                            stderr=open(tmp_path / f"err{rank}.txt", "w"), start_new_session=True))
+        return Run(started[-n:], tmp_path)
+
+    yield start
+    for p in started:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+    assert not leftover_processes(str(tmp_path)), "a machine's processes outlived the test"
+
+
+def test_two_machines_give_the_report_of_one(machines, tmp_path: Path) -> None:
+    """The same command on two machines (a launcher's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT):
+    machine 0 writes the report, identical to one machine's with as many host processes; machine
+    1 says it hosted its share and writes nothing."""
+    run = machines(2, [*REPLAY, "--fabric", "ina"])
+    assert run.wait() == [0, 0], run.err(0) + run.err(1)
+    spread = run.report(0)
+    assert not (tmp_path / "r1.json").exists()
+    assert "hosted its share of the workers" in run.err(1)
+    assert spread["emulator"]["machines"] == 2 and spread["emulator"]["rejected_messages"] == 0
+    assert spread["verification"]["ok"] and spread["emulator"]["trustworthy"]
+    one = subprocess.run([sys.executable, "-m", "emu", "replay", *REPLAY[:-1], "2", "--fabric", "ina", "--report",
+                          str(tmp_path / "one.json"), "--launcher", "none"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "RANK": "0", "WORLD_SIZE": "2"})
+    assert one.returncode == 0, one.stderr
+    assert exact_part(spread) == exact_part(json.loads((tmp_path / "one.json").read_text()))
+
+
+def test_forged_messages_are_dropped_and_counted(machines, tmp_path: Path) -> None:
+    """Someone who can reach machine 0's ports (the plan's endpoints are in the store, which
+    anyone can read) sends messages without the key: the run still completes exactly, and the
+    report counts what the switch and the orchestrator dropped."""
+    from datetime import timedelta
+
+    from torch.distributed import PrefixStore, TCPStore
+
+    port = free_port()
+    run = machines(2, [*REPLAY, "--iters", "3", "--fabric", "ina"], port=port)
+    store = PrefixStore("emu/emu/0/", TCPStore("127.0.0.1", port, None, False, timedelta(seconds=60),
+                                               wait_for_workers=False))
+    store.wait(["run/0/plan"], timedelta(seconds=60))
+    plan = json.loads(store.get("run/0/plan"))
+    for address in (plan["switch"], plan["control"]):  # bound (the switch binds in its own process)
+        host, _, tcp = address.removeprefix("tcp://").rpartition(":")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex((host, int(tcp))) == 0:
+                    break
+            time.sleep(0.05)
+    ctx = zmq.Context()
+    try:
+        for address in (plan["switch"], plan["control"]):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.connect(address)
+            for frames in ([b"AGG", b"\0" * 64], [b"{\"type\":\"stop\"}"], [b"DONE", b"x", b"\0" * 16]):
+                sock.send_multipart(frames)
+        time.sleep(0.5)
+    finally:
+        ctx.destroy(linger=1000)
+    assert run.wait() == [0, 0], run.err(0) + run.err(1)
+    report = run.report(0)
+    assert report["verification"]["ok"] and report["complete"]
+    assert report["emulator"]["rejected_messages"] == 6
+
+
+def test_a_machine_of_another_emu_version_is_refused(machines) -> None:
+    old = json.dumps([sys.executable, "-c", "import emu; emu.__version__ = '0.0.9'; "
+                      "import emu.replay.machines as m; m.__version__ = '0.0.9'; from emu.cli import main; main()"])
+
+    def env_of(rank: int, env: dict) -> dict:
+        return {**env, "_CMD": old} if rank == 1 else env
+
+    run = machines(2, [*REPLAY, "--fabric", "ring"], env_of)
+    codes = run.wait()
+    assert codes == [2, 2], run.err(0) + run.err(1)
+    for rank in (0, 1):
+        assert "machine 1 (" in run.err(rank) and "runs emu 0.0.9" in run.err(rank)
+        assert "install the same version on every machine" in run.err(rank)
+
+
+def test_machines_given_other_traces_are_refused(machines) -> None:
+    port = free_port()
+    first = machines(1, REPLAY, lambda rank, env: {**env, "WORLD_SIZE": "2"}, port=port)
+    second = machines(1, ["cnn", *REPLAY[1:]], lambda rank, env: {**env, "RANK": "1", "WORLD_SIZE": "2"}, port=port)
+    codes = first.wait() + second.wait()
+    assert codes == [2, 2], first.err(0) + second.err(0)
+    assert "was given other traces than machine 0" in first.err(0)
+
+
+def test_a_machine_that_never_joins_is_named(machines) -> None:
+    run = machines(1, REPLAY, lambda rank, env: {**env, "WORLD_SIZE": "3", "EMU_JOIN_TIMEOUT": "3"})
+    assert run.wait() == [1]
+    assert "machines 1, 2 of 3 never joined within 3 s" in run.err(0)
+
+
+def test_a_killed_machine_ends_the_run_everywhere(machines, tmp_path: Path) -> None:
+    """Machine 1 (its emu and its host processes) killed with SIGKILL mid-run: machine 0 and
+    machine 2 end with exit code 1, machine 0 names what happened, and nothing is left running."""
+    run = machines(3, [*REPLAY, "--iters", "40", "--fabric", "ring"])
+    deadline = time.monotonic() + 90
+    while "on 3 machines: 25%" not in run.err(0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "25%" in run.err(0), run.err(0)
+    assert run.procs[1].poll() is None, run.err(1)
+    os.killpg(run.procs[1].pid, signal.SIGKILL)
+    codes = run.wait(timeout=60)
+    assert codes[0] == 1 and codes[2] == 1, run.err(0) + run.err(2)
+    assert codes[1] == -signal.SIGKILL
+    assert "machine 1" in run.err(0) or "a host process left the run" in run.err(0), run.err(0)
+    assert "machine 0 ended the run" in run.err(2), run.err(2)
+
+
+@pytest.mark.parametrize("env", [{}, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}])
+def test_one_machine_never_imports_torch(env: dict) -> None:
+    """Outside a launcher, or under one with a single machine, emu replay runs as always: no
+    rendezvous, and torch is never imported."""
+    code = ("import sys; from click.testing import CliRunner; from emu.cli import cli; "
+            "r = CliRunner().invoke(cli, ['replay', 'mlp', '--workers', '2', '--iters', '1', '--payload-scale', '256']); "
+            "assert r.exit_code == 0, r.output; assert 'torch' not in sys.modules, 'torch imported'")
+    clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")}
+    done = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr

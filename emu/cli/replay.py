@@ -125,7 +125,7 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
         raise ConfigError("--chrome-trace draws one job's workers: give it with one trace")
     paths = [trace_path(arg) for arg in trace_args]
     traces = [load_trace(p) for p in paths]
-    cluster = _join(launcher, processes, paths)
+    cluster = _join(launcher, processes, paths, ctx.params, [network, payload_file])
     quiet = cluster is not None and cluster.rank != 0  # machine 0 reports; the others host workers
     if cluster is not None:  # every replay below is spread over the machines; they part at the command's end
         from emu.replay.machines import spread
@@ -196,7 +196,8 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
         elif allocation is not None and config.topology is None:
             raise ConfigError("--allocation hands a topology's nodes to the jobs: give a topology too "
                               "(--workers-per-node, or a design's [topology])")
-        chrome = None if chrome_trace is None or quiet else target(chrome_trace, name) or chrome_trace
+        # every machine's workers record spans alike (machine 0 writes them all)
+        chrome = None if chrome_trace is None else target(chrome_trace, name) or chrome_trace
         out_path = None if report_path is None or quiet else target(report_path, name) or report_path
         try:
             on = "" if cluster is None else f" on {cluster.world} machines"
@@ -246,10 +247,18 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
                           f"{sum(r.verification.mismatches for r in failed)} mismatched elements")
 
 
-def _join(launcher: str, processes: int | None, paths: list[Path]):
-    """The machines of the launcher's environment, joined and agreed on the traces (None: alone)."""
+# options a machine may give otherwise than machine 0: where it writes (only machine 0 does) and
+# its own processes
+_OWN_OPTIONS = {"report_path", "chrome_trace", "processes", "launcher", "as_json"}
+
+
+def _join(launcher: str, processes: int | None, paths: list[Path], params: dict[str, Any],
+          files: list[str | None]):
+    """The machines of the launcher's environment, joined and agreed on the traces, the options
+    and the files they name (None: alone)."""
     if launcher == "none":
         return None
+    import hashlib
     import os
 
     from emu.replay.machines import JOIN_TIMEOUT_S, from_environment, join
@@ -267,7 +276,18 @@ def _join(launcher: str, processes: int | None, paths: list[Path]):
         raise ConfigError(f"EMU_JOIN_TIMEOUT={wait!r} is not a number of seconds") from None
     cluster = join(env, processes, os.environ.get("EMU_SECRET") or None, os.environ.get("EMU_ADDRESS") or None,
                    timeout_s=timeout_s)
-    cluster.agree("traces", {"traces": [trace_sha256(p) for p in paths]})
+    if not os.environ.get("EMU_SECRET") and not all(m.address.startswith("127.") for m in cluster.machines):
+        err().print("emu: EMU_SECRET is not set, so the run's key was handed out through the rendezvous store, "
+                    "which anyone who reaches MASTER_PORT can read: set the same EMU_SECRET on every machine "
+                    "(docs/multi-host.md)", markup=False, highlight=False)
+    try:
+        cluster.agree("traces, options or files", {
+            "traces": [trace_sha256(p) for p in paths],
+            "options": {k: v for k, v in params.items() if k not in _OWN_OPTIONS},
+            "files": [None if f is None else hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in files]})
+    except EmuError as exc:  # the others learn why at once
+        cluster.close(str(exc))
+        raise
     return cluster
 
 

@@ -48,10 +48,10 @@ POLL_MS = 100
 def host_main(setup: HostSetup) -> None:
     """Entry of a forked host process; it returns when the orchestrator says stop."""
     ctx = zmq.Context()
-    ctrl = connect_control(ctx, setup.control_addr, setup.key)
-    data = sealed.make(ctx, zmq.DEALER, setup.key)
+    me = f"h{setup.index}".encode()
+    ctrl = connect_control(ctx, setup.control_addr, setup.key, me)
+    data = sealed.make(ctx, zmq.DEALER, setup.key, "data", me)
     data.setsockopt(zmq.LINGER, 2000)
-    data.setsockopt(zmq.IDENTITY, f"h{setup.index}".encode())
     data.setsockopt(zmq.SNDHWM, 0)
     data.setsockopt(zmq.RCVHWM, 0)
     data.connect(setup.switch_addr)

@@ -117,10 +117,8 @@ def connect_control(ctx: zmq.Context, address: str, key: bytes | None = None,
     """A replay process's control socket to the orchestrator (sealed under ``key`` across machines)."""
     from emu.replay import sealed
 
-    ctrl = sealed.make(ctx, zmq.DEALER, key)
+    ctrl = sealed.make(ctx, zmq.DEALER, key, "control", identity)
     ctrl.setsockopt(zmq.LINGER, 0)
-    if identity is not None:
-        ctrl.setsockopt(zmq.IDENTITY, identity)
     ctrl.connect(address)
     return ctrl
 

@@ -15,6 +15,7 @@ from emu.emulator import physics
 from emu.emulator.recorded import RecordedPayload
 from emu.emulator.topology import Algorithm, Layout
 from emu.errors import ConfigError, RunFailed
+from emu.replay import machines
 from emu.replay.adaptive import run_passes
 from emu.replay.config import REAL_BYTES_PER_ITERATION, Clock, ReplayConfig
 from emu.replay.host import HostSetup
@@ -24,6 +25,7 @@ from emu.replay.parallelism import ina_pools, on_stream, parallelism_report
 from emu.replay.payloads import recorded_payload
 from emu.replay.processes import ReplayError, execute
 from emu.replay.programs import WorkerProgram, group_table, plan_programs
+from emu.replay.remote import check_spreadable
 from emu.replay.report import ReplayReport, write_chrome_trace
 from emu.replay.results import LAG_TOLERANCE, build_report
 from emu.replay.sparsity import with_sparsity
@@ -190,6 +192,9 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     """
     config.check()
     config.network.check_available()
+    spread = machines.current()
+    if spread is not None and spread.world > 1:
+        check_spreadable(config)  # before any calibration or pass
     check_scale(trace, config)
     plan_programs(trace, config.workers, trace_path or "trace", config.sparsity, config.compress,
                   switch_sums=config.switch_sums, mesh=config.mesh)  # bad input fails before any process
@@ -312,7 +317,8 @@ def run_once(trace: Trace, config: ReplayConfig, trace_path: str | None,
 
     report, run_s, results = execute(config, plan, iters * m, build, on_progress,
                                      external=lambda: config.network.external_switch(m, config.real_slots))
-    if chrome_trace is not None:
+    cluster = machines.current()
+    if chrome_trace is not None and (cluster is None or cluster.rank == 0):  # machine 0 holds every span
         spans = {int(w): [tuple(s) for s in d.spans] for r in results for w, d in r.workers.items()}
         try:
             write_chrome_trace(spans, chrome_trace)

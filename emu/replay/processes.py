@@ -13,6 +13,7 @@ import contextlib
 import multiprocessing
 import os
 import resource
+import secrets
 import shutil
 import sys
 import tempfile
@@ -125,10 +126,14 @@ def execute(config: ReplayConfig, plan: Callable[[str, str], tuple[list[HostSetu
             setups, sw = plan(f"ipc://{workdir}/switch", f"ipc://{workdir}/control")
             local = setups
         else:
-            setups, sw = plan(*cluster.endpoints(2))
+            addresses, held = cluster.endpoints(2)  # held until the switch and the orchestrator bound them
+            stack.callback(lambda: [s.close() for s in held])
+            setups, sw = plan(*addresses)
             where = remote.machine_of(cluster, setups)
+            nonce = secrets.token_hex(16)
             remote.publish(cluster, run_no, sw.address, sw.control_addr, where,
-                           remote.digest(config, setups, sw))
+                           remote.digest(config, setups, sw), nonce)
+            key = sealed.derive(cluster.key, nonce)  # this run's: nothing of another run authenticates in it
             setups = [replace(s, key=key) for s in setups]
             sw = replace(sw, key=key)
             local = [s for s, m in zip(setups, where, strict=True) if m == 0]
@@ -152,7 +157,7 @@ def execute(config: ReplayConfig, plan: Callable[[str, str], tuple[list[HostSetu
                 if record is not None and p.pid is not None:
                     record.add_child(p.pid)
         ctx = zmq.Context()
-        ctrl = sealed.make(ctx, zmq.ROUTER, key)
+        ctrl = sealed.make(ctx, zmq.ROUTER, key, "control")
         ctrl.setsockopt(zmq.LINGER, 0)
         ctrl.bind(control_addr)
         run = _Run(ctrl, procs, config, len(setups), None if cluster is None else remote.Watch(cluster, ctrl))
@@ -170,7 +175,7 @@ def execute(config: ReplayConfig, plan: Callable[[str, str], tuple[list[HostSetu
         cpu = (usage1.ru_utime + usage1.ru_stime - usage0.ru_utime - usage0.ru_stime
                + self1.ru_utime + self1.ru_stime - self0.ru_utime - self0.ru_stime)
         results += extra
-        report = build(results, switch_stats, wall_s, cpu, len(procs))
+        report = build(results, switch_stats, wall_s, cpu, len(procs) + len(setups) - len(local))
         dropped = sealed.rejected(ctrl) + switch_stats.rejected + sum(r.rejected for r in results)
         report = replace(report, emulator=replace(report.emulator, run_s=run_s, rejected_messages=dropped,
                                                   machines=1 if cluster is None else cluster.world))
@@ -190,13 +195,14 @@ def execute(config: ReplayConfig, plan: Callable[[str, str], tuple[list[HostSetu
                 exc.partial_report = replace(report, complete=False, reason=reason)  # type: ignore[union-attr]
         raise
     finally:
-        if cluster is not None and not published:  # every other machine ends with this error
-            failure = sys.exc_info()[1]
-            why = {KeyboardInterrupt: "interrupted", lifetime.Terminated: "terminated"}.get(type(failure), str(failure))
-            remote.finish(cluster, run_no, None, why or f"machine 0 failed ({type(failure).__name__})")
-            if run is not None and run.watch is not None:
-                run.watch.send(Abort(why))
+        failure = sys.exc_info()[1]
         with lifetime.signals_held():  # a second Ctrl-C must not cut the cleanup short
+            if cluster is not None and not published:  # every other machine ends with this error
+                why = {KeyboardInterrupt: "interrupted", lifetime.Terminated: "terminated"}.get(
+                    type(failure), str(failure)) or f"machine 0 failed ({type(failure).__name__})"
+                if run is not None and run.watch is not None:
+                    run.watch.send(Abort(why))
+                remote.finish(cluster, run_no, None, why)
             _stop(procs)
             if ctx is not None:
                 ctx.destroy(linger=0)
@@ -351,6 +357,8 @@ class _Run:
         switch: SwitchResult | None = None
         deadline = time.monotonic() + 30
         while (len(hosts) < results or switch is None) and time.monotonic() < deadline:
+            if self.watch is not None:
+                self.watch.tick()
             msg = self._recv(200)
             if isinstance(msg, HostResult):
                 hosts.append(msg)

@@ -30,6 +30,7 @@ import zmq
 from emu import lifetime
 from emu.emulator.fabric import Fabric
 from emu.errors import ConfigError
+from emu.replay import sealed
 from emu.replay.config import Clock, ReplayConfig
 from emu.replay.host import HostSetup
 from emu.replay.hostloop import host_main
@@ -55,7 +56,7 @@ def check_spreadable(config: ReplayConfig) -> None:
 
 def digest(config: ReplayConfig, setups: list[HostSetup], sw: SwitchSetup) -> str:
     """What every machine must have planned alike: the configuration and who holds which endpoint."""
-    text = repr((config, [(s.index, s.role, s.endpoints, s.iters, len(s.programs)) for s in setups],
+    text = repr((config, [(s.index, s.role, s.endpoints, s.iters, len(s.programs), s.spans) for s in setups],
                  sw.workers, sw.slots, sw.lookahead_us, sw.pools))
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -91,6 +92,11 @@ class Watch:
         if now - self.sent >= HEARTBEAT_S:
             self.sent = now
             self.send(Alive(0))
+            for r in range(1, self.cluster.world):  # a machine that failed outside the run says so in the store
+                gone = self.cluster.left(r)
+                if gone is not None:
+                    raise MachineLost(f"machine {r} ({self.cluster.machines[r].hostname}) left the run: "
+                                      f"{gone or 'its output says why'}")
         for r in range(1, self.cluster.world):
             last = self.heard.get(r)
             if last is None and now - self.start > FIRST_CONTACT_S:
@@ -109,14 +115,19 @@ class Watch:
                 pass  # a machine that left cannot be told
 
 
-def publish(cluster: Cluster, run: int, switch_addr: str, control_addr: str, where: list[int], plan: str) -> None:
+def publish(cluster: Cluster, run: int, switch_addr: str, control_addr: str, where: list[int], plan: str,
+            nonce: str) -> None:
+    """The run, for the others: machine 0's endpoints, who holds which host process, the plan's
+    digest, and the nonce its key is derived from."""
     cluster.put(f"run/{run}/plan", {"switch": switch_addr, "control": control_addr, "machine_of": where,
-                                    "digest": plan})
+                                    "digest": plan, "nonce": nonce})
 
 
 def finish(cluster: Cluster, run: int, report: ReplayReport | None, error: str | None) -> None:
     """The outcome every other machine ends with: machine 0's report, or its error."""
     try:
+        if error is not None and not cluster.has(f"run/{run}/plan"):  # failed before it published the run
+            cluster.put(f"run/{run}/plan", {"error": error})
         cluster.put(f"run/{run}/outcome", {"ok": error is None, "error": error,
                                            "report": None if report is None else report.to_dict()})
     except Exception:  # noqa: BLE001  (a store already gone: the others find machine 0 silent)
@@ -131,26 +142,27 @@ def serve_share(cluster: Cluster, config: ReplayConfig, plan: Callable[[str, str
     run = cluster.runs
     cluster.runs += 1
     doc = cluster.get(f"run/{run}/plan", what=f"machine 0's plan of run {run}")
+    if "error" in doc:
+        raise MachineLost(f"machine 0 ended the run: {doc['error']}")
     setups, sw = plan(str(doc["switch"]), str(doc["control"]))
     where = [int(m) for m in doc["machine_of"]]
-    mine = [replace(s, key=cluster.key) for s, m in zip(setups, where, strict=True) if m == cluster.rank]
-    cluster.hosted = [s.index for s in mine]
+    key = sealed.derive(cluster.key, str(doc["nonce"]))
     ctx = zmq.Context()
-    ctrl = connect_control(ctx, str(doc["control"]), cluster.key, identity=f"m{cluster.rank}".encode())
+    ctrl = connect_control(ctx, str(doc["control"]), key, identity=f"m{cluster.rank}".encode())
     workdir = tempfile.mkdtemp(prefix="emu-machine-")
     procs: list[multiprocessing.process.BaseProcess] = []
-    started = time.monotonic()
     try:
         ctrl.send(encode(Alive(cluster.rank)))
         if len(where) != len(setups) or digest(config, setups, sw) != doc["digest"]:
-            error = (f"machine {cluster.rank} planned run {run} otherwise than machine 0 (another trace, options, "
-                     "or emu version): run the same command with the same files on every machine")
+            error = (f"machine {cluster.rank} planned run {run} otherwise than machine 0 (other options or "
+                     "files): run the same command with the same files on every machine")
             ctrl.send(encode(Failed(f"machine {cluster.rank}", error, user=True)))
             ctrl.close(linger=1000)
             raise ConfigError(error)
+        mine = [replace(s, key=key) for s, m in zip(setups, where, strict=True) if m == cluster.rank]
+        cluster.hosted = [s.index for s in mine]
         procs = _start(mine, workdir)
-        _watch(cluster, ctrl, procs)
-        outcome = cluster.get(f"run/{run}/outcome", what=f"machine 0's outcome of run {run}")
+        outcome = _watch(cluster, ctrl, procs, run, config.timeout_s)
     finally:
         with lifetime.signals_held():
             _stop(procs)
@@ -158,7 +170,8 @@ def serve_share(cluster: Cluster, config: ReplayConfig, plan: Callable[[str, str
             shutil.rmtree(workdir, ignore_errors=True)
     if not outcome["ok"]:
         raise MachineLost(f"machine 0 ended the run: {outcome['error']}")
-    return ReplayReport.from_dict(outcome["report"]), time.monotonic() - started, []
+    report = ReplayReport.from_dict(outcome["report"])
+    return report, report.emulator.run_s, []
 
 
 def _start(setups: list[HostSetup], workdir: str) -> list[multiprocessing.process.BaseProcess]:
@@ -179,17 +192,31 @@ def _start(setups: list[HostSetup], workdir: str) -> list[multiprocessing.proces
     return procs
 
 
-def _watch(cluster: Cluster, ctrl: zmq.Socket, procs: list) -> None:
-    """Until this machine's host processes have all ended well: say it is alive, and stop on
-    machine 0's abort, its silence, or a process of its own that failed."""
+def _watch(cluster: Cluster, ctrl: zmq.Socket, procs: list, run: int, timeout_s: float) -> dict[str, Any]:
+    """Until machine 0 gives the run's outcome (returned): say this machine is alive, and stop on
+    machine 0's abort, its silence, its leaving, or a process of this machine that failed. A
+    machine that holds no host process (fewer of them than machines) still says it is alive."""
     heard = time.monotonic()
     sent = 0.0
     first = True
+    deadline = time.monotonic() + timeout_s + FIRST_CONTACT_S  # the run's own bound, and its start
+    outcome_key = f"run/{run}/outcome"
     while True:
         now = time.monotonic()
         if now - sent >= HEARTBEAT_S:
             sent = now
             ctrl.send(encode(Alive(cluster.rank)))
+            if cluster.has(outcome_key):  # a failure at once; a success once this share has ended too
+                outcome = cluster.get(outcome_key, what=f"machine 0's outcome of run {run}")
+                if not outcome["ok"] or all(p.exitcode is not None for p in procs):
+                    return dict(outcome)
+            gone = cluster.left(0)
+            if gone is not None:
+                raise MachineLost(f"machine 0 ({cluster.machines[0].hostname}) left the run: "
+                                  f"{gone or 'its output says why'}")
+        if now > deadline:
+            raise MachineLost(f"machine {cluster.rank}: machine 0 gave no outcome of run {run} within the run's "
+                              f"--timeout ({timeout_s:.0f} s)")
         if ctrl.poll(100):
             try:
                 msg = decode(ctrl.recv())
@@ -208,10 +235,10 @@ def _watch(cluster: Cluster, ctrl: zmq.Socket, procs: list) -> None:
             ctrl.send(encode(Failed(f"machine {cluster.rank}", error, user=True)))
             ctrl.close(linger=1000)
             raise MachineLost(error)
-        if all(p.exitcode == 0 for p in procs):
-            return
         silent = time.monotonic() - heard
-        if silent > (FIRST_CONTACT_S if first else MACHINE_TIMEOUT_S):
+        # before machine 0's first word, and after this machine's share ended (machine 0 builds the
+        # report then), silence may last longer
+        if silent > (FIRST_CONTACT_S if first or all(p.exitcode is not None for p in procs) else MACHINE_TIMEOUT_S):
             raise MachineLost(f"machine 0 ({cluster.machines[0].hostname}) stopped answering for {silent:.0f} s: "
                               "it was killed, lost its network, or is overloaded")
 

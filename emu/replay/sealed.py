@@ -1,20 +1,22 @@
 """Authenticated sockets for replays spread over several machines (docs/multi-host.md).
 
 On one machine the replay's processes talk over ipc:// sockets in a private folder, which only
-their user can open. Across machines they talk over TCP, where anyone who can reach the port can
-send, so every message carries a tag: a keyed BLAKE2b (a MAC, RFC 7693 section 2.9) of its frames
-under the run's shared secret, as a last frame. A message whose tag is missing or wrong is dropped
-and counted (the report's ``emulator.rejected_messages``), never parsed; one that authenticates
-and is malformed came from a holder of the key, a bug, and still stops the run (FrameError).
+their user can open. Across machines they talk over TCP, where anyone who can reach a port can
+send, so every message carries two more frames: a sequence number and a tag, a keyed BLAKE2b (a
+MAC, RFC 7693) of the message under a key of the run and the channel (data or control), over the
+direction, the DEALER side's identity, the sequence number and every frame with its length. A
+message whose tag is missing or wrong, or whose number is not above the last one from its peer,
+is dropped and counted (the report's ``emulator.rejected_messages``), never parsed; one that
+authenticates and is malformed came from a holder of the key, a bug, and still stops the run.
+
+So a message recorded on the wire cannot be sent again: not later in its run (its number is
+spent), not in another run (another key), not on the other channel, not back to its sender (the
+direction), not under another identity.
 
 ``SealedSocket`` is a ``zmq.Socket``, so pollers and identity checks treat it as any socket: its
-``send*`` add the tag and its ``recv*`` check it, raising ``Rejected`` (a ``zmq.Again``) for a
-message that fails: a non-blocking reader stops draining as it would on an empty queue, and a
-reader that polled first skips it (``except Rejected``). A ROUTER's first frame, the peer's
-identity, is the socket's own and not covered.
-
-What a tag does not stop, documented rather than hidden: a recorded message sent again within
-the same run (its window numbers make most such copies fail a later check, not all).
+``send*`` seal and its ``recv*`` check, raising ``Rejected`` (a ``zmq.Again``) for a message that
+fails: a non-blocking reader stops draining as on an empty queue, a reader that polled first
+skips it (``except Rejected``). A ROUTER's first frame, the peer's identity, is the socket's own.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from typing import Any
 
 import zmq
 
-from emu.emulator.transport import MAX_FRAME
+from emu.emulator.transport import MAX_FRAME, FrameError
 
 TAG_BYTES = 16
 MAX_TCP_MESSAGE = MAX_FRAME  # zmq disconnects a peer that sends a larger frame (ZMQ_MAXMSGSIZE)
+_TO_ROUTER, _TO_DEALER = b">", b"<"
 
 
 class Rejected(zmq.Again):
@@ -42,9 +45,17 @@ class Rejected(zmq.Again):
         return self.why
 
 
-def tag(key: bytes, frames: list[Any]) -> bytes:
-    """The MAC of ``frames``: each frame's length, then its bytes, so frames cannot be re-cut."""
+def derive(key: bytes, label: str) -> bytes:
+    """A key of its own for ``label`` (a run's nonce, a channel), from ``key``."""
+    return hashlib.blake2b(label.encode(), key=key, digest_size=32, person=b"emu-derive").digest()
+
+
+def tag(key: bytes, head: bytes, frames: list[Any]) -> bytes:
+    """The MAC of ``head`` (direction, identity, number) and ``frames``: each frame's length, then
+    its bytes, so frames cannot be re-cut."""
     mac = hashlib.blake2b(key=key, digest_size=TAG_BYTES, person=b"emu-frames")
+    mac.update(len(head).to_bytes(8, "little"))
+    mac.update(head)
     for f in frames:
         view = memoryview(f.buffer if isinstance(f, zmq.Frame) else f).cast("B")
         mac.update(len(view).to_bytes(8, "little"))
@@ -52,10 +63,17 @@ def tag(key: bytes, frames: list[Any]) -> bytes:
     return mac.digest()
 
 
+def _head(direction: bytes, identity: bytes, seq: bytes) -> bytes:
+    return direction + len(identity).to_bytes(2, "little") + identity + seq
+
+
 class SealedSocket(zmq.Socket):
     key: bytes = b""
+    identity: bytes = b""  # a DEALER's own (its messages' and its peer's replies' MACs name it)
     routed: bool = False  # a ROUTER: the first frame is a peer's identity
     rejected: int = 0
+    _sent: Any = None  # next number to send (a ROUTER: per peer)
+    _seen: Any = None  # the last number received (a ROUTER: per peer)
 
     def send(self, data: Any, flags: int = 0, copy: bool = True, track: bool = False, **kw: Any) -> Any:
         return self.send_multipart([data], flags, copy=copy, track=track)
@@ -63,17 +81,26 @@ class SealedSocket(zmq.Socket):
     def send_multipart(self, msg_parts: Any, flags: int = 0, copy: bool = True, track: bool = False,
                        **kw: Any) -> Any:
         parts = list(msg_parts)
-        covered = parts[1:] if self.routed else parts
+        if self.routed:
+            peer = bytes(parts[0])
+            n = self._sent.get(peer, 0)
+            self._sent[peer] = n + 1
+            seq = n.to_bytes(8, "little")
+            mac = tag(self.key, _head(_TO_DEALER, peer, seq), parts[1:])
+        else:
+            seq = self._sent.to_bytes(8, "little")
+            self._sent += 1
+            mac = tag(self.key, _head(_TO_ROUTER, self.identity, seq), parts)
         # zmq.Socket's own send_multipart calls self.send: frame by frame here instead
         for part in parts:
             zmq.Socket.send(self, part, flags | zmq.SNDMORE, copy=copy, track=track)
-        return zmq.Socket.send(self, tag(self.key, covered), flags, copy=True, track=track)
+        zmq.Socket.send(self, seq, flags | zmq.SNDMORE)
+        return zmq.Socket.send(self, mac, flags, copy=True, track=track)
 
     def recv(self, flags: int = 0, copy: bool = True, track: bool = False) -> Any:
         parts = self.recv_multipart(flags, copy=copy, track=track)
-        if len(parts) != 1:
-            self.rejected += 1
-            raise Rejected(f"a message of {len(parts)} frames where one was expected")
+        if len(parts) != 1:  # authentic, so a holder of the key's bug: stops the run
+            raise FrameError(f"an authenticated message of {len(parts)} frames where one was expected")
         return parts[0]
 
     def recv_multipart(self, flags: int = 0, copy: bool = True, track: bool = False) -> list[Any]:
@@ -81,25 +108,51 @@ class SealedSocket(zmq.Socket):
         while self.getsockopt(zmq.RCVMORE):  # the rest of a message arrives with its first frame
             parts.append(zmq.Socket.recv(self, 0, copy=copy, track=track))
         head = 1 if self.routed else 0
-        if len(parts) < head + 2:  # at least one frame and the tag
-            self.rejected += 1
-            raise Rejected("a message without a tag")
-        body, got = parts[:-1], parts[-1]
-        got_bytes = got.bytes if isinstance(got, zmq.Frame) else got
-        if not hmac.compare_digest(tag(self.key, body[head:]), got_bytes):
-            self.rejected += 1
-            raise Rejected("a message whose tag does not match")
-        return body
+        if len(parts) < head + 3:  # at least one frame, the number and the tag
+            return self._reject("a message without a number and a tag")
+        raw = [p.bytes if isinstance(p, zmq.Frame) else p for p in parts[-2:]]
+        seq, got = raw
+        if len(seq) != 8 or len(got) != TAG_BYTES:
+            return self._reject("a message whose number or tag has the wrong size")
+        if self.routed:
+            peer = bytes(parts[0])
+            expected = tag(self.key, _head(_TO_ROUTER, peer, seq), parts[1:-2])
+        else:
+            peer = b""
+            expected = tag(self.key, _head(_TO_DEALER, self.identity, seq), parts[:-2])
+        if not hmac.compare_digest(expected, got):
+            return self._reject("a message whose tag does not match")
+        n = int.from_bytes(seq, "little")
+        last = self._seen.get(peer, -1)
+        if n <= last:
+            return self._reject(f"message number {n} from {peer.decode(errors='replace') or 'the peer'} again")
+        self._seen[peer] = n
+        return parts[:-2]
+
+    def _reject(self, why: str) -> list[Any]:
+        self.rejected += 1
+        raise Rejected(why)
 
 
-def make(ctx: zmq.Context, kind: int, key: bytes | None) -> zmq.Socket:
-    """A socket of ``kind``: sealed under ``key`` (bounded in message size), or plain without one."""
+def make(ctx: zmq.Context, kind: int, key: bytes | None, channel: str = "data",
+         identity: bytes | None = None) -> zmq.Socket:
+    """A socket of ``kind``: sealed under ``key`` and ``channel`` (bounded in message size), or
+    plain without a key. ``identity``: a DEALER's (required when sealed)."""
     if key is None:
-        return ctx.socket(kind)
-    sock = ctx.socket(kind, socket_class=SealedSocket)
-    sock.key = key
-    sock.routed = kind == zmq.ROUTER
-    sock.setsockopt(zmq.MAXMSGSIZE, MAX_TCP_MESSAGE)
+        sock = ctx.socket(kind)
+    else:
+        sock = ctx.socket(kind, socket_class=SealedSocket)
+        sock.key = derive(key, channel)
+        sock.routed = kind == zmq.ROUTER
+        sock._sent = {} if sock.routed else 0
+        sock._seen = {}
+        if not sock.routed:
+            if identity is None:
+                raise ValueError("a sealed DEALER needs its identity")
+            sock.identity = identity
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_TCP_MESSAGE)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
     return sock
 
 
@@ -108,4 +161,4 @@ def rejected(*socks: zmq.Socket | None) -> int:
     return sum(getattr(s, "rejected", 0) for s in socks if s is not None)
 
 
-__all__ = ["Rejected", "SealedSocket", "make", "rejected", "tag"]
+__all__ = ["Rejected", "SealedSocket", "derive", "make", "rejected", "tag"]

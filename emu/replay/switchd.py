@@ -111,8 +111,8 @@ class _Pools:
 
 def switch_main(setup: SwitchSetup) -> None:
     ctx = zmq.Context()
-    ctrl = connect_control(ctx, setup.control_addr, setup.key)
-    router = sealed.make(ctx, zmq.ROUTER, setup.key)
+    ctrl = connect_control(ctx, setup.control_addr, setup.key, b"switch")
+    router = sealed.make(ctx, zmq.ROUTER, setup.key, "data")
     router.setsockopt(zmq.LINGER, 0)
     router.setsockopt(zmq.SNDHWM, 0)
     router.setsockopt(zmq.RCVHWM, 0)

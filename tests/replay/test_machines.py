@@ -19,6 +19,7 @@ import pytest
 import zmq
 
 from emu.errors import ConfigError
+from emu.replay import sealed
 from emu.replay.machines import Cluster, LauncherEnv, Machine, from_environment
 from emu.replay.sealed import Rejected, make, tag
 
@@ -51,11 +52,15 @@ def test_torchrun_environment() -> None:
 
 
 def test_slurm_environment() -> None:
-    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "MASTER_ADDR": "node01", "SLURM_NTASKS_PER_NODE": "1",
-           "SLURM_JOB_ID": "55", "SLURM_STEP_ID": "0"}
+    """srun's tasks are machines; the batch script itself (SLURM_NTASKS, no step) runs alone, as
+    does a launcher of one machine (without even MASTER_ADDR)."""
+    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "MASTER_ADDR": "node01",
+           "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_ID": "55", "SLURM_STEP_ID": "0"}
     got = from_environment(env)
     assert got is not None and (got.launcher, got.rank, got.world_size, got.master_port) == ("slurm", 1, 2, 29500)
     assert got.run_id == "slurm-55.0" and not got.agent_store
+    assert from_environment({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "55"}) is None
+    assert from_environment({"RANK": "0", "WORLD_SIZE": "1"}) is None
 
 
 @pytest.mark.parametrize(("env", "says"), [
@@ -63,7 +68,7 @@ def test_slurm_environment() -> None:
     ({"RANK": "x", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, "RANK='x' is not a whole number"),
     ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, "rank 2 of 2"),
     ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "70000"}, "not a TCP port"),
-    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, "scontrol show hostnames"),
+    ({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2"}, "scontrol show hostnames"),
 ])
 def test_bad_environments_say_what_to_set(env: dict, says: str) -> None:
     with pytest.raises(ConfigError, match=says):
@@ -79,35 +84,77 @@ def test_shares_follow_each_machines_processes() -> None:
 
 # -- sealed messages ------------------------------------------------------------------------
 
+def _drain(sock: zmq.Socket, want: int, rejected_too: int) -> tuple[list[list[bytes]], int]:
+    got: list[list[bytes]] = []
+    rejected = 0
+    deadline = time.monotonic() + 5
+    while (len(got) < want or rejected < rejected_too) and time.monotonic() < deadline:
+        if sock.poll(100):  # connections' messages arrive in any order
+            try:
+                got.append(sock.recv_multipart())
+            except Rejected:
+                rejected += 1
+    return got, rejected
+
+
 def test_sealed_sockets_drop_and_count_what_fails_authentication() -> None:
-    """Over real TCP: a message under the run's key passes, frames intact; one without a tag, one
-    under another key and one with its frames re-cut are dropped and counted, never parsed."""
+    """Over real TCP: a message under the run's key passes, frames intact, and so does the reply;
+    one without a tag, one under another key, one with its frames re-cut, one sent again on the
+    wire, one under another identity and one from the other channel are dropped and counted,
+    never parsed."""
+    key = b"k" * 32
     ctx = zmq.Context()
     try:
-        router = make(ctx, zmq.ROUTER, b"k" * 32)
+        router = make(ctx, zmq.ROUTER, key, "data")
         port = router.bind_to_random_port("tcp://127.0.0.1")
-        good = make(ctx, zmq.DEALER, b"k" * 32)
-        stranger = make(ctx, zmq.DEALER, b"x" * 32)
+        good = make(ctx, zmq.DEALER, key, "data", b"h0")
+        stranger = make(ctx, zmq.DEALER, b"x" * 32, "data", b"h1")
+        control = make(ctx, zmq.DEALER, key, "control", b"h2")  # the right key, the wrong channel
         plain = ctx.socket(zmq.DEALER)
-        for s in (good, stranger, plain):
+        plain.setsockopt(zmq.IDENTITY, b"h3")
+        for s in (good, stranger, control, plain):
             s.connect(f"tcp://127.0.0.1:{port}")
+        good.send_multipart([b"AGG", b"real"])
+        (first,), _ = _drain(router, 1, 0)
+        assert first == [b"h0", b"AGG", b"real"]
+        # what an eavesdropper saw of that message, sent again as it was, and under another identity
+        seq = (0).to_bytes(8, "little")
+        wire = [b"AGG", b"real", seq, tag(sealed.derive(key, "data"), b">\x02\x00h0" + seq, [b"AGG", b"real"])]
+        spy = ctx.socket(zmq.DEALER)
+        spy.setsockopt(zmq.IDENTITY, b"h9")
+        spy.connect(f"tcp://127.0.0.1:{port}")
+        spy.send_multipart(wire)  # another identity: the tag names h0
         plain.send_multipart([b"AGG", b"forged"])
         stranger.send_multipart([b"AGG", b"forged"])
-        plain.send_multipart([b"AG", b"Gforged", tag(b"k" * 32, [b"AGG", b"forged"])])  # frames re-cut
-        good.send_multipart([b"AGG", b"real"])
-        got, rejected = [], 0
-        deadline = time.monotonic() + 5
-        while (not got or rejected < 3) and time.monotonic() < deadline:  # connections arrive in any order
-            if router.poll(100):
-                try:
-                    msg = router.recv_multipart()
-                    got = got or msg
-                except Rejected:
-                    rejected += 1
-        assert got[1:] == [b"AGG", b"real"]
-        assert rejected == router.rejected == 3
-        router.send_multipart([got[0], b"GO", b"1"])
+        control.send_multipart([b"AGG", b"forged"])
+        plain.send_multipart([b"AG", b"Gforged", *wire[2:]])  # frames re-cut
+        good.send_multipart([b"AGG", b"second"])
+        got, rejected = _drain(router, 1, 5)
+        assert got == [[b"h0", b"AGG", b"second"]]
+        assert rejected == router.rejected == 5
+        router.send_multipart([b"h0", b"GO", b"1"])
         assert good.poll(2000) and good.recv_multipart() == [b"GO", b"1"]
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_a_message_sent_again_is_dropped() -> None:
+    """The same authentic bytes twice on one connection (a replay on the wire): the second is
+    dropped, its number already spent."""
+    key = b"k" * 32
+    ctx = zmq.Context()
+    try:
+        router = make(ctx, zmq.ROUTER, key, "data")
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        raw = ctx.socket(zmq.DEALER)
+        raw.setsockopt(zmq.IDENTITY, b"h0")
+        raw.connect(f"tcp://127.0.0.1:{port}")
+        seq = (0).to_bytes(8, "little")
+        wire = [b"DONE", seq, tag(sealed.derive(key, "data"), b">\x02\x00h0" + seq, [b"DONE"])]
+        raw.send_multipart(wire)
+        raw.send_multipart(wire)
+        got, rejected = _drain(router, 1, 1)
+        assert got == [[b"h0", b"DONE"]] and rejected == 1
     finally:
         ctx.destroy(linger=0)
 
@@ -159,8 +206,8 @@ def machines(tmp_path: Path):
             if env_of is not None:
                 env = env_of(rank, env)
             cmd = env.pop("_CMD", None)
-            argv = [*(json.loads(cmd) if cmd else [sys.executable, "-m", "emu"]), "replay", *args,
-                    "--report", str(tmp_path / f"r{rank}.json")]
+            report = env.pop("_REPORT", str(tmp_path / f"r{rank}.json"))
+            argv = [*(json.loads(cmd) if cmd else [sys.executable, "-m", "emu"]), "replay", *args, "--report", report]
             started.append(subprocess.Popen(argv, env=env, stdout=open(tmp_path / f"out{rank}.txt", "w"),
                                             stderr=open(tmp_path / f"err{rank}.txt", "w"), start_new_session=True))
         return Run(started[-n:], tmp_path)
@@ -201,10 +248,10 @@ def test_forged_messages_are_dropped_and_counted(machines, tmp_path: Path) -> No
 
     port = free_port()
     run = machines(2, [*REPLAY, "--iters", "3", "--fabric", "ina"], port=port)
-    store = PrefixStore("emu/emu/0/", TCPStore("127.0.0.1", port, None, False, timedelta(seconds=60),
-                                               wait_for_workers=False))
+    store = PrefixStore("emu/emu/0/0/", TCPStore("127.0.0.1", port, None, False, timedelta(seconds=60),
+                                                 wait_for_workers=False))
     store.wait(["run/0/plan"], timedelta(seconds=60))
-    plan = json.loads(store.get("run/0/plan"))
+    plan = json.loads(json.loads(store.get("run/0/plan"))["doc"])  # tagged, not hidden
     for address in (plan["switch"], plan["control"]):  # bound (the switch binds in its own process)
         host, _, tcp = address.removeprefix("tcp://").rpartition(":")
         deadline = time.monotonic() + 30
@@ -251,7 +298,8 @@ def test_machines_given_other_traces_are_refused(machines) -> None:
     second = machines(1, ["cnn", *REPLAY[1:]], lambda rank, env: {**env, "RANK": "1", "WORLD_SIZE": "2"}, port=port)
     codes = first.wait() + second.wait()
     assert codes == [2, 2], first.err(0) + second.err(0)
-    assert "was given other traces than machine 0" in first.err(0)
+    assert "was given other traces, options or files than machine 0" in first.err(0)
+    assert "trace_args is ['mlp'] there and ['cnn'] here" in first.err(0), first.err(0)
 
 
 def test_a_machine_that_never_joins_is_named(machines) -> None:
@@ -288,3 +336,57 @@ def test_one_machine_never_imports_torch(env: dict) -> None:
     done = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_cores_follow_a_cgroup_quota(tmp_path: Path) -> None:
+    """A pod limited to 1.5 CPUs counts 1 core however many the node has; no quota, its affinity."""
+    quota = tmp_path / "cpu.max"
+    quota.write_text("150000 100000\n")
+    from emu.replay.machines import cores_here
+
+    assert cores_here(cpu_max=str(quota)) == 1
+    quota.write_text("max 100000\n")
+    assert cores_here(cpu_max=str(quota)) == len(os.sched_getaffinity(0))
+    assert cores_here(cpu_max=str(tmp_path / "absent")) == len(os.sched_getaffinity(0))
+
+
+def test_machine_0_failing_before_the_run_ends_the_others_at_once(machines, tmp_path: Path) -> None:
+    """Machine 0 refuses its --report (its folder is a file) after joining and before any run: it
+    exits 2 saying why, and machine 1, waiting for the run's plan, ends at once with exit 1, not at
+    a timeout."""
+    (tmp_path / "file").write_text("")
+    t0 = time.monotonic()
+    run = machines(2, [*REPLAY, "--fabric", "ring"],
+                   lambda rank, env: {**env, "_REPORT": str(tmp_path / "file" / "r.json")} if rank == 0 else env)
+    assert run.wait() == [2, 1], run.err(0) + run.err(1)
+    assert "--report" in run.err(0)
+    assert "machine 0 (" in run.err(1) and "is not a folder" in run.err(1)  # machine 0's own words
+    assert time.monotonic() - t0 < 50  # the plan's wait is 60 s here (EMU_JOIN_TIMEOUT)
+
+
+def test_machines_given_other_options_are_refused(machines) -> None:
+    port = free_port()
+    first = machines(1, [*REPLAY, "--fabric", "ring"], lambda rank, env: {**env, "WORLD_SIZE": "2"}, port=port)
+    second = machines(1, [*REPLAY, "--fabric", "ring", "--loss", "0.01"],
+                      lambda rank, env: {**env, "RANK": "1", "WORLD_SIZE": "2"}, port=port)
+    assert first.wait() + second.wait() == [2, 2], first.err(0) + second.err(0)
+    assert "other traces, options or files than machine 0" in first.err(0), first.err(0)
+    assert "options.loss is 0.0 there and 0.01 here" in first.err(0), first.err(0)
+
+
+@pytest.mark.slow
+def test_a_machine_without_hosts_stays_in_the_run(machines) -> None:
+    """More machines than host processes: machine 2 holds none, still says it is alive for the
+    whole run (longer than the 10 s a silent machine is given), and ends with the report."""
+    run = machines(3, ["mlp", "--workers", "2", "--iters", "400", "--payload-scale", "64", "--processes", "1",
+                       "--fabric", "ring"])
+    assert run.wait(timeout=300) == [0, 0, 0], run.err(0) + run.err(2)
+    assert run.report(0)["emulator"]["run_s"] > 10, "the run was too short to show it"
+
+
+def test_spans_of_every_machine_reach_the_chrome_trace(machines, tmp_path: Path) -> None:
+    run = machines(2, [*REPLAY, "--fabric", "ring", "--chrome-trace", str(tmp_path / "spans.json")])
+    assert run.wait() == [0, 0], run.err(0) + run.err(1)
+    events = json.loads((tmp_path / "spans.json").read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert {e["tid"] for e in events if e.get("ph") == "X"} == set(range(8))

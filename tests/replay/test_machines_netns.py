@@ -5,6 +5,7 @@ the namespaces and the bridge are removed whatever happens."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ pytestmark = [
                        reason="network namespaces need root, iproute2 and unshare (util-linux)"),
 ]
 
+_COUNT = itertools.count()
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 REPLAY = ["mlp", "--workers", "8", "--payload-scale", "64"]
 
@@ -35,8 +37,8 @@ def _ip(*args: str) -> None:
 @pytest.fixture
 def namespaces(tmp_path: Path):
     """``make(n)``: n namespace machines m0..m{n-1} at 10.77.<x>.1.. on one bridge."""
-    tag = f"emut{os.getpid() % 10000}"
-    subnet = os.getpid() % 200 + 20
+    tag = f"emut{os.getpid() % 1000}{next(_COUNT)}"  # a fixture's own: a deleted namespace's links linger
+    subnet = (os.getpid() + next(_COUNT)) % 200 + 20
     made: list[str] = []
     bridge = f"{tag}br"
 

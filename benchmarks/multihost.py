@@ -17,6 +17,7 @@ Needs root, iproute2 and unshare; the namespaces and the bridge are removed what
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -45,17 +46,21 @@ def ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
+_MADE = itertools.count()
+
+
 def make_machines(n: int) -> list[str]:
-    ip("link", "add", f"{TAG}br", "type", "bridge")
-    ip("link", "set", f"{TAG}br", "up")
+    tag = f"{TAG}{next(_MADE)}"  # names of their own: a deleted namespace's links linger a while
+    ip("link", "add", f"{tag}br", "type", "bridge")
+    ip("link", "set", f"{tag}br", "up")
     hosts = "127.0.0.1 localhost\n" + "".join(f"10.78.0.{k + 1} m{k}\n" for k in range(n))
     names = []
     for k in range(n):
-        ns = f"{TAG}m{k}"
+        ns = f"{tag}m{k}"
         ip("netns", "add", ns)
         names.append(ns)
         ip("link", "add", f"{ns}h", "type", "veth", "peer", "name", "eth0", "netns", ns)
-        ip("link", "set", f"{ns}h", "master", f"{TAG}br")
+        ip("link", "set", f"{ns}h", "master", f"{tag}br")
         ip("link", "set", f"{ns}h", "up")
         ip("-n", ns, "addr", "add", f"10.78.0.{k + 1}/24", "dev", "eth0")
         ip("-n", ns, "link", "set", "eth0", "up")
@@ -75,7 +80,11 @@ def remove_machines() -> None:
                 pass
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
-    subprocess.run(["ip", "link", "del", f"{TAG}br"], capture_output=True)
+    links = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True).stdout
+    for line in links.splitlines():
+        name = line.split(":")[1].strip()
+        if name.startswith(TAG):
+            subprocess.run(["ip", "link", "del", name], capture_output=True)
 
 
 def wait_with_usage(p: subprocess.Popen) -> tuple[int, float]:

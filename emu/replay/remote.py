@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from emu import lifetime
 from emu.emulator.fabric import Fabric
@@ -40,7 +41,8 @@ from emu.replay.report import ReplayReport
 from emu.replay.sealed import Rejected
 from emu.replay.switchd import SwitchSetup
 
-FIRST_CONTACT_S = 60.0  # a machine's first heartbeat of a run may wait for its plan and its processes
+FIRST_CONTACT_S = 60.0
+CLOSED_SILENCE_S = 8 * HEARTBEAT_S  # a machine's first heartbeat of a run may wait for its plan and its processes
 
 
 def check_spreadable(config: ReplayConfig) -> None:
@@ -80,6 +82,19 @@ class Watch:
         self.start = now
         self.idents: dict[int, bytes] = {}
         self.sent = 0.0
+        # a closed connection (a killed machine's) shortens the verdict: whoever has been silent since
+        # is gone after CLOSED_SILENCE_S, 8 heartbeats (the socket does not say who closed; hosts that
+        # end close theirs too, so a live machine must be given time to speak under load)
+        self.monitor = ctrl.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.closed_at: float | None = None
+
+    def _disconnects(self) -> None:
+        while True:
+            try:
+                recv_monitor_message(self.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.closed_at = time.monotonic()
 
     def alive(self, machine: int, ident: bytes) -> None:
         if 0 < machine < self.cluster.world:
@@ -97,8 +112,13 @@ class Watch:
                 if gone is not None:
                     raise MachineLost(f"machine {r} ({self.cluster.machines[r].hostname}) left the run: "
                                       f"{gone or 'its output says why'}")
+        self._disconnects()
         for r in range(1, self.cluster.world):
             last = self.heard.get(r)
+            closed = self.closed_at
+            if last is not None and closed is not None and last < closed and now - closed > CLOSED_SILENCE_S:
+                raise MachineLost(f"machine {r} ({self.cluster.machines[r].hostname}) closed its connections and "
+                                  f"went silent: it was killed or lost its network")
             if last is None and now - self.start > FIRST_CONTACT_S:
                 raise MachineLost(f"machine {r} ({self.cluster.machines[r].hostname}) never joined the run within "
                                   f"{FIRST_CONTACT_S:.0f} s")

@@ -278,8 +278,9 @@ class Cluster:
             self.store.set_timeout(timedelta(seconds=5))  # a store already gone must not hold the exit
             self.put(f"left/{self.rank}", {"error": error})
         if self.rank == 0 and not self.env.agent_store:
+            joined = [r for r in range(1, self.world) if self.has(f"machine/{r}")]  # the others never read it
             deadline = time.monotonic() + 5.0
-            while time.monotonic() < deadline and not all(self.has(f"left/{r}") for r in range(1, self.world)):
+            while time.monotonic() < deadline and not all(self.has(f"left/{r}") for r in joined):
                 time.sleep(0.05)
         if self.listener is not None:
             self.listener.close()

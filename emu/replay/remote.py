@@ -117,8 +117,8 @@ class Watch:
             last = self.heard.get(r)
             closed = self.closed_at
             if last is not None and closed is not None and last < closed and now - closed > CLOSED_SILENCE_S:
-                raise MachineLost(f"machine {r} ({self.cluster.machines[r].hostname}) closed its connections and "
-                                  f"went silent: it was killed or lost its network")
+                raise MachineLost(f"machine {r} ({self.cluster.machines[r].hostname}) stopped answering after a "
+                                  "connection closed: it was killed or lost its network")
             if last is None and now - self.start > FIRST_CONTACT_S:
                 raise MachineLost(f"machine {r} ({self.cluster.machines[r].hostname}) never joined the run within "
                                   f"{FIRST_CONTACT_S:.0f} s")

@@ -9,7 +9,8 @@ and whether the report equals the one machine's. The namespaces share this machi
 the spread adds TCP, tags and heartbeats and no cores: the figures say what spreading costs and
 where the bottleneck sits, not what more machines buy.
 
-Needs root, iproute2 and unshare; the namespaces and the bridge are removed whatever happens.
+Needs root, iproute2 and unshare; the namespaces and the bridge (``emu.validate.netns.BridgedHosts``)
+are removed whatever happens.
 
     sudo .venv/bin/python benchmarks/multihost.py [--workers 1024] [--trace transformer]
 """
@@ -17,7 +18,6 @@ Needs root, iproute2 and unshare; the namespaces and the bridge are removed what
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import resource
@@ -29,10 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from emu.validate.netns import BridgedHosts
+
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 MACHINE_KEYS = {"wall_s", "cpu_percent", "processes", "run_s", "events", "real_bytes", "machines"}
-TAG = "emubm"
 
 
 def exact(doc: dict) -> dict:
@@ -40,51 +41,6 @@ def exact(doc: dict) -> dict:
     doc["emulator"] = {k: v for k, v in doc["emulator"].items() if k not in MACHINE_KEYS}
     doc["config"] = {k: v for k, v in doc["config"].items() if k != "processes"}
     return doc
-
-
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
-_MADE = itertools.count()
-
-
-def make_machines(n: int) -> list[str]:
-    tag = f"{TAG}{next(_MADE)}"  # names of their own: a deleted namespace's links linger a while
-    ip("link", "add", f"{tag}br", "type", "bridge")
-    ip("link", "set", f"{tag}br", "up")
-    hosts = "127.0.0.1 localhost\n" + "".join(f"10.78.0.{k + 1} m{k}\n" for k in range(n))
-    names = []
-    for k in range(n):
-        ns = f"{tag}m{k}"
-        ip("netns", "add", ns)
-        names.append(ns)
-        ip("link", "add", f"{ns}h", "type", "veth", "peer", "name", "eth0", "netns", ns)
-        ip("link", "set", f"{ns}h", "master", f"{tag}br")
-        ip("link", "set", f"{ns}h", "up")
-        ip("-n", ns, "addr", "add", f"10.78.0.{k + 1}/24", "dev", "eth0")
-        ip("-n", ns, "link", "set", "eth0", "up")
-        ip("-n", ns, "link", "set", "lo", "up")
-        (Path("/etc/netns") / ns).mkdir(parents=True, exist_ok=True)
-        (Path("/etc/netns") / ns / "hosts").write_text(hosts)
-    return names
-
-
-def remove_machines() -> None:
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-    for ns in [x for x in listed if x.startswith(TAG)]:
-        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
-            try:
-                os.kill(int(pid), 9)
-            except (ProcessLookupError, ValueError):
-                pass
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
-    links = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True).stdout
-    for line in links.splitlines():
-        name = line.split(":")[1].strip()
-        if name.startswith(TAG):
-            subprocess.run(["ip", "link", "del", name], capture_output=True)
 
 
 def wait_with_usage(p: subprocess.Popen) -> tuple[int, float]:
@@ -105,15 +61,14 @@ def one(args: list[str], processes: int, out: Path) -> tuple[float, float, dict]
 
 
 def spread(args: list[str], n: int, folder: Path, port: int) -> tuple[float, list[float], dict]:
-    names = make_machines(n)
-    try:
+    with BridgedHosts(n) as hosts:
         t0 = time.monotonic()
         procs = []
-        for k, ns in enumerate(names):
-            cmd = (f"hostname m{k} && exec {TORCHRUN} --nnodes {n} --nproc-per-node 1 --rdzv-backend c10d "
+        for k in range(n):
+            cmd = (f"exec {TORCHRUN} --nnodes {n} --nproc-per-node 1 --rdzv-backend c10d "
                    f"--rdzv-endpoint m0:{port} --max-restarts 0 -m emu replay {' '.join(args)} --processes 1 "
                    f"--report {folder}/m{k}.json")
-            procs.append(subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c", cmd], cwd=ROOT,
+            procs.append(subprocess.Popen(hosts.command(k, cmd), cwd=ROOT,
                                           stdout=subprocess.DEVNULL, stderr=open(folder / f"err{k}.txt", "w")))
         done = [wait_with_usage(p) for p in procs]
         wall = time.monotonic() - t0
@@ -123,8 +78,6 @@ def spread(args: list[str], n: int, folder: Path, port: int) -> tuple[float, lis
         (report,) = [json.loads((folder / f"m{k}.json").read_text()) for k in range(n)
                      if (folder / f"m{k}.json").exists()]
         return wall, [cpu for _, cpu in done], report
-    finally:
-        remove_machines()
 
 
 def row(label: str, wall: float, cpus: list[float], report: dict, same: bool | None) -> str:
@@ -148,7 +101,6 @@ def main() -> None:
     opts = ap.parse_args()
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         raise SystemExit("network namespaces need root, iproute2 and unshare")
-    remove_machines()  # a killed earlier run's
     args = [opts.trace, "--workers", str(opts.workers), "--fabric", opts.fabric, "--iters", str(opts.iters),
             "--payload-scale", opts.payload_scale, "--bandwidth", "100Gbps"]
     counts = [int(x) for x in opts.machines.split(",")]

@@ -179,7 +179,7 @@ class Cluster:
         self.env, self.store, self.key, self.machines, self.timeout_s = env, store, key, machines, timeout_s
         self.rank, self.world = env.rank, env.world_size
         self.runs = 0  # runs (execute calls) so far: every machine makes the same ones in the same order
-        self.hosted: list[int] = []  # the host processes this machine ran in its latest run
+        self.agreements = 0  # agree() calls so far, numbered alike on every machine
         self.listener: socket.socket | None = None  # the store's listening socket, where rank 0 serves it
 
     @property
@@ -257,8 +257,8 @@ class Cluster:
     def agree(self, what: str, doc: Any) -> None:
         """Every machine gave the same ``doc`` (its traces' hashes, its options): else a ConfigError
         on every machine naming the first that differs."""
-        n = getattr(self, "_agreements", 0)
-        self._agreements = n + 1
+        n = self.agreements
+        self.agreements += 1
         mine = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
         self.put(f"agree/{n}/{self.rank}", {"digest": mine, "doc": doc})
         first = self.get(f"agree/{n}/0", what=f"machine 0's {what}")

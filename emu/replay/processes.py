@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import os
 import resource
 import secrets
 import shutil
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -28,6 +26,7 @@ import zmq
 from emu import lifetime
 from emu.errors import RunFailed
 from emu.replay import machines, remote, sealed
+from emu.replay.children import start_processes, stop_processes
 from emu.replay.config import ReplayConfig
 from emu.replay.host import HostSetup
 from emu.replay.hostloop import host_main
@@ -56,25 +55,6 @@ READY_TIMEOUT_S = 60.0
 class ReplayError(RunFailed):
     """A replay could not complete (a process failed, or the time ran out)."""
 
-
-
-def _in_child(target: Callable[[Any], None], parent: int, workdir: str, setup: Any) -> None:
-    """A replay process: dies with the orchestrator, leaves Ctrl-C to it, and if the orchestrator
-    was killed, removes the private socket folder on its way out."""
-    lifetime.as_child(parent)
-    failed = False
-    try:
-        target(setup)
-    except Exception:
-        # the process reported its failure on the control socket; the orchestrator prints it
-        failed = True
-        if os.environ.get("EMU_DEBUG") == "1":
-            traceback.print_exc()
-    finally:
-        if not lifetime.parent_alive(parent):
-            shutil.rmtree(workdir, ignore_errors=True)
-    if failed:
-        os._exit(1)  # without multiprocessing's traceback
 
 
 Build = Callable[[list[HostResult], SwitchResult, float, float, int], ReplayReport]
@@ -113,7 +93,6 @@ def execute(config: ReplayConfig, plan: Callable[[str, str], tuple[list[HostSetu
     if record is not None:
         record.add_folder(workdir)
     worker_results = ps_results = 0
-    fork = multiprocessing.get_context("fork")
     procs: list[multiprocessing.process.BaseProcess] = []
     ctx: zmq.Context | None = None
     usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -137,7 +116,6 @@ def execute(config: ReplayConfig, plan: Callable[[str, str], tuple[list[HostSetu
             setups = [replace(s, key=key) for s in setups]
             sw = replace(sw, key=key)
             local = [s for s, m in zip(setups, where, strict=True) if m == 0]
-            cluster.hosted = [s.index for s in local]
         control_addr = sw.control_addr
         # a host sends one result per job it holds (jobs sharing the fabric), else one
         worker_results = sum(max(1, len(s.parts)) for s in setups if s.role == "workers")
@@ -145,17 +123,8 @@ def execute(config: ReplayConfig, plan: Callable[[str, str], tuple[list[HostSetu
         if external is not None:
             stack.enter_context(external())
         # Children first, then the parent's zmq context: no context crosses a fork.
-        parent = os.getpid()
-        procs.append(fork.Process(target=_in_child, args=(switch_main, parent, workdir, sw), name="emu-switch",
-                                  daemon=True))
-        for s in local:
-            procs.append(fork.Process(target=_in_child, args=(host_main, parent, workdir, s),
-                                      name=f"emu-host{s.index}", daemon=True))
-        with lifetime.signals_held():
-            for p in procs:
-                p.start()
-                if record is not None and p.pid is not None:
-                    record.add_child(p.pid)
+        start_processes([(switch_main, sw, "emu-switch"), *((host_main, s, f"emu-host{s.index}") for s in local)],
+                        workdir, procs)
         ctx = zmq.Context()
         ctrl = sealed.make(ctx, zmq.ROUTER, key, "control")
         ctrl.setsockopt(zmq.LINGER, 0)
@@ -203,7 +172,7 @@ def execute(config: ReplayConfig, plan: Callable[[str, str], tuple[list[HostSetu
                 if run is not None and run.watch is not None:
                     run.watch.send(Abort(why))
                 remote.finish(cluster, run_no, None, why)
-            _stop(procs)
+            stop_processes(procs)
             if ctx is not None:
                 ctx.destroy(linger=0)
             stack.close()
@@ -373,21 +342,6 @@ def _join(procs: list) -> None:
     deadline = time.monotonic() + 10
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
-
-
-def _stop(procs: list) -> None:
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + 5
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(5)
-
-
 
 
 __all__ = ["Build", "ReplayError", "execute"]

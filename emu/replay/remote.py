@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
-import os
 import shutil
 import tempfile
 import time
@@ -32,6 +31,7 @@ from emu import lifetime
 from emu.emulator.fabric import Fabric
 from emu.errors import ConfigError
 from emu.replay import sealed
+from emu.replay.children import start_processes, stop_processes
 from emu.replay.config import Clock, ReplayConfig
 from emu.replay.host import HostSetup
 from emu.replay.hostloop import host_main
@@ -180,36 +180,20 @@ def serve_share(cluster: Cluster, config: ReplayConfig, plan: Callable[[str, str
             ctrl.close(linger=1000)
             raise ConfigError(error)
         mine = [replace(s, key=key) for s, m in zip(setups, where, strict=True) if m == cluster.rank]
-        cluster.hosted = [s.index for s in mine]
-        procs = _start(mine, workdir)
+        record = lifetime.current()
+        if record is not None:
+            record.add_folder(workdir)
+        start_processes([(host_main, s, f"emu-host{s.index}") for s in mine], workdir, procs)
         outcome = _watch(cluster, ctrl, procs, run, config.timeout_s)
     finally:
         with lifetime.signals_held():
-            _stop(procs)
+            stop_processes(procs)
             ctx.destroy(linger=0)
             shutil.rmtree(workdir, ignore_errors=True)
     if not outcome["ok"]:
         raise MachineLost(f"machine 0 ended the run: {outcome['error']}")
     report = ReplayReport.from_dict(outcome["report"])
     return report, report.emulator.run_s, []
-
-
-def _start(setups: list[HostSetup], workdir: str) -> list[multiprocessing.process.BaseProcess]:
-    from emu.replay.processes import _in_child  # the same start as on machine 0
-
-    fork = multiprocessing.get_context("fork")
-    record = lifetime.current()
-    if record is not None:
-        record.add_folder(workdir)
-    parent = os.getpid()
-    procs = [fork.Process(target=_in_child, args=(host_main, parent, workdir, s), name=f"emu-host{s.index}",
-                          daemon=True) for s in setups]
-    with lifetime.signals_held():
-        for p in procs:
-            p.start()
-            if record is not None and p.pid is not None:
-                record.add_child(p.pid)
-    return procs
 
 
 def _watch(cluster: Cluster, ctrl: zmq.Socket, procs: list, run: int, timeout_s: float) -> dict[str, Any]:
@@ -261,12 +245,6 @@ def _watch(cluster: Cluster, ctrl: zmq.Socket, procs: list, run: int, timeout_s:
         if silent > (FIRST_CONTACT_S if first or all(p.exitcode is not None for p in procs) else MACHINE_TIMEOUT_S):
             raise MachineLost(f"machine 0 ({cluster.machines[0].hostname}) stopped answering for {silent:.0f} s: "
                               "it was killed, lost its network, or is overloaded")
-
-
-def _stop(procs: list) -> None:
-    from emu.replay.processes import _stop as stop_all
-
-    stop_all(procs)
 
 
 __all__ = ["Watch", "check_spreadable", "digest", "finish", "machine_of", "publish", "serve_share"]

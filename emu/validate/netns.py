@@ -1,4 +1,6 @@
-"""Two hosts on one machine: network namespaces joined by a veth pair, shaped with tc.
+"""Hosts on one machine: two network namespaces joined by a veth pair, shaped with tc
+(``TwoHosts``, for validation), or several on a bridge with hostnames of their own
+(``BridgedHosts``, for replays spread over machines).
 
 Rank r runs in namespace ``emu-v<pid>-<r>`` (pid: emu's) behind an interface of the same
 name with address 10.213.0.<r+1>/24. A bandwidth shapes both directions with ``tbf`` (this
@@ -13,9 +15,14 @@ with SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
+import shutil
+import signal
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from emu.capture.launcher import RankNetwork
 from emu.errors import ConfigError
@@ -125,3 +132,70 @@ def cleanup() -> list[str]:
             _call(["ip", "netns", "del", name])
             gone.append(name)
     return gone
+
+
+_BRIDGED = itertools.count()
+
+
+class BridgedHosts:
+    """``n`` machines on one machine, for replays spread over several (docs/multi-host.md):
+    namespaces on one bridge, at 10.214.<x>.k+1, each given a hostname of its own (``m<k>``,
+    in its UTS namespace, by ``command``) that every one of them resolves (its /etc/hosts, which
+    ``ip netns exec`` binds from /etc/netns/<name>/), as a cluster's nodes do. A context manager:
+    every process inside is killed and everything removed on the way out."""
+
+    def __init__(self, n: int) -> None:
+        if not 0 < n < 10:
+            raise ConfigError(f"{n} bridged hosts: 1 to 9")
+        # names of this instance's own (a deleted namespace's links linger a moment); at most 15
+        # characters with the veth's "h"
+        tag = f"emu-b{os.getpid() % 100000}{next(_BRIDGED) % 10}"
+        self.bridge = f"{tag}br"
+        self.names = tuple(f"{tag}-{k}" for k in range(n))
+        self.subnet = f"10.214.{(os.getpid() + next(_BRIDGED)) % 250}"
+        self.made: list[str] = []
+        self.bridged = False
+
+    def command(self, k: int, shell: str) -> list[str]:
+        """``shell`` run on machine ``k`` under its hostname."""
+        return ["ip", "netns", "exec", self.names[k], "unshare", "--uts", "sh", "-c", f"hostname m{k} && {shell}"]
+
+    def __enter__(self) -> BridgedHosts:
+        _record(self.names, (self.bridge, *(f"{ns}h" for ns in self.names)))
+        hosts = "127.0.0.1 localhost\n" + "".join(f"{self.subnet}.{k + 1} m{k}\n" for k in range(len(self.names)))
+        try:
+            _run("ip", "link", "add", self.bridge, "type", "bridge")
+            self.bridged = True
+            _run("ip", "link", "set", self.bridge, "up")
+            for k, ns in enumerate(self.names):
+                _run("ip", "netns", "add", ns)
+                self.made.append(ns)
+                _run("ip", "link", "add", f"{ns}h", "type", "veth", "peer", "name", "eth0", "netns", ns)
+                _run("ip", "link", "set", f"{ns}h", "master", self.bridge)
+                _run("ip", "link", "set", f"{ns}h", "up")
+                _run("ip", "-n", ns, "addr", "add", f"{self.subnet}.{k + 1}/24", "dev", "eth0")
+                _run("ip", "-n", ns, "link", "set", "eth0", "up")
+                _run("ip", "-n", ns, "link", "set", "lo", "up")
+                etc = Path("/etc/netns") / ns
+                etc.mkdir(parents=True, exist_ok=True)
+                (etc / "hosts").write_text(hosts)
+            return self
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+
+    def kill(self, k: int) -> None:
+        """Every process of machine ``k``, with SIGKILL: the machine dies."""
+        for pid in _call(["ip", "netns", "pids", self.names[k]]).stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+
+    def __exit__(self, *exc: object) -> None:
+        for ns in reversed(self.made):  # deleting a namespace deletes its veth end
+            self.kill(self.names.index(ns))
+            _call(["ip", "netns", "del", ns])
+            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
+        self.made = []
+        if self.bridged:
+            _call(["ip", "link", "del", self.bridge])
+            self.bridged = False

@@ -5,11 +5,9 @@ the namespaces and the bridge are removed whatever happens."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from emu.validate.netns import BridgedHosts
 from tests.replay.test_machines import exact_part, leftover_processes
 
 pytestmark = [
@@ -25,64 +24,34 @@ pytestmark = [
                        reason="network namespaces need root, iproute2 and unshare (util-linux)"),
 ]
 
-_COUNT = itertools.count()
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 REPLAY = ["mlp", "--workers", "8", "--payload-scale", "64"]
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
 @pytest.fixture
 def namespaces(tmp_path: Path):
-    """``make(n)``: n namespace machines m0..m{n-1} at 10.77.<x>.1.. on one bridge."""
-    tag = f"emut{os.getpid() % 1000}{next(_COUNT)}"  # a fixture's own: a deleted namespace's links linger
-    subnet = (os.getpid() + next(_COUNT)) % 200 + 20
-    made: list[str] = []
-    bridge = f"{tag}br"
+    """``make(n)``: n namespace machines m0..m{n-1} on one bridge (``BridgedHosts``)."""
+    made: list[BridgedHosts] = []
 
-    def make(n: int) -> list[str]:
-        _ip("link", "add", bridge, "type", "bridge")
-        _ip("link", "set", bridge, "up")
-        hosts = "127.0.0.1 localhost\n" + "".join(f"10.77.{subnet}.{k + 1} m{k}\n" for k in range(n))
-        for k in range(n):
-            ns = f"{tag}m{k}"
-            _ip("netns", "add", ns)
-            made.append(ns)
-            _ip("link", "add", f"{ns}h", "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _ip("link", "set", f"{ns}h", "master", bridge)
-            _ip("link", "set", f"{ns}h", "up")
-            _ip("-n", ns, "addr", "add", f"10.77.{subnet}.{k + 1}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-            etc = Path("/etc/netns") / ns
-            etc.mkdir(parents=True, exist_ok=True)
-            (etc / "hosts").write_text(hosts)  # ip netns exec binds it over /etc/hosts
-        return made
+    def make(n: int) -> BridgedHosts:
+        made.append(BridgedHosts(n).__enter__())
+        return made[-1]
 
     yield make
-    for ns in made:
-        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
-    subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+    for hosts in made:
+        hosts.__exit__(None, None, None)
     assert not leftover_processes(str(tmp_path)), "a machine's processes outlived the test"
 
 
-def torchrun(ns: list[str], args: list[str], folder: Path, port: int = 29400) -> list[subprocess.Popen]:
+def torchrun(hosts: BridgedHosts, args: list[str], folder: Path, port: int = 29400) -> list[subprocess.Popen]:
     """The same command on every machine: torchrun, c10d rendezvous at m0."""
     procs = []
-    for k, name in enumerate(ns):
-        cmd = (f"hostname m{k} && exec {TORCHRUN} --nnodes {len(ns)} --nproc-per-node 1 --rdzv-backend c10d "
+    n = len(hosts.names)
+    for k in range(n):
+        cmd = (f"exec {TORCHRUN} --nnodes {n} --nproc-per-node 1 --rdzv-backend c10d "
                f"--rdzv-endpoint m0:{port} --max-restarts 0 -m emu replay {' '.join(args)} "
                f"--report {folder}/m{k}.json")
-        procs.append(subprocess.Popen(["ip", "netns", "exec", name, "unshare", "--uts", "sh", "-c", cmd],
+        procs.append(subprocess.Popen(hosts.command(k, cmd),
                                       stdout=open(folder / f"out{k}.txt", "w"), stderr=open(folder / f"err{k}.txt", "w"),
                                       cwd=Path(__file__).parents[2], env={**os.environ, "NO_COLOR": "1"}))
     return procs
@@ -130,11 +99,7 @@ def test_a_killed_namespace_machine_ends_the_run_with_exit_1_everywhere(namespac
         time.sleep(0.2)
     assert zero is not None, "".join((tmp_path / f"err{k}.txt").read_text()[-1500:] for k in range(3))
     dead = zero if victim == "orchestrator" else (zero + 1) % 3
-    for pid in subprocess.run(["ip", "netns", "pids", ns[dead]], capture_output=True, text=True).stdout.split():
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    ns.kill(dead)
     codes = {k: p.wait(120) for k, p in enumerate(procs)}
     for k in range(3):
         if k != dead:

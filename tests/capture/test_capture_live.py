@@ -54,6 +54,7 @@ def test_mlp_capture_sizes_steps_and_meta(no_leftovers: Path) -> None:
         assert [it.step for it in program.iterations] == [3, 4]  # warm-up 2, profiler warm-up 1
 
 
+@pytest.mark.slow
 def test_bucket_count_follows_bucket_cap(no_leftovers: Path) -> None:
     big = capture_model("mlp", CaptureConfig(profile_steps=1, warmup=2), bucket_cap_mb=100)
     small = capture_model("mlp", CaptureConfig(profile_steps=1, warmup=2, keep_kineto=no_leftovers),
@@ -71,6 +72,7 @@ def test_bucket_count_follows_bucket_cap(no_leftovers: Path) -> None:
             assert k == len(iteration_buckets) - 1 or bucket.bytes >= cap
 
 
+@pytest.mark.slow
 def test_cnn_capture_has_buffer_broadcasts(no_leftovers: Path) -> None:
     trace = capture_model("cnn", CaptureConfig(profile_steps=1, warmup=2, keep_kineto=no_leftovers),
                           batch_size=8)
@@ -97,6 +99,7 @@ def test_unmodified_script_capture(no_leftovers: Path) -> None:
     assert (no_leftovers / "k" / "rank0.json").is_file() and (no_leftovers / "k" / "rank1.json").is_file()
 
 
+@pytest.mark.slow
 def test_a_comm_hook_is_recorded_with_its_compressed_buckets(no_leftovers: Path) -> None:
     out = no_leftovers / "fp16.json.gz"
     result = CliRunner().invoke(cli, [
@@ -112,6 +115,7 @@ def test_a_comm_hook_is_recorded_with_its_compressed_buckets(no_leftovers: Path)
         assert sum(b.bytes for b in iteration_buckets) == 2 * params
 
 
+@pytest.mark.slow
 def test_script_with_too_few_steps(no_leftovers: Path) -> None:
     result = CliRunner().invoke(cli, [
         "capture", "-o", str(no_leftovers / "o.json"), "--keep-kineto", str(no_leftovers),
@@ -221,8 +225,8 @@ def test_ranks_die_with_a_killed_emu(no_leftovers: Path, tmp_path_factory: pytes
     assert sorted(pid for pid, _ in record.children) == sorted(ranks)
 
 
-@pytest.mark.parametrize("model", ["tp", pytest.param("fsdp", marks=pytest.mark.slow),
-                                   pytest.param("pp", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["tp", "fsdp", "pp"])
 def test_sharded_and_split_captures_name_every_group(no_leftovers: Path, model: str) -> None:
     """The built-in FSDP, tensor-parallel and pipeline workloads at world size 4: four real ranks
     of one thread each; every collective on its group, with its role, and the job's mesh

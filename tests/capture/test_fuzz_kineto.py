@@ -186,7 +186,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fuzz-kineto")
 
 
-@settings(FAST, max_examples=700)
+@settings(FAST, max_examples=120)
 @given(files=mutated_jobs())
 def test_mutated_real_traces_import_or_fail_clearly(workdir: Path, files: list[bytes]) -> None:
     assert check_import(workdir, files) in ("trace", "error")

@@ -71,6 +71,7 @@ def test_tiny_sparse_model_gives_exact_sparsity_per_step(no_leftovers: Path) -> 
                 256, (s + 1) / 64, (2 * s + 1) / 64)
 
 
+@pytest.mark.slow
 def test_dlrm_capture_carries_sparsity_on_every_all_reduce(no_leftovers: Path) -> None:
     work = no_leftovers / "k"
     trace = capture_model("dlrm", CaptureConfig(profile_steps=2, warmup=1, keep_kineto=work), sparsity=True)

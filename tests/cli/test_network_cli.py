@@ -115,6 +115,7 @@ def test_bad_sparsity_is_one_line_and_exit_2(args: list[str], words: list[str]) 
     assert_one_line_error(run("predict", "mlp", *args), *words)
 
 
+@pytest.mark.slow
 def test_replay_sparsity_is_in_the_report_and_the_table() -> None:
     args = ["replay", "mlp", "--workers", "4", "--iters", "1", "--payload-scale", "64", "--sparsity", "0.1:0.3"]
     result = run(*args, "--json")

@@ -213,7 +213,7 @@ def _switch_of(kids: list[int]) -> int:
     raise AssertionError("no child holds the switch socket")
 
 
-@pytest.mark.parametrize("victim", ["host", "switch"])
+@pytest.mark.parametrize("victim", ["host", pytest.param("switch", marks=pytest.mark.slow)])
 def test_dead_process_is_reported_and_the_rest_stopped(tmp_path: Path, victim: str) -> None:
     proc = _replay_process(tmp_path)
     try:
@@ -317,6 +317,7 @@ def test_concurrent_replays_do_not_collide(tmp_path: Path) -> None:
     assert docs[0]["iterations"] == docs[1]["iterations"] and docs[0]["verification"]["ok"]
 
 
+@pytest.mark.slow
 def test_mesh_on_the_command_line_and_in_a_design(tmp_path: Path, no_children) -> None:
     """--mesh lays out a sharded or split trace and sets the workers; a design's [parallelism] mesh
     does the same; the report says what was laid out (docs/parallelism.md)."""

@@ -196,7 +196,7 @@ def check_against_reference(cfg: dict[str, int], batches: list[list[Packet]]) ->
             n, ref.invalid, ref.malformed, ref.stale)
 
 
-@settings(FAST, max_examples=1500)
+@settings(FAST, max_examples=500)
 @given(case=traffic())
 def test_switch_drops_and_counts_what_the_reference_drops(case) -> None:
     check_against_reference(*case)

@@ -40,6 +40,7 @@ def test_no_schedule_is_the_identity_and_bad_steps_are_refused() -> None:
         parse_schedule("100Gbps")
 
 
+@pytest.mark.slow
 def test_a_replay_under_a_schedule_lies_between_the_constant_ones(no_children) -> None:
     from emu.replay import ReplayConfig, replay
     from emu.traces import load_trace, sample_path

@@ -128,6 +128,7 @@ def test_the_sparse_report_counts_the_agreement(no_children) -> None:
     assert r.verification.ok and r.sparsity is not None and r.sparsity.collectives == 3
 
 
+@pytest.mark.slow
 def test_a_sparse_tensor_made_dense_becomes_a_bucket(no_children) -> None:
     """The buckets are the all_reduces the job's sparsity leaves compressible: with --sparsity none
     gloo's sparse-tensor all_reduce is dense, so adaptive compression may compress it (a real

@@ -33,7 +33,7 @@ def mlp():
     return load_trace(sample_path("mlp"))
 
 
-@pytest.mark.parametrize("fabric", ["ina", "ring", "ps"])
+@pytest.mark.parametrize("fabric", [pytest.param("ina", marks=pytest.mark.slow), "ring", "ps"])
 def test_identical_across_process_layouts(mlp, fabric: str, no_children) -> None:
     """Loss, jitter and stragglers on: every random draw is keyed by what it is about, and every
     link sees its packets in emulated-time order, so 1, 2 and 4 host processes agree exactly."""
@@ -64,6 +64,7 @@ def test_identical_real_loss_recovery(no_children) -> None:
         assert exact_part(r) == first
 
 
+@pytest.mark.slow
 def test_identical_run_after_run(mlp, no_children) -> None:
     config = ReplayConfig(workers=8, fabric="ina", iters=2, payload_scale=64, link=LinkSpec(loss=0.005))
     a, b = replay(mlp, config), replay(mlp, config)
@@ -71,7 +72,7 @@ def test_identical_run_after_run(mlp, no_children) -> None:
     assert a.emulator.windows and a.emulator.windows > 10
 
 
-@pytest.mark.parametrize("fabric", ["ina", "ring"])
+@pytest.mark.parametrize("fabric", [pytest.param("ina", marks=pytest.mark.slow), "ring"])
 def test_zero_lookahead(mlp, fabric: str, no_children) -> None:
     """Ideal links (no latency, infinite bandwidth): windows become rounds at one emulated time,
     ties broken by (time, kind, endpoint); the data stays exact and the step is faster than on
@@ -116,6 +117,7 @@ def test_paced_run_without_inversions_agrees(mlp, no_children) -> None:
                                                                        rel=1e-9)
 
 
+@pytest.mark.slow
 def test_heavy_loss_at_payload_scale_is_the_same_on_every_layout(mlp, no_children) -> None:
     """10% loss at R = 64: the no-progress check (emulated timeouts per emulated packet, per chunk)
     says the same whatever the layout; the run completes, identical on 1 and 8 host processes."""

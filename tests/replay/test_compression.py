@@ -30,7 +30,7 @@ def run(trace: Trace, fabric: str, compress: str, workers: int = 4) -> object:
                                       compress=CompressOption(compress)))
 
 
-@pytest.mark.parametrize("fabric", ["ina", "ring"])
+@pytest.mark.parametrize("fabric", [pytest.param("ina", marks=pytest.mark.slow), "ring"])
 def test_topk_cuts_the_bytes_on_the_wire_tenfold(mlp, fabric: str, no_children) -> None:
     dense, topk = run(mlp, fabric, "none"), run(mlp, fabric, "topk:0.01")
     assert dense.verification.ok and topk.verification.ok and topk.verification.elements_checked > 0
@@ -183,6 +183,7 @@ def test_error_feedback_shrinks_the_accumulated_error() -> None:
     assert abs(qsgd[-1] - qsgd[0]) < 0.05  # unbiased: the relative error of the sum stays where it was
 
 
+@pytest.mark.slow
 def test_on_ina_an_all_reduce_counts_what_the_switch_carries(mlp, no_children) -> None:
     """INA's packets carry int32: fp16 halves nothing there, and the report says so."""
     ina, ring = run(mlp, "ina", "fp16"), run(mlp, "ring", "fp16")
@@ -192,7 +193,8 @@ def test_on_ina_an_all_reduce_counts_what_the_switch_carries(mlp, no_children) -
     assert not topk.in_switch and topk.ratio > 50
 
 
-@pytest.mark.parametrize("name", ["signsgd", "terngrad", "qsgd"])
+@pytest.mark.parametrize("name", ["signsgd", pytest.param("terngrad", marks=pytest.mark.slow),
+                                  pytest.param("qsgd", marks=pytest.mark.slow)])
 def test_on_ina_the_switch_sums_the_quantizers_levels(mlp, name: str, no_children) -> None:
     """signsgd, terngrad and qsgd: an all_reduce of int32 lanes on ina, summed in the switch (no
     fallback), bytes of the lanes; point to point (an all_gather of packed bits) on the ring."""

@@ -30,6 +30,7 @@ def _traces(count: int = 1 << 20, kind: CollKind = CollKind.ALL_REDUCE) -> list:
     return [single_collective(kind, count), single_collective(kind, count // 2)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fabric", ["ina", "ring", "ps"])
 def test_jobs_that_share_nothing_take_their_time_alone_exactly(fabric: str, no_children) -> None:
     """One switch, a port a worker: nothing is shared but the switch, whose pool each job has its
@@ -59,7 +60,7 @@ def test_jobs_that_share_nothing_take_their_time_alone_exactly(fabric: str, no_c
 
 
 # ina's is the slowest to replay (40 s here), ps's 18 s: the default run keeps ring's
-@pytest.mark.parametrize("fabric", [pytest.param("ina", marks=pytest.mark.slow), "ring",
+@pytest.mark.parametrize("fabric", [pytest.param("ina", marks=pytest.mark.slow), pytest.param("ring", marks=pytest.mark.slow),
                                     pytest.param("ps", marks=pytest.mark.slow)])
 def test_jobs_sharing_oversubscribed_leaves_slow_each_other(fabric: str, no_children) -> None:
     """Interleaved, each job holds a node on each leaf, so both jobs' traffic between leaves queues
@@ -122,6 +123,7 @@ def test_refusals(no_children) -> None:
         replay_jobs(traces, ReplayConfig(slots=1), Jobs((2, 2)))
 
 
+@pytest.mark.slow
 def test_the_cli_replays_jobs_and_reports_them(tmp_path, no_children) -> None:
     runner = CliRunner()
     report = tmp_path / "r.json"
@@ -148,6 +150,7 @@ def test_a_design_says_how_jobs_share() -> None:
         parse_design('[jobs]\ntraces = ["a"]\n', "d.toml")
 
 
+@pytest.mark.slow
 def test_bytes_on_the_leaves_links_are_each_jobs_own(no_children) -> None:
     traces = _traces(1 << 21)
     config = ReplayConfig(fabric="ring", link=LINK, topology=SHARED_SPINE)

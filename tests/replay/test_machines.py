@@ -238,6 +238,7 @@ def test_two_machines_give_the_report_of_one(machines, tmp_path: Path) -> None:
     assert exact_part(spread) == exact_part(json.loads((tmp_path / "one.json").read_text()))
 
 
+@pytest.mark.slow
 def test_forged_messages_are_dropped_and_counted(machines, tmp_path: Path) -> None:
     """Someone who can reach machine 0's ports (the plan's endpoints are in the store, which
     anyone can read) sends messages without the key: the run still completes exactly, and the
@@ -277,6 +278,7 @@ def test_forged_messages_are_dropped_and_counted(machines, tmp_path: Path) -> No
     assert report["emulator"]["rejected_messages"] == 6
 
 
+@pytest.mark.slow
 def test_a_machine_of_another_emu_version_is_refused(machines) -> None:
     old = json.dumps([sys.executable, "-c", "import emu; emu.__version__ = '0.0.9'; "
                       "import emu.replay.machines as m; m.__version__ = '0.0.9'; from emu.cli import main; main()"])
@@ -292,6 +294,7 @@ def test_a_machine_of_another_emu_version_is_refused(machines) -> None:
         assert "install the same version on every machine" in run.err(rank)
 
 
+@pytest.mark.slow
 def test_machines_given_other_traces_are_refused(machines) -> None:
     port = free_port()
     first = machines(1, REPLAY, lambda rank, env: {**env, "WORLD_SIZE": "2"}, port=port)
@@ -302,12 +305,14 @@ def test_machines_given_other_traces_are_refused(machines) -> None:
     assert "trace_args is ['mlp'] there and ['cnn'] here" in first.err(0), first.err(0)
 
 
+@pytest.mark.slow
 def test_a_machine_that_never_joins_is_named(machines) -> None:
     run = machines(1, REPLAY, lambda rank, env: {**env, "WORLD_SIZE": "3", "EMU_JOIN_TIMEOUT": "3"})
     assert run.wait() == [1]
     assert "machines 1, 2 of 3 never joined within 3 s" in run.err(0)
 
 
+@pytest.mark.slow
 def test_a_killed_machine_ends_the_run_everywhere(machines, tmp_path: Path) -> None:
     """Machine 1 (its emu and its host processes) killed with SIGKILL mid-run: machine 0 and
     machine 2 end with exit code 1, machine 0 names what happened, and nothing is left running."""
@@ -325,7 +330,8 @@ def test_a_killed_machine_ends_the_run_everywhere(machines, tmp_path: Path) -> N
     assert "machine 0 ended the run" in run.err(2), run.err(2)
 
 
-@pytest.mark.parametrize("env", [{}, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}])
+@pytest.mark.parametrize("env", [{}, pytest.param({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"},
+                                                marks=pytest.mark.slow)])
 def test_one_machine_never_imports_torch(env: dict) -> None:
     """Outside a launcher, or under one with a single machine, emu replay runs as always: no
     rendezvous, and torch is never imported."""
@@ -350,6 +356,7 @@ def test_cores_follow_a_cgroup_quota(tmp_path: Path) -> None:
     assert cores_here(cpu_max=str(tmp_path / "absent")) == len(os.sched_getaffinity(0))
 
 
+@pytest.mark.slow
 def test_machine_0_failing_before_the_run_ends_the_others_at_once(machines, tmp_path: Path) -> None:
     """Machine 0 refuses its --report (its folder is a file) after joining and before any run: it
     exits 2 saying why, and machine 1, waiting for the run's plan, ends at once with exit 1, not at
@@ -364,6 +371,7 @@ def test_machine_0_failing_before_the_run_ends_the_others_at_once(machines, tmp_
     assert time.monotonic() - t0 < 50  # the plan's wait is 60 s here (EMU_JOIN_TIMEOUT)
 
 
+@pytest.mark.slow
 def test_machines_given_other_options_are_refused(machines) -> None:
     port = free_port()
     first = machines(1, [*REPLAY, "--fabric", "ring"], lambda rank, env: {**env, "WORLD_SIZE": "2"}, port=port)
@@ -384,6 +392,7 @@ def test_a_machine_without_hosts_stays_in_the_run(machines) -> None:
     assert run.report(0)["emulator"]["run_s"] > 10, "the run was too short to show it"
 
 
+@pytest.mark.slow
 def test_spans_of_every_machine_reach_the_chrome_trace(machines, tmp_path: Path) -> None:
     run = machines(2, [*REPLAY, "--fabric", "ring", "--chrome-trace", str(tmp_path / "spans.json")])
     assert run.wait() == [0, 0], run.err(0) + run.err(1)

@@ -39,6 +39,7 @@ def test_ring_matches_the_formula(big_all_reduce, workers: int, no_children) -> 
     assert r.verification.ok
 
 
+@pytest.mark.slow
 def test_bandwidth_scales_time(big_all_reduce, no_children) -> None:
     slow = replay(big_all_reduce, ReplayConfig(workers=4, fabric="ina", link=LinkSpec(bandwidth_bps=10e9),
                                                payload_scale=64))
@@ -71,6 +72,7 @@ def test_real_loss_recovery(no_children) -> None:
     assert r.fabric.packets_lost == r.fabric.lost  # one emulated packet per real row
 
 
+@pytest.mark.slow
 def test_loss_under_payload_scale_costs_what_real_packets_do(no_children) -> None:
     """A row standing for R packets must not cost R times a packet's loss: the mean over seeds of
     the time at R = 64 is within 12% of R = 1, and both near the tail formula of docs/physics.md."""

@@ -23,7 +23,8 @@ LINK = LinkSpec(bandwidth_bps=100e9, latency_us=5.0)
 COUNT = 1 << 22
 
 
-@pytest.mark.parametrize(("workers", "rate"), [(8, 2e8), (8, 5e7), (16, 1e8)])
+@pytest.mark.parametrize(("workers", "rate"), [pytest.param(8, 2e8, marks=pytest.mark.slow), pytest.param(8, 5e7, marks=pytest.mark.slow),
+                                              pytest.param(16, 1e8, marks=pytest.mark.slow)])
 def test_a_slow_pipeline_meets_its_form(workers: int, rate: float, no_children) -> None:
     """Measured: 0.0% in each case (the pipeline, not the links, sets the pace)."""
     config = ReplayConfig(workers=workers, link=LINK, packet_rate=rate)
@@ -37,6 +38,7 @@ def test_a_slow_pipeline_meets_its_form(workers: int, rate: float, no_children) 
         report.summary.iteration_us_median, rel=0.02)
 
 
+@pytest.mark.slow
 def test_a_fast_pipeline_changes_nothing_but_reports_its_load(no_children) -> None:
     trace = single_collective(CollKind.ALL_REDUCE, COUNT)
     free = replay(trace, ReplayConfig(workers=4, link=LINK))
@@ -48,6 +50,7 @@ def test_a_fast_pipeline_changes_nothing_but_reports_its_load(no_children) -> No
     assert fast.config["design"]["switch"]["packet_rate"] == 1e10 and "packet_rate" not in free.config["design"]["switch"]
 
 
+@pytest.mark.slow
 def test_jobs_share_the_pipeline(no_children) -> None:
     """On one switch with a port a worker, two jobs share nothing but the switch: with a slow
     pipeline, each is slower than alone."""

@@ -33,7 +33,8 @@ def _accounted(report, roles: set[str]) -> None:
     assert all(g.completed == g.expected > 0 for g in par.groups)
 
 
-@pytest.mark.parametrize("fabric", ["ring", "ps", "ina"])
+@pytest.mark.parametrize("fabric", [pytest.param("ring", marks=pytest.mark.slow), pytest.param("ps", marks=pytest.mark.slow),
+                                    "ina"])
 def test_dp_x_tp_at_a_larger_data_parallel_size(no_children, fabric: str) -> None:
     tp = load_trace(sample_path("tp"))
     report = replay(tp, ReplayConfig(workers=8, fabric=fabric, iters=2, mesh=parse_mesh("dp=4,tp=2")))
@@ -46,7 +47,7 @@ def test_dp_x_tp_at_a_larger_data_parallel_size(no_children, fabric: str) -> Non
     assert groups["tp"].collectives == 3 and groups["dp"].collectives == 1
 
 
-@pytest.mark.parametrize("fabric", ["ring", "ina"])
+@pytest.mark.parametrize("fabric", [pytest.param("ring", marks=pytest.mark.slow), "ina"])
 def test_fsdp_at_eight_shards(no_children, fabric: str) -> None:
     fsdp = load_trace(sample_path("fsdp"))
     report = replay(fsdp, ReplayConfig(workers=8, fabric=fabric, iters=2))
@@ -80,7 +81,7 @@ def _all_reduce(i: int, count: int, group: tuple[int, ...] | None, size: int, ro
                 group=group, group_role=role, stream=stream)
 
 
-@pytest.mark.parametrize("fabric", ["ring", "ina"])
+@pytest.mark.parametrize("fabric", ["ring", pytest.param("ina", marks=pytest.mark.slow)])
 def test_a_groups_all_reduce_takes_what_a_job_of_its_size_takes(no_children, fabric: str) -> None:
     """Two data-parallel groups of 4 (dp=4 x tp=2) share no link: on a ring, and on the switch
     where each group's pool is as large as the job's, each takes exactly the time of a 4-worker
@@ -130,8 +131,9 @@ def _one(kind: CollKind, count: int, dtype: Dtype, world: int = 8) -> Trace:
     return _trace(world, None, {r: (Compute("forward", 10.0), op, Wait(ids=(0,))) for r in range(world)})
 
 
-@pytest.mark.parametrize("kind, dtype", [(CollKind.REDUCE_SCATTER, Dtype.FLOAT32), (CollKind.ALL_GATHER, Dtype.FLOAT32),
-                                         (CollKind.ALL_GATHER, Dtype.FLOAT16)])
+@pytest.mark.parametrize("kind, dtype", [pytest.param(CollKind.REDUCE_SCATTER, Dtype.FLOAT32, marks=pytest.mark.slow),
+                                         (CollKind.ALL_GATHER, Dtype.FLOAT32),
+                                         pytest.param(CollKind.ALL_GATHER, Dtype.FLOAT16, marks=pytest.mark.slow)])
 def test_the_switch_runs_reduce_scatter_and_all_gather_as_its_closed_forms(no_children, kind, dtype) -> None:
     """On ina a reduce_scatter sums in the switch (its sums to each shard's owner, exact) and an
     all_gather multicasts each shard (its bytes as they are, 2-byte dtypes two to a lane): no

@@ -55,6 +55,7 @@ def test_every_collective_kind(collectives_trace, fabric: str, no_children) -> N
         assert "all_reduce" not in fb
 
 
+@pytest.mark.slow
 def test_sixteen_workers_transformer_ina(no_children) -> None:
     trace = load_trace(sample_path("transformer"))
     report = replay(trace, ReplayConfig(workers=16, fabric="ina", iters=1, payload_scale=512))

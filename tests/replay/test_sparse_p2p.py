@@ -80,7 +80,7 @@ def test_messages_carry_indices_and_exact_values() -> None:
 
 # -- dlrm: sparse against dense ------------------------------------------------------------------
 
-@pytest.mark.parametrize("fabric", ["ring", "ps"])
+@pytest.mark.parametrize("fabric", [pytest.param("ring", marks=pytest.mark.slow), "ps"])
 def test_dlrm_sends_fewer_bytes_and_is_faster(dlrm, fabric: str, no_children) -> None:
     cfg = ReplayConfig(workers=4, fabric=fabric, iters=1, payload_scale=8, link=L10)
     sparse, dense = replay(dlrm, cfg), replay(dlrm, replace(cfg, sparsity=DENSE))
@@ -137,7 +137,7 @@ def test_identical_across_process_layouts(dlrm, fabric: str, no_children) -> Non
 # -- one collective: the closed forms, every dtype -----------------------------------------------
 
 @pytest.mark.parametrize("fabric", ["ring", "ps"])
-@pytest.mark.parametrize("count, workers, option", [(1 << 20, 4, "0.1:0.3"), (1 << 22, 8, "0.05"),
+@pytest.mark.parametrize("count, workers, option", [(1 << 20, 4, "0.1:0.3"), pytest.param(1 << 22, 8, "0.05", marks=pytest.mark.slow),
                                                      (100_000, 4, "0.2")])
 def test_one_sparse_all_reduce_is_its_closed_form(fabric: str, count: int, workers: int, option: str,
                                                   no_children) -> None:
@@ -199,6 +199,7 @@ def test_auto_payload_scale_leaves_every_shard_enough_sparse_blocks(dlrm) -> Non
     assert choose_payload_scale(dlrm, ReplayConfig(workers=128, fabric="ring", link=link)) == 64
 
 
+@pytest.mark.slow
 def test_a_coarser_scale_than_the_shards_allow_is_not_trustworthy(dlrm, no_children) -> None:
     r = replay(dlrm, ReplayConfig(workers=128, fabric="ps", link=LinkSpec(bandwidth_bps=10e9), payload_scale=64,
                                   iters=1))

@@ -80,6 +80,7 @@ def test_integer_all_reduce_stays_dense(no_children) -> None:
 
 
 @pytest.mark.parametrize("loss", [0.0, 0.01])
+@pytest.mark.slow
 def test_ina_streams_only_the_union(mlp, loss: float, no_children) -> None:
     """The sparse stream sends the union's blocks alone: fewer bytes, less time, the same sums."""
     link = LinkSpec(bandwidth_bps=10e9, loss=loss)
@@ -100,6 +101,7 @@ def test_the_p4_switch_streams_dense() -> None:
     assert not fabric.Fabric.sparse_stream
 
 
+@pytest.mark.slow
 def test_none_is_the_dense_replay(mlp, no_children) -> None:
     """On a trace without sparsity, ``--sparsity none`` and the default give the same report."""
     default = replay(mlp, ReplayConfig(workers=4, fabric="ina", payload_scale=64, iters=1))
@@ -130,6 +132,7 @@ def test_the_trace_sparsity_is_followed_job_wide(mlp, no_children) -> None:
     assert reblocked.verification.ok and reblocked.config["sparsity"]["block_elements"] == 1000
 
 
+@pytest.mark.slow
 def test_identical_across_process_layouts(mlp, no_children) -> None:
     config = ReplayConfig(workers=4, fabric="ina", iters=1, payload_scale=64, sparsity=SparsityOption.parse("0.2:0.5"))
     first, second = (exact_part(replay(mlp, replace(config, processes=p))) for p in (1, 2))
@@ -196,7 +199,8 @@ def embedding() -> Trace:
     return import_kineto(sorted(GLOO_SPARSE.glob("rank*.json.gz")))
 
 
-@pytest.mark.parametrize(("fabric", "split"), [("ina", (1, 1)), ("ring", (1, 1)), ("ps", (2, 0))])
+@pytest.mark.parametrize(("fabric", "split"), [("ina", (1, 1)), pytest.param("ring", (1, 1), marks=pytest.mark.slow),
+                                              pytest.param("ps", (2, 0), marks=pytest.mark.slow)])
 def test_a_sparse_tensor_all_reduce_runs_sparse_whatever_the_cost(embedding, fabric: str, split, no_children) -> None:
     """The framework's sparse all_reduce (a sparse embedding's gradient under DDP) stays sparse where
     dense would be cheaper; the dense bucket beside it takes the fabric's own choice."""

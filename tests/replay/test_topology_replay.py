@@ -43,12 +43,16 @@ def _time(fabric: str, count: int, topo: Topology | None,
 @pytest.mark.parametrize("topo", [
     Topology(workers_per_node=4),  # packed: one ring hop a NIC, the rest inside nodes
     Topology(workers_per_node=4, placement=Placement.SPREAD),  # every hop between nodes: 4 a NIC
-    Topology(workers_per_node=4, nics_per_node=2, placement=Placement.SPREAD),  # 2 a NIC
+    pytest.param(Topology(workers_per_node=4, nics_per_node=2, placement=Placement.SPREAD),  # 2 a NIC
+                 marks=pytest.mark.slow),
     Topology(workers_per_node=2, leaf_ports=1, placement=Placement.RANDOM),  # 4 leaves and a spine
-    Topology(workers_per_node=8),  # one node: the ring never leaves it
-    Topology(workers_per_node=1, leaf_ports=4, oversubscription=2, placement=Placement.RANDOM),
-    Topology(workers_per_node=1, leaf_ports=4, oversubscription=4, placement=Placement.RANDOM),
-    Topology(workers_per_node=2, leaf_ports=4, oversubscription=4, placement=Placement.SPREAD),
+    pytest.param(Topology(workers_per_node=8), marks=pytest.mark.slow),  # one node: the ring never leaves it
+    pytest.param(Topology(workers_per_node=1, leaf_ports=4, oversubscription=2, placement=Placement.RANDOM),
+                 marks=pytest.mark.slow),
+    pytest.param(Topology(workers_per_node=1, leaf_ports=4, oversubscription=4, placement=Placement.RANDOM),
+                 marks=pytest.mark.slow),
+    pytest.param(Topology(workers_per_node=2, leaf_ports=4, oversubscription=4, placement=Placement.SPREAD),
+                 marks=pytest.mark.slow),
 ], ids=["packed", "spread", "spread-2nics", "random-4leaves", "one-node", "random-2to1", "random-4to1",
         "spread-4to1"])
 def test_a_ring_on_a_topology_meets_its_formula(topo: Topology, no_children) -> None:
@@ -58,10 +62,12 @@ def test_a_ring_on_a_topology_meets_its_formula(topo: Topology, no_children) -> 
 
 
 @pytest.mark.parametrize("topo", [
-    Topology(workers_per_node=4),  # four streams share each NIC
+    pytest.param(Topology(workers_per_node=4), marks=pytest.mark.slow),  # four streams share each NIC
     Topology(workers_per_node=2, leaf_ports=1),  # two a NIC, and the spine aggregates
-    Topology(workers_per_node=2, leaf_ports=2, oversubscription=4),  # the leaves' uplinks set the pace
-    Topology(workers_per_node=2, leaf_ports=2, oversubscription=4, algorithm=Algorithm.HIERARCHICAL),
+    pytest.param(Topology(workers_per_node=2, leaf_ports=2, oversubscription=4),  # the leaves' uplinks set the pace
+                 marks=pytest.mark.slow),
+    pytest.param(Topology(workers_per_node=2, leaf_ports=2, oversubscription=4, algorithm=Algorithm.HIERARCHICAL),
+                 marks=pytest.mark.slow),
 ], ids=["4-a-nic", "spine", "4to1", "4to1-hierarchical"])
 def test_ina_on_a_topology_meets_its_formula(topo: Topology, no_children) -> None:
     emulated, formula, _, _ = _time("ina", 1 << 22, topo)
@@ -70,11 +76,13 @@ def test_ina_on_a_topology_meets_its_formula(topo: Topology, no_children) -> Non
 
 @pytest.mark.parametrize("topo", [
     Topology(workers_per_node=4),  # four workers push and pull through each NIC
-    Topology(workers_per_node=4, nics_per_node=2, placement=Placement.SPREAD),  # two a NIC
-    Topology(workers_per_node=2, leaf_ports=1),  # the shards hang off the spine
-    Topology(workers_per_node=1, leaf_ports=4, oversubscription=2),
+    pytest.param(Topology(workers_per_node=4, nics_per_node=2, placement=Placement.SPREAD),  # two a NIC
+                 marks=pytest.mark.slow),
+    pytest.param(Topology(workers_per_node=2, leaf_ports=1), marks=pytest.mark.slow),  # the shards hang off the spine
+    pytest.param(Topology(workers_per_node=1, leaf_ports=4, oversubscription=2), marks=pytest.mark.slow),
     Topology(workers_per_node=2, leaf_ports=4, oversubscription=4),  # the leaves' uplinks set the pace
-    Topology(workers_per_node=1, leaf_ports=8, oversubscription=32),  # the last sums queue down the leaf
+    pytest.param(Topology(workers_per_node=1, leaf_ports=8, oversubscription=32),  # the last sums queue down the leaf
+                 marks=pytest.mark.slow),
 ], ids=["4-a-nic", "spread-2nics", "spine", "2to1", "4to1", "32to1"])
 def test_a_parameter_server_on_a_topology_meets_its_formula(topo: Topology, no_children) -> None:
     """Measured: 0.0% but at 2:1 (+0.8%) and 32:1 (-1.6%), where the leaf's links are loaded both ways."""
@@ -83,6 +91,7 @@ def test_a_parameter_server_on_a_topology_meets_its_formula(topo: Topology, no_c
     assert emulated == pytest.approx(formula, rel=0.02)
 
 
+@pytest.mark.slow
 def test_one_worker_a_node_is_the_one_switch(no_children) -> None:
     """Nodes of one worker on one leaf are exactly today's network: the same times."""
     for fabric in ("ina", "ring", "ps"):
@@ -102,6 +111,7 @@ def test_packing_keeps_the_ring_off_the_nics(no_children) -> None:
     assert spread.iterations[0].emulated_us > 3 * packed.iterations[0].emulated_us
 
 
+@pytest.mark.slow
 def test_a_shipped_trace_replays_on_every_fabric(no_children) -> None:
     from emu.traces import load_trace, sample_path
 
@@ -115,9 +125,9 @@ def test_a_shipped_trace_replays_on_every_fabric(no_children) -> None:
 
 @pytest.mark.parametrize(("fabric", "topo"), [
     pytest.param("ina", Topology(workers_per_node=8), marks=pytest.mark.slow),  # 28 s here
-    ("ring", Topology(workers_per_node=8, placement=Placement.SPREAD)),
-    ("ina", Topology(workers_per_node=8, nics_per_node=8, leaf_ports=16, oversubscription=4,
-                     algorithm=Algorithm.HIERARCHICAL)),
+    pytest.param("ring", Topology(workers_per_node=8, placement=Placement.SPREAD), marks=pytest.mark.slow),
+    pytest.param("ina", Topology(workers_per_node=8, nics_per_node=8, leaf_ports=16, oversubscription=4,
+                                 algorithm=Algorithm.HIERARCHICAL), marks=pytest.mark.slow),
 ], ids=["ina-shared-nic", "ring-spread", "ina-hierarchical-4to1"])
 def test_predict_on_a_topology_follows_the_replay(fabric: str, topo: Topology, no_children) -> None:
     """emu predict's schedule over the topology forms lands within 3% of the replay of the shipped
@@ -141,6 +151,7 @@ def test_predict_refuses_what_its_topology_forms_do_not_cover() -> None:
         predict(single_collective(CollKind.BROADCAST, 1 << 10), ReplayConfig(workers=M, topology=topo))
 
 
+@pytest.mark.slow
 def test_cli_flags_and_design_file(tmp_path, no_children) -> None:
     runner = CliRunner()
     res = runner.invoke(cli, ["replay", "mlp", "--workers", "8", "--fabric", "ring", "--iters", "1",
@@ -161,6 +172,7 @@ def test_cli_flags_and_design_file(tmp_path, no_children) -> None:
     assert res.exit_code == 2 and "--placement" in res.output
 
 
+@pytest.mark.slow
 def test_the_report_names_the_busiest_link(no_children) -> None:
     """Utilisation is each link's serialization over the emulated span: on the one switch a ring's
     uplinks carry half the bytes on the wire between them; flat INA at 4:1 is bound by its
@@ -178,6 +190,7 @@ def test_the_report_names_the_busiest_link(no_children) -> None:
                                             "spine to leaf"}
 
 
+@pytest.mark.slow
 def test_hierarchical_ina_sends_one_partial_sum_a_leaf(no_children) -> None:
     """At 4:1 the flat stream's leaf links carry all four of a leaf's streams and set the pace; the
     leaves' partial sums take a quarter of that, and the NICs set the pace again. With loss the
@@ -195,8 +208,9 @@ def test_hierarchical_ina_sends_one_partial_sum_a_leaf(no_children) -> None:
 
 @pytest.mark.parametrize("topo", [
     Topology(workers_per_node=4, algorithm=Algorithm.HIERARCHICAL),
-    Topology(workers_per_node=4, placement=Placement.SPREAD, algorithm=Algorithm.HIERARCHICAL),
-    Topology(workers_per_node=8, algorithm=Algorithm.HIERARCHICAL),
+    pytest.param(Topology(workers_per_node=4, placement=Placement.SPREAD, algorithm=Algorithm.HIERARCHICAL),
+                 marks=pytest.mark.slow),
+    pytest.param(Topology(workers_per_node=8, algorithm=Algorithm.HIERARCHICAL), marks=pytest.mark.slow),
     Topology(workers_per_node=2, leaf_ports=2, oversubscription=4, algorithm=Algorithm.HIERARCHICAL),
 ], ids=["packed", "spread", "one-node", "4to1"])
 def test_a_hierarchical_ring_meets_its_formula(topo: Topology, no_children) -> None:

@@ -149,6 +149,7 @@ def _script(tmp_path: Path, name: str, body: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_what_emu_run_cannot_serve_fails_with_its_name(tmp_path, no_children) -> None:
     """A sub-group, and a rank that ends while another waits in a collective: exit 1 at once,
     naming what went wrong (not a hang until --timeout)."""
@@ -169,6 +170,7 @@ def test_what_emu_run_cannot_serve_fails_with_its_name(tmp_path, no_children) ->
     assert res.exit_code == 1 and "send/recv (point to point) is not supported yet" in res.output
 
 
+@pytest.mark.slow
 def test_a_closure_optimizer_records_a_program_that_replays(tmp_path, no_children) -> None:
     """LBFGS runs backward inside its step: the buckets it issues there are waited for as that
     backward ends, and every iteration closes on its own collectives."""

@@ -203,7 +203,8 @@ def test_send_recv_matches_a_replay(no_children) -> None:
 TOLERANCE = {"ina": 0.01, "ring": 0.03, "ps": 0.13}
 
 
-@pytest.mark.parametrize("fabric", ["ina", "ring", "ps"])
+@pytest.mark.parametrize("fabric", ["ina", pytest.param("ring", marks=pytest.mark.slow),
+                                    pytest.param("ps", marks=pytest.mark.slow)])
 def test_mlp_against_replays(fabric: str, no_children) -> None:
     mlp = load_trace(sample_path("mlp"))
     for gbps in (10, 100):
@@ -235,6 +236,7 @@ def test_sparse_all_reduce_takes_the_sparse_closed_form(fabric: str) -> None:
         assert predict(trace, replace(cfg, sparsity=SparsityOption.parse("0.5"))).iteration_us_median == dense
 
 
+@pytest.mark.slow
 def test_dlrm_sparse_against_replays(no_children) -> None:
     """The trace's recorded sparsity (f 0.096, u 0.162): both fabrics run sparse, and predict follows."""
     dlrm = load_trace(sample_path("dlrm"))

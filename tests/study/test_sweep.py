@@ -113,6 +113,7 @@ def test_crashed_point_is_retried_once_then_recorded_failed(tmp_path: Path, monk
     assert log.count("died (exit code -9)") == 2 and "attempt 2" in log
 
 
+@pytest.mark.slow
 def test_flaky_point_succeeds_on_its_retry(tmp_path: Path, monkeypatch) -> None:
     import emu.replay
 
@@ -133,6 +134,7 @@ def test_flaky_point_succeeds_on_its_retry(tmp_path: Path, monkeypatch) -> None:
     assert not list((tmp_path / "points").glob("*.log"))
 
 
+@pytest.mark.slow
 def test_interrupted_sweep_keeps_the_finished_points(tmp_path: Path, monkeypatch) -> None:
     import emu.replay
 
@@ -152,6 +154,7 @@ def test_interrupted_sweep_keeps_the_finished_points(tmp_path: Path, monkeypatch
     assert row["workers"] == "2" and row["status"] == "replayed"
 
 
+@pytest.mark.slow
 def test_design_files_are_an_axis_and_typed_flags_win(tmp_path: Path) -> None:
     a = tmp_path / "a.toml"
     a.write_text('name = "fast"\nfabric = "ina"\n[link]\nbandwidth = "100Gbps"\n')
@@ -182,6 +185,7 @@ def test_bad_grid_is_refused_before_anything_runs(tmp_path: Path, args: list[str
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_sweep_of_two_traces_labels_them(tmp_path: Path) -> None:
     result = run("mlp", str(sample_path("cnn")), "--workers", "2", "--iters", "1", "--payload-scale", "64",
                  "--out", str(tmp_path), "--no-plots", "--no-predict")
@@ -217,6 +221,7 @@ def test_missing_second_trace_is_refused_before_the_first_runs(tmp_path: Path, m
     assert result.exit_code == 2 and "absent.json" in result.output
 
 
+@pytest.mark.slow
 def test_stragglers_are_an_axis(tmp_path: Path) -> None:
     result = run("mlp", "--workers", "2", "--straggler", "0:2", "--straggler", "random:0.5:1.5", *FAST,
                  "--out", str(tmp_path), "--no-plots")
@@ -228,6 +233,7 @@ def test_stragglers_are_an_axis(tmp_path: Path) -> None:
         assert report["config"]["stragglers"] == [r["stragglers"]]
 
 
+@pytest.mark.slow
 def test_designs_of_one_name_in_two_folders_stay_apart(tmp_path: Path) -> None:
     paths = []
     for folder, bw in (("a", "10Gbps"), ("b", "100Gbps")):
@@ -244,6 +250,7 @@ def test_designs_of_one_name_in_two_folders_stay_apart(tmp_path: Path) -> None:
     assert float(table[0]["bandwidth_bps"]) == 10e9 and float(table[1]["bandwidth_bps"]) == 100e9
 
 
+@pytest.mark.slow
 def test_unverified_report_is_not_resumed(study: Path) -> None:
     table = rows(study)
     path = study / table[0]["report"]

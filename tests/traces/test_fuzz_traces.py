@@ -204,13 +204,13 @@ def grammar_files(draw: st.DrawFn) -> bytes:
     return serialize(draw, draw(grammar_docs))
 
 
-@settings(FAST, max_examples=700)
+@settings(FAST, max_examples=120)
 @given(data=mutated_samples())
 def test_mutated_samples_load_or_fail_clearly(workdir: Path, data: bytes) -> None:
     assert check_load(workdir / "trace.json", data) in ("trace", "error")
 
 
-@settings(FAST, max_examples=400)
+@settings(FAST, max_examples=200)
 @given(data=grammar_files())
 def test_generated_documents_load_or_fail_clearly(workdir: Path, data: bytes) -> None:
     assert check_load(workdir / "trace.json", data) in ("trace", "error")

@@ -99,6 +99,7 @@ def test_error_arithmetic() -> None:
     assert s["mean_abs_error_pct"] == pytest.approx(28 / 3) and s["max_abs_error_pct"] == pytest.approx(20.0)
 
 
+@pytest.mark.slow
 def test_a100_case_predicts_each_step_from_the_others(no_children) -> None:
     """No step is predicted with a link fitted to its own collectives (leave one out)."""
     report = run_validation(models=(), settings=())
@@ -144,6 +145,7 @@ def test_crashed_run_is_retried_once_then_recorded(crashes: Path, tmp_path: Path
     assert processes_mentioning(str(log.parent)) == []
 
 
+@pytest.mark.slow
 def test_validation_with_a_failed_case_exits_1(crashes: Path, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EMU_TEST_CRASH_ON", "--model mlp")  # every mlp case; the A100 case has no run

@@ -1,34 +1,28 @@
 """Fabrics: what a replay's network is, by name, and what each one decides.
 
-A ``Fabric`` owns the choices that differ between networks: how a float all_reduce runs
-(the in-network aggregation stream, a ring, or a parameter server), whether the software
-switch sums or only forwards, whether the fabric can join the synchronized clock, what it
-needs from the machine, and any switch outside emu that it starts and talks to. Replay
-asks its fabric and never compares names.
+A ``Fabric`` owns the choices that differ between networks: the mechanisms that run its
+collectives, in order of preference (``emu.emulator.mechanisms``: the in-network aggregation
+stream, a ring, a parameter server, ...), whether the software switch sums or only forwards,
+whether the fabric can join the synchronized clock, what it needs from the machine, and any
+switch outside emu that it starts and talks to. Replay asks its fabric and never compares names.
 
 The registry maps names to classes. The software fabrics register here; other packages
 add theirs through the ``emu.fabrics`` entry point group (``emu.p4`` adds ``bmv2``), loaded
-the first time a name is not found, so this package imports none of them.
+the first time a name is not found, so this package imports none of them. The contract for
+such a plugin is in docs/design.md ("Fabrics").
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 from importlib import metadata
 from typing import ClassVar, Protocol
 
+from emu.emulator import mechanisms as mech
+from emu.emulator.mechanisms import Mechanism
 from emu.emulator.transport import AggBatch
 from emu.errors import ConfigError
 from emu.traces.model import CollKind
-
-
-class AllReduce(enum.Enum):
-    """How a float all_reduce crosses the fabric."""
-
-    STREAM = "stream"  # in-network aggregation: the self-clocking stream of emu.emulator.ina
-    RING = "ring"  # reduce-scatter then all-gather among the workers
-    SERVER = "server"  # push to parameter-server shards, pull the sums back
 
 
 class SwitchPorts(Protocol):
@@ -50,7 +44,9 @@ class Fabric:
 
     name: ClassVar[str]
     description: ClassVar[str]
-    all_reduce: ClassVar[AllReduce]
+    # the mechanisms that run its collectives, in order of preference: each collective takes the
+    # first that takes it (emu.emulator.mechanisms.choose)
+    mechanisms: ClassVar[tuple[Mechanism, ...]]
     sums_in_switch_process: ClassVar[bool] = False  # the software switch aggregates (else it forwards)
     # the switch runs the sparse stream (emu.emulator.sparse_ina): a sparse all_reduce sends only the
     # blocks some worker holds; a switch without it (the P4 program) aggregates every block
@@ -75,7 +71,7 @@ class Fabric:
         reported as a fallback). ``aggregated``: it is an all_reduce of floats."""
         if kind != CollKind.ALL_REDUCE:
             return True
-        return self.all_reduce == AllReduce.STREAM and not aggregated
+        return self.aggregates and not aggregated
 
     def external_switch(self, workers: int, slots: int) -> contextlib.AbstractContextManager[object]:
         """A switch outside emu, running for the replay's lifetime (none for the software fabrics)."""
@@ -86,14 +82,26 @@ class Fabric:
         return None
 
     @property
+    def aggregates(self) -> bool:
+        """Whether a switch sums collectives (a mechanism of the aggregation stream)."""
+        return any(m.stream for m in self.mechanisms)
+
+    @property
     def parameter_server(self) -> bool:
-        return self.all_reduce == AllReduce.SERVER
+        """Whether its collectives need parameter-server shards (endpoints of their own)."""
+        return any(m.servers for m in self.mechanisms)
+
+    @property
+    def hierarchical(self) -> bool:
+        """Whether it has a variant for topology.algorithm = "hierarchical" (topologies run on the
+        fabrics that join the synchronized clock)."""
+        return self.synchronizable and any(m.hierarchical for m in self.mechanisms)
 
 
 class Ina(Fabric):
     name = "ina"
     description = "in-network aggregation in emu's software switch (SwitchML-style)"
-    all_reduce = AllReduce.STREAM
+    mechanisms = (mech.STREAM, mech.RING, *mech.COMMON)
     sums_in_switch_process = True
     sparse_stream = True
 
@@ -107,14 +115,14 @@ P2P_WORKER_LIMIT = 512
 class Ring(Fabric):
     name = "ring"
     description = "ring all-reduce between the workers, the switch forwarding"
-    all_reduce = AllReduce.RING
+    mechanisms = (mech.SPARSE_RING, mech.HIERARCHICAL_RING, mech.RING, *mech.COMMON)
     p2p_worker_limit = P2P_WORKER_LIMIT
 
 
 class ParameterServer(Fabric):
     name = "ps"
     description = "parameter-server shards that sum what the workers push"
-    all_reduce = AllReduce.SERVER
+    mechanisms = (mech.SPARSE_PARAMETER_SERVER, mech.PARAMETER_SERVER, mech.RING, *mech.COMMON)
     p2p_worker_limit = P2P_WORKER_LIMIT
 
 
@@ -124,7 +132,12 @@ _PLUGINS_LOADED = False
 
 
 def register(cls: type[Fabric]) -> type[Fabric]:
-    """Add a fabric class under its name (usable as a decorator)."""
+    """Add a fabric class under its name (usable as a decorator). Registering the same class again
+    does nothing; another class under a taken name is refused (ConfigError)."""
+    have = _REGISTRY.get(cls.name)
+    if have is not None and have is not cls:
+        raise ConfigError(f"fabric {cls.name!r} is registered already ({have.__module__}.{have.__qualname__}); "
+                          f"{cls.__module__}.{cls.__qualname__} needs a name of its own")
     _REGISTRY[cls.name] = cls
     return cls
 
@@ -145,7 +158,6 @@ def _load_plugins() -> None:
             register(ep.load())
         except Exception as exc:  # a broken plugin must not take the software fabrics down
             _BROKEN[ep.name] = f"{type(exc).__name__}: {exc}"
-
 
 
 def names() -> tuple[str, ...]:

@@ -13,10 +13,10 @@ to a store-and-forward switch, and ``S`` the bytes on the wire (headers included
 of header-only packets and a round trip; their results stream back under the data) and
 the last packet's store and forward.
 
-``collective_time_us`` gives every collective kind on every software fabric (docs/physics.md,
-"Predictions"): the INA stream, and the point-to-point algorithms of ``emu.emulator.p2p`` (and of
-``emu.emulator.sparse_p2p`` for sparse all_reduces) solved from their send orders and the links'
-FIFOs, segment by segment.
+The forms of every collective kind (docs/physics.md, "Predictions"): the INA stream, and the
+point-to-point algorithms of ``emu.emulator.p2p`` (and of ``emu.emulator.sparse_p2p`` for sparse
+all_reduces) solved from their send orders and the links' FIFOs, segment by segment. Which form a
+collective takes is its mechanism's business (``emu.emulator.mechanisms``).
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from __future__ import annotations
 import math
 import statistics
 
-from emu.emulator.fabric import AllReduce
 from emu.emulator.links import LinkSpec
 from emu.emulator.p2p import SEG_ELEMENTS
-from emu.emulator.sparse_ina import packet_union, streams_sparse
-from emu.emulator.sparse_p2p import index_overhead, ps_sparse, ring_sparse, worker_fraction
+from emu.emulator.sparse_ina import packet_union
+from emu.emulator.sparse_p2p import index_overhead, worker_fraction
 from emu.emulator.wire import (
     FRAME_OVERHEAD,
     MTU,
@@ -38,7 +37,7 @@ from emu.emulator.wire import (
     p2p_wire_bytes,
     sparse_wire_bytes,
 )
-from emu.traces.model import CollKind, Sparsity
+from emu.traces.model import Sparsity
 
 
 def ina_wire_bytes(count: int, elements: int = 64) -> float:
@@ -346,67 +345,3 @@ def sparse_ps_us(count: int, itemsize: int, workers: int, shards: int, sparsity:
     pull = _sparse_parts(count, itemsize, sparsity.union * n, sparsity, link, rto_us, payload_scale)
     return ((p - 1) * push.g * push.s + m * push.g * push.s + push.h
             + max(m, p) * pull.g * pull.s + pull.h)
-
-
-def collective_time_us(kind: CollKind, count: int, itemsize: int, is_float: bool, workers: int, link: LinkSpec,
-                       fabric: AllReduce, elements: int = 64, slots: int = 4096, rto_us: float = 0.0,
-                       ps_shards: int | None = None, payload_scale: int = 1,
-                       sparsity: Sparsity | None = None, sparse_stream: bool = False,
-                       switch_collectives: bool = False) -> float:
-    """The time of one collective alone on the links, from its start on every worker to the last
-    worker's completion, as emu's emulated network runs it on ``fabric`` (docs/physics.md).
-
-    An all_reduce of floats runs on the fabric's mechanism (the INA stream, a ring, a parameter
-    server with ``ps_shards`` shards, default M); an all_reduce of integers on ``ina`` falls back to
-    the ring (the switch sums only fixed point from floats), on ``ps`` it goes to the shards; every
-    other kind runs point to point whatever the fabric. ``payload_scale``: R of the replay (it sets
-    the segments' sizes). ``sparsity``: the payload's, for a float all_reduce (docs/sparse.md); the
-    ring and the parameter server run sparse where their choice (emu.emulator.sparse_p2p) does, INA
-    runs the sparse stream where ``sparse_stream`` (the fabric has one) and its choice
-    (emu.emulator.sparse_ina.streams_sparse) say so, else sends every block. ``switch_collectives``: the
-    switch (emu's software one) runs reduce_scatters of floats and all_gathers on the stream too
-    (docs/protocol.md); elsewhere they run as rings. Loss: INA's tail formula; point to point, resent
-    bytes and one chain's expected timeouts per hop (a lower bound)."""
-    m = workers
-    if kind == CollKind.ALL_REDUCE:
-        if fabric == AllReduce.STREAM and is_float:  # a worker alone still streams through the switch
-            if count == 0:
-                return 0.0
-            real = -(-count // payload_scale)
-            # any float dtype: the choice depends on the dtype only through whether it is a float
-            if sparse_stream and sparsity is not None and streams_sparse(
-                    sparsity, "float32", real, elements, max(1, -(-slots // payload_scale))):
-                t = sparse_ina_us(count, sparsity, link, elements, slots)
-                streamed = math.ceil(packet_union(sparsity, elements) * count)  # what crosses, and loss can hit
-            else:
-                t, streamed = ina_detail_us(count, link, elements, slots), count
-            if link.loss > 0:
-                t += ina_loss_extra_us(streamed, link, m, slots, rto_us, elements)
-            return t
-        sparse = sparsity if is_float else None
-        if fabric == AllReduce.SERVER and ps_sparse(sparse, m, itemsize):
-            assert sparse is not None
-            return sparse_ps_us(count, itemsize, m, ps_shards or m, sparse, link, rto_us, payload_scale)
-        if fabric == AllReduce.RING and ring_sparse(sparse, m, itemsize):
-            assert sparse is not None
-            return sparse_ring_us(count, itemsize, m, sparse, link, rto_us, payload_scale)
-        if fabric == AllReduce.SERVER:
-            return ps_all_reduce_us(count, itemsize, m, ps_shards or m, link, rto_us, payload_scale)
-        return ring_pipelined_us(count, itemsize, m, link, 2 * (m - 1), rto_us, payload_scale)
-    if kind in (CollKind.REDUCE_SCATTER, CollKind.ALL_GATHER):
-        if fabric == AllReduce.STREAM and switch_collectives and (kind == CollKind.ALL_GATHER or is_float):
-            t = (ina_reduce_scatter_us(count, m, link, elements, slots) if kind == CollKind.REDUCE_SCATTER
-                 else ina_all_gather_us(count, itemsize, m, link, elements))
-            if link.loss > 0 and t:
-                t += ina_loss_extra_us(count, link, m, slots, rto_us, elements)
-            return t
-        return ring_pipelined_us(count, itemsize, m, link, m - 1, rto_us, payload_scale)
-    if kind == CollKind.BROADCAST:
-        return tree_broadcast_us(count, itemsize, m, link, rto_us, payload_scale)
-    if kind == CollKind.ALL_TO_ALL:
-        return all_to_all_us(count, itemsize, m, link, rto_us, payload_scale)
-    if kind in (CollKind.SEND, CollKind.RECV):
-        return send_recv_us(count, itemsize, link, rto_us, payload_scale)
-    if kind == CollKind.BARRIER:
-        return barrier_us(m, link, rto_us)
-    raise ValueError(f"unknown collective kind {kind!r}")

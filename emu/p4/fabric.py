@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 
-from emu.emulator.fabric import AllReduce, Fabric, SwitchPorts, register
+from emu.emulator import mechanisms as mech
+from emu.emulator.fabric import Fabric, SwitchPorts, register
 from emu.errors import ConfigError
 
 
@@ -18,7 +19,7 @@ from emu.errors import ConfigError
 class Bmv2(Fabric):
     name = "bmv2"
     description = "in-network aggregation by emu's P4 program on BMv2 (wall clock)"
-    all_reduce = AllReduce.STREAM
+    mechanisms = (mech.STREAM, mech.RING, *mech.COMMON)  # the P4 program aggregates float all_reduces
     synchronizable = False
 
     def check(self, workers: int, elements: int) -> None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from emu.emulator import physics
+from emu.emulator import mechanisms
 from emu.emulator.compress import Compressor, NoCompression, TopK, cost_us, parse_compress
 from emu.emulator.links import LinkSpec
 from emu.replay.compression import compress_iteration, compressed, compressible, members
@@ -63,10 +63,11 @@ def predicted_us(op: Coll, comp: Compressor, bandwidth_bps: float, config: Repla
     m = members(op, config.workers)
     link = LinkSpec(bandwidth_bps=bandwidth_bps, latency_us=config.link.latency_us)
     coll = op if comp.name == "none" else compressed(op, comp, config.workers, config.switch_sums)
-    wire = physics.collective_time_us(coll.kind, coll.count, coll.dtype.itemsize, coll.dtype.is_float, m, link,
-                                      config.network.all_reduce, config.elements, config.emulated_slots,
-                                      config.timeout_rto_us, config.shards, config.scale, coll.sparsity,
-                                      config.network.sparse_stream)
+    setting = replace(config.setting, link=link, workers=m, packet_rate=None)
+    mech = mechanisms.choose(coll, setting)
+    if mech.stream and coll.kind != CollKind.ALL_REDUCE:
+        mech = mechanisms.RING  # the closed form adaptive compression has taken so far (docs/compression.md)
+    wire = mech.time_us(coll, setting)
     if comp.name == "none":
         return wire
     before, after = cost_us(comp, op.count, m, config.compress.speed)

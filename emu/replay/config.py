@@ -12,6 +12,7 @@ from emu.emulator import fabric as fabrics
 from emu.emulator.compress import Compressor, parse_compress
 from emu.emulator.fabric import Fabric
 from emu.emulator.links import LinkSpec
+from emu.emulator.mechanisms import Setting
 from emu.emulator.topology import Algorithm, Layout, Topology
 from emu.emulator.wire import ELEMENTS_ALLOWED, MAX_WORKERS_SOFTWARE, MIN_WIRE_BYTES, agg_wire_bytes
 from emu.errors import ConfigError
@@ -338,9 +339,10 @@ class ReplayConfig:
                 where = (f"{self.design_file} (with any topology flag typed beside it)" if self.design_file
                          else "the topology flags")
                 raise ConfigError(f"{where}: {exc}") from None
-            if self.topology.algorithm == Algorithm.HIERARCHICAL and net.all_reduce == fabrics.AllReduce.SERVER:
-                raise ConfigError(f'topology.algorithm = "hierarchical" on --fabric {self.fabric}: a parameter '
-                                  'server has no hierarchical variant (ina and ring do; docs/topology.md); give "flat"')
+            if self.topology.algorithm == Algorithm.HIERARCHICAL and not net.hierarchical:
+                have = ", ".join(n for n in fabrics.names() if fabrics.get(n).hierarchical)
+                raise ConfigError(f'topology.algorithm = "hierarchical" on --fabric {self.fabric}: it has no '
+                                  f'hierarchical variant ({have} do; docs/topology.md); give "flat"')
             if not net.synchronizable:
                 raise ConfigError(f"--fabric {self.fabric}: a topology runs on the software fabrics (ina, ring, ps); "
                                   "an external switch is one switch with one port per worker")
@@ -374,8 +376,16 @@ class ReplayConfig:
 
     @property
     def switch_sums(self) -> bool:
-        """Whether the fabric sums float all_reduces in a switch (INA's stream)."""
-        return self.network.all_reduce == fabrics.AllReduce.STREAM
+        """Whether the fabric sums collectives in a switch (INA's stream)."""
+        return self.network.aggregates
+
+    @functools.cached_property
+    def setting(self) -> Setting:
+        """Where the collectives run, as the mechanisms see it (emu.emulator.mechanisms)."""
+        return Setting(fabric=self.network, workers=self.workers, link=self.link, elements=self.elements,
+                       slots=self.emulated_slots, real_slots=self.real_slots, rto_us=self.timeout_rto_us,
+                       shards=self.shards, payload_scale=self.scale, seed=self.seed, topology=self.topology,
+                       layout=self.layout(), packet_rate=self.packet_rate)
 
     def lookahead_us(self, inside_nodes: bool = True) -> float:
         """The least emulated time between an endpoint's event and its earliest effect on another

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from emu.emulator.mechanisms import choose
 from emu.emulator.recorded import RecordedPayload
 from emu.emulator.transport import AggBatch, Segment
 from emu.errors import RunFailed
@@ -37,7 +38,7 @@ from emu.replay.lag import LagHistogram
 from emu.replay.leaves import LeafStage
 from emu.replay.messages import HostResult, WorkerRecord
 from emu.replay.p2p_endpoint import P2PEndpoint
-from emu.replay.parallelism import inside_a_node, on_stream
+from emu.replay.parallelism import inside_a_node
 from emu.replay.programs import WorkerProgram, straggling
 from emu.replay.wiring import Wiring
 from emu.replay.worker import CollRun, FakeWorker, WorkerState
@@ -185,7 +186,8 @@ class Host:
     def _start_coll(self, worker: FakeWorker, run: CollRun) -> None:
         op = run.op
         real = -(-op.count // self.r) if op.count else 0
-        if on_stream(op, self.cfg):
+        mech = choose(op, self.cfg.setting)
+        if mech.stream:
             if self.ina.start(worker.w, run, real):
                 worker.completed(run, run.start_us)
             return
@@ -196,7 +198,7 @@ class Host:
         if not inside and self.net.counts_as_fallback(op.kind, aggregated):
             name = op.kind.value
             self.counters.fallbacks[name] = self.counters.fallbacks.get(name, 0) + 1
-        self.p2p.start(worker.w, run, real)
+        self.p2p.start(worker.w, run, real, mech)
 
     # -- the links ----------------------------------------------------------------------
     def _uplinks(self, bound: float, inclusive: bool) -> None:

@@ -20,31 +20,11 @@ import numpy as np
 
 from emu.emulator import topology as shape
 from emu.emulator import wire
-from emu.emulator.fabric import AllReduce, Fabric
-from emu.emulator.p2p import (
-    Algorithm,
-    AllToAll,
-    Barrier,
-    Check,
-    Layout,
-    PSClient,
-    PSServer,
-    Ring,
-    Seg,
-    SendRecv,
-    Tree,
-)
-from emu.emulator.p2p_hier import HierRing
-from emu.emulator.payload import is_sparse
+from emu.emulator.fabric import Fabric
+from emu.emulator.mechanisms import Mechanism, Start
+from emu.emulator.p2p import Algorithm, Check, PSServer, Seg
 from emu.emulator.recorded import RecordedPayload
-from emu.emulator.sparse_p2p import (
-    SPARSE_SEGMENT,
-    SparsePSClient,
-    SparsePSServer,
-    SparseRing,
-    ps_sparse,
-    ring_sparse,
-)
+from emu.emulator.sparse_p2p import SPARSE_SEGMENT, SparsePSServer
 from emu.emulator.transport import FrameError, Segment
 from emu.replay.config import ReplayConfig
 from emu.replay.wiring import Wiring
@@ -86,10 +66,6 @@ class P2PEndpoint:
         number within an iteration, its group's workers (None: the whole job; empty: every one)."""
         self.cfg, self.net, self.index, self.job = cfg, net, index, job
         self.wiring, self.up, self.down = wiring, wiring.up, wiring.down
-        topo = cfg.topology
-        # the hierarchical ring runs dense all_reduces (sparse ones and the other kinds stay flat)
-        self.hierarchical = (topo is not None and topo.algorithm == shape.Algorithm.HIERARCHICAL
-                             and net.all_reduce == AllReduce.RING)
         self._nodes: tuple[dict[int, list[int]], list[int]] | None = None
         self.recorded = recorded  # the real ranks' tensors, sent in place of generated payload (emu run)
         self.host, self.completed = host, completed
@@ -115,7 +91,8 @@ class P2PEndpoint:
                    self.down_heap[0][0] if self.down_heap else math.inf)
 
     # -- collectives --------------------------------------------------------------------
-    def start(self, w: int, run: CollRun, real_elements: int) -> None:
+    def start(self, w: int, run: CollRun, real_elements: int, mech: Mechanism) -> None:
+        """Worker ``w`` starts a collective that ``mech`` runs (the fabric's choice: emu.emulator.mechanisms)."""
         key = (w, run.seq)
         self.runs[key] = run
         if run.op.group is not None:
@@ -124,8 +101,8 @@ class P2PEndpoint:
             if ranks is None:
                 ranks = self._ranks[group] = {g: i for i, g in enumerate(group)}
             self.members[key] = (group, ranks)
-        alg = self._algorithm(w, run, real_elements)
-        if isinstance(alg, (PSClient, SparsePSClient)):
+        alg = self._algorithm(w, run, real_elements, mech)
+        if mech.servers:
             self.members.pop(key, None)  # it talks to the shards, by their own ids, not to its group
         self.algs[key] = alg
         self._queue(w, self._out(key, alg.start(run.start_us)), alg.dtype)
@@ -148,45 +125,17 @@ class P2PEndpoint:
         group = self.members.get(key)
         return src if group is None else group[1][src]
 
-    def _algorithm(self, w: int, run: CollRun, real: int) -> Algorithm:
-        op, cfg, m = run.op, self.cfg, self.m
+    def _algorithm(self, w: int, run: CollRun, real: int, mech: Mechanism) -> Algorithm:
+        op, cfg = run.op, self.cfg
         group = self.members.get((w, run.seq))
-        rank = w
-        if group is not None:  # among the group's members
-            rank, m = group[1][w], len(group[0])
-        emu_bytes = float(op.count * op.dtype.itemsize)
-        common = dict(rank=rank, size=m, seq=run.seq, dtype=op.dtype.value, seed=cfg.seed, check=self.check,
-                      sparsity=op.sparsity, recorded=None if op.sparsity is not None else self.recorded)
-        kind = op.kind
-        sparse = kind == CollKind.ALL_REDUCE and is_sparse(op.sparsity, op.dtype.value)
-        if kind == CollKind.BARRIER:
-            rounds = max(1, (m - 1).bit_length())
-            return Barrier(**{**common, "dtype": "uint8"}, layout=Layout(0, rounds, 0.0))
-        if kind == CollKind.ALL_REDUCE and self.net.all_reduce == AllReduce.SERVER:
-            servers = [self.m + j for j in range(cfg.shards)]
-            if sparse and ps_sparse(op.sparsity, m, op.dtype.itemsize):
-                return SparsePSClient(**common, layout=Layout(real, len(servers), emu_bytes), servers=servers)
-            return PSClient(**common, layout=Layout(real, len(servers), emu_bytes), servers=servers)
-        if kind == CollKind.ALL_REDUCE and sparse and self.net.all_reduce == AllReduce.RING \
-                and ring_sparse(op.sparsity, m, op.dtype.itemsize):
-            return SparseRing(**common, layout=Layout(real, m, emu_bytes))
-        if kind == CollKind.ALL_REDUCE and self.hierarchical and group is None:
-            node, leaders = self._node_of(w)
-            return HierRing(**common, layout=Layout(real, 1, emu_bytes), node=node, leaders=leaders,
-                            emu_bytes=emu_bytes)
-        if kind == CollKind.ALL_REDUCE:
-            return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=True, gather=True, own=rank)
-        if kind == CollKind.REDUCE_SCATTER:
-            return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=True, gather=False, own=rank - 1)
-        if kind == CollKind.ALL_GATHER:
-            return Ring(**common, layout=Layout(real, m, emu_bytes), reduce=False, gather=True, own=rank - 1)
-        if kind == CollKind.BROADCAST:  # its root among the group's members, where it has one
-            root = op.root or 0
-            return Tree(**common, layout=Layout(real, 1, emu_bytes), root=root if group is None else group[1][root])
-        if kind == CollKind.ALL_TO_ALL:
-            return AllToAll(**common, layout=Layout(real, m, emu_bytes))
-        return SendRecv(**common, layout=Layout(real, 1, emu_bytes), peer=op.peer or 0,
-                        sending=kind == CollKind.SEND)  # point to point: the job's ranks
+        rank, m = (w, self.m) if group is None else (group[1][w], len(group[0]))  # among the group's members
+        root = op.root or 0  # a broadcast's, among the group's members where it has one
+        if group is not None and op.kind == CollKind.BROADCAST:
+            root = group[1][root]
+        servers = tuple(self.m + j for j in range(cfg.shards)) if mech.servers else ()
+        return mech.algorithm(Start(op=op, rank=rank, size=m, seq=run.seq, real=real, seed=cfg.seed, check=self.check,
+                                    recorded=self.recorded, servers=servers, node=lambda: self._node_of(w),
+                                    root=root))
 
     def _node_of(self, w: int) -> tuple[list[int], list[int]]:
         """Worker w's node (its workers, the leader first) and every node's leader, in node order

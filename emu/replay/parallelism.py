@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from emu.emulator.fabric import AllReduce
-from emu.emulator.topology import Algorithm
+from emu.emulator.mechanisms import choose
 from emu.replay.config import ReplayConfig
 from emu.replay.layout import MeshPlan
 from emu.replay.programs import WorkerProgram
@@ -27,47 +26,13 @@ _ALGORITHMS = {CollKind.BROADCAST: "tree", CollKind.BARRIER: "dissemination", Co
 
 
 def on_stream(op: Coll, config: ReplayConfig) -> bool:
-    """Whether a collective runs on the in-network aggregation stream (else point to point), on a
-    fabric that sums in its switch: a float all_reduce of the whole job, or of a sub-group that
-    leaves its node (one inside a node sums over the node's own links, as NVLink does) where the
-    software switch aggregates (it keeps a pool for each: emu.replay.ina_pools); and, where the
-    software switch runs it, a float reduce_scatter (the sum to each shard's owner) or an
-    all_gather of any dtype (each shard multicast), but not on hierarchical INA over several leaves,
-    whose leaves keep one partial sum an all_reduce's chunk (docs/protocol.md)."""
-    net = config.network
-    if net.all_reduce != AllReduce.STREAM:
-        return False
-    if op.kind == CollKind.ALL_REDUCE:
-        if not op.dtype.is_float:
-            return False
-        return op.group is None or (net.sums_in_switch_process and not inside_a_node(op.group, config))
-    if op.kind not in (CollKind.REDUCE_SCATTER, CollKind.ALL_GATHER) or not net.sums_in_switch_process:
-        return False
-    if op.kind == CollKind.REDUCE_SCATTER and not op.dtype.is_float:
-        return False
-    layout = config.layout()
-    if layout is not None and layout.leaves > 1 and config.topology is not None \
-            and config.topology.algorithm == Algorithm.HIERARCHICAL:
-        return False
-    return op.group is None or not inside_a_node(op.group, config)
+    """Whether a collective runs on the in-network aggregation stream (else point to point)."""
+    return choose(op, config.setting).stream
 
 
 def inside_a_node(group: tuple[int, ...], config: ReplayConfig) -> bool:
     """Whether a group's workers all sit in one node of the topology (none without one)."""
-    if config.topology is None:
-        return False
-    key = (group, config.topology, config.workers, config.seed)
-    found = _INSIDE.get(key)
-    if found is None:
-        layout = config.layout()
-        assert layout is not None
-        found = _INSIDE[key] = len(set(layout.node[list(group)].tolist())) == 1
-        if len(_INSIDE) > 4096:
-            _INSIDE.pop(next(iter(_INSIDE)))
-    return found
-
-
-_INSIDE: dict[tuple, bool] = {}  # a host asks at every collective it starts
+    return config.setting.inside_a_node(group)
 
 
 def ina_pools(programs: list[WorkerProgram], config: ReplayConfig) -> tuple[tuple[tuple[int, ...], ...],
@@ -99,7 +64,7 @@ def mechanism(op: Coll, config: ReplayConfig) -> str:
         return "switch"
     if op.kind in _ALGORITHMS:
         return _ALGORITHMS[op.kind]
-    if op.kind == CollKind.ALL_REDUCE and op.dtype.is_float and config.network.all_reduce == AllReduce.SERVER:
+    if op.kind == CollKind.ALL_REDUCE and op.dtype.is_float and config.network.parameter_server:
         return "parameter server"
     return "ring"
 
@@ -166,7 +131,7 @@ def parallelism_report(trace: Trace, plan: MeshPlan, programs: list[WorkerProgra
         notes.append(f"the switch keeps a pool for the job and each of its {len(pools)} sub-groups it aggregates for: "
                      f"{slots[0][1]} slots each of the design's {config.emulated_slots}")
     for g in groups:
-        if config.network.all_reduce == AllReduce.STREAM and "ring" in g.ran and "all_reduce" in g.kinds:
+        if config.network.aggregates and "ring" in g.ran and "all_reduce" in g.kinds:
             notes.append(f"{g.role or 'sub-group'} all_reduces run as rings: "
                          + ("inside nodes, over the nodes' own links" if g.inside_nodes else
                             "the switch does not aggregate for sub-groups on this fabric"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from emu.emulator.mechanisms import choose
 from emu.emulator.recorded import RecordedPayload, checkable
 from emu.errors import ConfigError
 from emu.replay.config import ReplayConfig
@@ -54,8 +55,8 @@ def recorded_payload(trace: Trace, config: ReplayConfig, payload: RecordedPayloa
         return None, (f"the real ranks' tensors hold inf or NaN (collective {colls[bad].id}, as after an overflow): "
                       "the workers sent generated payload, whose every sum can be checked")
     # sums formed point to point (the switch's are exact integers; copies are compared exactly)
-    summed = [op for op in colls if op.kind == CollKind.REDUCE_SCATTER
-              or (op.kind == CollKind.ALL_REDUCE and not (config.switch_sums and op.dtype.is_float))]
+    summed = [op for op in colls if op.kind in (CollKind.REDUCE_SCATTER, CollKind.ALL_REDUCE)
+              and not choose(op, config.setting).stream]
     loose = sorted({op.dtype.value for op in summed if not checkable(op.dtype.value, config.workers)})
     if loose:
         return None, (f"point to point, a sum of {config.workers} workers' {', '.join(loose)} values may round by more "

@@ -18,10 +18,7 @@ from typing import Any
 import numpy as np
 
 import emu
-from emu.emulator.fabric import AllReduce
-from emu.emulator.payload import holding
-from emu.emulator.sparse_ina import stream_bytes, streams_sparse
-from emu.emulator.sparse_p2p import INDEX_BYTES, ps_sparse, ring_sparse
+from emu.emulator.mechanisms import choose
 from emu.emulator.wire import agg_wire_bytes
 from emu.replay.adaptive import adaptive_report
 from emu.replay.compression import report as compression_report
@@ -177,48 +174,19 @@ def _compression(trace: Trace, config: ReplayConfig, records: dict[int, list[lis
 
 def _sent(config: ReplayConfig, replayed: Replayed) -> SparsityReport | None:
     """The realized sparsity, with what the fabric sent of the sparse all_reduces (docs/sparse.md):
-    which ran sparse (the algorithms' own choice, emu.emulator.sparse_p2p) and the bytes of blocks,
-    values and indices, that crossed the links over those of the dense algorithm, from the same
-    hashes that made the payload (so the same on every process layout)."""
+    which ran sparse (each mechanism's own choice) and the bytes of blocks, values and indices, that
+    crossed the links over those of the dense algorithm (``Mechanism.sent``: from the same hashes
+    that made the payload, so the same on every process layout)."""
     report = realized_report(config, replayed)
     if report is None:
         return None
-    m, fabric = config.workers, config.network.all_reduce
+    setting = config.setting
     sparse = dense = 0
     sent = full = 0.0
     for seq, op, s in replayed:
-        size = op.dtype.itemsize
-        real = -(-op.count // config.scale) if op.count else 0
-        if fabric == AllReduce.STREAM:  # int32 values in packets of k (emu.emulator.sparse_ina)
-            k = config.elements
-            if config.network.sparse_stream and streams_sparse(s, op.dtype.value, real, k, config.real_slots):
-                got, dense_bytes = stream_bytes(config.seed, seq, real, k, config.real_slots, m, s, op.dtype.value)
-                sparse, sent, full = sparse + 1, sent + got, full + dense_bytes
-            else:
-                dense_bytes = 2.0 * m * -(-real // k) * 4 * k
-                dense, sent, full = dense + 1, sent + dense_bytes, full + dense_bytes
-            continue
-        ring = fabric == AllReduce.RING and ring_sparse(s, m, size)
-        ps = fabric == AllReduce.SERVER and ps_sparse(s, m, size)
-        # the dense algorithms' bytes over all links: the ring's 2 (M-1)/M S per worker, push and pull
-        # of S per worker
-        dense_bytes = real * size * (2 * (m - 1) if fabric == AllReduce.RING else 2 * m)
-        full += dense_bytes
-        if not (ring or ps):
-            dense += 1
-            sent += dense_bytes
-            continue
-        sparse += 1
-        k = s.block_elements
-        blocks = -(-real // k)
-        lengths = np.minimum(k, real - np.arange(blocks, dtype=np.int64) * k)
-        holders = holding(config.seed, seq, np.arange(blocks), m, s).holders
-        held = float(np.sum(holders * (lengths * size + INDEX_BYTES)))  # every worker's set, summed
-        if ring:
-            sent += (m - 1) * held  # each set crosses M-1 links
-        else:
-            union = float(np.sum(np.where(holders > 0, lengths * size + INDEX_BYTES, 0)))
-            sent += held + m * union  # the pushes, and the union to every worker
+        got = choose(op, setting).sent(op, setting, seq, s)
+        sparse, dense = sparse + got.sparse, dense + (not got.sparse)
+        sent, full = sent + got.sent, full + got.dense
     return dataclasses.replace(report, sent_fraction=sent / full if full else 1.0, sparse_collectives=sparse,
                                dense_collectives=dense)
 

@@ -5,7 +5,7 @@ It owns the schedule model: the trace's programs run exactly as the fake workers
 worker's FIFO stream and the program goes on; a wait blocks until the listed collectives ended;
 an iteration ends when its last op ran and all its collectives completed, and the next begins
 then; iterations reused cyclically), but every collective takes its closed form
-(``emu.emulator.physics.collective_time_us``) instead of crossing an emulated network. The programs
+(its mechanism's, ``emu.emulator.mechanisms.time_us``) instead of crossing an emulated network. The programs
 carry the replay's job-wide sparsity (``--sparsity``), so a sparse all_reduce on ``ring`` or ``ps``
 takes its sparse closed form where the replay would run the sparse algorithm (docs/sparse.md). On a
 topology a dense all_reduce on ``ina`` or ``ring`` takes the topology's form
@@ -31,14 +31,11 @@ early workers' segments go ahead), loss on point-to-point links beyond one chain
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from emu.emulator import physics
-from emu.emulator.fabric import AllReduce
-from emu.emulator.topology import Algorithm
-from emu.emulator.topology_physics import topology_hier_ring_us, topology_ina_us, topology_ring_us
+from emu.emulator import mechanisms
 from emu.errors import ConfigError
 from emu.replay.config import CompressOption, ReplayConfig, SparsityOption
 from emu.replay.layout import has_subgroups, plan_mesh
@@ -113,28 +110,13 @@ class _Schedule:
         self.issue: list[dict[int, tuple[float, Coll]]] = []  # per stream number: class -> (time, op)
         self.end: list[list[float]] = []  # per stream number: per class
         self.times: dict[tuple[CollKind, int, str, Sparsity | None], float] = {}
-        net = config.network
-        self.fabric = net.all_reduce
+        self.setting = replace(config.setting, payload_scale=scale, real_slots=max(1, -(-config.emulated_slots // scale)))
 
     def duration_us(self, op: Coll) -> float:
         key = (op.kind, op.count, op.dtype.value, op.sparsity)
         t = self.times.get(key)
-        if t is None and self.cfg.topology is not None:
-            t = self.times[key] = _on_topology(op, self.cfg, self.scale)
-        c = self.cfg
-        if t is None:
-            t = physics.collective_time_us(
-                op.kind, op.count, op.dtype.itemsize, op.dtype.is_float, c.workers, c.link, self.fabric,
-                c.elements, c.emulated_slots, c.timeout_rto_us, c.shards, self.scale, op.sparsity,
-                c.network.sparse_stream, c.network.sums_in_switch_process)
-            if c.packet_rate is not None and c.switch_sums and op.kind == CollKind.ALL_REDUCE and op.dtype.is_float:
-                if op.sparsity is not None:
-                    raise ConfigError("--packet-rate with a sparse all_reduce: emu predict's pipeline form takes "
-                                      "dense ones (docs/topology.md, 'Switch limits'); replay it (emu replay)")
-                # the links' time (loss included), or the pipeline's where it is slower
-                t = max(t, physics.pipeline_bound_us(op.count, c.link, c.elements, c.emulated_slots, c.workers,
-                                                     c.packet_rate))
-            self.times[key] = t
+        if t is None:  # alone on the links, as its mechanism runs it (its topology form on a topology)
+            t = self.times[key] = mechanisms.time_us(op, self.setting)
         return t
 
     def run(self) -> None:
@@ -267,7 +249,7 @@ def _check_topology(config: ReplayConfig) -> None:
     """What the forms of docs/physics.md ('On a topology') cover: dense all_reduces on ina and ring
     without loss (each collective is checked as it is met, ``_on_topology``)."""
     why = None
-    if config.network.all_reduce == AllReduce.SERVER:
+    if config.network.parameter_server:
         # its form holds for one all_reduce (tests/replay/test_topology_replay.py), but a schedule of
         # them alone is 4-6% fast on the shipped mlp behind shared NICs (docs/physics.md)
         why = "a parameter server"
@@ -280,23 +262,3 @@ def _check_topology(config: ReplayConfig) -> None:
     if why is not None:
         raise ConfigError(f"{why} on a topology: emu predict's topology forms take dense all_reduces on ina and "
                           "ring without loss (docs/physics.md, 'On a topology'); replay it (emu replay)")
-
-
-def _on_topology(op: Coll, config: ReplayConfig, scale: int) -> float:
-    """One collective alone on the topology (docs/physics.md, 'On a topology')."""
-    topo, layout = config.topology, config.layout()
-    assert topo is not None and layout is not None
-    if op.kind != CollKind.ALL_REDUCE or op.sparsity is not None:
-        what = "a sparse all_reduce" if op.kind == CollKind.ALL_REDUCE else f"{op.kind.value} of {op.dtype.value}"
-        raise ConfigError(f"{what} on a topology: emu predict's topology forms take dense all_reduces on ina and "
-                          "ring (docs/physics.md, 'On a topology'); replay it (emu replay)")
-    if op.count == 0:
-        return 0.0
-    hier = topo.algorithm == Algorithm.HIERARCHICAL
-    if config.switch_sums and op.dtype.is_float:
-        return topology_ina_us(op.count, config.link, topo, layout, config.elements, config.emulated_slots)
-    if config.switch_sums:  # integers fall back to the flat ring on ina (the switch sums fixed point)
-        return topology_ring_us(op.count, op.dtype.itemsize, config.link, topo, layout, payload_scale=scale)
-    if hier:
-        return topology_hier_ring_us(op.count, op.dtype.itemsize, config.link, topo, layout, scale)
-    return topology_ring_us(op.count, op.dtype.itemsize, config.link, topo, layout, payload_scale=scale)

@@ -138,8 +138,7 @@ def test_the_switch_runs_reduce_scatter_and_all_gather_as_its_closed_forms(no_ch
     """On ina a reduce_scatter sums in the switch (its sums to each shard's owner, exact) and an
     all_gather multicasts each shard (its bytes as they are, 2-byte dtypes two to a lane): no
     fallback, every element checked, the time the closed form's (docs/physics.md)."""
-    from emu.emulator.fabric import AllReduce
-    from emu.emulator.physics import collective_time_us
+    from emu.emulator.mechanisms import collective_us
 
     link = LinkSpec(bandwidth_bps=10e9, latency_us=5.0)
     count = 1 << 20
@@ -148,8 +147,7 @@ def test_the_switch_runs_reduce_scatter_and_all_gather_as_its_closed_forms(no_ch
     # a reduce_scatter's owner checks its shard (the job's tensor once); an all_gather every worker all of it
     assert report.verification.elements_checked == (count if kind == CollKind.REDUCE_SCATTER else 8 * count)
     cfg = ReplayConfig(workers=8, fabric="ina", link=link)
-    form = collective_time_us(kind, count, dtype.itemsize, True, 8, link, AllReduce.STREAM, cfg.elements,
-                              cfg.emulated_slots, switch_collectives=True)
+    form = collective_us(kind, count, dtype, cfg.setting)
     assert report.iterations[0].emulated_us - 10.0 == pytest.approx(form, rel=0.005)
 
 

@@ -9,9 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from emu.emulator import physics
-from emu.emulator.fabric import AllReduce
+from emu.emulator import fabric as fabrics
+from emu.emulator import mechanisms, physics
 from emu.emulator.links import LinkSpec
+from emu.emulator.mechanisms import Setting
 from emu.emulator.sparse_p2p import (
     INDEX_BYTES,
     Message,
@@ -146,8 +147,8 @@ def test_one_sparse_all_reduce_is_its_closed_form(fabric: str, count: int, worke
     report = replay(single_collective(CollKind.ALL_REDUCE, count), cfg)
     assert report.verification.ok and report.sparsity is not None and report.sparsity.sparse_collectives == 1
     s = Sparsity(256, cfg.sparsity.nonzero or 0, cfg.sparsity.union_at(workers))
-    want = physics.collective_time_us(CollKind.ALL_REDUCE, count, 4, True, workers, L10, cfg.network.all_reduce,
-                                      ps_shards=workers, payload_scale=4, sparsity=s)
+    want = mechanisms.collective_us(CollKind.ALL_REDUCE, count, Dtype.FLOAT32,
+                                    Setting(cfg.network, workers, L10, shards=workers, payload_scale=4), s)
     # the ring waits for its largest sets: the closed form takes the expected largest, a lower bound
     assert want == pytest.approx(report.summary.iteration_us_median, rel=0.06)
     assert predict(single_collective(CollKind.ALL_REDUCE, count), cfg).iteration_us_median == pytest.approx(want)
@@ -175,15 +176,14 @@ def test_closed_forms_by_hand() -> None:
     hq = sq / physics.p2p_packets(int(np.ceil(pull))) + 10
     assert t == pytest.approx(3 * sp + 4 * sp + hp + 4 * sq + hq, rel=1e-3)
     # the ring: dense where the choice says so, and never slower than its sparse all-gather's bytes
-    dense = physics.collective_time_us(CollKind.ALL_REDUCE, 1 << 20, 4, True, 8, L10, AllReduce.RING)
-    half = physics.collective_time_us(CollKind.ALL_REDUCE, 1 << 20, 4, True, 8, L10, AllReduce.RING,
-                                      sparsity=Sparsity(256, 0.5, 0.99))
+    ring = Setting(fabrics.get("ring"), 8, L10)
+    dense = mechanisms.collective_us(CollKind.ALL_REDUCE, 1 << 20, Dtype.FLOAT32, ring)
+    half = mechanisms.collective_us(CollKind.ALL_REDUCE, 1 << 20, Dtype.FLOAT32, ring, Sparsity(256, 0.5, 0.99))
     assert half == dense
     tenth = physics.sparse_ring_us(1 << 20, 4, 8, Sparsity(256, 0.1, 0.5), L10)
     assert 7 * 0.1 * 4 * (1 << 20) * 8 / 1e4 < tenth < dense
     # integers and INA ignore the sparsity
-    assert physics.collective_time_us(CollKind.ALL_REDUCE, 1 << 20, 4, False, 8, L10, AllReduce.RING,
-                                      sparsity=s) == dense
+    assert mechanisms.collective_us(CollKind.ALL_REDUCE, 1 << 20, Dtype.INT32, ring, s) == dense
 
 
 def test_auto_payload_scale_leaves_every_shard_enough_sparse_blocks(dlrm) -> None:

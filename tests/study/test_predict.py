@@ -7,9 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from emu.emulator import physics
-from emu.emulator.fabric import AllReduce
+from emu.emulator import fabric as fabrics
+from emu.emulator import mechanisms, physics
 from emu.emulator.links import LinkSpec
+from emu.emulator.mechanisms import Setting
 from emu.emulator.wire import MIN_WIRE_BYTES
 from emu.replay import ReplayConfig, replay
 from emu.replay.config import SparsityOption, Straggler
@@ -39,9 +40,10 @@ def ser(wire_bytes: float, gbps: float) -> float:
     return wire_bytes * 8 / (gbps * 1e3)  # microseconds
 
 
-def coll(kind: CollKind, count: int, workers: int, link: LinkSpec, fabric: AllReduce = AllReduce.RING,
+def coll(kind: CollKind, count: int, workers: int, link: LinkSpec, fabric: str = "ring",
          dtype: Dtype = Dtype.FLOAT32, **kw) -> float:
-    return physics.collective_time_us(kind, count, dtype.itemsize, dtype.is_float, workers, link, fabric, **kw)
+    """The closed form of one collective as the fabric's mechanism runs it (``kw``: Setting's fields)."""
+    return mechanisms.collective_us(kind, count, dtype, Setting(fabrics.get(fabric), workers, link, **kw))
 
 
 # -- the closed forms, by hand -------------------------------------------------------------------
@@ -90,22 +92,22 @@ def test_send_broadcast_all_to_all_barrier_ps() -> None:
     assert coll(CollKind.BARRIER, 0, 8, L100) == pytest.approx(3 * (2 * s0 + 10))
     assert coll(CollKind.BARRIER, 0, 5, L100) == pytest.approx(3 * (2 * s0 + 10))
     # parameter server, 2 workers and 2 shards of 1000 B: (P-1) s + M s + M s + 2 h
-    assert coll(CollKind.ALL_REDUCE, 500, 2, L100, AllReduce.SERVER, ps_shards=2) == pytest.approx(5 * s1 + 2 * h1)
+    assert coll(CollKind.ALL_REDUCE, 500, 2, L100, "ps", shards=2) == pytest.approx(5 * s1 + 2 * h1)
 
 
 def test_ina_and_its_fallbacks() -> None:
-    assert coll(CollKind.ALL_REDUCE, 1_000_000, 8, L100, AllReduce.STREAM, slots=4096) == pytest.approx(
+    assert coll(CollKind.ALL_REDUCE, 1_000_000, 8, L100, "ina", slots=4096) == pytest.approx(
         physics.ina_detail_us(1_000_000, L100, 64, 4096))
     lossy = LinkSpec(bandwidth_bps=100e9, loss=0.01)
-    assert coll(CollKind.ALL_REDUCE, 1_000_000, 8, lossy, AllReduce.STREAM, slots=4096, rto_us=100) == pytest.approx(
+    assert coll(CollKind.ALL_REDUCE, 1_000_000, 8, lossy, "ina", slots=4096, rto_us=100) == pytest.approx(
         physics.ina_detail_us(1_000_000, lossy, 64, 4096) + physics.ina_loss_extra_us(1_000_000, lossy, 8, 4096, 100))
     # integers are not aggregated: the ring; on ps they go to the shards like floats
-    assert coll(CollKind.ALL_REDUCE, 1000, 4, L10, AllReduce.STREAM, Dtype.INT32) == coll(CollKind.ALL_REDUCE, 1000, 4, L10)
-    assert coll(CollKind.ALL_REDUCE, 1000, 4, L10, AllReduce.SERVER, Dtype.INT32) == coll(
-        CollKind.ALL_REDUCE, 1000, 4, L10, AllReduce.SERVER)
+    assert coll(CollKind.ALL_REDUCE, 1000, 4, L10, "ina", Dtype.INT32) == coll(CollKind.ALL_REDUCE, 1000, 4, L10)
+    assert coll(CollKind.ALL_REDUCE, 1000, 4, L10, "ps", Dtype.INT32) == coll(
+        CollKind.ALL_REDUCE, 1000, 4, L10, "ps")
     # alone: nothing to exchange (the ina stream still crosses the switch)
     assert coll(CollKind.ALL_REDUCE, 1000, 1, L10) == 0.0
-    assert coll(CollKind.ALL_REDUCE, 1000, 1, L10, AllReduce.STREAM) > 0
+    assert coll(CollKind.ALL_REDUCE, 1000, 1, L10, "ina") > 0
 
 
 def test_point_to_point_loss() -> None:
@@ -135,15 +137,14 @@ def _ar(i: int, count: int, world: int = 1, kind: CollKind = CollKind.ALL_REDUCE
 def test_one_all_reduce_is_the_formula(fabric: str) -> None:
     cfg = ReplayConfig(workers=8, fabric=fabric, link=L10, payload_scale=4)
     p = predict(single_collective(CollKind.ALL_REDUCE, 4_000_000, iterations=3), cfg)
-    want = physics.collective_time_us(CollKind.ALL_REDUCE, 4_000_000, 4, True, 8, L10, cfg.network.all_reduce,
-                                      64, cfg.emulated_slots, cfg.timeout_rto_us, 8, 4)
+    want = mechanisms.collective_us(CollKind.ALL_REDUCE, 4_000_000, Dtype.FLOAT32, cfg.setting)
     assert p.iterations == pytest.approx((want,) * 3)
     assert p.iteration_us_median == pytest.approx(want) and p.exposed_comm_us == pytest.approx(want)
     assert p.compute_us == 0 and p.comm_us == pytest.approx(want)
 
 
 def test_compute_hides_the_collective() -> None:
-    t = physics.collective_time_us(CollKind.ALL_REDUCE, 1_000_000, 4, True, 8, L100, AllReduce.RING, payload_scale=1)
+    t = coll(CollKind.ALL_REDUCE, 1_000_000, 8, L100, "ring", payload_scale=1)
     hidden = _trace([Compute("fwd", 100.0), _ar(0, 1_000_000), Compute("bwd", t + 50), Wait((0,)), Compute("opt", 7)])
     p = predict(hidden, ReplayConfig(workers=8, fabric="ring", link=L100, payload_scale=1))
     assert p.exposed_comm_us == 0.0
@@ -157,7 +158,7 @@ def test_compute_hides_the_collective() -> None:
 
 def test_stream_is_fifo_and_waits_for_the_last_worker() -> None:
     # rank 1 issues 300 us later: both collectives start then, one after the other on the stream
-    t = physics.collective_time_us(CollKind.ALL_REDUCE, 100_000, 4, True, 4, L100, AllReduce.STREAM, slots=4096)
+    t = coll(CollKind.ALL_REDUCE, 100_000, 4, L100, "ina", slots=4096)
     ops = [_ar(0, 100_000, 2), _ar(1, 100_000, 2), Wait((0, 1))]
     trace = _trace([Compute("a", 100.0), *ops], [Compute("a", 400.0), *ops])
     p = predict(trace, ReplayConfig(workers=4, fabric="ina", link=L100))
@@ -223,9 +224,7 @@ def test_sparse_all_reduce_takes_the_sparse_closed_form(fabric: str) -> None:
     trace = single_collective(CollKind.ALL_REDUCE, 4_000_000)
     cfg = ReplayConfig(workers=8, fabric=fabric, link=L10, payload_scale=4, sparsity=SparsityOption.parse("0.05:0.2"))
     sparse = Sparsity(256, 0.05, 0.2)
-    want = physics.collective_time_us(CollKind.ALL_REDUCE, 4_000_000, 4, True, 8, L10, cfg.network.all_reduce,
-                                      64, cfg.emulated_slots, cfg.timeout_rto_us, 8, 4, sparse,
-                                      cfg.network.sparse_stream)
+    want = mechanisms.collective_us(CollKind.ALL_REDUCE, 4_000_000, Dtype.FLOAT32, cfg.setting, sparse)
     dense = predict(trace, ReplayConfig(workers=8, fabric=fabric, link=L10, payload_scale=4,
                                         sparsity=SparsityOption.parse("none"))).iteration_us_median
     got = predict(trace, cfg).iteration_us_median

@@ -22,7 +22,6 @@ from emu.emulator import mechanisms as mech
 from emu.emulator.mechanisms import Mechanism
 from emu.emulator.transport import AggBatch
 from emu.errors import ConfigError
-from emu.traces.model import CollKind
 
 
 class SwitchPorts(Protocol):
@@ -65,13 +64,6 @@ class Fabric:
 
     def check_available(self) -> None:
         """Refuse, with an EmuError naming what to install, when the machine lacks what it needs."""
-
-    def counts_as_fallback(self, kind: CollKind, aggregated: bool) -> bool:
-        """Whether a collective of ``kind`` runs outside the fabric's own mechanism (point to point,
-        reported as a fallback). ``aggregated``: it is an all_reduce of floats."""
-        if kind != CollKind.ALL_REDUCE:
-            return True
-        return self.aggregates and not aggregated
 
     def external_switch(self, workers: int, slots: int) -> contextlib.AbstractContextManager[object]:
         """A switch outside emu, running for the replay's lifetime (none for the software fabrics)."""

@@ -159,6 +159,17 @@ class Mechanism:
         """A sparse float all_reduce's payload bytes (docs/sparse.md): the dense ones' by default."""
         raise NotImplementedError(f"{self.name} runs no all_reduce")
 
+    def fallback(self, op: Coll, s: Setting) -> bool:
+        """Whether the report counts ``op`` as a fallback (``fabric.fallbacks``): a collective the
+        fabric's switch aggregates in some setting (an all_reduce, reduce_scatter or all_gather on a
+        fabric that sums in its switch) that runs point to point here across the switch (an integer
+        all_reduce, a sub-group the P4 program has no pool for, a reduce_scatter on hierarchical INA
+        over leaves). A point-to-point fabric's own algorithms are never fallbacks, nor are kinds that
+        no switch aggregates (broadcast, all_to_all, barrier, send, recv), nor a group inside a node,
+        which never reaches the switch."""
+        return (not self.stream and op.kind in STREAM.kinds and s.fabric.aggregates
+                and not s.inside_a_node(op.group))
+
     def __repr__(self) -> str:
         return f"<mechanism {self.name}>"
 

@@ -38,11 +38,9 @@ from emu.replay.lag import LagHistogram
 from emu.replay.leaves import LeafStage
 from emu.replay.messages import HostResult, WorkerRecord
 from emu.replay.p2p_endpoint import P2PEndpoint
-from emu.replay.parallelism import inside_a_node
 from emu.replay.programs import WorkerProgram, straggling
 from emu.replay.wiring import Wiring
 from emu.replay.worker import CollRun, FakeWorker, WorkerState
-from emu.traces.model import CollKind
 
 _RUN, _RETX = 0, 1  # local event kinds, in the order they are handled at equal times
 # No progress (docs/reliability.md): since a collective last completed on this host, more than
@@ -191,11 +189,7 @@ class Host:
             if self.ina.start(worker.w, run, real):
                 worker.completed(run, run.start_us)
             return
-        # what the fabric's switch does not run is a fallback, but for a group's collectives inside a
-        # node, which never reach it (they cross the node's own links)
-        aggregated = op.kind == CollKind.ALL_REDUCE and op.dtype.is_float and op.group is None
-        inside = op.group is not None and inside_a_node(op.group, self.cfg)
-        if not inside and self.net.counts_as_fallback(op.kind, aggregated):
+        if mech.fallback(op, self.cfg.setting):  # what the fabric could not run its own way
             name = op.kind.value
             self.counters.fallbacks[name] = self.counters.fallbacks.get(name, 0) + 1
         self.p2p.start(worker.w, run, real, mech)

@@ -21,18 +21,11 @@ from emu.traces.mesh import Mesh
 from emu.traces.model import Coll, CollKind, Trace
 
 _P2P = (CollKind.SEND, CollKind.RECV)
-_ALGORITHMS = {CollKind.BROADCAST: "tree", CollKind.BARRIER: "dissemination", CollKind.ALL_TO_ALL: "direct",
-               CollKind.SEND: "point to point", CollKind.RECV: "point to point"}
 
 
 def on_stream(op: Coll, config: ReplayConfig) -> bool:
     """Whether a collective runs on the in-network aggregation stream (else point to point)."""
     return choose(op, config.setting).stream
-
-
-def inside_a_node(group: tuple[int, ...], config: ReplayConfig) -> bool:
-    """Whether a group's workers all sit in one node of the topology (none without one)."""
-    return config.setting.inside_a_node(group)
 
 
 def ina_pools(programs: list[WorkerProgram], config: ReplayConfig) -> tuple[tuple[tuple[int, ...], ...],
@@ -59,14 +52,8 @@ def ina_pools(programs: list[WorkerProgram], config: ReplayConfig) -> tuple[tupl
 
 
 def mechanism(op: Coll, config: ReplayConfig) -> str:
-    """How the fabric runs a collective, in the words of the report."""
-    if on_stream(op, config):
-        return "switch"
-    if op.kind in _ALGORITHMS:
-        return _ALGORITHMS[op.kind]
-    if op.kind == CollKind.ALL_REDUCE and op.dtype.is_float and config.network.parameter_server:
-        return "parameter server"
-    return "ring"
+    """How the fabric runs a collective, in the words of the report (its mechanism's name)."""
+    return choose(op, config.setting).name
 
 
 def _dims(op: Coll, w: int, mesh: Mesh | None) -> tuple[str, ...]:

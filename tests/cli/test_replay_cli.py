@@ -166,15 +166,27 @@ def _alive(pids: list[int]) -> list[int]:
 
 
 def _socket_folders(pids: list[int]) -> set[str]:
-    """The private folders of the replay's Unix sockets, from the processes' open files."""
-    found = set()
+    """The private folders of the replay's Unix sockets, from the processes' open files (their socket
+    inodes, looked up in the namespace's table, which lists every other process's sockets too)."""
+    inodes = set()
     for pid in pids:
         try:
-            lines = Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
         except OSError:
             continue
-        found |= {str(Path(line.split()[-1]).parent) for line in lines if "emu-replay-" in line}
-    return found
+        for fd in fds:
+            try:
+                link = str(fd.readlink())
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[len("socket:["):-1])
+    try:
+        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return set()
+    return {str(Path(f[-1]).parent) for f in (line.split() for line in lines)
+            if len(f) >= 8 and f[6] in inodes and "emu-replay-" in f[-1]}
 
 
 def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ def test_fsdp_at_eight_shards(no_children, fabric: str) -> None:
     assert g.kinds == ("all_gather", "reduce_scatter") and g.size == 8 and g.padded_elements == 8
     # the switch sums the reduce_scatters to each shard's owner and multicasts the all_gathers
     assert g.ran == (("switch",) if fabric == "ina" else ("ring",))
-    assert (report.fabric.fallbacks == {}) == (fabric == "ina")
+    assert report.fabric.fallbacks == {}  # the switch's own, or the ring's
 
 
 def test_a_pipeline_at_a_larger_data_parallel_size(no_children) -> None:

@@ -63,11 +63,7 @@ def predicted_us(op: Coll, comp: Compressor, bandwidth_bps: float, config: Repla
     m = members(op, config.workers)
     link = LinkSpec(bandwidth_bps=bandwidth_bps, latency_us=config.link.latency_us)
     coll = op if comp.name == "none" else compressed(op, comp, config.workers, config.switch_sums)
-    setting = replace(config.setting, link=link, workers=m, packet_rate=None)
-    mech = mechanisms.choose(coll, setting)
-    if mech.stream and coll.kind != CollKind.ALL_REDUCE:
-        mech = mechanisms.RING  # the closed form adaptive compression has taken so far (docs/compression.md)
-    wire = mech.time_us(coll, setting)
+    wire = mechanisms.time_us(coll, replace(config.setting, link=link, workers=m))  # as predict times it
     if comp.name == "none":
         return wire
     before, after = cost_us(comp, op.count, m, config.compress.speed)

@@ -179,3 +179,22 @@ def test_the_table_says_when_nothing_was_compressed() -> None:
                           bytes_dense=0, bytes_compressed=0, ratio=1.0, compress_us=0.0, decompress_us=0.0, speed=1.0,
                           error=None, cosine=None, error_sample=None)
     assert _compression(c) == "fp16: no all_reduce it compresses"
+
+
+@pytest.mark.parametrize("fabric", ["ina", "ring", "ps"])
+def test_a_bucket_is_timed_as_predict_times_it(mlp, fabric: str) -> None:
+    """Adaptive compression's prediction of a bucket is emu predict's, on every fabric: on ina a
+    top-k bucket's all_gather is the switch's multicast, as the replay runs it (it was timed as a
+    ring there)."""
+    from emu.emulator.compress import TopK
+    from emu.replay.adaptive import predicted_us
+    from emu.traces.synthetic import single_collective
+
+    op = buckets(mlp.ranks[0].iterations[0])[0]
+    trace = single_collective(CollKind.ALL_REDUCE, op.count)
+    for ratio in (0.01, 0.001):
+        cfg = ReplayConfig(workers=8, fabric=fabric, link=LinkSpec(bandwidth_bps=10e9), payload_scale=16,
+                           compress=CompressOption(f"topk:{ratio}"))
+        bucket = buckets(trace.ranks[0].iterations[0])[0]
+        want = predict(trace, cfg).iteration_us_median
+        assert predicted_us(bucket, TopK(param=ratio), 10e9, cfg) == pytest.approx(want, rel=1e-9)

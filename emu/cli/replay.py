@@ -10,6 +10,7 @@ import click
 from emu.cli import cli
 from emu.cli.options import auto, topology_from, topology_options, trace_path, typed
 from emu.cli.output import Progress, err, human_bandwidth, human_bytes, ms, out
+from emu.emulator import fabric as fabrics
 from emu.errors import CheckFailed, ConfigError, EmuError
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 @click.option("--network", "network", type=click.Path(dir_okay=False),
               help="A network design file (TOML: fabric, [link], [switch]); flags typed beside it win.")
 @click.option("--fabric", default="ina", show_default=True,
-              help="ina, ring or ps; a comma-separated list replays each and compares them.")
+              help=f"{fabrics.listing()}; a comma-separated list replays each and compares them.")
 @click.option("--bandwidth", default="100Gbps", show_default=True, help="Link bandwidth, e.g. 10Gbps, 400Gbit.")
 @click.option("--bandwidth-schedule", default=None,
               help="A bandwidth that changes over emulated time, TIME:BANDWIDTH steps from 0s, e.g. "
@@ -39,8 +40,8 @@ if TYPE_CHECKING:
 @click.option("--jitter", default="0us", show_default=True, help="Uniform extra delay per packet, up to this.")
 @click.option("--iters", type=int, help="Iterations to replay (default: the trace's).")
 @click.option("--clock", type=click.Choice(["sync", "wall"]), default=None,
-              help="sync: synchronized emulated clock, exact and unpaced (default for ina, ring, ps); "
-                   "wall: paced by the wall clock with time dilation (default for bmv2).")
+              help=f"sync: synchronized emulated clock, exact and unpaced (default for {fabrics.listing(True)}); "
+                   f"wall: paced by the wall clock with time dilation (default for {fabrics.listing(False)}).")
 @click.option("--tdf", default=None,
               help="Time dilation of the wall clock (wall seconds per emulated second), or auto: "
                    "calibrated (the default there); implies --clock wall.")
@@ -146,14 +147,14 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
         given = frozenset(key for name, key in FLAG_KEYS.items() if typed(ctx, name))
         if design.fabric is not None and "fabric" not in given:
             fabric = design.fabric
-    fabrics = [f.strip() for f in fabric.split(",") if f.strip()]
-    if not fabrics:
-        raise ConfigError("--fabric needs at least one of: ina, ring, ps")
+    chosen = [f.strip() for f in fabric.split(",") if f.strip()]
+    if not chosen:
+        raise ConfigError(f"--fabric needs at least one of: {', '.join(fabrics.names())}")
 
     def target(base: Path | None, name: str) -> Path | None:
-        return None if base is None or len(fabrics) == 1 else base.with_name(f"{base.stem}-{name}{base.suffix}")
+        return None if base is None or len(chosen) == 1 else base.with_name(f"{base.stem}-{name}{base.suffix}")
 
-    for name in fabrics if not quiet else ():  # found before anything runs, not after
+    for name in chosen if not quiet else ():  # found before anything runs, not after
         if report_path is not None:
             check_writable(target(report_path, name) or report_path, "--report")
         if chrome_trace is not None:
@@ -173,7 +174,7 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
                     latency_us=parse_duration_us(latency), loss=loss, jitter_us=parse_duration_us(jitter, "--jitter"),
                     schedule=schedule)
     reports = []
-    for name in fabrics:
+    for name in chosen:
         config = ReplayConfig(workers=workers, fabric=name, link=link, iters=iters,
                               clock=Clock(clock) if clock else (Clock.WALL if tdf is not None else None),
                               tdf=None if tdf is None else auto(tdf, float, "--tdf"), payload_scale=auto(payload_scale, int, "--payload-scale"),

@@ -11,6 +11,7 @@ import click
 from emu.cli import cli
 from emu.cli.options import auto, topology_from, topology_options, typed
 from emu.cli.output import Progress, err
+from emu.emulator import fabric as fabrics
 from emu.errors import CheckFailed, ConfigError
 
 
@@ -20,7 +21,7 @@ from emu.errors import CheckFailed, ConfigError
               help="Real ranks of the script (K, at most the cores; M must be a multiple).")
 @click.option("--network", "network", type=click.Path(dir_okay=False),
               help="A network design file (TOML: fabric, [link], [switch]); flags typed beside it win.")
-@click.option("--fabric", default="ina", show_default=True, help="ina, ring or ps.")
+@click.option("--fabric", default="ina", show_default=True, help=f"{fabrics.listing(True)}.")
 @click.option("--bandwidth", default="100Gbps", show_default=True, help="Link bandwidth, e.g. 10Gbps.")
 @click.option("--latency", default="5us", show_default=True, help="One-way link latency, e.g. 5us.")
 @click.option("--loss", type=float, default=0.0, show_default=True, help="Packet loss probability per link.")

@@ -153,9 +153,10 @@ def _load_plugins() -> None:
 
 
 def names() -> tuple[str, ...]:
-    """Every fabric's name: the software ones first, then those of installed packages."""
+    """Every fabric's name: those that join the synchronized clock first, each group in the order
+    they registered (the built-in ones, then those of installed packages)."""
     _load_plugins()
-    return tuple(_REGISTRY)
+    return tuple(sorted(_REGISTRY, key=lambda n: not _REGISTRY[n].synchronizable))
 
 
 def get(name: str) -> Fabric:
@@ -170,3 +171,9 @@ def get(name: str) -> Fabric:
         raise ConfigError(f"--fabric {name!r} is not one of: {', '.join(names())}")
     return cls()
 
+
+def listing(synchronizable: bool | None = None) -> str:
+    """The fabrics' names for a sentence ("ina, ring, ps, tree or bmv2"); ``synchronizable``: only
+    those that join the synchronized clock (True) or only those that do not (False)."""
+    chosen = [n for n in names() if synchronizable is None or _REGISTRY[n].synchronizable == synchronizable]
+    return chosen[0] if len(chosen) == 1 else ", ".join(chosen[:-1]) + " or " + chosen[-1]

@@ -106,6 +106,8 @@ class Start:
     servers: tuple[int, ...]  # the parameter-server shards' endpoint ids
     node: Callable[[], tuple[list[int], list[int]]]  # the worker's node (leader first) and every leader
     root: int  # a broadcast's root among the members
+    # each member's node, in member order (every member a node of its own without a topology)
+    member_nodes: Callable[[], tuple[int, ...]]
 
     @property
     def emu_bytes(self) -> float:
@@ -150,8 +152,14 @@ class Mechanism:
         last member's completion (docs/physics.md). On a topology, ``on_topology_us``."""
         raise NotImplementedError
 
+    def spread_us(self, op: Coll, s: Setting) -> float:
+        """How much earlier than the last member the first completes, alone on the links (the members
+        that start their next work that much sooner); 0 where they finish together, or nearly."""
+        return 0.0
+
     def on_topology_us(self, op: Coll, s: Setting) -> float:
-        what = "a sparse all_reduce" if op.kind == CollKind.ALL_REDUCE else f"{op.kind.value} of {op.dtype.value}"
+        what = ("a sparse all_reduce" if op.kind == CollKind.ALL_REDUCE and op.sparsity is not None
+                else f"{op.kind.value} of {op.dtype.value} by the {self.name}")
         raise ConfigError(f"{what} on a topology: emu predict's topology forms take dense all_reduces on ina and "
                           "ring (docs/physics.md, 'On a topology'); replay it (emu replay)")
 

@@ -344,7 +344,7 @@ class ReplayConfig:
                 raise ConfigError(f'topology.algorithm = "hierarchical" on --fabric {self.fabric}: it has no '
                                   f'hierarchical variant ({have} do; docs/topology.md); give "flat"')
             if not net.synchronizable:
-                raise ConfigError(f"--fabric {self.fabric}: a topology runs on the software fabrics (ina, ring, ps); "
+                raise ConfigError(f"--fabric {self.fabric}: a topology runs on the software fabrics ({fabrics.listing(True)}); "
                                   "an external switch is one switch with one port per worker")
         if self.mesh is not None:
             if not isinstance(self.mesh, Mesh):

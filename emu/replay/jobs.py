@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from emu.emulator import fabric as fabrics
 from emu.emulator.topology import Allocation, Layout, Placement, SlotPolicy
 from emu.emulator.wire import MAX_WORKERS_SOFTWARE
 from emu.errors import ConfigError, RunFailed
@@ -82,7 +83,7 @@ class Jobs:
                               f"server shards) together must be at most {MAX_WORKERS_SOFTWARE}")
         if config.resolved_clock != Clock.SYNC:
             raise ConfigError("several jobs replay on the synchronized clock only (their shared and alone times "
-                              "must be exact to compare): drop --clock wall and --tdf, and use ina, ring or ps")
+                              f"must be exact to compare): drop --clock wall and --tdf, and use {fabrics.listing(True)}")
         if config.compress.adaptive:
             raise ConfigError("--compress adaptive replays one job in passes; with several jobs give a compressor")
         if self.pool(config) // len(self.workers) < 1:

@@ -135,7 +135,13 @@ class P2PEndpoint:
         servers = tuple(self.m + j for j in range(cfg.shards)) if mech.servers else ()
         return mech.algorithm(Start(op=op, rank=rank, size=m, seq=run.seq, real=real, seed=cfg.seed, check=self.check,
                                     recorded=self.recorded, servers=servers, node=lambda: self._node_of(w),
-                                    root=root))
+                                    root=root, member_nodes=lambda: self._member_nodes(group)))
+
+    def _member_nodes(self, group: tuple[tuple[int, ...], dict[int, int]] | None) -> tuple[int, ...]:
+        """Each member's node (the job's workers, or a group's), every member its own without a topology."""
+        members = range(self.m) if group is None else group[0]
+        lay = self.wiring.layout
+        return tuple(members) if lay is None else tuple(int(n) for n in lay.node[list(members)])
 
     def _node_of(self, w: int) -> tuple[list[int], list[int]]:
         """Worker w's node (its workers, the leader first) and every node's leader, in node order

@@ -28,6 +28,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from emu import lifetime
+from emu.emulator import fabric as fabrics
 from emu.emulator.fabric import Fabric
 from emu.errors import ConfigError
 from emu.replay import sealed
@@ -53,7 +54,7 @@ def check_spreadable(config: ReplayConfig) -> None:
                           "and --tdf)")
     if type(config.network).external_switch is not Fabric.external_switch:
         raise ConfigError(f"--fabric {config.fabric} drives a switch on this machine: a replay over several machines "
-                          "runs on ina, ring or ps")
+                          f"runs on {fabrics.listing(True)}")
 
 
 def digest(config: ReplayConfig, setups: list[HostSetup], sw: SwitchSetup) -> str:

@@ -76,6 +76,8 @@ class _Class:
     finished: bool = False
     seqs: dict[int, int] = field(default_factory=dict)  # this iteration's trace id -> stream number
     issued: int = 0  # collectives issued so far (the next one's stream number)
+    lead: float = 0.0  # how much sooner its first worker began this iteration
+    lag: float = 0.0  # how far its first worker is ahead of its last since the last blocking wait
     records: list[IterationRecord] = field(default_factory=list)
 
 
@@ -110,14 +112,20 @@ class _Schedule:
         self.issue: list[dict[int, tuple[float, Coll]]] = []  # per stream number: class -> (time, op)
         self.end: list[list[float]] = []  # per stream number: per class
         self.times: dict[tuple[CollKind, int, str, Sparsity | None], float] = {}
+        self.spreads: dict[tuple[CollKind, int, str, Sparsity | None], float] = {}
         self.setting = replace(config.setting, payload_scale=scale, real_slots=max(1, -(-config.emulated_slots // scale)))
 
     def duration_us(self, op: Coll) -> float:
         key = (op.kind, op.count, op.dtype.value, op.sparsity)
         t = self.times.get(key)
         if t is None:  # alone on the links, as its mechanism runs it (its topology form on a topology)
-            t = self.times[key] = mechanisms.time_us(op, self.setting)
+            mech = mechanisms.choose(op, self.setting)
+            t = self.times[key] = mech.time_us(op, self.setting)
+            self.spreads[key] = mech.spread_us(op, self.setting)
         return t
+
+    def spread_us(self, op: Coll) -> float:
+        return self.spreads[(op.kind, op.count, op.dtype.value, op.sparsity)]
 
     def run(self) -> None:
         while not all(c.finished for c in self.classes):
@@ -153,6 +161,10 @@ class _Schedule:
         end = max(ends, default=c.t)
         if end > c.t:
             c.records[-1].blocked_us += end - c.t
+            # the class's first worker got the collective that ended the wait this much sooner (its
+            # spread), and goes on ahead of the last until a later wait blocks them all again
+            last = max(seqs, key=lambda s: self.end[s][i])
+            c.lag = min(self.spread_us(self.issue[last][i][1]), end - c.t)
             c.t = end
         return True
 
@@ -161,8 +173,8 @@ class _Schedule:
         moved = False
         its = c.program.iterations
         while not c.finished:
-            if not c.records or len(c.records) <= c.it:
-                c.records.append(IterationRecord(index=len(c.records), start_us=c.t))
+            if not c.records or len(c.records) <= c.it:  # its earliest worker's start
+                c.records.append(IterationRecord(index=len(c.records), start_us=c.t - c.lead))
             ops = its[c.it % len(its)].ops
             if c.op >= len(ops):
                 if not self._wait(i, c, c.seqs.values()):
@@ -170,6 +182,7 @@ class _Schedule:
                 rec = c.records[-1]
                 rec.end_us = c.t
                 rec.comm_us = union_us((self.issue[s][i][0], self.end[s][i]) for s in c.seqs.values())
+                c.lead, c.lag = c.lag, 0.0  # the replay's iteration runs from its earliest worker's start
                 c.it, c.op, c.seqs = c.it + 1, 0, {}
                 c.finished = c.it >= self.iters
                 moved = True

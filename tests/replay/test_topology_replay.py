@@ -147,7 +147,7 @@ def test_predict_refuses_what_its_topology_forms_do_not_cover() -> None:
         predict(trace, ReplayConfig(workers=M, fabric="ps", topology=topo))
     with pytest.raises(ConfigError, match="loss or jitter on a topology"):
         predict(trace, ReplayConfig(workers=M, link=LinkSpec(loss=0.01), topology=topo))
-    with pytest.raises(ConfigError, match="broadcast of float32 on a topology"):
+    with pytest.raises(ConfigError, match="broadcast of float32 by the binomial tree on a topology"):
         predict(single_collective(CollKind.BROADCAST, 1 << 10), ReplayConfig(workers=M, topology=topo))
 
 

@@ -31,6 +31,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from emu.errors import RunFailed
+from emu.files import write_atomic
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -202,18 +205,16 @@ class RunRecord:
         return runtime_dir() / f"{self.pid}-{self.started}.json"  # a reused pid gets its own record
 
     def save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self)))
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(asdict(self)), "emu's record of its processes")
 
     def add_child(self, pid: int) -> None:
         self.children.append([pid, start_time(pid) or 0])
-        with contextlib.suppress(OSError):  # best effort: a full disk must not fail the run
+        with contextlib.suppress(RunFailed):  # best effort: a full disk must not fail the run
             self.save()
 
     def add_folder(self, folder: str) -> None:
         self.folders.append(folder)
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(RunFailed):
             self.save()
 
     def close(self) -> None:
@@ -235,7 +236,7 @@ def recorded(command: str) -> Iterator[RunRecord]:
         _prune()
         rec = RunRecord(command)
         rec.save()
-    except OSError:  # no private place to record in: run without a record (emu clean cannot help)
+    except (OSError, RunFailed):  # no private place to record in: run without a record (emu clean cannot help)
         yield RunRecord(command, pid=-1, started=0)
         return
     _CURRENT = rec

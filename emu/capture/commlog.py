@@ -30,6 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from emu.errors import CaptureError
+from emu.files import write_atomic
+
 VERSION = 1
 # Collectives the recorder keeps (a ring): far more than a profiled window issues (FSDP issues
 # about three per block and step), and about 200 bytes each.
@@ -155,6 +158,4 @@ def dump(path: Path, since_ns: int) -> None:
         doc["collectives"] = [e for e in entries if e["created_ns"] >= since_ns]
     except Exception as exc:  # noqa: BLE001
         doc["error"] = f"the flight recorder could not be read ({type(exc).__name__}: {exc})"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(doc), "the collectives' record", CaptureError)

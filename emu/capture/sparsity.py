@@ -18,7 +18,6 @@ This module is numpy only: it runs in emu's own process, which never imports tor
 from __future__ import annotations
 
 import dataclasses
-import os
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from emu.errors import CaptureError
+from emu.files import write_atomic
 from emu.traces.model import Coll, CollKind, Iteration, RankProgram, Sparsity, Trace
 
 BLOCK_ELEMENTS = 256  # OmniReduce's default block size
@@ -83,13 +83,13 @@ def write_masks(path: Path, block_elements: int, masks: Sequence[BucketMask],
     (and what measuring each took, ``cost_us``, for the record: the trace does not use it)."""
     offsets = np.cumsum([0] + [m.bits.size for m in masks[:-1]], dtype=np.int64) if masks else np.zeros(0, np.int64)
     bits = np.concatenate([m.bits for m in masks]) if masks else np.zeros(0, np.uint8)
-    tmp = path.with_name(path.name + ".tmp.npz")  # np.savez adds .npz to names without it
-    np.savez(tmp, block_elements=np.int64(block_elements),
+    write_atomic(path, lambda f: np.savez(
+        f, block_elements=np.int64(block_elements),
              step=np.array([m.step for m in masks], np.int64),
              order=np.array([m.order for m in masks], np.int64),
              elements=np.array([m.elements for m in masks], np.int64), offset=offsets,
-             bits=bits.astype(np.uint8), cost_us=np.array(cost_us if cost_us is not None else [], np.float64))
-    os.replace(tmp, path)
+        bits=bits.astype(np.uint8), cost_us=np.array(cost_us if cost_us is not None else [], np.float64)),
+        "the sparsity masks", CaptureError)
 
 
 def read_masks(path: Path) -> RankMasks:

@@ -36,7 +36,7 @@ def check(current: Path, baseline: Path, tolerance: str, junit: Path | None, mar
       emu check current/ --baseline baseline/ --tolerance 0 --junit junit.xml --markdown summary.md
     """
     from emu.errors import CheckFailed, ConfigError
-    from emu.replay.report import check_writable, write_atomic
+    from emu.files import check_writable, write_atomic
     from emu.study.check import check as run_check
     from emu.study.check import parse_tolerance, render_junit, render_markdown
 

@@ -66,6 +66,6 @@ def topology_options(f: Callable) -> Callable:
 
 def topology_from(flags: dict) -> Topology | None:
     """The Topology the topology flags among a command's parameters give, or None."""
-    from emu.replay.design import topology_from_flags
+    from emu.replay import topology_from_flags
 
     return topology_from_flags(flags)

@@ -14,7 +14,7 @@ from emu.emulator import fabric as fabrics
 from emu.errors import CheckFailed, ConfigError, EmuError
 
 if TYPE_CHECKING:
-    from emu.replay.report import AdaptiveReport, CompressionReport
+    from emu.replay import AdaptiveReport, CompressionReport
 
 
 @cli.command()
@@ -104,12 +104,10 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
     from dataclasses import replace
 
     from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us, parse_schedule
+    from emu.files import check_writable
     from emu.lifetime import Terminated
-    from emu.replay import ReplayConfig
+    from emu.replay import Clock, CompressOption, ReplayConfig, SparsityOption, Straggler, parse_mesh
     from emu.replay import replay as run_replay
-    from emu.replay.config import Clock, CompressOption, SparsityOption, Straggler
-    from emu.replay.layout import parse_mesh
-    from emu.replay.report import check_writable
     from emu.traces import load_trace
 
     counts = _worker_counts(workers_arg, len(trace_args))
@@ -129,7 +127,7 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
     cluster = _join(launcher, processes, paths, ctx.params, [network, payload_file])
     quiet = cluster is not None and cluster.rank != 0  # machine 0 reports; the others host workers
     if cluster is not None:  # every replay below is spread over the machines; they part at the command's end
-        from emu.replay.machines import spread
+        from emu.replay import spread
 
         ctx.with_resource(spread(cluster))
     path, trace = paths[0], traces[0]
@@ -141,7 +139,7 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
     design = None
     given: frozenset[str] = frozenset()
     if network is not None:
-        from emu.replay.design import FLAG_KEYS, load_design
+        from emu.replay import FLAG_KEYS, load_design
 
         design = load_design(network)
         given = frozenset(key for name, key in FLAG_KEYS.items() if typed(ctx, name))
@@ -205,7 +203,7 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
             with Progress(f"{name} x{workers_arg}{on}", quiet=quiet) as bar:
                 if several:
                     from emu.emulator.topology import Allocation
-                    from emu.replay.jobs import Jobs, replay_jobs
+                    from emu.replay import Jobs, replay_jobs
 
                     chosen = (Allocation(allocation) if allocation is not None
                               else design.allocation if design is not None and design.allocation is not None
@@ -262,7 +260,7 @@ def _join(launcher: str, processes: int | None, paths: list[Path], params: dict[
     import hashlib
     import os
 
-    from emu.replay.machines import JOIN_TIMEOUT_S, from_environment, join
+    from emu.replay import JOIN_TIMEOUT_S, from_environment, join
     from emu.traces.io import trace_sha256
 
     env = from_environment(os.environ)
@@ -370,7 +368,7 @@ def _table(reports, path: Path) -> None:
 
 
 def _packet_rate(text: str) -> float:
-    from emu.replay.design import parse_packet_rate
+    from emu.replay import parse_packet_rate
 
     try:
         return parse_packet_rate(text)

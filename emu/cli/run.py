@@ -59,9 +59,8 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, fabric
     from dataclasses import replace
 
     from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us
-    from emu.replay import ReplayConfig
-    from emu.replay.config import Straggler
-    from emu.replay.report import check_writable
+    from emu.files import check_writable
+    from emu.replay import ReplayConfig, Straggler
     from emu.run.session import RunConfig, run_job
 
     argv = list(args[1:] if args[:1] == ("--",) else args)
@@ -75,7 +74,7 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, fabric
                           payload_scale=auto(payload_scale, int, "--payload-scale"),
                           stragglers=tuple(Straggler.parse(x) for x in stragglers), topology=topology_from(shape))
     if network is not None:
-        from emu.replay.design import FLAG_KEYS, load_design
+        from emu.replay import FLAG_KEYS, load_design
 
         design = load_design(network)
         given = frozenset(key for name, key in FLAG_KEYS.items() if typed(ctx, name))

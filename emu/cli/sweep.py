@@ -59,8 +59,7 @@ def build_grid(ctx: click.Context, params: dict[str, Any]) -> tuple[list[Point],
     """Every point of the grid the options describe (checked before anything runs), and the traces."""
     from emu.cli.options import auto, trace_path, typed
     from emu.emulator.links import LinkSpec, parse_duration_us
-    from emu.replay.config import CompressOption, ReplayConfig, SparsityOption
-    from emu.replay.design import FLAG_KEYS
+    from emu.replay import FLAG_KEYS, CompressOption, ReplayConfig, SparsityOption
     from emu.study.grid import Grid, TraceCache, float_axis, int_axis, points, text_axis, unique
 
     traces = unique([str(trace_path(t)) for t in params["traces"]])
@@ -102,7 +101,7 @@ def sweep(ctx: click.Context, out_dir: Path, no_plots: bool, no_predict: bool, *
       emu sweep mlp --workers 8,64 --fabric ina,ring --bandwidth 10Gbps --out study
       emu sweep mlp transformer --network a.toml --network b.toml --workers 8,64 --out study
     """
-    from emu.replay.report import check_writable
+    from emu.files import check_writable
     from emu.study.sweep import Status, run_sweep
 
     pts, traces = build_grid(ctx, params)

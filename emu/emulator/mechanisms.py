@@ -200,7 +200,7 @@ class Stream(Mechanism):
     def takes(self, op: Coll, s: Setting) -> bool:
         """A float all_reduce of the whole job, or of a sub-group that leaves its node (one inside a
         node sums over the node's own links, as NVLink does) where the software switch aggregates
-        (it keeps a pool for each: emu.replay.ina_pools); and, where the software switch runs it, a
+        (it keeps a pool for each: emu.replay.host.pools); and, where the software switch runs it, a
         float reduce_scatter (the sum to each shard's owner) or an all_gather of any dtype (each
         shard multicast), but not on hierarchical INA over several leaves, whose leaves keep one
         partial sum an all_reduce's chunk (docs/protocol.md)."""

@@ -12,7 +12,7 @@ the leaders in a ring, broadcast inside each node.
 
 A leader is done when it hands the result to its port (phase 3's sends), its members later, when
 it arrives: the collective's end on the job is its last member's. Only dense all_reduces run
-this way (``emu.replay.p2p_endpoint``): a sparse one, and the other collectives, stay flat.
+this way (``emu.replay.host.p2p``): a sparse one, and the other collectives, stay flat.
 
 Segment numbers tell the phases apart on the wire: phase 2's are offset by ``RING``, phase 3's
 by ``DOWN``. The phases do not overlap within a worker (a leader starts the ring when its node's

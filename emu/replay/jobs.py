@@ -39,25 +39,19 @@ from emu.emulator.topology import Allocation, Layout, Placement, SlotPolicy
 from emu.emulator.wire import MAX_WORKERS_SOFTWARE
 from emu.errors import ConfigError, RunFailed
 from emu.lifetime import Terminated
-from emu.replay.config import Clock, ReplayConfig
-from emu.replay.design import resolved_design
-from emu.replay.host import HostSetup
-from emu.replay.layout import has_subgroups
-from emu.replay.messages import HostResult, SwitchResult
-from emu.replay.orchestrator import (
-    check_scale,
-    partition,
-    point_to_point,
-    run_once,
-    scale_for,
-    sparse_ps_scale_limit,
-    split,
-)
-from emu.replay.processes import execute
-from emu.replay.programs import plan_programs
-from emu.replay.report import JobReport, ReplayReport, Verification
-from emu.replay.results import build_report, utilisation
-from emu.replay.switchd import SwitchSetup
+from emu.replay.config.design import resolved_design
+from emu.replay.config.options import Clock, ReplayConfig
+from emu.replay.control.plan import Measured, RunPlan
+from emu.replay.control.processes import execute
+from emu.replay.host.runtime import HostSetup
+from emu.replay.orchestrator import run_once
+from emu.replay.plan.hosts import host_layout, point_to_point
+from emu.replay.plan.layout import has_subgroups
+from emu.replay.plan.programs import WorkerProgram, programs_for
+from emu.replay.plan.scale import check_scale, scale_for, sparse_ps_scale_limit
+from emu.replay.report.build import build_report, utilisation
+from emu.replay.report.model import JobReport, ReplayReport, Verification
+from emu.replay.switch.daemon import SwitchSetup
 from emu.traces.model import Trace
 
 MAX_JOBS = 16  # each job adds its parameter-server processes, and every process gates every clock window
@@ -197,7 +191,7 @@ def replay_jobs(traces: list[Trace], config: ReplayConfig, jobs: Jobs, trace_pat
             raise ConfigError(f"{path} is sharded or split (its collectives run on groups of a mesh), and jobs that "
                               "share the fabric each run their collectives on the whole job: replay it alone "
                               "(docs/parallelism.md)")
-        plan_programs(t, cfg.workers, path, cfg.sparsity, cfg.compress, switch_sums=cfg.switch_sums)
+        programs_for(t, cfg, path)
 
     def status(text: str) -> None:
         if on_status is not None:
@@ -237,81 +231,78 @@ def replay_jobs(traces: list[Trace], config: ReplayConfig, jobs: Jobs, trace_pat
 def _shared(traces: list[Trace], paths: list[str], config: ReplayConfig, jobs: Jobs, configs: list[ReplayConfig],
             on_progress: Callable[[float], None] | None) -> ReplayReport:
     """The jobs at once: one switch with a pool a job, hosts holding whole leaves (or nodes) of any
-    job, the leaves' links shared (emu.replay.jobs_host)."""
-    programs = [plan_programs(t, cfg.workers, path, cfg.sparsity, cfg.compress, switch_sums=cfg.switch_sums)
-                for t, cfg, path in zip(traces, configs, paths, strict=True)]
+    job, the leaves' links shared (emu.replay.host.jobs)."""
+    report, _, _ = execute(_plan(traces, paths, config, jobs, configs), on_progress)
+    return report
+
+
+def _plan(traces: list[Trace], paths: list[str], config: ReplayConfig, jobs: Jobs,
+          configs: list[ReplayConfig]) -> RunPlan:
+    programs = [programs_for(t, cfg, path) for t, cfg, path in zip(traces, configs, paths, strict=True)]
     iters = [config.iters or t.iterations for t in traces]
     counts = [cfg.workers for cfg in configs]
-    offset = np.r_[0, np.cumsum(counts)[:-1]].astype(np.int64)
-    job_of = np.repeat(np.arange(len(configs)), counts)
-    local_of = np.arange(sum(counts)) - offset[job_of]
     layouts = [cfg.layout() for cfg in configs]
     layout = None
     if layouts[0] is not None:
         lays = [lay for lay in layouts if lay is not None]
         layout = Layout(node=np.concatenate([lay.node for lay in lays]), nic=np.concatenate([lay.nic for lay in lays]),
                         leaf=np.concatenate([lay.leaf for lay in lays]), leaves=lays[0].leaves)
-    held = partition(layout, sum(counts), config.host_processes)
     ps = config.network.parameter_server
-    shards = [cfg.shards if ps else 0 for cfg in configs]
-    # a job's shards in one process where there are more than two jobs (every process gates every window)
-    base = np.r_[0, np.cumsum([m + s for m, s in zip(counts, shards, strict=True)])[:-1]].astype(np.int64)
-    ps_hosts = [split(s, min(s, 2 if len(configs) <= 2 else 1)) if s else [] for s in shards]
-    endpoint_host = np.zeros(int(base[-1]) + counts[-1] + shards[-1], np.int64)
-    for h, ws in enumerate(held):
-        endpoint_host[base[job_of[ws]] + local_of[ws]] = h
-    index = len(held)
-    ps_index: list[list[int]] = []
-    for j, spans in enumerate(ps_hosts):
-        ps_index.append([])
+    hosts = host_layout(layout, counts, [cfg.shards if ps else 0 for cfg in configs], config.host_processes)
+    common = dict(switch_addr="", control_addr="", spans=False)
+    setups = []
+    for h, ws in enumerate(hosts.workers):
+        parts = []
+        for j in np.unique(hosts.job_of[ws]):
+            mine = hosts.local_of[ws[hosts.job_of[ws] == j]]
+            parts.append(HostSetup(index=h, role="workers", endpoints=tuple(int(w) for w in mine),
+                                   config=configs[j], programs=tuple(programs[j][int(w)] for w in mine),
+                                   iters=iters[j], job=int(j), **common))
+        setups.append(HostSetup(index=h, role="workers", endpoints=tuple(int(w) for w in ws), config=config,
+                                programs=(), iters=max(iters), parts=tuple(parts), jobs=tuple(configs), **common))
+    index = len(hosts.workers)
+    for j, spans in enumerate(hosts.shards):
         for a, b in spans:
-            endpoint_host[base[j] + counts[j] + np.arange(a, b)] = index
-            ps_index[j].append(index)
+            setups.append(HostSetup(index=index, role="ps", endpoints=tuple(counts[j] + i for i in range(a, b)),
+                                    config=configs[j], programs=(), iters=iters[j], job=j, **common))
             index += 1
-
-    def plan(switch_addr: str, control_addr: str) -> tuple[list[HostSetup], SwitchSetup]:
-        common = dict(switch_addr=switch_addr, control_addr=control_addr, spans=False)
-        setups = []
-        for h, ws in enumerate(held):
-            parts = []
-            for j in np.unique(job_of[ws]):
-                mine = local_of[ws[job_of[ws] == j]]
-                parts.append(HostSetup(index=h, role="workers", endpoints=tuple(int(w) for w in mine),
-                                       config=configs[j], programs=tuple(programs[j][int(w)] for w in mine),
-                                       iters=iters[j], job=int(j), **common))
-            setups.append(HostSetup(index=h, role="workers", endpoints=tuple(int(w) for w in ws), config=config,
-                                    programs=(), iters=max(iters), parts=tuple(parts), jobs=tuple(configs), **common))
-        for j, spans in enumerate(ps_hosts):
-            for (a, b), h in zip(spans, ps_index[j], strict=True):
-                setups.append(HostSetup(index=h, role="ps", endpoints=tuple(counts[j] + i for i in range(a, b)),
-                                        config=configs[j], programs=(), iters=iters[j], job=j, **common))
-        sw = SwitchSetup(address=switch_addr, control_addr=control_addr, workers=sum(counts), slots=config.real_slots,
-                         elements=config.elements, fabric=config.fabric,
-                         worker_hosts=tuple((int(ws[0]), int(ws[-1]) + 1) for ws in held),
-                         endpoint_host=tuple(int(h) for h in endpoint_host), sync=True,
-                         lookahead_us=min(cfg.lookahead_us(inside_nodes=point_to_point(p, cfg))
-                                          for cfg, p in zip(configs, programs, strict=True)),
-                         job_workers=tuple(counts), job_slots=tuple(cfg.real_slots for cfg in configs),
-                         job_base=tuple(int(b) for b in base), packet_rate=config.packet_rate)
-        return setups, sw
-
-    def build(results: list[HostResult], switch: SwitchResult, wall_s: float, cpu_s: float,
-              processes: int) -> ReplayReport:
-        return _report(traces, paths, config, jobs, configs, iters, results, switch, wall_s, cpu_s, processes)
-
+    sw = SwitchSetup(address="", control_addr="", workers=sum(counts), slots=config.real_slots,
+                     elements=config.elements, fabric=config.fabric, worker_hosts=hosts.spans,
+                     endpoint_host=hosts.endpoint_host, sync=True,
+                     lookahead_us=min(cfg.lookahead_us(inside_nodes=point_to_point(p, cfg))
+                                      for cfg, p in zip(configs, programs, strict=True)),
+                     job_workers=tuple(counts), job_slots=tuple(cfg.real_slots for cfg in configs),
+                     job_base=tuple(int(b) for b in hosts.base), packet_rate=config.packet_rate)
     total = sum(i * m for i, m in zip(iters, counts, strict=True))
-    report, _, _ = execute(config, plan, total, build, on_progress)
-    return report
+    return RunPlan(config=config, hosts=tuple(setups), switch=sw, total=total,
+                   reporter=_Shared(traces, paths, config, jobs, configs, iters, programs))
 
 
-def _report(traces: list[Trace], paths: list[str], config: ReplayConfig, jobs: Jobs, configs: list[ReplayConfig],
-            iters: list[int], results: list[HostResult], switch: SwitchResult, wall_s: float, cpu_s: float,
-            processes: int) -> ReplayReport:
+@dataclass(frozen=True)
+class _Shared:
+    """The report of the jobs' shared run (``emu.replay.control.plan.Reporter``)."""
+
+    traces: list[Trace]
+    paths: list[str]
+    config: ReplayConfig
+    jobs: Jobs
+    configs: list[ReplayConfig]
+    iters: list[int]
+    programs: list[list[WorkerProgram]]
+
+    def build(self, measured: Measured) -> ReplayReport:
+        return _report(self, measured)
+
+
+def _report(run: _Shared, measured: Measured) -> ReplayReport:
     """Each job's report from its own results; on top, job 0's with the whole run's fabric,
     verification and emulator figures. A job's shared time is the median of its iterations that
     ended while every job still ran (after the first job ends, the others run on alone): its first
     ``overlapped`` ones, whose alone times ``replay_jobs`` compares them with."""
-    per_job = [build_report(t, path, cfg, n, [r for r in results if r.job == j], switch, wall_s, cpu_s, processes)
+    traces, paths, config, jobs, configs, iters = run.traces, run.paths, run.config, run.jobs, run.configs, run.iters
+    results, switch = measured.hosts, measured.switch
+    per_job = [build_report(t, path, cfg, n, replace(measured, hosts=[r for r in results if r.job == j]),
+                            run.programs[j][0])
                for j, (t, path, cfg, n) in enumerate(zip(traces, paths, configs, iters, strict=True))]
     top = per_job[0]
     records = {(r.job, w): d.iterations for r in results for w, d in r.workers.items()}

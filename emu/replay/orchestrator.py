@@ -1,5 +1,5 @@
 """Running a replay of one job: check it, choose the payload scale and the dilation, plan its
-processes (which worker each host holds, the switch's setup), run them (``emu.replay.processes``)
+processes (which worker each host holds, the switch's setup), run them (``emu.replay.control.processes``)
 and build the report.
 """
 
@@ -7,64 +7,35 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import dataclass, replace
 
-import numpy as np
-
-from emu.emulator import physics
 from emu.emulator.recorded import RecordedPayload
-from emu.emulator.topology import Algorithm, Layout
+from emu.emulator.topology import Algorithm
 from emu.errors import ConfigError, RunFailed
-from emu.replay import machines
-from emu.replay.adaptive import run_passes
-from emu.replay.config import REAL_BYTES_PER_ITERATION, Clock, ReplayConfig
-from emu.replay.host import HostSetup
-from emu.replay.layout import plan_mesh
-from emu.replay.messages import HostResult, SwitchResult
-from emu.replay.parallelism import ina_pools, on_stream, parallelism_report
-from emu.replay.payloads import recorded_payload
-from emu.replay.processes import ReplayError, execute
-from emu.replay.programs import WorkerProgram, group_table, plan_programs
-from emu.replay.remote import check_spreadable
-from emu.replay.report import ReplayReport, write_chrome_trace
-from emu.replay.results import LAG_TOLERANCE, build_report
-from emu.replay.sparsity import with_sparsity
-from emu.replay.switchd import SwitchSetup
+from emu.replay.config.options import Clock, ReplayConfig
+from emu.replay.control.plan import Measured, RunPlan
+from emu.replay.control.processes import ReplayError, execute
+from emu.replay.host.runtime import HostSetup
+from emu.replay.machines import cluster as machines
+from emu.replay.machines.remote import check_spreadable
+from emu.replay.plan.adaptive import run_passes
+from emu.replay.plan.hosts import host_layout, ina_pools, point_to_point
+from emu.replay.plan.layout import MeshPlan, plan_mesh
+from emu.replay.plan.payloads import recorded_payload
+from emu.replay.plan.programs import WorkerProgram, group_table, programs_for
+from emu.replay.plan.scale import (
+    MIN_SPARSE_BLOCKS_PER_SHARD,
+    check_scale,
+    choose_payload_scale,
+    power_of_two_below,
+    sparse_ps_scale_limit,
+)
+from emu.replay.plan.sparsity import with_sparsity
+from emu.replay.report.build import LAG_TOLERANCE, build_report
+from emu.replay.report.model import ReplayReport, write_chrome_trace
+from emu.replay.report.parallelism import parallelism_report
+from emu.replay.switch.daemon import SwitchSetup
 from emu.traces.model import Trace
-
-
-def split(n: int, parts: int) -> list[tuple[int, int]]:
-    return [(i * n // parts, (i + 1) * n // parts) for i in range(parts)]
-
-
-def point_to_point(programs: list[WorkerProgram], config: ReplayConfig) -> bool:
-    """Whether any collective runs point to point (the rest run on the aggregation stream): the
-    first worker's program tells for a trace of one group; a sharded or split job's ranks run
-    programs of their own, so one worker of each rank's is asked."""
-    one = {prog.rank: prog for prog in (programs if programs and programs[0].seq_offsets else programs[:1])}
-    return any(not on_stream(op, config) for prog in one.values() for it in prog.iterations for op in it.colls)
-
-
-def _worker_hosts(config: ReplayConfig) -> list[np.ndarray]:
-    """The workers of each worker host process (``partition``)."""
-    return partition(config.layout(), config.workers, config.host_processes)
-
-
-def partition(layout: Layout | None, workers: int, processes: int) -> list[np.ndarray]:
-    """The workers of each of at most ``processes`` host processes: consecutive ranges, or on a
-    topology whole nodes (traffic inside a node never leaves its host: emu.replay.wiring), and with
-    several leaves whole leaves (their links to the spine are the host's: emu.replay.leaves), as
-    many per host as even."""
-    if layout is None:
-        return [np.arange(a, b) for a, b in split(workers, processes)]
-    if layout.leaves > 1:
-        leaves = np.unique(layout.leaf)
-        parts = min(processes, len(leaves))
-        return [np.flatnonzero(np.isin(layout.leaf, leaves[a:b])) for a, b in split(len(leaves), parts)]
-    nodes = np.unique(layout.node)
-    parts = min(processes, len(nodes))
-    return [np.flatnonzero(np.isin(layout.node, nodes[a:b])) for a, b in split(len(nodes), parts)]
-
 
 UNPACED_TDF = 1e-6  # the calibration probe runs as fast as it can
 SAFETY = 1.5  # the first probe's dilation over the bare minimum the work allows
@@ -72,66 +43,6 @@ MAX_PROBES = 4
 PROBE_ITERS = 2
 MARGIN = 1.2
 MIN_TDF = 0.05
-
-
-def scale_for(real_bytes: float) -> int:
-    """The smallest power of two R that brings ``real_bytes`` within REAL_BYTES_PER_ITERATION."""
-    r = 1
-    while real_bytes / r > REAL_BYTES_PER_ITERATION:
-        r *= 2
-    return r
-
-
-def choose_payload_scale(trace: Trace, config: ReplayConfig) -> int:
-    """The smallest power of two R that keeps the real bytes of an iteration within budget, and no
-    coarser than a sparse parameter server's shards allow (``sparse_ps_scale_limit``)."""
-    per_worker = max(sum(op.bytes for op in it.colls) for r in trace.ranks for it in r.iterations)
-    r = scale_for(per_worker * config.workers)
-    limit = sparse_ps_scale_limit(trace, config)
-    return r if limit is None else min(r, _power_of_two_below(limit))
-
-
-# A sparse push lands whole real blocks on the shards: with few of them per shard (each standing
-# for R emulated blocks) the load of the busiest shard is a coarse draw, and times grow with R
-# (dlrm at 128 workers, 10 Gb/s: 48 ms at R = 64, 26 ms at R = 2; docs/sparse.md). This many real
-# blocks per shard keep the load within a few percent of its expectation.
-MIN_SPARSE_BLOCKS_PER_SHARD = 32
-
-
-def sparse_ps_scale_limit(trace: Trace, config: ReplayConfig) -> int | None:
-    """The largest R at which the largest sparse parameter-server all_reduce still gives every shard
-    ``MIN_SPARSE_BLOCKS_PER_SHARD`` real blocks (at least 1), or None where nothing runs sparse there."""
-    if not config.network.parameter_server:
-        return None
-    from emu.emulator.sparse_p2p import ps_sparse
-    from emu.replay.sparsity import with_sparsity
-
-    largest = None
-    for rank in with_sparsity(trace, config.workers, config.sparsity):
-        for it in rank.iterations:
-            for op in it.colls:
-                if op.sparsity is not None and ps_sparse(op.sparsity, config.workers, op.dtype.itemsize) \
-                        and (largest is None or op.count > largest.count):
-                    largest = op
-    if largest is None or largest.sparsity is None:
-        return None
-    blocks = largest.count / largest.sparsity.block_elements
-    return max(1, int(blocks / (config.shards * MIN_SPARSE_BLOCKS_PER_SHARD)))
-
-
-def check_scale(trace: Trace, config: ReplayConfig) -> None:
-    """A real ring (or sharded parameter server) past the fabric's limit is millions of messages
-    per collective: refuse it and give the analytic estimate instead."""
-    if not config.network.beyond_p2p_limit(config.workers):
-        return
-    limit = config.network.p2p_worker_limit
-    largest = max((op for r in trace.ranks for it in r.iterations for op in it.colls), key=lambda op: op.bytes)
-    estimate = physics.ring_time_us(largest.count, largest.dtype.itemsize, config.workers, config.link)
-    raise ConfigError(
-        f"--fabric {config.fabric} --workers {config.workers}: a real {config.fabric} of more than {limit} "
-        f"workers is {physics.ring_messages(config.workers):,} messages per collective, which emu does not "
-        f"replay; the analytic estimate for the largest collective ({largest.bytes / 1e6:.1f} MB) on a ring is "
-        f"{estimate / 1000:.2f} ms (docs/physics.md); use --fabric ina or at most {limit} workers")
 
 
 def _calibrate(trace: Trace, config: ReplayConfig, trace_path: str | None,
@@ -196,8 +107,7 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     if spread is not None and spread.world > 1:
         check_spreadable(config)  # before any calibration or pass
     check_scale(trace, config)
-    plan_programs(trace, config.workers, trace_path or "trace", config.sparsity, config.compress,
-                  switch_sums=config.switch_sums, mesh=config.mesh)  # bad input fails before any process
+    programs_for(trace, config, trace_path or "trace")  # bad input fails before any process
     calibration = None
     if config.payload_scale is None:
         config = replace(config, payload_scale=choose_payload_scale(trace, config))
@@ -219,7 +129,7 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
         report = replace(report, emulator=replace(report.emulator, trustworthy=False, advice=(
             f"--payload-scale {config.scale} leaves the parameter-server shards fewer than "
             f"{MIN_SPARSE_BLOCKS_PER_SHARD} real sparse blocks each, so the busiest shard's load, and the "
-            f"iteration time, depend on R: use --payload-scale {_power_of_two_below(limit)} or auto")))
+            f"iteration time, depend on R: use --payload-scale {power_of_two_below(limit)} or auto")))
     return report
 
 
@@ -227,7 +137,7 @@ def _adaptive(trace: Trace, config: ReplayConfig, trace_path: str | None,
               chrome_trace: str | os.PathLike[str] | None, on_progress: Callable[[float], None] | None,
               on_status: Callable[[str], None] | None) -> ReplayReport:
     """``--compress adaptive``: replay pass after pass until every iteration's choices are those
-    its own measurement calls for (emu.replay.adaptive); the last pass's report, with the wall
+    its own measurement calls for (emu.replay.plan.adaptive); the last pass's report, with the wall
     time of them all."""
     reports: list[ReplayReport] = []
 
@@ -247,76 +157,13 @@ def _adaptive(trace: Trace, config: ReplayConfig, trace_path: str | None,
                    emulator=replace(last.emulator, wall_s=sum(r.emulator.wall_s for r in reports)))
 
 
-def _power_of_two_below(n: int) -> int:
-    r = 1
-    while r * 2 <= n:
-        r *= 2
-    return r
-
-
 def run_once(trace: Trace, config: ReplayConfig, trace_path: str | None,
-         chrome_trace: str | os.PathLike[str] | None,
-         on_progress: Callable[[float], None] | None,
-         payload: RecordedPayload | None = None) -> tuple[ReplayReport, float]:
+             chrome_trace: str | os.PathLike[str] | None,
+             on_progress: Callable[[float], None] | None,
+             payload: RecordedPayload | None = None) -> tuple[ReplayReport, float]:
     """One replay with a concrete configuration; the report and the seconds the run itself took."""
-    programs = plan_programs(trace, config.workers, trace_path or "trace", config.sparsity, config.compress,
-                             switch_sums=config.switch_sums, mesh=config.mesh)
-    groups = group_table(programs)
-    pools, pool_slots = ina_pools(programs, config)
-    shape = config.layout()
-    if payload is not None and any(op.group is not None for prog in programs for it in prog.iterations[:1]
-                                   for op in it.colls):
-        raise ConfigError("--payload sends the real ranks' tensors of a job of one group (emu run's), and this "
-                          "trace runs collectives on sub-groups: replay it without --payload")
-    if pools and shape is not None and shape.leaves > 1 and config.topology is not None \
-            and config.topology.algorithm == Algorithm.HIERARCHICAL:
-        raise ConfigError("hierarchical INA on several leaves aggregates the whole job's collectives only: its "
-                          f"leaves hold one partial sum a chunk, and {trace_path or 'the trace'} aggregates on "
-                          f"{len(pools)} sub-groups too; give topology.algorithm = \"flat\" or one leaf")
-    iters = config.iters or trace.iterations
-    m = config.workers
-    held = _worker_hosts(config)
-    worker_hosts = [(int(ws[0]), int(ws[-1]) + 1) for ws in held]  # their spans (bmv2 routes by them)
-    ps_hosts = split(config.shards, min(config.shards, 2)) if config.network.parameter_server else []
-    endpoint_host = [0] * m
-    for h, ws in enumerate(held):
-        for w in ws:
-            endpoint_host[int(w)] = h
-    endpoint_host += [len(held) + h for h, (a, b) in enumerate(ps_hosts) for _ in range(a, b)]
-
-    def plan(switch_addr: str, control_addr: str) -> tuple[list[HostSetup], SwitchSetup]:
-        setups = [HostSetup(index=h, role="workers", endpoints=tuple(int(w) for w in ws), config=config,
-                            programs=tuple(programs[int(w)] for w in ws), iters=iters, switch_addr=switch_addr,
-                            control_addr=control_addr, spans=chrome_trace is not None, payload=payload,
-                            groups=groups, pools=pools, pool_slots=pool_slots)
-                  for h, ws in enumerate(held)]
-        setups += [HostSetup(index=len(worker_hosts) + h, role="ps", endpoints=tuple(m + i for i in range(a, b)),
-                             config=config, programs=(), iters=iters, switch_addr=switch_addr,
-                             control_addr=control_addr, spans=False, groups=groups)
-                   for h, (a, b) in enumerate(ps_hosts)]
-        sw = SwitchSetup(address=switch_addr, control_addr=control_addr, workers=m, slots=config.real_slots,
-                         elements=config.elements, fabric=config.fabric,
-                         worker_hosts=tuple(worker_hosts), endpoint_host=tuple(endpoint_host),
-                         sync=config.resolved_clock == Clock.SYNC,
-                         lookahead_us=config.lookahead_us(inside_nodes=point_to_point(programs, config)),
-                         packet_rate=config.packet_rate, pools=pools, pool_slots=pool_slots)
-        return setups, sw
-
-    layout = plan_mesh(trace, m, config.mesh, trace_path or "trace")
-
-    def build(results: list[HostResult], switch: SwitchResult, wall_s: float, cpu_s: float,
-              processes: int) -> ReplayReport:
-        report = build_report(trace, trace_path, config, iters, results, switch, wall_s, cpu_s, processes)
-        if layout is None:
-            return report
-        done: dict[str, int] = {}
-        for r in results:
-            for role, n in r.completed.items():
-                done[role] = done.get(role, 0) + n
-        return replace(report, parallelism=parallelism_report(trace, layout, programs, config, iters, done))
-
-    report, run_s, results = execute(config, plan, iters * m, build, on_progress,
-                                     external=lambda: config.network.external_switch(m, config.real_slots))
+    plan = plan_run(trace, config, trace_path, chrome_trace is not None, payload)
+    report, run_s, results = execute(plan, on_progress)
     cluster = machines.current()
     if chrome_trace is not None and (cluster is None or cluster.rank == 0):  # machine 0 holds every span
         spans = {int(w): [tuple(s) for s in d.spans] for r in results for w, d in r.workers.items()}
@@ -328,4 +175,65 @@ def run_once(trace: Trace, config: ReplayConfig, trace_path: str | None,
     return report, run_s
 
 
-__all__ = ["ReplayError", "replay", "asdict"]
+def plan_run(trace: Trace, config: ReplayConfig, trace_path: str | None, spans: bool,
+             payload: RecordedPayload | None = None) -> RunPlan:
+    """Every process of one job's replay (``spans``: the workers keep their spans for a chrome trace)."""
+    path = trace_path or "trace"
+    programs = programs_for(trace, config, path)
+    groups = group_table(programs)
+    pools, pool_slots = ina_pools(programs, config)
+    shape = config.layout()
+    if payload is not None and any(op.group is not None for prog in programs for it in prog.iterations[:1]
+                                   for op in it.colls):
+        raise ConfigError("--payload sends the real ranks' tensors of a job of one group (emu run's), and this "
+                          "trace runs collectives on sub-groups: replay it without --payload")
+    if pools and shape is not None and shape.leaves > 1 and config.topology is not None \
+            and config.topology.algorithm == Algorithm.HIERARCHICAL:
+        raise ConfigError("hierarchical INA on several leaves aggregates the whole job's collectives only: its "
+                          f"leaves hold one partial sum a chunk, and {path} aggregates on "
+                          f"{len(pools)} sub-groups too; give topology.algorithm = \"flat\" or one leaf")
+    iters = config.iters or trace.iterations
+    m = config.workers
+    hosts = host_layout(shape, [m], [config.shards if config.network.parameter_server else 0], config.host_processes)
+    setups = [HostSetup(index=h, role="workers", endpoints=tuple(int(w) for w in ws), config=config,
+                        programs=tuple(programs[int(w)] for w in ws), iters=iters, switch_addr="", control_addr="",
+                        spans=spans, payload=payload, groups=groups, pools=pools, pool_slots=pool_slots)
+              for h, ws in enumerate(hosts.workers)]
+    setups += [HostSetup(index=len(hosts.workers) + h, role="ps", endpoints=tuple(m + i for i in range(a, b)),
+                         config=config, programs=(), iters=iters, switch_addr="", control_addr="", spans=False,
+                         groups=groups)
+               for h, (a, b) in enumerate(hosts.shards[0])]
+    switch = SwitchSetup(address="", control_addr="", workers=m, slots=config.real_slots, elements=config.elements,
+                         fabric=config.fabric, worker_hosts=hosts.spans, endpoint_host=hosts.endpoint_host,
+                         sync=config.resolved_clock == Clock.SYNC,
+                         lookahead_us=config.lookahead_us(inside_nodes=point_to_point(programs, config)),
+                         packet_rate=config.packet_rate, pools=pools, pool_slots=pool_slots)
+    reporter = _OneJob(trace, trace_path, config, iters, plan_mesh(trace, m, config.mesh, path), programs)
+    return RunPlan(config=config, hosts=tuple(setups), switch=switch, total=iters * m, reporter=reporter,
+                   external=True)
+
+
+@dataclass(frozen=True)
+class _OneJob:
+    """The report of one job's run (``emu.replay.control.plan.Reporter``)."""
+
+    trace: Trace
+    trace_path: str | None
+    config: ReplayConfig
+    iters: int
+    layout: MeshPlan | None
+    programs: list[WorkerProgram]
+
+    def build(self, measured: Measured) -> ReplayReport:
+        report = build_report(self.trace, self.trace_path, self.config, self.iters, measured, self.programs[0])
+        if self.layout is None:
+            return report
+        done: dict[str, int] = {}
+        for r in measured.hosts:
+            for role, n in r.completed.items():
+                done[role] = done.get(role, 0) + n
+        return replace(report, parallelism=parallelism_report(self.trace, self.layout, self.programs, self.config,
+                                                              self.iters, done))
+
+
+__all__ = ["ReplayError", "plan_run", "replay", "run_once"]

@@ -28,10 +28,9 @@ from emu.capture.launcher import free_port, run_ranks
 from emu.capture.run import _interpreter_and_target
 from emu.emulator.recorded import payload_arrays
 from emu.errors import ConfigError, EmuError, RunFailed, TraceError
+from emu.files import write_atomic
 from emu.lifetime import current
-from emu.replay import ReplayConfig, replay
-from emu.replay.orchestrator import choose_payload_scale, scale_for
-from emu.replay.report import ReplayReport, write_atomic_with
+from emu.replay import ReplayConfig, ReplayReport, choose_payload_scale, replay, scale_for
 from emu.run.coordinator import Coordinator
 from emu.traces.io import save_trace
 from emu.traces.model import Source, Trace, TraceMeta
@@ -128,7 +127,7 @@ def run_job(argv: Sequence[str], config: RunConfig, *, cores: int,
         save_trace(trace, trace_out)
         if payload is not None:
             payload_out = payload_path(trace_out)
-            write_atomic_with(payload_out, lambda f: np.savez(f, **payload_arrays(payload)), "the payload")
+            write_atomic(payload_out, lambda f: np.savez(f, **payload_arrays(payload)), "the payload")
     if on_status is not None:
         on_status(f"replaying the {steps} recorded iterations at {m} workers")
     report = replay(trace, config.replay, trace_path=None if trace_out is None else str(trace_out),

@@ -23,8 +23,7 @@ from typing import TypeVar
 
 from emu.emulator.links import format_bandwidth, parse_bandwidth, parse_duration_us
 from emu.errors import ConfigError
-from emu.replay.config import CompressOption, ReplayConfig, SparsityOption, Straggler
-from emu.replay.design import NetworkDesign, load_design
+from emu.replay import CompressOption, NetworkDesign, ReplayConfig, SparsityOption, Straggler, load_design
 from emu.traces.io import load_trace, trace_digest
 from emu.traces.model import Trace
 

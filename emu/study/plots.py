@@ -119,10 +119,10 @@ def _breakdown(plt: Any, path: Path, trace: str, rows: list[Row]) -> Path:
 
 
 def _save(fig: Any, path: Path, plt: Any) -> Path:
-    from emu.replay.report import write_atomic_with
+    from emu.files import write_atomic
 
     fig.tight_layout()
     try:
-        return write_atomic_with(path, lambda f: fig.savefig(f, format="png", dpi=110), "the plot")
+        return write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110), "the plot")
     finally:
         plt.close(fig)

@@ -1,7 +1,7 @@
 """``emu predict``: the analytic estimate of a replay, without running one.
 
 It owns the schedule model: the trace's programs run exactly as the fake workers run them
-(``emu.replay.worker``: compute advances the worker's clock; a collective is issued onto the
+(``emu.replay.host.worker``: compute advances the worker's clock; a collective is issued onto the
 worker's FIFO stream and the program goes on; a wait blocks until the listed collectives ended;
 an iteration ends when its last op ran and all its collectives completed, and the next begins
 then; iterations reused cyclically), but every collective takes its closed form
@@ -37,11 +37,19 @@ import numpy as np
 
 from emu.emulator import mechanisms
 from emu.errors import ConfigError
-from emu.replay.config import CompressOption, ReplayConfig, SparsityOption
-from emu.replay.layout import has_subgroups, plan_mesh
-from emu.replay.orchestrator import choose_payload_scale
-from emu.replay.programs import WorkerProgram, plan_programs, straggling
-from emu.replay.worker import IterationRecord, union_us
+from emu.replay import (
+    CompressOption,
+    IterationRecord,
+    ReplayConfig,
+    SparsityOption,
+    WorkerProgram,
+    choose_payload_scale,
+    has_subgroups,
+    plan_mesh,
+    plan_programs,
+    straggling,
+    union_us,
+)
 from emu.traces.model import Coll, CollKind, Compute, Sparsity, Trace, Wait
 
 # Past this many workers the programs are planned for fewer (plan_programs builds one per worker):

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import emu
 from emu.errors import ConfigError, RunFailed
-from emu.replay.report import ReplayReport, write_atomic
+from emu.files import write_atomic
+from emu.replay import ReplayReport
 from emu.study.grid import Point, TraceCache
 from emu.traces.model import Trace
 
@@ -116,8 +117,7 @@ def run_sweep(points: list[Point], out: Path, traces: TraceCache, *, with_predic
               on_progress: Callable[[float], None] | None = None,
               on_status: Callable[[str], None] | None = None) -> SweepResult:
     """Replay every point into ``out`` (resuming what is there) and write the study's tables."""
-    from emu.replay import replay
-    from emu.replay.programs import plan_programs
+    from emu.replay import plan_programs, replay
 
     # a trace that cannot scale, or be compressed as asked, fails before any replay (the grid's sparsity
     # and compression are one value for every point)

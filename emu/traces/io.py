@@ -12,13 +12,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from emu.errors import TraceError
+from emu.files import write_atomic
 from emu.traces.jsonfile import read_json
 from emu.traces.mesh import Mesh, MeshDim
 from emu.traces.model import (
@@ -379,62 +379,12 @@ def _op_to_dict(op: Op) -> dict[str, Any]:
 
 
 def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
-    """Write a trace; a name ending in .gz is gzip-compressed.
-
-    Atomic: the bytes go to a new file beside the target, are flushed to disk, and
-    only then replace it, so a full disk, a crash or Ctrl-C leaves either the old
-    file or the new one, never a truncated or emptied trace; the temporary file is
-    removed on any failure.
-    """
+    """Write a trace; a name ending in .gz is gzip-compressed. Whole or not at all
+    (``emu.files.write_atomic``): a full disk, a crash or Ctrl-C leaves either the old file or
+    the new one, never a truncated or emptied trace."""
     path = Path(path)
     validate_trace(trace, str(path))
     data = json.dumps(trace_to_dict(trace), separators=(",", ":")).encode()
     if path.suffix == ".gz":
         data = gzip.compress(data, compresslevel=9, mtime=0)
-    tmp: Path | None = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp, fd = _create_beside(path)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot write the trace ({exc.strerror or exc}); the file was left "
-                         "as it was; free space or pick another path") from None
-    finally:
-        if tmp is not None:  # on any failure, KeyboardInterrupt included
-            tmp.unlink(missing_ok=True)
-    _sync_dir(path.parent)
-    return path
-
-
-def _create_beside(path: Path) -> tuple[Path, int]:
-    """A new, exclusively created file in the target's folder (so os.replace is a rename).
-
-    O_EXCL with a random name rather than mkstemp: mkstemp's mode is 0600, while a
-    trace should get the umask's mode like any file the user writes.
-    """
-    for _ in range(100):
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-        try:
-            return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free temporary name beside {path}")
-
-
-def _sync_dir(folder: Path) -> None:
-    """Make the rename durable; best effort (not every OS or filesystem can)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    return write_atomic(path, data, "the trace", TraceError)

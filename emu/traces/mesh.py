@@ -10,7 +10,7 @@ it spans.
 
 This module owns the arithmetic (coordinates, slices, which dimensions a group spans) and nothing
 of reading or replaying; ``emu.traces.validate`` checks traces against it and the replay scales
-it (``emu.replay.layout``).
+it (``emu.replay.plan.layout``).
 """
 
 from __future__ import annotations

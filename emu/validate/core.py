@@ -37,6 +37,7 @@ from emu.capture import CaptureConfig, capture_model, import_kineto
 from emu.capture.launcher import RankNetwork, run_ranks
 from emu.emulator.links import LinkSpec
 from emu.errors import CaptureError, ConfigError, EmuError
+from emu.files import write_atomic
 from emu.lifetime import current
 from emu.replay import ReplayConfig, ReplayError, replay
 from emu.traces import save_trace
@@ -102,16 +103,8 @@ class ValidateReport:
 
 
 def save_report(report: ValidateReport, path: Path) -> None:
-    """Write the report as JSON, atomically: a reader sees the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise ConfigError(f"--report {path}: cannot write it ({exc.strerror}); give a file in a "
-                          "writable folder") from None
+    """Write the report as JSON, whole or not at all (``emu.files.write_atomic``)."""
+    write_atomic(path, json.dumps(report.to_dict(), indent=2) + "\n", "the validation report")
 
 
 DEFAULT_SETTINGS = (

@@ -116,7 +116,7 @@ def test_full_disk_keeps_the_old_report(tmp_path: Path, no_children) -> None:
                 f.flush()
         result = run("replay", "mlp", "--workers", "2", "--iters", "1", "--payload-scale", "64",
                      "--report", str(old))
-        assert_one_line_error(result, "cannot write the report", "nothing was written there", code=1)
+        assert_one_line_error(result, "cannot write the report", "the file was left as it was", code=1)
         assert old.read_text() == '{"old": true}'
         assert sorted(p.name for p in disk.iterdir()) == ["filler", "r.json"]  # no temporary file left
     finally:

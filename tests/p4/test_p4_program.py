@@ -10,7 +10,7 @@ from emu.emulator import wire
 from emu.errors import ConfigError
 from emu.p4 import bmv2, generate
 from emu.p4.entries import MAX_WORKERS, JobEntry, MulticastGroup, Replica, plan
-from emu.replay.config import MIN_POOL
+from emu.replay.config.options import MIN_POOL
 
 SOURCE = generate.PROGRAM.read_text()
 

@@ -9,9 +9,9 @@ import pytest
 from emu.emulator.links import LinkSpec
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
-from emu.replay.adaptive import buckets, candidates, choose, corrected, measured, run_passes
-from emu.replay.config import Clock, CompressOption
-from emu.replay.programs import plan_programs
+from emu.replay.config.options import Clock, CompressOption
+from emu.replay.plan.adaptive import buckets, candidates, choose, corrected, measured, run_passes
+from emu.replay.plan.programs import plan_programs
 from emu.study.predict import predict
 from emu.traces import load_trace, sample_path
 from emu.traces.model import Coll, CollKind, Trace, Wait
@@ -113,7 +113,7 @@ def test_adaptive_refusals(mlp) -> None:
 def test_the_sparse_report_counts_the_agreement(no_children) -> None:
     """dlrm's sparse all_reduce stays sparse under adaptive compression; the report's payload
     hashes use its stream numbers in the programs, which the agreement shifts by one an iteration."""
-    from emu.replay.sparsity import replayed_sparse
+    from emu.replay.plan.sparsity import replayed_sparse
 
     dlrm = load_trace(sample_path("dlrm"))
     cfg = config(iters=3, payload_scale=64)
@@ -134,7 +134,7 @@ def test_a_sparse_tensor_made_dense_becomes_a_bucket(no_children) -> None:
     gloo's sparse-tensor all_reduce is dense, so adaptive compression may compress it (a real
     trace: the sparse embedding's)."""
     from emu.capture import import_kineto
-    from emu.replay.config import SparsityOption
+    from emu.replay.config.options import SparsityOption
     from tests.conftest import GLOO_SPARSE
 
     trace = import_kineto(sorted(GLOO_SPARSE.glob("rank*.json.gz")))
@@ -154,7 +154,7 @@ def test_a_correction_follows_each_iterations_own_buckets(mlp) -> None:
     iteration gets choices for its own buckets at the new bandwidth."""
     from dataclasses import replace as _replace
 
-    from emu.replay.adaptive import planned_ranks
+    from emu.replay.plan.adaptive import planned_ranks
     from emu.traces.model import Dtype
 
     it0 = mlp.ranks[0].iterations[0]
@@ -173,7 +173,7 @@ def test_a_correction_follows_each_iterations_own_buckets(mlp) -> None:
 
 def test_the_table_says_when_nothing_was_compressed() -> None:
     from emu.cli.replay import _compression
-    from emu.replay.report import CompressionReport
+    from emu.replay.report.model import CompressionReport
 
     c = CompressionReport(compressor="fp16", aggregation="all_reduce", feedback=False, in_switch=False, collectives=0,
                           bytes_dense=0, bytes_compressed=0, ratio=1.0, compress_us=0.0, decompress_us=0.0, speed=1.0,
@@ -187,7 +187,7 @@ def test_a_bucket_is_timed_as_predict_times_it(mlp, fabric: str) -> None:
     top-k bucket's all_gather is the switch's multicast, as the replay runs it (it was timed as a
     ring there)."""
     from emu.emulator.compress import TopK
-    from emu.replay.adaptive import predicted_us
+    from emu.replay.plan.adaptive import predicted_us
     from emu.traces.synthetic import single_collective
 
     op = buckets(mlp.ranks[0].iterations[0])[0]

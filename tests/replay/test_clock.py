@@ -11,8 +11,8 @@ import pytest
 
 from emu.emulator.links import LinkSpec
 from emu.replay import ReplayConfig, replay
-from emu.replay.config import Clock, Straggler
-from emu.replay.lag import LagHistogram
+from emu.replay.config.options import Clock, Straggler
+from emu.replay.host.lag import LagHistogram
 from emu.traces import load_trace, sample_path
 from emu.traces.model import CollKind
 from emu.traces.synthetic import single_collective

@@ -11,8 +11,8 @@ from emu.emulator.compress import COMPRESSORS, cost_us, parse_compress
 from emu.emulator.links import LinkSpec
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
-from emu.replay.config import CompressOption
-from emu.replay.programs import plan_programs
+from emu.replay.config.options import CompressOption
+from emu.replay.plan.programs import plan_programs
 from emu.study.predict import predict
 from emu.traces import load_trace, sample_path
 from emu.traces.model import Coll, CollKind, Compute, Dtype, Trace, Wait
@@ -128,7 +128,7 @@ def test_review_edges_of_the_rewrite() -> None:
     """A collective nothing waits for is decompressed after a wait for it; an all_gather on a
     sub-group gathers from the group; the framework's sparse all_reduce and 16-bit tensors under
     fp16 stay as they are."""
-    from emu.replay.compression import with_compression
+    from emu.replay.plan.compression import with_compression
     from emu.traces.model import Iteration, RankProgram, Sparsity
 
     comp = parse_compress("topk:0.1")
@@ -157,7 +157,7 @@ def test_compression_replaces_the_sparse_algorithms_and_says_so(no_children) -> 
 
 
 def test_powersgd_error_is_measured_on_matrices() -> None:
-    from emu.replay.compression import error_of
+    from emu.replay.plan.compression import error_of
 
     op = Coll(id=0, kind=CollKind.ALL_REDUCE, dtype=Dtype.FLOAT32, count=2048 * 1024 + 2048, bytes=4 * (2048 * 1024 + 2048),
               group_size=8, tensors=((2048,), (2048, 1024)))
@@ -173,7 +173,7 @@ def test_non_finite_parameters_are_refused(text: str) -> None:
 
 
 def test_error_feedback_shrinks_the_accumulated_error() -> None:
-    from emu.replay.compression import accumulated_error
+    from emu.replay.plan.compression import accumulated_error
 
     op = Coll(id=0, kind=CollKind.ALL_REDUCE, dtype=Dtype.FLOAT32, count=100_000, bytes=400_000, group_size=8)
     topk = accumulated_error(parse_compress("topk:0.01"), op, 8, 0)

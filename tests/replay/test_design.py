@@ -1,4 +1,4 @@
-"""Network design files (emu/replay/design.py): every refusal names the file, the key and the fix;
+"""Network design files (emu/replay/config/design.py): every refusal names the file, the key and the fix;
 a design lays over the defaults and under the flags; what a run used writes back as a design that
 reads back the same; and fuzzing: whatever the text, a design or one ConfigError line."""
 
@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 from emu.emulator import fabric as fabrics
 from emu.emulator.links import LinkSpec
 from emu.errors import ConfigError
-from emu.replay.config import ReplayConfig
-from emu.replay.design import (
+from emu.replay.config.design import (
     FLAG_KEYS,
     KEYS,
     MAX_DESIGN_BYTES,
@@ -27,6 +26,7 @@ from emu.replay.design import (
     parse_design,
     resolved_design,
 )
+from emu.replay.config.options import ReplayConfig
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "designs"
 # Deterministic (the same inputs on every run, so a failure reproduces) and quick.

@@ -16,7 +16,7 @@ from emu.emulator.links import LinkSpec
 from emu.emulator.topology import Algorithm, Allocation, Placement, Topology
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
-from emu.replay.design import parse_design
+from emu.replay.config.design import parse_design
 from emu.replay.jobs import Jobs, replay_jobs
 from emu.traces.model import CollKind
 from emu.traces.synthetic import single_collective

@@ -1,5 +1,5 @@
 """Sharded and split traces at a new layout: which program each worker runs, and each collective's
-group of workers and number (emu.replay.layout, emu.replay.programs; docs/parallelism.md)."""
+group of workers and number (emu.replay.plan.layout, emu.replay.plan.programs; docs/parallelism.md)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from emu.errors import ConfigError
-from emu.replay.config import CompressOption, SparsityOption
-from emu.replay.layout import parse_mesh, plan_mesh
-from emu.replay.programs import group_table, plan_programs
+from emu.replay.config.options import CompressOption, SparsityOption
+from emu.replay.plan.layout import parse_mesh, plan_mesh
+from emu.replay.plan.programs import group_table, plan_programs
 from emu.traces import CollKind, load_trace, sample_path
 from emu.traces.model import GroupRole
 

@@ -19,9 +19,9 @@ import pytest
 import zmq
 
 from emu.errors import ConfigError
-from emu.replay import sealed
-from emu.replay.machines import Cluster, LauncherEnv, Machine, from_environment
-from emu.replay.sealed import Rejected, make, tag
+from emu.replay.machines import sealed
+from emu.replay.machines.cluster import Cluster, LauncherEnv, Machine, from_environment
+from emu.replay.machines.sealed import Rejected, make, tag
 
 # everything that depends on the machines, not on the emulation
 MACHINE_KEYS = {"wall_s", "cpu_percent", "processes", "run_s", "events", "real_bytes", "machines"}
@@ -281,7 +281,7 @@ def test_forged_messages_are_dropped_and_counted(machines, tmp_path: Path) -> No
 @pytest.mark.slow
 def test_a_machine_of_another_emu_version_is_refused(machines) -> None:
     old = json.dumps([sys.executable, "-c", "import emu; emu.__version__ = '0.0.9'; "
-                      "import emu.replay.machines as m; m.__version__ = '0.0.9'; from emu.cli import main; main()"])
+                      "import emu.replay.machines.cluster as m; m.__version__ = '0.0.9'; from emu.cli import main; main()"])
 
     def env_of(rank: int, env: dict) -> dict:
         return {**env, "_CMD": old} if rank == 1 else env
@@ -348,7 +348,7 @@ def test_cores_follow_a_cgroup_quota(tmp_path: Path) -> None:
     """A pod limited to 1.5 CPUs counts 1 core however many the node has; no quota, its affinity."""
     quota = tmp_path / "cpu.max"
     quota.write_text("150000 100000\n")
-    from emu.replay.machines import cores_here
+    from emu.replay.machines.cluster import cores_here
 
     assert cores_here(cpu_max=str(quota)) == 1
     quota.write_text("max 100000\n")

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from emu.emulator.transport import FrameError
-from emu.replay.messages import (
+from emu.replay.control.messages import (
     MAX_CONTROL,
     Failed,
     HostResult,

@@ -9,7 +9,7 @@ from emu.emulator import physics
 from emu.emulator.links import LinkSpec, parse_bandwidth
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
-from emu.replay.config import Clock, Straggler
+from emu.replay.config.options import Clock, Straggler
 from emu.traces import CollKind, load_trace, sample_path
 from emu.traces.synthetic import single_collective
 

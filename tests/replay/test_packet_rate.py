@@ -13,7 +13,7 @@ from emu.emulator.links import LinkSpec
 from emu.emulator.physics import ina_pipeline_us
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
-from emu.replay.design import parse_design
+from emu.replay.config.design import parse_design
 from emu.replay.jobs import Jobs, replay_jobs
 from emu.study.predict import predict
 from emu.traces.model import CollKind

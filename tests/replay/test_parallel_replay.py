@@ -7,7 +7,7 @@ import pytest
 
 from emu.emulator.links import LinkSpec
 from emu.replay import ReplayConfig, replay
-from emu.replay.layout import parse_mesh
+from emu.replay.plan.layout import parse_mesh
 from emu.traces import (
     Coll,
     CollKind,

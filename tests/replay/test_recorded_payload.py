@@ -15,7 +15,7 @@ from emu.emulator import recorded
 from emu.emulator.recorded import RecordedPayload, load_payload, payload_arrays
 from emu.errors import ConfigError, TraceError
 from emu.replay import ReplayConfig, replay
-from emu.replay.config import CompressOption
+from emu.replay.config.options import CompressOption
 from emu.traces.io import save_trace
 from emu.traces.model import (
     Coll,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from emu.replay import ReplayConfig, replay
-from emu.replay.parallelism import mechanism
+from emu.replay.report.parallelism import mechanism
 from emu.traces import CollKind, load_trace, sample_path
 
 FABRICS = ("ina", "ring", "ps")

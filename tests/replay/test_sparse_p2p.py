@@ -24,7 +24,7 @@ from emu.emulator.sparse_p2p import (
     worker_fraction,
 )
 from emu.replay import ReplayConfig, replay
-from emu.replay.config import SparsityOption
+from emu.replay.config.options import SparsityOption
 from emu.study.predict import predict
 from emu.traces import load_trace, sample_path
 from emu.traces.model import CollKind, Dtype, Sparsity
@@ -187,7 +187,7 @@ def test_closed_forms_by_hand() -> None:
 
 
 def test_auto_payload_scale_leaves_every_shard_enough_sparse_blocks(dlrm) -> None:
-    from emu.replay.orchestrator import MIN_SPARSE_BLOCKS_PER_SHARD, choose_payload_scale
+    from emu.replay.plan.scale import MIN_SPARSE_BLOCKS_PER_SHARD, choose_payload_scale
 
     link = LinkSpec(bandwidth_bps=10e9)
     for workers in (32, 128, 256):

@@ -10,9 +10,9 @@ import pytest
 from emu.emulator.links import LinkSpec
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
-from emu.replay.config import SparsityOption
-from emu.replay.programs import plan_programs
-from emu.replay.sparsity import job_plan, with_sparsity
+from emu.replay.config.options import SparsityOption
+from emu.replay.plan.programs import plan_programs
+from emu.replay.plan.sparsity import job_plan, with_sparsity
 from emu.traces import load_trace, sample_path
 from emu.traces.model import Coll, CollKind, Dtype, Sparsity, Trace
 from emu.traces.synthetic import single_collective

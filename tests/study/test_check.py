@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from emu.cli import cli
 from emu.errors import ConfigError
-from emu.replay.report import REPORT_VERSION
+from emu.replay.report.model import REPORT_VERSION
 from emu.study.check import format_change, parse_tolerance
 from emu.study.reports import LOADERS, point_key, point_label
 from tests.cli.test_cli_errors import assert_one_line_error

@@ -13,7 +13,7 @@ from emu.emulator.links import LinkSpec
 from emu.emulator.mechanisms import Setting
 from emu.emulator.wire import MIN_WIRE_BYTES
 from emu.replay import ReplayConfig, replay
-from emu.replay.config import SparsityOption, Straggler
+from emu.replay.config.options import SparsityOption, Straggler
 from emu.study.predict import predict
 from emu.traces import (
     Coll,

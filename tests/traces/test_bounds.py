@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from emu import files
 from emu.errors import TraceError
 from emu.traces import Compute, Iteration, RankProgram, Trace, load_trace, save_trace, trace_to_dict
 from emu.traces import io as trace_io
@@ -158,11 +159,11 @@ def test_a_full_disk_leaves_the_old_trace_and_no_temporary_file(tmp_path: Path, 
     def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(trace_io.os, "fsync", full)
+    monkeypatch.setattr(files.os, "fsync", full)
     with pytest.raises(TraceError) as err:
         save_trace(small_trace(world=3), path)
     assert str(err.value) == (f"{path}: cannot write the trace (No space left on device); the file was left as it "
-                              "was; free space or pick another path")
+                              "was: free space or pick another path")
     assert path.read_bytes() == before and sorted(tmp_path.iterdir()) == [path]
 
 
@@ -172,7 +173,7 @@ def test_an_interrupted_save_leaves_the_old_trace_and_no_temporary_file(tmp_path
     def interrupted(src: object, dst: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(trace_io.os, "replace", interrupted)
+    monkeypatch.setattr(files.os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
         save_trace(small_trace(world=3), path)
     assert path.read_bytes() == before and sorted(tmp_path.iterdir()) == [path]

@@ -1,0 +1,97 @@
+"""Files written whole or not at all, for every part of emu (docs/design.md, "Working rules").
+
+A file is written to a new temporary file beside its target (so that the rename stays within one
+filesystem), flushed to the disk, then renamed over the target: a full disk, a crash, Ctrl-C or
+SIGTERM leave either the old file or the new one, never a truncated one, and the temporary file
+goes on any failure. Like ``emu.errors``, this module imports nothing else of emu, so that every
+package (and the code emu injects into a user's ranks) may use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from emu.errors import ConfigError, EmuError, RunFailed
+
+Content = bytes | str | Callable[[BinaryIO], object]  # the bytes, a text, or what writes them
+
+
+def write_atomic(path: str | os.PathLike[str], content: Content, what: str,
+                 error: type[EmuError] = RunFailed) -> Path:
+    """Write ``content`` to ``path`` whole or not at all (module docstring). A new file gets the
+    umask's mode, a replaced one keeps its own. An OSError becomes ``error`` naming the file and
+    ``what`` it is, saying that nothing changed there."""
+    path = Path(path)
+    tmp: Path | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp, fd = _create_beside(path)
+        with os.fdopen(fd, "wb") as f:
+            if callable(content):
+                content(f)
+            else:
+                f.write(content.encode() if isinstance(content, str) else content)
+            f.flush()
+            os.fsync(f.fileno())
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise error(f"{path}: cannot write {what} ({exc.strerror or exc}); the file was left as it was: free "
+                    "space or pick another path") from None
+    finally:
+        if tmp is not None:  # on any failure, KeyboardInterrupt included
+            tmp.unlink(missing_ok=True)
+    sync_dir(path.parent)
+    return path
+
+
+def _create_beside(path: Path) -> tuple[Path, int]:
+    """A new, exclusively created file in the target's folder, mode 0666 less the umask (mkstemp's
+    0600 would make every file emu writes private)."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def sync_dir(folder: Path) -> None:
+    """Make a rename durable; best effort (not every OS or filesystem can)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def check_writable(path: str | os.PathLike[str], option: str) -> None:
+    """Refuse, before any work, an output path that cannot be written (ConfigError: exit code 2)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{option} {path}: is a folder; give a file name")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent  # write_atomic creates the missing folders below the first that exists
+    if not folder.is_dir():
+        raise ConfigError(f"{option} {path}: {folder} is not a folder; choose another path")
+    try:  # the real test (permission bits say nothing to root, nor of a read-only mount)
+        with tempfile.NamedTemporaryFile(prefix=".emu-check-", dir=folder):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: cannot write in {folder} ({exc.strerror or exc}); "
+                          "choose another path") from None

@@ -1,0 +1,344 @@
+"""The replay's processes: start the switch and the host processes, drive them, stop them all.
+
+Processes are forked (cheap: a few MB each, no re-import) and talk over pyzmq on ipc://
+sockets in a private temporary folder. Whatever happens (success, a failing process, a timeout,
+Ctrl-C), every child is stopped: asked first, then terminated, then killed, and the folder
+removed. What the processes run is the caller's plan (``emu.replay.orchestrator`` for one job,
+``emu.replay.jobs`` for several).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import resource
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import zmq
+
+from emu import lifetime
+from emu.errors import RunFailed
+from emu.replay.config.options import ReplayConfig
+from emu.replay.control.children import start_processes, stop_processes
+from emu.replay.control.messages import (
+    Abort,
+    Alive,
+    Failed,
+    HostResult,
+    Message,
+    Progress,
+    Ready,
+    Start,
+    Stop,
+    SwitchResult,
+    decode,
+    encode,
+)
+from emu.replay.control.plan import Measured, RunPlan
+from emu.replay.host.loop import host_main
+from emu.replay.host.runtime import HostSetup
+from emu.replay.machines import cluster as machines
+from emu.replay.machines import remote, sealed
+from emu.replay.machines.sealed import Rejected
+from emu.replay.report.model import ReplayReport
+from emu.replay.switch.daemon import switch_main
+
+START_DELAY_S = 0.05
+READY_TIMEOUT_S = 60.0
+
+
+class ReplayError(RunFailed):
+    """A replay could not complete (a process failed, or the time ran out)."""
+
+
+
+def execute(plan: RunPlan, on_progress: Callable[[float], None] | None) -> tuple[ReplayReport, float, list[HostResult]]:
+    """Start the switch and the hosts ``plan`` lays out, run them to the end, stop them all.
+
+    ``plan.reporter`` builds the report from what they measured (a partial one, marked so, after a
+    failure or an interrupt, attached to the exception). Returns the report, the seconds the run
+    itself took, and the hosts' results.
+
+    Spread over several machines (``emu.replay.machines.cluster.spread``), machine 0 does all this
+    with TCP endpoints and sealed messages, starting only its share of the hosts, and the others
+    host theirs (``emu.replay.machines.remote``)."""
+    config = plan.config
+    cluster = machines.current()
+    if cluster is not None and cluster.world == 1:
+        cluster = None
+    if cluster is not None:
+        remote.check_spreadable(config)
+        if cluster.rank != 0:
+            return remote.serve_share(cluster, plan)
+        run_no = cluster.runs
+        cluster.runs += 1
+    key = cluster.key if cluster is not None else None
+    published = False
+    workdir = tempfile.mkdtemp(prefix="emu-replay-")
+    if len(workdir) + len("/control") > getattr(zmq, "IPC_PATH_MAX_LEN", 107):
+        # a deep $TMPDIR makes socket paths longer than the kernel allows: a short folder instead
+        shutil.rmtree(workdir, ignore_errors=True)
+        workdir = tempfile.mkdtemp(prefix="emu-replay-", dir="/tmp")
+    record = lifetime.current()
+    if record is not None:
+        record.add_folder(workdir)
+    worker_results = ps_results = 0
+    procs: list[multiprocessing.process.BaseProcess] = []
+    ctx: zmq.Context | None = None
+    usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    self0 = resource.getrusage(resource.RUSAGE_SELF)
+    wall_start = time.monotonic()
+    stack = contextlib.ExitStack()
+    run: _Run | None = None
+    try:  # the plan too: whatever it raises, the folder goes
+        if cluster is None:
+            setups, sw = plan.at(f"ipc://{workdir}/switch", f"ipc://{workdir}/control")
+            local = setups
+        else:
+            addresses, held = cluster.endpoints(2)  # held until the switch and the orchestrator bound them
+            stack.callback(lambda: [s.close() for s in held])
+            setups, sw = plan.at(*addresses)
+            where = remote.machine_of(cluster, setups)
+            nonce = secrets.token_hex(16)
+            remote.publish(cluster, run_no, sw.address, sw.control_addr, where,
+                           remote.digest(config, setups, sw), nonce)
+            key = sealed.derive(cluster.key, nonce)  # this run's: nothing of another run authenticates in it
+            setups = [replace(s, key=key) for s in setups]
+            sw = replace(sw, key=key)
+            local = [s for s, m in zip(setups, where, strict=True) if m == 0]
+        control_addr = sw.control_addr
+        # a host sends one result per job it holds (jobs sharing the fabric), else one
+        worker_results = sum(max(1, len(s.parts)) for s in setups if s.role == "workers")
+        ps_results = sum(max(1, len(s.parts)) for s in setups if s.role == "ps")
+        if plan.external:
+            stack.enter_context(config.network.external_switch(sw.workers, sw.slots))
+        # Children first, then the parent's zmq context: no context crosses a fork.
+        start_processes([(switch_main, sw, "emu-switch"), *((host_main, s, f"emu-host{s.index}") for s in local)],
+                        workdir, procs)
+        ctx = zmq.Context()
+        ctrl = sealed.make(ctx, zmq.ROUTER, key, "control")
+        ctrl.setsockopt(zmq.LINGER, 0)
+        ctrl.bind(control_addr)
+        run = _Run(ctrl, procs, config, len(setups), None if cluster is None else remote.Watch(cluster, ctrl))
+        run.wait_ready()
+        wall0 = time.monotonic() + START_DELAY_S
+        run.broadcast(Start(wall0))
+        results = run.collect(worker_results, plan.total, setups, on_progress)
+        run_s = time.monotonic() - wall0
+        run.broadcast(Stop(), include_switch=True)
+        extra, switch_stats = run.drain(ps_results)
+        wall_s = time.monotonic() - wall_start
+        _join(procs)
+        usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (usage1.ru_utime + usage1.ru_stime - usage0.ru_utime - usage0.ru_stime
+               + self1.ru_utime + self1.ru_stime - self0.ru_utime - self0.ru_stime)
+        results += extra
+        report = plan.reporter.build(Measured(results, switch_stats, wall_s, cpu, len(procs) + len(setups) - len(local)))
+        dropped = sealed.rejected(ctrl) + switch_stats.rejected + sum(r.rejected for r in results)
+        report = replace(report, emulator=replace(report.emulator, run_s=run_s, rejected_messages=dropped,
+                                                  machines=1 if cluster is None else cluster.world))
+        run.started = False  # finished: a failure from here on is not a partial run
+        if cluster is not None:
+            remote.finish(cluster, run_no, report, None)
+            published = True
+        return report, run_s, results
+    except (RunFailed, KeyboardInterrupt, lifetime.Terminated) as exc:
+        if run is not None and run.started:
+            # what the processes still alive measured, marked as partial
+            reason = {KeyboardInterrupt: "interrupted", lifetime.Terminated: "terminated"}.get(type(exc), str(exc))
+            hosts, switch = run.leftover_results(worker_results + ps_results)
+            wall_s = time.monotonic() - wall_start
+            with contextlib.suppress(Exception):  # a partial report must never hide the failure
+                report = plan.reporter.build(Measured(hosts, switch, wall_s, 0.0, len(procs)))
+                exc.partial_report = replace(report, complete=False, reason=reason)  # type: ignore[union-attr]
+        raise
+    finally:
+        failure = sys.exc_info()[1]
+        with lifetime.signals_held():  # a second Ctrl-C must not cut the cleanup short
+            if cluster is not None and not published:  # every other machine ends with this error
+                why = {KeyboardInterrupt: "interrupted", lifetime.Terminated: "terminated"}.get(
+                    type(failure), str(failure)) or f"machine 0 failed ({type(failure).__name__})"
+                if run is not None and run.watch is not None:
+                    run.watch.send(Abort(why))
+                remote.finish(cluster, run_no, None, why)
+            stop_processes(procs)
+            if ctx is not None:
+                ctx.destroy(linger=0)
+            stack.close()
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+class _Run:
+    def __init__(self, ctrl: zmq.Socket, procs: list, config: ReplayConfig, hosts: int,
+                 watch: remote.Watch | None = None) -> None:
+        self.ctrl, self.procs, self.config, self.hosts, self.watch = ctrl, procs, config, hosts, watch
+        self.idents: dict[Any, bytes] = {}
+        self.poller = zmq.Poller()
+        self.poller.register(ctrl, zmq.POLLIN)
+        self.started = False
+        self.results: dict[tuple[int, int], HostResult] = {}  # by (host, job)
+        self.pending: list[Message] = []  # read while looking for a dead process's last words
+
+    def _dead(self) -> list[tuple[Any, int | str]]:
+        """Processes that ended with an error, each with its name on the control socket."""
+        return [(p, "switch" if p.name == "emu-switch" else int(p.name.removeprefix("emu-host")))
+                for p in self.procs if p.exitcode not in (None, 0)]
+
+    def _check_children(self, exclude: int | str | None = None) -> None:
+        if self.watch is not None:
+            self.watch.tick()
+        dead = [(p, who) for p, who in self._dead() if who != exclude]
+        if not dead:
+            return
+        p, who = dead[0]
+        # a process that failed said why before it exited: prefer its own words
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline and self.poller.poll(50):
+            try:
+                _, data = self.ctrl.recv_multipart()
+            except Rejected:
+                continue
+            msg = decode(data)
+            if isinstance(msg, Failed) and msg.host == who:
+                self._raise_failed(msg)
+            if not isinstance(msg, Failed | Alive):
+                self.pending.append(msg)
+        raise ReplayError(f"the replay process {p.name} died (exit code {p.exitcode})")
+
+    @staticmethod
+    def _raise_failed(msg: Failed) -> None:
+        if msg.user:
+            raise ReplayError(msg.error)
+        raise ReplayError(f"replay process {msg.host} failed: {msg.error}")
+
+    def _recv(self, timeout_ms: int) -> Message | None:
+        if self.pending:
+            return self.pending.pop(0)
+        if not self.poller.poll(timeout_ms):
+            return None
+        try:
+            ident, data = self.ctrl.recv_multipart()
+        except Rejected:
+            return None
+        msg = decode(data)
+        if isinstance(msg, Alive):
+            if self.watch is not None:
+                self.watch.alive(msg.machine, ident)
+            return None
+        if isinstance(msg, Failed):
+            # a process that died makes its peers fail (the switch cannot reach a killed host):
+            # name that death, the cause, when there is one
+            deadline = time.monotonic() + 0.5
+            while time.monotonic() < deadline:
+                self._check_children(exclude=msg.host)  # another's death (in its own words if it said any)
+                time.sleep(0.02)
+            self._raise_failed(msg)
+        if isinstance(msg, Ready):
+            self.idents[msg.host] = ident
+        return msg
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while len(self.idents) < self.hosts + 1:
+            if time.monotonic() > deadline:
+                raise ReplayError(f"only {len(self.idents)} of {self.hosts + 1} replay processes started "
+                                  f"within {READY_TIMEOUT_S:.0f} s")
+            self._check_children()
+            self._recv(100)
+
+    def broadcast(self, msg: Start | Stop, include_switch: bool = False) -> None:
+        self.started = self.started or isinstance(msg, Start)
+        data = encode(msg)
+        for host, ident in self.idents.items():
+            if host == "switch" and not include_switch:
+                continue
+            self.ctrl.send_multipart([ident, data])
+
+    def collect(self, worker_hosts: int, total: int, setups: list[HostSetup],
+                on_progress: Callable[[float], None] | None) -> list[HostResult]:
+        done = self.results
+        progress: dict[int, int] = {}
+        sizes = {s.index: len(s.endpoints) for s in setups if s.role == "workers"}
+        deadline = time.monotonic() + self.config.timeout_s
+        while len(done) < worker_hosts:
+            if time.monotonic() > deadline:
+                raise ReplayError(f"the replay did not finish within --timeout {self.config.timeout_s:.0f} s; "
+                                  "raise it, replay fewer iterations, or use a larger --payload-scale")
+            self._check_children()
+            msg = self._recv(200)
+            if msg is None:
+                continue
+            if isinstance(msg, Progress):
+                progress[msg.host] = msg.iterations
+            elif isinstance(msg, HostResult):
+                done[(msg.host, msg.job)] = msg
+                progress[msg.host] = 10**9
+            if on_progress is not None and total:
+                its = sum(min(progress.get(h, 0), total) * n for h, n in sizes.items())
+                on_progress(min(1.0, its / total))
+        return list(done.values())
+
+    def leftover_results(self, hosts: int) -> tuple[list[HostResult], SwitchResult]:
+        """After a failure: ask every process still alive for what it measured (2 s at most)."""
+        switch: SwitchResult | None = None
+        # the switch first: a host that stops leaves the switch unable to reach it
+        with contextlib.suppress(Exception):
+            if "switch" in self.idents:
+                self.ctrl.send_multipart([self.idents["switch"], encode(Stop())])
+        deadline = time.monotonic() + 1.0
+        while switch is None and time.monotonic() < deadline:
+            try:
+                msg = self._recv(50)
+            except RunFailed:
+                continue
+            if isinstance(msg, SwitchResult):
+                switch = msg
+            elif isinstance(msg, HostResult):
+                self.results[(msg.host, msg.job)] = msg
+        with contextlib.suppress(Exception):
+            self.broadcast(Stop())
+        deadline = time.monotonic() + 2.0
+        while (len(self.results) < hosts or switch is None) and time.monotonic() < deadline:
+            try:
+                msg = self._recv(100)
+            except RunFailed:  # another process's failure: it has nothing to give
+                continue
+            if isinstance(msg, HostResult):
+                self.results[(msg.host, msg.job)] = msg
+            elif isinstance(msg, SwitchResult):
+                switch = msg
+        return list(self.results.values()), switch or SwitchResult({}, 0)
+
+    def drain(self, results: int) -> tuple[list[HostResult], SwitchResult]:
+        """The parameter-server hosts' results and the switch's, after Stop."""
+        hosts: list[HostResult] = []
+        switch: SwitchResult | None = None
+        deadline = time.monotonic() + 30
+        while (len(hosts) < results or switch is None) and time.monotonic() < deadline:
+            if self.watch is not None:
+                self.watch.tick()
+            msg = self._recv(200)
+            if isinstance(msg, HostResult):
+                hosts.append(msg)
+            elif isinstance(msg, SwitchResult):
+                switch = msg
+        if switch is None:
+            raise ReplayError("the switch process did not report within 30 s of the end")
+        return hosts, switch
+
+
+def _join(procs: list) -> None:
+    deadline = time.monotonic() + 10
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+
+
+__all__ = ["ReplayError", "execute"]

@@ -1,0 +1,199 @@
+"""A host process's loop: the clock that tells its endpoints (``emu.replay.host.runtime``) how far to go.
+
+Synchronized clock (the default): the switch process is the coordinator of a
+conservative parallel discrete-event simulation (docs/physics.md, "The clock").
+It sends each host, on the data socket and after that window's results, ``Go(bound)``;
+the host handles everything before the bound, sends what its uplinks delivered,
+then ``Done(next event time)``. pyzmq keeps the order of the messages on one
+socket, so a host has every message of a window when its ``Go`` arrives, and the
+switch has every contribution of a window when the last ``Done`` arrives. Nothing
+sleeps: a window jumps to the next event however far ahead it is.
+
+Wall clock (``--clock wall``): events are due when the wall clock reaches their
+emulated time times the dilation (absolute deadlines, never relative sleeps);
+how late each was handled is the lag the report gives.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+
+import zmq
+
+from emu.emulator.transport import (
+    AGG,
+    GO,
+    HELLO,
+    RESULTS,
+    SEG,
+    AggBatch,
+    Done,
+    FrameError,
+    Go,
+    Segment,
+)
+from emu.replay.config.options import Clock
+from emu.replay.control.messages import Progress, Ready, Start, Stop, connect_control, decode, encode, failure
+from emu.replay.host.jobs import JobsHost
+from emu.replay.host.runtime import Host, HostSetup
+from emu.replay.machines import sealed
+from emu.replay.machines.sealed import Rejected
+
+PROGRESS_S = 0.2
+POLL_MS = 100
+
+
+def host_main(setup: HostSetup) -> None:
+    """Entry of a forked host process; it returns when the orchestrator says stop."""
+    ctx = zmq.Context()
+    me = f"h{setup.index}".encode()
+    ctrl = connect_control(ctx, setup.control_addr, setup.key, me)
+    data = sealed.make(ctx, zmq.DEALER, setup.key, "data", me)
+    data.setsockopt(zmq.LINGER, 2000)
+    data.setsockopt(zmq.SNDHWM, 0)
+    data.setsockopt(zmq.RCVHWM, 0)
+    data.connect(setup.switch_addr)
+    data.send(HELLO)
+    try:
+        host: Host | JobsHost = JobsHost(setup) if setup.parts else Host(setup)
+        ctrl.send(encode(Ready(setup.index)))
+        if setup.config.resolved_clock == Clock.SYNC:
+            _Loop(host, ctrl, data).serve_sync()
+        else:
+            _Loop(host, ctrl, data).serve_wall()
+    except Exception as exc:  # reported to the orchestrator, which stops everything
+        try:
+            ctrl.send(encode(failure(setup.index, exc)))
+            ctrl.close(linger=1000)  # the report must leave before the process does
+        except zmq.ZMQError:
+            pass
+        raise
+    finally:
+        ctrl.close(0)
+        data.close(0)
+        ctx.term()
+
+
+class _Loop:
+    def __init__(self, host: Host | JobsHost, ctrl: zmq.Socket, data: zmq.Socket) -> None:
+        self.host, self.ctrl, self.data = host, ctrl, data
+        self.poller = zmq.Poller()
+        self.poller.register(ctrl, zmq.POLLIN)
+        self.poller.register(data, zmq.POLLIN)
+        self.started = self.reported = self.stopped = False
+        self.last_progress = 0.0
+        self.wall0 = 0.0
+
+    def _control(self) -> None:
+        try:
+            msg = decode(self.ctrl.recv())
+        except Rejected:
+            return
+        if isinstance(msg, Start):
+            self.wall0 = msg.wall0
+            self.started = True
+            self.host.begin()
+        elif isinstance(msg, Stop):
+            if not self.reported:
+                self._report()
+            self.stopped = True
+
+    def _report(self) -> None:
+        results = self.host.metrics()
+        dropped = sealed.rejected(self.ctrl, self.data)
+        for i, result in enumerate(results if isinstance(results, list) else [results]):
+            self.ctrl.send(encode(replace(result, rejected=dropped if i == 0 else 0)))
+
+    def _send_out(self) -> None:
+        batch, segs = self.host.take_outgoing()
+        sent = 0
+        if batch is not None:
+            frames = batch.frames(AGG)
+            sent += sum(memoryview(f).nbytes for f in frames)
+            self.data.send_multipart(frames, copy=False)
+        for seg in segs:
+            frames = seg.frames()
+            sent += sum(len(f) for f in frames)
+            self.data.send_multipart(frames, copy=False)
+        self.host.counters.real_bytes += sent
+
+    def _tick(self) -> None:
+        host = self.host
+        wall = time.monotonic()
+        if wall - self.last_progress > PROGRESS_S and host.workers:
+            self.last_progress = wall
+            done_its = min(fw.s.it for fw in host.workers.values())
+            self.ctrl.send(encode(Progress(host.setup.index, done_its)))
+        if host.workers and not self.reported and host.done():
+            self._report()
+            self.reported = True
+
+    def _data(self, on_go) -> None:
+        while True:
+            try:
+                frames = self.data.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = frames[0]
+            self.host.counters.real_bytes += sum(len(f) for f in frames)
+            if kind == RESULTS:
+                self.host.receive_results(AggBatch.parse(frames))
+            elif kind == SEG:
+                self.host.receive_segment(Segment.parse(frames))
+            elif kind == GO and on_go is not None:
+                on_go(Go.parse(frames))
+            else:
+                raise FrameError(f"unknown message kind {kind[:8]!r} at host {self.host.setup.index}")
+
+    # -- the synchronized clock ---------------------------------------------------------
+    def serve_sync(self) -> None:
+        while not self.stopped:
+            for sock, _ in self.poller.poll(POLL_MS):
+                if sock is self.ctrl:
+                    started = self.started
+                    self._control()
+                    if self.started and not started:  # window 0: where this host's first event is
+                        self._report_window0()
+                else:
+                    self._data(self._window)
+            if self.started:
+                self._tick()
+
+    def _report_window0(self) -> None:
+        self.data.send_multipart(Done(0, self.host.next_us(), self.host.finished()).frames())
+
+    def _window(self, go: Go) -> None:
+        host = self.host
+        host.advance(go.bound_us, go.inclusive)
+        self._send_out()
+        self.data.send_multipart(Done(go.window, host.next_us(), host.finished()).frames())
+
+    # -- the wall clock -----------------------------------------------------------------
+    def now_us(self) -> float:
+        return (time.monotonic() - self.wall0) * 1e6 / self.host.cfg.dilation
+
+    def serve_wall(self) -> None:
+        self.host.measure_lag = True
+        dilation = self.host.cfg.dilation
+        while not self.stopped:
+            timeout_ms = POLL_MS
+            if self.started:
+                nxt = self.host.next_us()
+                if nxt < math.inf:
+                    timeout_ms = int(min(POLL_MS, max(0.0, (nxt - self.now_us()) * dilation / 1000)))
+            for sock, _ in self.poller.poll(timeout_ms):
+                if sock is self.ctrl:
+                    self._control()
+                else:
+                    self._data(None)
+            if not self.started or self.stopped:
+                continue
+            now = self.now_us()
+            self.host.advance(now, inclusive=True, now=now)
+            self._send_out()
+            self._tick()
+
+
+__all__ = ["host_main"]

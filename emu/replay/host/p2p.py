@@ -1,0 +1,273 @@
+"""A host's point-to-point endpoint: ring, tree, all-to-all, send/recv and parameter-server traffic.
+
+Each collective that does not run on the aggregation stream runs here as an algorithm of
+``emu.emulator.p2p`` per worker (which one is the fabric's choice), exchanging segments
+through the switch; a parameter-server host's shards live here too. A collective on a sub-group
+(``Coll.group``: its workers) runs its algorithm among the group's members, numbered 0..g-1
+in ascending order, and its segments go to the members' own ids. A sparse float all_reduce
+on a ring or parameter server runs the sparse algorithm of ``emu.emulator.sparse_p2p`` where it
+sends fewer bytes than the dense one (the same choice on every worker). Like the aggregation
+endpoint it keeps what waits for its time, and the host decides when it crosses the links.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from emu.emulator import topology as shape
+from emu.emulator import wire
+from emu.emulator.fabric import Fabric
+from emu.emulator.mechanisms import Mechanism, Start
+from emu.emulator.p2p import Algorithm, Check, PSServer, Seg
+from emu.emulator.recorded import RecordedPayload
+from emu.emulator.sparse_p2p import SPARSE_SEGMENT, SparsePSServer
+from emu.emulator.transport import FrameError, Segment
+from emu.replay.config.options import ReplayConfig
+from emu.replay.host.wiring import Wiring
+from emu.replay.host.worker import CollRun
+from emu.traces.model import CollKind
+
+# a segment waiting for its send time: (time, collective, segment, source, destination) order it;
+# at equal times a shared NIC takes its workers' segments in turn (segment 0 of each, then 1, ...),
+# as its arbitration shares it, not one worker's whole burst after another's
+UpSeg = tuple[float, int, int, int, int, Seg, str]
+
+
+def _reply_turns(layout: shape.Layout | None) -> np.ndarray | None:
+    """The order in which a dense parameter-server shard answers the workers on a topology, as each
+    worker's turn: NIC by NIC in turn (the first worker of every NIC, then the second of each, ...),
+    so that a NIC shared by several workers gets one answer while the others get theirs, not all of
+    its workers' answers back to back while other NICs idle. Without sharing (a NIC a worker, or no
+    topology) it is rank order, as on one switch. (A sparse shard numbers its answers by destination
+    already, which orders them first.)"""
+    if layout is None or layout.busiest_nic() == 1:
+        return None
+    w = np.arange(layout.workers)
+    by_nic = np.lexsort((w, layout.nic))
+    nics, first = np.unique(layout.nic[by_nic], return_index=True)
+    counts = np.diff(np.r_[first, layout.workers])
+    place = np.empty(layout.workers, np.int64)
+    place[by_nic] = w - np.repeat(first, counts)  # each worker's place among its NIC's workers
+    turn = np.empty(layout.workers, np.int64)
+    turn[np.lexsort((layout.nic, place))] = w
+    return turn
+
+
+class P2PEndpoint:
+    def __init__(self, cfg: ReplayConfig, net: Fabric, servers: tuple[int, ...], wiring: Wiring,
+                 index: dict[int, int], host: int, completed: Callable[[int, CollRun, float], None],
+                 recorded: RecordedPayload | None = None, job: int = 0,
+                 groups: tuple[tuple[int, ...] | None, ...] = ()) -> None:
+        """``groups``: a sharded or split job's, for the parameter-server shards: per collective
+        number within an iteration, its group's workers (None: the whole job; empty: every one)."""
+        self.cfg, self.net, self.index, self.job = cfg, net, index, job
+        self.wiring, self.up, self.down = wiring, wiring.up, wiring.down
+        self._nodes: tuple[dict[int, list[int]], list[int]] | None = None
+        self.recorded = recorded  # the real ranks' tensors, sent in place of generated payload (emu run)
+        self.host, self.completed = host, completed
+        self.m = cfg.workers
+        self.check = Check()
+        self.bytes_sent = 0.0  # on the network's links (NICs), both ways; traffic inside nodes is not counted
+        self.delivered = 0  # segments that reached their endpoint
+        self.algs: dict[tuple[int, int], Algorithm] = {}
+        self.runs: dict[tuple[int, int], CollRun] = {}
+        # a sub-group collective's members (its algorithm's ranks) and each one's rank among them
+        self.members: dict[tuple[int, int], tuple[tuple[int, ...], dict[int, int]]] = {}
+        self._ranks: dict[tuple[int, ...], dict[int, int]] = {}
+        self.early: dict[tuple[int, int], list[tuple[int, int, np.ndarray, float]]] = {}
+        self.servers = {e: PSServer(self.m, groups) for e in servers}
+        self._turn = _reply_turns(wiring.layout) if servers else None
+        self.sparse_servers = {e: SparsePSServer(self.m) for e in servers}
+        self.up_heap: list[UpSeg] = []
+        self.down_heap: list[tuple[float, int, int, int, int, Segment]] = []
+        self.outgoing: list[Segment] = []
+
+    def next_us(self) -> float:
+        return min(self.up_heap[0][0] if self.up_heap else math.inf,
+                   self.down_heap[0][0] if self.down_heap else math.inf)
+
+    # -- collectives --------------------------------------------------------------------
+    def start(self, w: int, run: CollRun, real_elements: int, mech: Mechanism) -> None:
+        """Worker ``w`` starts a collective that ``mech`` runs (the fabric's choice: emu.emulator.mechanisms)."""
+        key = (w, run.seq)
+        self.runs[key] = run
+        if run.op.group is not None:
+            group = run.op.group
+            ranks = self._ranks.get(group)
+            if ranks is None:
+                ranks = self._ranks[group] = {g: i for i, g in enumerate(group)}
+            self.members[key] = (group, ranks)
+        alg = self._algorithm(w, run, real_elements, mech)
+        if mech.servers:
+            self.members.pop(key, None)  # it talks to the shards, by their own ids, not to its group
+        self.algs[key] = alg
+        self._queue(w, self._out(key, alg.start(run.start_us)), alg.dtype)
+        for src, seg, data, t in self.early.pop(key, []):
+            self._queue(w, self._out(key, alg.on_segment(self._in(key, src), seg, data, max(t, run.start_us))),
+                        alg.dtype)
+        if alg.finished:
+            self._finish(w, run.seq)
+
+    def _out(self, key: tuple[int, int], segs: list[Seg]) -> list[Seg]:
+        """A sub-group algorithm's sends, to its members' own ids."""
+        group = self.members.get(key)
+        if group is not None:
+            for seg in segs:
+                seg.dst = group[0][seg.dst]
+        return segs
+
+    def _in(self, key: tuple[int, int], src: int) -> int:
+        """A sender's rank among a sub-group algorithm's members."""
+        group = self.members.get(key)
+        return src if group is None else group[1][src]
+
+    def _algorithm(self, w: int, run: CollRun, real: int, mech: Mechanism) -> Algorithm:
+        op, cfg = run.op, self.cfg
+        group = self.members.get((w, run.seq))
+        rank, m = (w, self.m) if group is None else (group[1][w], len(group[0]))  # among the group's members
+        root = op.root or 0  # a broadcast's, among the group's members where it has one
+        if group is not None and op.kind == CollKind.BROADCAST:
+            root = group[1][root]
+        servers = tuple(self.m + j for j in range(cfg.shards)) if mech.servers else ()
+        return mech.algorithm(Start(op=op, rank=rank, size=m, seq=run.seq, real=real, seed=cfg.seed, check=self.check,
+                                    recorded=self.recorded, servers=servers, node=lambda: self._node_of(w),
+                                    root=root, member_nodes=lambda: self._member_nodes(group)))
+
+    def _member_nodes(self, group: tuple[tuple[int, ...], dict[int, int]] | None) -> tuple[int, ...]:
+        """Each member's node (the job's workers, or a group's), every member its own without a topology."""
+        members = range(self.m) if group is None else group[0]
+        lay = self.wiring.layout
+        return tuple(members) if lay is None else tuple(int(n) for n in lay.node[list(members)])
+
+    def _node_of(self, w: int) -> tuple[list[int], list[int]]:
+        """Worker w's node (its workers, the leader first) and every node's leader, in node order
+        (worked out once: the layout is the job's)."""
+        if self._nodes is None:
+            lay = self.wiring.layout
+            assert lay is not None
+            order = np.argsort(lay.node, kind="stable")  # by node, then rank
+            nodes, starts = np.unique(lay.node[order], return_index=True)
+            members = np.split(order, starts[1:])
+            self._nodes = ({int(n): m.tolist() for n, m in zip(nodes, members, strict=True)},
+                           [int(m[0]) for m in members])  # the leader: a node's lowest rank
+        by_node, leaders = self._nodes
+        assert self.wiring.layout is not None
+        return by_node[int(self.wiring.layout.node[w])], leaders
+
+    def _finish(self, w: int, seq: int) -> None:
+        self.members.pop((w, seq), None)
+        alg = self.algs.pop((w, seq))
+        self.completed(w, self.runs.pop((w, seq)), alg.end_us)
+
+    def _queue(self, src: int, segs: list[Seg], dtype: str) -> None:
+        # a shard's answers, sent at once, leave in its turn order (``_reply_turns``); else by destination
+        turn = self._turn if src in self.servers else None
+        for seg in segs:
+            heapq.heappush(self.up_heap, (seg.send_us, seg.seq, seg.segment, src,
+                                          seg.dst if turn is None else int(turn[seg.dst]), seg,
+                                          seg.wire_dtype or dtype))
+
+    # -- uplinks ------------------------------------------------------------------------
+    def due_up(self, bound: float, inclusive: bool) -> list[UpSeg]:
+        """Every segment due before the bound, in (time, collective, segment, source) order."""
+        out = []
+        while self.up_heap and (self.up_heap[0][0] <= bound if inclusive else self.up_heap[0][0] < bound):
+            out.append(heapq.heappop(self.up_heap))
+        return out
+
+    def _wire(self, emu_bytes: float) -> tuple[int, float]:
+        packets = wire.p2p_packets(int(math.ceil(emu_bytes)))
+        return packets, emu_bytes + packets * (wire.FRAME_OVERHEAD + wire.P2P_HEADER.itemsize)
+
+    def send(self, src: int, seg: Seg, dtype: str) -> None:
+        packets, wire_bytes = self._wire(seg.emu_bytes)
+        w = self.wiring
+        inside = w.same_node(src, seg.dst)
+        if inside:  # through the node's own fabric, never its NICs (emu.replay.host.wiring)
+            assert w.intra_up is not None
+            first, last, _ = w.intra_up.send_segment(self.index[src], seg.send_us, wire_bytes, packets)
+        else:
+            first, last, resent = self.up.send_segment(w.link[src], seg.send_us, wire_bytes, packets)
+            self.bytes_sent += round(wire_bytes + resent)
+        header = np.zeros(1, wire.P2P_HEADER)
+        header["msg_type"] = wire.MsgType.P2P
+        header["job"] = self.job
+        header["dtype"] = wire.DTYPE_CODES.index(dtype)
+        header["src"] = src
+        header["dst"] = seg.dst
+        header["seq"] = seg.seq
+        header["segment"] = seg.segment
+        segment = Segment(header, seg.emu_bytes, first, last, seg.data)
+        if inside:
+            self.receive(segment, inside=True)
+        elif w.leaves is not None and w.crosses(src, seg.dst):  # on to the spine through its leaf
+            assert w.layout is not None
+            w.leaves.segment(0, int(w.layout.leaf[src]), segment, wire_bytes, packets)
+        else:
+            self.outgoing.append(segment)
+
+    def arrive(self, seg: Segment) -> None:
+        """A segment from the switch: through its leaf's link from the spine first, where it crossed."""
+        h = seg.header[0]
+        src, dst = int(h["src"]), int(h["dst"])
+        w = self.wiring
+        if w.leaves is not None and dst < self.m and w.crosses(src, dst):
+            assert w.layout is not None
+            packets, wire_bytes = self._wire(seg.emu_bytes)
+            w.leaves.segment(1, int(w.layout.leaf[dst]), seg, wire_bytes, packets)
+        else:
+            self.receive(seg)
+
+    def take_outgoing(self) -> list[Segment]:
+        out, self.outgoing = self.outgoing, []
+        return out
+
+    # -- downlinks ----------------------------------------------------------------------
+    def receive(self, seg: Segment, inside: bool = False) -> None:
+        """A segment for one of this host's endpoints (``inside``: from a worker of the same node)."""
+        h = seg.header[0]
+        heapq.heappush(self.down_heap, (seg.first_us, int(h["dst"]), int(h["src"]), int(h["seq"]),
+                                        int(h["segment"]), inside, seg))
+
+    def due_down(self, bound: float, inclusive: bool) -> list[tuple[Segment, bool]]:
+        out = []
+        while self.down_heap and (self.down_heap[0][0] <= bound if inclusive else self.down_heap[0][0] < bound):
+            entry = heapq.heappop(self.down_heap)
+            out.append((entry[-1], entry[-2]))
+        return out
+
+    def on_segment(self, seg: Segment, inside: bool = False) -> None:
+        """A segment crosses its downlink (its node port, ``inside``) and reaches its algorithm (or shard)."""
+        h = seg.header[0]
+        src, dst, seq, segno = int(h["src"]), int(h["dst"]), int(h["seq"]), int(h["segment"])
+        if dst not in self.index:
+            raise FrameError(f"segment for endpoint {dst}, which host {self.host} does not hold")
+        packets, wire_bytes = self._wire(seg.emu_bytes)
+        if inside:
+            assert self.wiring.intra_down is not None
+            t, _ = self.wiring.intra_down.receive_segment(self.index[dst], seg.first_us, seg.last_us, wire_bytes,
+                                                          packets)
+        else:
+            t, resent = self.down.receive_segment(self.wiring.link[dst], seg.first_us, seg.last_us, wire_bytes,
+                                                  packets)
+            self.bytes_sent += round(wire_bytes + resent)
+        self.delivered += 1
+        if dst in self.servers and segno & SPARSE_SEGMENT:
+            self._queue(dst, self.sparse_servers[dst].on_segment(dst, seq, seg.values, t), seg.dtype)
+            return
+        if dst in self.servers:
+            replies = self.servers[dst].on_segment(dst, src, seq, segno, seg.values, seg.emu_bytes, t)
+            self._queue(dst, replies, seg.dtype)
+            return
+        key = (dst, seq)
+        alg = self.algs.get(key)
+        if alg is None:
+            self.early.setdefault(key, []).append((src, segno, seg.values, t))
+            return
+        self._queue(dst, self._out(key, alg.on_segment(self._in(key, src), segno, seg.values, t)), alg.dtype)
+        if alg.finished and key in self.runs:
+            self._finish(dst, seq)

@@ -1,0 +1,337 @@
+"""A host process's endpoints: many fake workers (or parameter-server shards) and their links.
+
+The host owns the links, the local events (the workers' programs, retransmission timers)
+and the order of things; its aggregation endpoint (``emu.replay.host.ina``) and its
+point-to-point endpoint (``emu.replay.host.p2p``) own their traffic. One process runs many endpoints and sends few, large messages: every contribution
+its workers make in a window goes to the switch as one batch, and one result
+message serves all of them. ``Host.advance(bound)`` handles everything due before
+``bound`` in emulated time, in an order that does not depend on how the endpoints
+are spread over processes:
+
+1. downlinks: results and segments from the switch, per link in stamp order (their
+   effects, arrivals at the endpoints, lie at least one lookahead later);
+2. local events (a worker's program, retransmission timers) in (time, kind, endpoint)
+   order;
+3. uplinks: every packet and segment whose send time is before the bound, per link in
+   send-time order.
+
+Which bound, and when, is the clock's business (``emu.replay.host.loop``): the
+synchronized clock's windows, or the wall clock times the dilation.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from emu.emulator.mechanisms import choose
+from emu.emulator.recorded import RecordedPayload
+from emu.emulator.transport import AggBatch, Segment
+from emu.errors import RunFailed
+from emu.replay.config.options import ReplayConfig
+from emu.replay.control.messages import HostResult, WorkerRecord
+from emu.replay.host.ina import InaEndpoint, Pool, take
+from emu.replay.host.lag import LagHistogram
+from emu.replay.host.leaves import LeafStage
+from emu.replay.host.p2p import P2PEndpoint
+from emu.replay.host.pools import InaPools, pools_of
+from emu.replay.host.wiring import Wiring
+from emu.replay.host.worker import CollRun, FakeWorker, WorkerState
+from emu.replay.plan.programs import WorkerProgram, straggling
+
+_RUN, _RETX = 0, 1  # local event kinds, in the order they are handled at equal times
+# No progress (docs/reliability.md): since a collective last completed on this host, more than
+# STALL_TIMEOUTS retransmission timeouts fired, and more than STALL_RATIO per packet or segment
+# delivered. Counted in emulated events, so the outcome does not depend on the machine's load;
+# and timeouts, not time, so that a worker waiting for a straggler's compute never counts (at 10%
+# loss a delivery costs about 0.2 timeouts; the ratio is passed near 96%).
+STALL_TIMEOUTS = 1000
+STALL_RATIO = 50
+_STALL_EVERY = 64  # windows between checks
+
+
+class NoProgress(RunFailed):
+    """A collective stopped making progress (the links lose nearly everything)."""
+
+
+@dataclass(frozen=True)
+class HostSetup:
+    """What the orchestrator hands a host process when it forks it."""
+
+    index: int
+    role: str  # "workers" or "ps"
+    endpoints: tuple[int, ...]  # worker ids, or parameter-server endpoint ids
+    config: ReplayConfig
+    programs: tuple[WorkerProgram, ...]
+    iters: int
+    switch_addr: str
+    control_addr: str
+    spans: bool
+    payload: RecordedPayload | None = None  # the real ranks' tensors to send (emu run), else generated
+    job: int = 0  # its number among jobs sharing the fabric (their headers carry it)
+    # jobs sharing the fabric (emu.replay.host.jobs): each job's endpoints here, and every job's configuration
+    parts: tuple[HostSetup, ...] = ()
+    jobs: tuple[ReplayConfig, ...] = ()
+    # a sharded or split job's groups: per collective number within an iteration, its workers
+    # (emu.replay.plan.programs.group_table; what parameter-server shards sum over)
+    groups: tuple[tuple[int, ...] | None, ...] = ()
+    # sub-groups the switch aggregates for, each a pool of its own (pool 1 + i: emu.replay.host.pools),
+    # and every pool's (real, emulated) slots, the job's pool first; empty: the job's pool alone
+    pools: tuple[tuple[int, ...], ...] = ()
+    pool_slots: tuple[tuple[int, int], ...] = ()
+    key: bytes | None = None  # several machines: the run's secret, which seals every message (emu.replay.machines.sealed)
+
+
+@dataclass
+class Counters:
+    fallbacks: dict[str, int] = field(default_factory=dict)
+    events: int = 0
+    real_bytes: int = 0  # bytes of data messages this process really sent and received
+
+
+class Host:
+    def __init__(self, setup: HostSetup, leaves: LeafStage | None = None) -> None:
+        """``leaves``: the leaves' links, where jobs sharing the fabric share them; whoever holds
+        the jobs moves their traffic (``emu.replay.host.jobs``)."""
+        self.setup = setup
+        self.job = setup.job
+        self.own_leaves = leaves is None
+        cfg = setup.config
+        self.cfg = cfg
+        self.net = cfg.network
+        self.m = cfg.workers
+        self.r = cfg.scale
+        # local events: (time, kind, endpoint, detail, lost packets): a total order that does not
+        # depend on when they were pushed
+        self.heap: list[tuple[float, int, int, int, float]] = []
+        self.counters = Counters()
+        self.lag = LagHistogram()
+        self.measure_lag = False
+        self._advances = 0
+        self._retx_events = 0
+        # timeouts, deliveries, and (payload scale) emulated timeouts and positions when a collective
+        # last completed here
+        self._progress_mark = (0, 0, 0, 0)
+        endpoints = np.asarray(setup.endpoints, dtype=np.int64)
+        index = {int(e): i for i, e in enumerate(endpoints)}
+        workers = setup.role == "workers"
+        # one uplink and one downlink per endpoint (or, on a topology, per NIC), shared by its
+        # aggregation and point-to-point traffic (emu.replay.host.wiring)
+        self.wiring = Wiring.build(cfg, endpoints, workers, leaves)
+        self.up, self.down = self.wiring.up, self.wiring.down
+        if workers and setup.pools:  # a sharded or split job: the job's pool and its sub-groups'
+            real, emulated = setup.pool_slots[0]
+            job_pool = Pool(job=setup.job, workers=cfg.workers, real_slots=real, emulated_slots=emulated,
+                            ranks=endpoints, ids=endpoints, locals=np.arange(len(endpoints), dtype=np.int64))
+            pools = {0: InaEndpoint(cfg, endpoints, self.wiring, index, self._timer, self._completed, setup.payload,
+                                    setup.job, pool=job_pool)}
+            for pool in pools_of(endpoints, index, setup.pools, setup.pool_slots[1:]):
+                pools[pool.job] = InaEndpoint(cfg, endpoints, self.wiring, index,
+                                              InaPools.timer_for(pool.job, self._timer), self._completed, pool=pool)
+            self.ina: InaEndpoint | InaPools = InaPools(pools, {g: 1 + i for i, g in enumerate(setup.pools)})
+        else:
+            self.ina = InaEndpoint(cfg, endpoints if workers else np.zeros(0, np.int64), self.wiring, index,
+                                   self._timer, self._completed, setup.payload, setup.job)
+        self.p2p = P2PEndpoint(cfg, self.net, () if workers else setup.endpoints, self.wiring, index,
+                               setup.index, self._completed, setup.payload, setup.job, setup.groups)
+        self.workers: dict[int, FakeWorker] = {}
+        if workers:
+            factor, sigma = straggling(cfg.stragglers, self.m, cfg.seed)
+            for prog in setup.programs:
+                state = WorkerState(program=prog, iters=setup.iters, straggle=float(factor[prog.worker]),
+                                    noise_sigma=float(sigma[prog.worker]), seed=cfg.seed)
+                self.workers[prog.worker] = FakeWorker(state, self._start_coll, self._resume_at)
+
+    def begin(self) -> None:
+        for fw in self.workers.values():
+            fw.begin()
+        self.ina.pump()
+
+    # -- local events -----------------------------------------------------------------
+    def _resume_at(self, worker: FakeWorker, t: float) -> None:
+        heapq.heappush(self.heap, (t, _RUN, worker.w, 0, 0.0))
+
+    def _timer(self, t: float, local: int, slot: int, lost: float) -> None:
+        heapq.heappush(self.heap, (t, _RETX, local, slot, lost))
+
+    def _completed(self, w: int, run: CollRun, t: float) -> None:
+        self._progress_mark = (self._timeouts(), self._deliveries(), *self._scaled())
+        self.workers[w].completed(run, t)
+
+    def _timeouts(self) -> int:
+        return self._retx_events + sum(a.resend_rounds for a in self.wiring.all_links())
+
+    def _scaled(self) -> tuple[int, int]:
+        """Payload scale's emulated timeouts and packet positions: per chunk, the same on every
+        host, so their ratio does not depend on how workers are spread over processes."""
+        s = self.ina.scaled
+        return (s.rounds, s.positions) if s is not None else (0, 0)
+
+    def _deliveries(self) -> int:
+        return self.ina.delivered + self.p2p.delivered
+
+    def next_us(self) -> float:
+        """The earliest emulated time at which something is left to do here (inf: nothing)."""
+        self.ina.pump()
+        leaves = self.wiring.leaves
+        return min(self.heap[0][0] if self.heap else math.inf, self.ina.next_us(), self.p2p.next_us(),
+                   leaves.next_us() if leaves is not None else math.inf)
+
+    # -- collectives ------------------------------------------------------------------
+    def _start_coll(self, worker: FakeWorker, run: CollRun) -> None:
+        op = run.op
+        real = -(-op.count // self.r) if op.count else 0
+        mech = choose(op, self.cfg.setting)
+        if mech.stream:
+            if self.ina.start(worker.w, run, real):
+                worker.completed(run, run.start_us)
+            return
+        if mech.fallback(op, self.cfg.setting):  # what the fabric could not run its own way
+            name = op.kind.value
+            self.counters.fallbacks[name] = self.counters.fallbacks.get(name, 0) + 1
+        self.p2p.start(worker.w, run, real, mech)
+
+    # -- the links ----------------------------------------------------------------------
+    def _uplinks(self, bound: float, inclusive: bool) -> None:
+        """Hand every packet and segment due before the bound to its uplink, per link in send order."""
+        pk = self.ina.due_up(bound, inclusive)
+        segs = self.p2p.due_up(bound, inclusive)
+        if pk is None:
+            for _, _, _, src, _, seg, dtype in segs:
+                self.p2p.send(src, seg, dtype)
+            return
+        if not segs:
+            self.ina.send(pk)
+            return
+        # a worker's packets and segments share its uplink: hand them over in time order
+        by_time = np.argsort(pk.send_us, kind="stable")
+        done = 0
+        for t, _, _, src, _, seg, dtype in segs:
+            upto = int(np.searchsorted(pk.send_us[by_time], t, side="right"))
+            if upto > done:
+                self.ina.send(take(pk, np.sort(by_time[done:upto])))
+                done = upto
+            self.p2p.send(src, seg, dtype)
+        if done < len(pk.send_us):
+            self.ina.send(take(pk, np.sort(by_time[done:])))
+
+    def take_outgoing(self) -> tuple[AggBatch | None, list[Segment]]:
+        """What the uplinks delivered since the last call: one batch of contributions, the segments."""
+        return self.ina.take_outgoing(), self.p2p.take_outgoing()
+
+    def receive_results(self, batch: AggBatch) -> None:
+        self.ina.arrive(batch)
+
+    def receive_segment(self, seg: Segment) -> None:
+        self.p2p.arrive(seg)
+
+    def _downlinks(self, bound: float, inclusive: bool, now: float | None) -> None:
+        """Hand every result and segment due before the bound to its downlink, per link in stamp order."""
+        results = self.ina.due_down(bound, inclusive)
+        segs = self.p2p.due_down(bound, inclusive)
+        if now is not None and self.measure_lag:
+            self.lag.add_many(now - np.concatenate(([] if results is None else [results[0].stamps[:, 0]])
+                                                   + [np.array([s.first_us for s, _ in segs])]))
+        if results is None:
+            for seg, inside in segs:
+                self.p2p.on_segment(seg, inside)
+            return
+        batch, verify, tags = results
+        done = 0
+        for seg, inside in segs:  # a worker's results and segments share its downlink: in time order
+            upto = int(np.searchsorted(batch.stamps[:, 0], seg.first_us, side="right"))
+            if upto > done:
+                self.ina.on_results(batch.take(slice(done, upto)), verify[done:upto], tags[done:upto])
+                done = upto
+            self.p2p.on_segment(seg, inside)
+        if done < len(verify):
+            self.ina.on_results(batch.take(slice(done, None)), verify[done:], tags[done:])
+
+    # -- a window -----------------------------------------------------------------------
+    def advance(self, bound: float, inclusive: bool = False, now: float | None = None) -> None:
+        """Handle everything due before ``bound`` (or at it, when ``inclusive``): downlinks, then
+        local events in order, then uplinks (module docstring). ``now``: the wall clock's
+        emulated time, to measure lag (the wall clock only)."""
+        leaves = self.wiring.leaves if self.own_leaves else None
+        if leaves is not None:  # from the spine down the leaves' links, on to the NICs' downlinks later
+            leaves.advance(1, bound, inclusive, self.p2p.receive, self.ina.receive)
+        self._downlinks(bound, inclusive, now)
+        lags = []
+        heap = self.heap
+        while heap and (heap[0][0] <= bound if inclusive else heap[0][0] < bound):
+            t, kind, a, b, lost = heapq.heappop(heap)
+            self.counters.events += 1
+            if now is not None:
+                lags.append(now - t)
+            if kind == _RUN:
+                self.workers[a].run()
+            else:
+                self._retx_events += 1
+                self.ina.timer_fired(a, b, t, lost)
+        if lags and self.measure_lag:
+            self.lag.add_many(np.asarray(lags))
+        self.ina.pump()
+        self._uplinks(bound, inclusive)
+        if leaves is not None:  # what the NICs delivered to the leaves before, on up to the spine
+            leaves.advance(0, bound, inclusive, self.p2p.outgoing.append, lambda b, _: self.ina.outgoing.append(b))
+        self._advances += 1
+        if self._advances % _STALL_EVERY == 0:
+            self._check_progress()
+
+    def _check_progress(self) -> None:
+        timeouts = self._timeouts() - self._progress_mark[0]
+        delivered = self._deliveries() - self._progress_mark[1]
+        rounds, positions = (a - b for a, b in zip(self._scaled(), self._progress_mark[2:], strict=True))
+        if rounds > STALL_TIMEOUTS and rounds > STALL_RATIO * max(1, positions):
+            timeouts, delivered = rounds, positions  # payload scale: emulated timeouts per emulated packet
+        elif not (timeouts > STALL_TIMEOUTS and timeouts > STALL_RATIO * max(1, delivered)):
+            return
+        pending = sorted([*self.ina.runs.values(), *self.p2p.runs.values()], key=lambda r: r.seq)
+        what = (f"{pending[0].op.kind.value} #{pending[0].seq} ({pending[0].op.bytes / 1e6:.3g} MB) and "
+                f"{len(pending) - 1} more pending" if pending else "nothing pending")
+        raise NoProgress(
+            f"no progress: {timeouts:,} retransmission timeouts since a collective last completed on host "
+            f"{self.setup.index}, for {delivered:,} packets or segments delivered ({what}); the links lose too "
+            f"much (--loss {self.cfg.link.loss:g})")
+
+    def finished(self) -> bool:
+        return all(fw.s.finished for fw in self.workers.values())
+
+    def done(self) -> bool:
+        return self.finished() and self.next_us() == math.inf and not self.ina.busy()
+
+    def metrics(self) -> HostResult:
+        workers = {
+            str(w): WorkerRecord(
+                iterations=[[r.start_us, r.end_us, r.compute_us, r.blocked_us, r.comm_us] for r in fw.s.records],
+                spans=[list(s) for s in fw.s.spans] if self.setup.spans else [])
+            for w, fw in self.workers.items()}
+        ina = self.ina.counters
+        leaves = self.wiring.leaves
+        leaf_bytes = 0.0 if leaves is None else leaves.bytes_sent if self.own_leaves else leaves.bytes_by_job.get(self.job, 0.0)
+        return HostResult(
+            host=self.setup.index, job=self.job, workers=workers, lost=ina.lost,
+            bytes_sent=ina.bytes_sent + self.p2p.bytes_sent + leaf_bytes,
+            packets_lost=ina.packets_lost + sum(a.resent_packets for a in self.wiring.all_links()),
+            retransmissions=self.ina.group.retransmissions, fallbacks=dict(self.counters.fallbacks),
+            reordered=sum(a.reordered for a in self.wiring.all_links()),
+            reorder_error_us=max([float((self.up.reorder_error_us + self.down.reorder_error_us).max(initial=0.0)),
+                                  *(float(a.reorder_error_us.max(initial=0.0)) for a in self.wiring.all_links()[2:])]),
+            events=self.counters.events, real_bytes=self.counters.real_bytes,
+            verify_elements=self.p2p.check.elements + self.ina.check.elements,
+            verify_mismatches=self.p2p.check.mismatches + self.ina.check.mismatches,
+            lag=self.lag.to_dict() if self.measure_lag else None,
+            completed=_sum_counts(fw.s.completed for fw in self.workers.values()),
+            links=self.wiring.usage(np.asarray(self.setup.endpoints, np.int64), self.setup.role == "workers",
+                                    leaves=self.own_leaves))
+
+
+def _sum_counts(counts) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            total[k] = total.get(k, 0) + v
+    return total

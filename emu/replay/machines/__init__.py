@@ -1,0 +1,1 @@
+"""A replay spread over several machines: joining them (``cluster``), hosting a share (``remote``), sealed messages (``sealed``)."""

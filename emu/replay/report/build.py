@@ -1,0 +1,224 @@
+"""From what the hosts and the switch measured to the replay's report (docs/design.md, "Report").
+
+An iteration counts once every worker finished it; its time runs from the earliest worker's
+start to the last worker's end, and its compute and communication are the critical (last)
+worker's. Trustworthy: on the synchronized clock, nothing handed over out of order (true by
+construction, checked); on the wall clock, p99 lag and reorder error within ``LAG_TOLERANCE``
+of the median iteration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import statistics
+from typing import Any
+
+import numpy as np
+
+import emu
+from emu.emulator.mechanisms import choose
+from emu.emulator.wire import agg_wire_bytes
+from emu.replay.config.design import resolved_design
+from emu.replay.config.options import Clock, ReplayConfig
+from emu.replay.control.messages import HostResult
+from emu.replay.control.plan import Measured
+from emu.replay.host.lag import LagHistogram
+from emu.replay.plan.adaptive import adaptive_report
+from emu.replay.plan.compression import report as compression_report
+from emu.replay.plan.programs import WorkerProgram
+from emu.replay.plan.sparsity import Replayed, config_summary, realized_report, replayed_sparse, with_sparsity
+from emu.replay.report.model import (
+    REPORT_VERSION,
+    CompressionReport,
+    EmulatorReport,
+    FabricReport,
+    IterationReport,
+    LinkUsage,
+    ReplayReport,
+    SparsityReport,
+    Summary,
+    Verification,
+)
+from emu.traces.io import trace_digest
+from emu.traces.model import Trace
+
+LAG_TOLERANCE = 0.01  # of the median iteration: docs/design.md's bar for a trustworthy run
+
+
+def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, iters: int, measured: Measured,
+                 program: WorkerProgram) -> ReplayReport:
+    """``program``: worker 0's, as the run planned it (which of its collectives were sparse)."""
+    results, switch, wall_s, cpu_s, processes = (measured.hosts, measured.switch, measured.wall_s, measured.cpu_s,
+                                                 measured.processes)
+    planned = iters  # the payload's sparsity is reported over the iterations the run was asked for
+    records: dict[int, list[list[float]]] = {}
+    for r in results:
+        for w, d in r.workers.items():
+            records[int(w)] = d.iterations
+    # an iteration counts only once every worker finished it (a partial run's may not have)
+    if len(records) < config.workers:
+        iters = 0
+    iters = min([iters, *(len(rec) for rec in records.values())])
+    iterations = []
+    for i in range(iters):
+        rows = {w: rec[i] for w, rec in records.items() if i < len(rec)}
+        start = min(row[0] for row in rows.values())
+        crit = max(rows, key=lambda w: (rows[w][1], -w))
+        s, e, comp, blocked, comm = rows[crit]
+        iterations.append(IterationReport(index=i, emulated_us=e - start, compute_us=comp, comm_us=comm,
+                                          exposed_comm_us=blocked, critical_worker=crit,
+                                          start_offset_us=s - start))
+    times = [it.emulated_us for it in iterations]
+    median = statistics.median(times) if times else 0.0
+    batch = trace.meta.batch_size
+    bytes_sent = sum(r.bytes_sent for r in results)
+    summary = Summary(iteration_us_median=median, iteration_us_p99=float(np.percentile(times, 99)),
+                      throughput_samples_per_s=(batch * config.workers / (median / 1e6)) if batch and median else None,
+                      bytes_sent=bytes_sent) if times else None
+    elements = sum(r.verify_elements for r in results)
+    mismatches = sum(r.verify_mismatches for r in results)
+    compression = _compression(trace, config, records, iters)
+    # a quantizer summed in the switch's lanes must unpack to the exact sums of its levels, or its
+    # aggregate is wrong however intact the bytes
+    lanes_ok = compression is None or compression.switch_exact is not False
+    verification = Verification(ok=mismatches == 0 and elements > 0 and lanes_ok, elements_checked=elements,
+                                mismatches=mismatches)
+    reordered = sum(r.reordered for r in results)
+    reorder_error = max((r.reorder_error_us for r in results), default=0.0)
+    if config.resolved_clock == Clock.SYNC:
+        # Order is guaranteed by construction; the links still count inversions, as a self-check.
+        lag_p99 = lag_max = None
+        trustworthy = reordered == 0
+        advice = None if trustworthy else (
+            f"{reordered} link hand-overs happened out of emulated-time order on the synchronized clock, "
+            "which should be impossible: please report it with this trace and command")
+    else:
+        lag = LagHistogram()
+        for r in results:
+            if r.lag:
+                lag.merge(LagHistogram.from_dict(r.lag))
+        lag_p99, lag_max = lag.quantile(0.99), lag.max_us
+        # docs/design.md: p99 lag within 1% of the iteration and nothing handled out of emulated order.
+        # A packet-level inversion is measured as the most it can shift an endpoint's times; it must
+        # stay within the same 1% (docs/design-notes.md).
+        trustworthy = lag_p99 <= LAG_TOLERANCE * median and reorder_error <= LAG_TOLERANCE * median
+        advice = None
+        if not trustworthy:
+            advice = (f"the emulator trailed the emulated schedule (p99 lag {lag_p99:.0f} us; out-of-order "
+                      f"hand-overs could shift times by up to {reorder_error:.0f} us) against a {median:.0f} us "
+                      f"iteration: raise --tdf (now {config.dilation:g}) or --payload-scale (now {config.scale}), "
+                      "or use the synchronized clock (--clock sync)")
+    stats = switch.stats
+    fallbacks: dict[str, int] = {}
+    for r in results:
+        for k, v in r.fallbacks.items():
+            fallbacks[k] = fallbacks.get(k, 0) + v
+    fabric = FabricReport(
+        name=config.fabric, packets=int(stats.get("packets", 0)),
+        retransmissions=sum(r.retransmissions for r in results),
+        duplicates=int(stats.get("duplicates", 0)), slots=config.real_slots, slots_emulated=config.emulated_slots,
+        results=int(stats.get("results", 0)), answered=int(stats.get("answered", 0)),
+        dropped=int(stats.get("dropped", 0)), lost=sum(r.lost for r in results),
+        packets_lost=sum(r.packets_lost for r in results), segments=switch.segments, fallbacks=fallbacks,
+        invalid=int(stats.get("invalid", 0)), malformed=int(stats.get("malformed", 0)),
+        stale=int(stats.get("stale", 0)),
+        **utilisation(results, records, switch.pipeline_busy_us if config.packet_rate else None))
+    sync = config.resolved_clock == Clock.SYNC
+    emulator = EmulatorReport(
+        clock=config.resolved_clock.value, tdf=None if sync else config.dilation, payload_scale=config.scale,
+        lag_us_p99=lag_p99, lag_us_max=lag_max,
+        trustworthy=trustworthy, reordered=reordered, reorder_error_us=reorder_error, wall_s=wall_s,
+        cpu_percent=100.0 * cpu_s / wall_s / (os.cpu_count() or 1) if wall_s else 0.0,
+        processes=processes, events=sum(r.events for r in results), advice=advice,
+        windows=switch.windows if sync else None, real_bytes=float(sum(r.real_bytes for r in results)))
+    link = config.link
+    sparse = replayed_sparse(trace, config, max(1, planned), program)  # once, for what was asked and sent
+    cfg = {"workers": config.workers, "fabric": config.fabric, "iters": iters,
+           "bandwidth_bps": None if math.isinf(link.bandwidth_bps) else link.bandwidth_bps,
+           "bandwidth_schedule": [list(step) for step in link.schedule] or None,
+           "latency_us": link.latency_us, "loss": link.loss, "jitter_us": link.jitter_us,
+           "clock": config.resolved_clock.value, "tdf": None if sync else config.dilation,
+           "payload_scale": config.scale, "seed": config.seed,
+           "slots": config.emulated_slots, "elements": config.elements,
+           "packet_wire_bytes": agg_wire_bytes(config.elements), "rto_us": config.timeout_rto_us,
+           "processes": config.host_processes, "ps_shards": config.shards if config.network.parameter_server else None,
+           "stragglers": [st.text for st in config.stragglers] or None, "design": resolved_design(config),
+           "sparsity": config_summary(trace, config, sparse),
+           "compress": {"compressor": config.compress.label, "speed": config.compress.speed}
+           if config.compress.active else None}
+    meta = trace.meta
+    trace_doc = {"path": trace_path, "model": meta.model, "source": meta.source.value,
+                 "world_size": meta.world_size, "backend": meta.backend, "params": meta.params,
+                 "batch_size": meta.batch_size, "iterations": trace.iterations, "sha256": trace_digest(trace),
+                 "gaps": list(meta.gaps)}  # what the source lacked (a live trace: how its compute was measured)
+    return ReplayReport(report_version=REPORT_VERSION, emu_version=emu.__version__, config=cfg, trace=trace_doc,
+                        iterations=tuple(iterations), summary=summary, verification=verification,
+                        emulator=emulator, fabric=fabric, sparsity=_sent(config, sparse),
+                        compression=compression)
+
+
+def _compression(trace: Trace, config: ReplayConfig, records: dict[int, list[list[float]]],
+                 iters: int) -> CompressionReport | None:
+    """``iters``: the iterations every worker completed (a partial run's last may be unfinished)."""
+    if not config.compress.active:
+        return None
+    # which all_reduces compress depends on their sparsity as the job resolved it (a sparse tensor
+    # stays as it is), so on the programs the workers ran, before compression
+    ranks = with_sparsity(trace, config.workers, config.sparsity)
+    if config.compress.adaptive and config.compress.plan is not None:
+        plan = config.compress.plan
+        ends = {w: [row[1] for row in rec[:iters]] for w, rec in records.items()}
+        starts = [min(rec[t][0] for rec in records.values()) for t in range(iters)]
+        return adaptive_report(ranks, config, plan, ends, starts)
+    return compression_report(ranks, config.workers, config.compress.compressor, config.compress.speed, config.seed,
+                              switch_sums=config.switch_sums, packet_elements=config.elements)
+
+
+def _sent(config: ReplayConfig, replayed: Replayed) -> SparsityReport | None:
+    """The realized sparsity, with what the fabric sent of the sparse all_reduces (docs/sparse.md):
+    which ran sparse (each mechanism's own choice) and the bytes of blocks, values and indices, that
+    crossed the links over those of the dense algorithm (``Mechanism.sent``: from the same hashes
+    that made the payload, so the same on every process layout)."""
+    report = realized_report(config, replayed)
+    if report is None:
+        return None
+    setting = config.setting
+    sparse = dense = 0
+    sent = full = 0.0
+    for seq, op, s in replayed:
+        got = choose(op, setting).sent(op, setting, seq, s)
+        sparse, dense = sparse + got.sparse, dense + (not got.sparse)
+        sent, full = sent + got.sent, full + got.dense
+    return dataclasses.replace(report, sent_fraction=sent / full if full else 1.0, sparse_collectives=sparse,
+                               dense_collectives=dense)
+
+
+def utilisation(results: list[HostResult], records: dict[Any, list[list[float]]],
+                pipeline_busy_us: float | None = None) -> dict[str, Any]:
+    """Each kind of link's busy time over the replay's emulated span (first start to last end), and
+    the switch's aggregation pipeline's where it has a packet rate (``records``: each worker's
+    iterations, by any key)."""
+    starts = [it[0] for rec in records.values() for it in rec]
+    ends = [it[1] for rec in records.values() for it in rec]
+    span = max(ends) - min(starts) if starts else 0.0
+    if span <= 0:
+        return {}
+    kinds: dict[str, list[Any]] = {}
+    if pipeline_busy_us is not None:
+        kinds["switch pipeline"] = [1, int(round(pipeline_busy_us * 1e3)), pipeline_busy_us, "switch", 0]
+    for r in results:
+        for kind, (n, busy_ns, top, name, number) in r.links.items():
+            have = kinds.setdefault(kind, [0, 0, -1.0, "", 0])
+            have[0] += int(n)
+            have[1] += int(busy_ns)  # integers: the same sum on any process layout
+            if (float(top), -int(number)) > (have[2], -have[4]):  # ties: the lowest number, on any layout
+                have[2], have[3], have[4] = float(top), str(name), int(number)
+    usage = {kind: LinkUsage(links=n, mean=busy_ns / 1e3 / n / span, max=top / span, busiest=name)
+             for kind, (n, busy_ns, top, name, _) in kinds.items() if n}
+    if not usage:
+        return {}
+    kind = max(usage, key=lambda k: usage[k].max)
+    return {"utilisation": usage,
+            "busiest_link": {"kind": kind, "name": usage[kind].busiest, "utilisation": usage[kind].max}}

@@ -1,0 +1,369 @@
+"""The switch process: the hub every endpoint's link ends at.
+
+It aggregates contributions with the software INA data plane (``emu.emulator.switch``)
+and forwards point-to-point segments to the host of their destination. A result
+for every worker reaches each worker host as one message, which the host fans
+out to its workers (their downlinks are still charged one by one there).
+
+On the synchronized clock the switch is also the coordinator of the windows
+(``emu.replay.host.loop``): it holds every contribution until no earlier one can
+still come, applies them in stamp order (ties by worker and chunk), and tells
+the hosts how far they may go.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+
+from emu.emulator import fabric as fabrics
+from emu.emulator.switch import MULTICAST, AggregationSwitch
+from emu.emulator.transport import (
+    AGG,
+    DONE,
+    HELLO,
+    RESULTS,
+    SEG,
+    AggBatch,
+    Done,
+    FrameError,
+    Go,
+    segment_first_us,
+)
+from emu.emulator.wire import P2P_HEADER, MsgType
+from emu.errors import RunFailed
+from emu.replay.control.messages import Message, Ready, Stop, SwitchResult, connect_control, decode, encode, failure
+from emu.replay.host.leaves import conserve
+from emu.replay.machines import sealed
+from emu.replay.machines.sealed import Rejected
+
+HELLO_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class SwitchSetup:
+    address: str
+    control_addr: str
+    workers: int
+    slots: int  # real slots
+    elements: int
+    fabric: str  # its name in the registry (emu/emulator/fabric.py)
+    worker_hosts: tuple[tuple[int, int], ...]  # per worker host: [first, last) worker ids
+    endpoint_host: tuple[int, ...]  # host index of every endpoint (workers, then PS shards)
+    sync: bool = False  # coordinate the synchronized clock
+    lookahead_us: float = 0.0  # the least delay from an event at a host to its effect elsewhere
+    # jobs sharing the fabric (emu.replay.jobs): each job's workers and real slots (its share of the
+    # pool), and the global number of its endpoint 0; empty: one job of ``workers`` and ``slots``
+    job_workers: tuple[int, ...] = ()
+    job_slots: tuple[int, ...] = ()
+    job_base: tuple[int, ...] = (0,)
+    packet_rate: float | None = None  # contributions the pipeline processes a second (None: unlimited)
+    # a sharded or split job's sub-groups the switch aggregates for: pool 1 + i holds pools[i]'s
+    # workers (numbered 0..g-1 in its headers), and every pool's (real, emulated) slots, the job's first
+    pools: tuple[tuple[int, ...], ...] = ()
+    pool_slots: tuple[tuple[int, int], ...] = ()
+    key: bytes | None = None  # several machines: the run's secret, which seals every message (emu.replay.machines.sealed)
+
+
+class _Pools:
+    """The switch's slot pools, one a job (or, for a sharded or split job, one its whole job and one
+    each sub-group it aggregates for), and where each pool's endpoints are: a packet's header names
+    its pool (the job field) and its worker in that pool; a result goes to the hosts of the pool's
+    workers."""
+
+    def __init__(self, setup: SwitchSetup, aggregates: bool = True) -> None:
+        """``aggregates``: with the pools (else only the routes, for a switch that forwards)."""
+        workers = setup.job_workers or (setup.workers,)
+        slots = setup.job_slots or (setup.slots,)
+        # each pool's endpoint ids, by its own numbering of them
+        members = [np.arange(b, b + m, dtype=np.int64) for b, m in zip(setup.job_base, workers, strict=True)]
+        if setup.pools:
+            slots = tuple(real for real, _ in setup.pool_slots)
+            members += [np.asarray(g, np.int64) for g in setup.pools]
+            workers = tuple(len(g) for g in members)
+        self.switches = [AggregationSwitch(s, m, setup.elements, job=j)
+                         for j, (m, s) in enumerate(zip(workers, slots, strict=True))] if aggregates else []
+        self.base = np.asarray(setup.job_base, np.int64)
+        self.members = members
+        self.endpoint_host = np.asarray(setup.endpoint_host, np.int64)
+        self.hosts = len(setup.worker_hosts)
+        # the hosts holding each pool's workers (a multicast result goes to each)
+        self.job_hosts = [np.unique(self.endpoint_host[g]).tolist() for g in members]
+
+    def host_of(self, job: int, endpoint: int) -> int:
+        """The host of a job's endpoint (a segment's destination)."""
+        ends = [*self.base[1:], len(self.endpoint_host)]
+        if not 0 <= job < len(self.base) or not 0 <= endpoint < ends[job] - self.base[job]:
+            raise FrameError(f"segment for unknown endpoint {endpoint} of job {job}")
+        return int(self.endpoint_host[self.base[job] + endpoint])
+
+    def stats(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for sw in self.switches:
+            for k, v in sw.stats.as_dict().items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+
+def switch_main(setup: SwitchSetup) -> None:
+    ctx = zmq.Context()
+    ctrl = connect_control(ctx, setup.control_addr, setup.key, b"switch")
+    router = sealed.make(ctx, zmq.ROUTER, setup.key, "data")
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.SNDHWM, 0)
+    router.setsockopt(zmq.RCVHWM, 0)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.bind(setup.address)
+    net = fabrics.get(setup.fabric)
+    switch = _Pools(setup) if net.sums_in_switch_process else None
+    ports = net.switch_ports(setup.workers, setup.elements)
+    idents = [f"h{i}".encode() for i in range(max(setup.endpoint_host) + 1)]
+    route = switch or _Pools(setup, aggregates=False)  # where the endpoints are
+    forwarded = [0]  # segments (a list: the coordinator counts into it too)
+    try:
+        # Ready only once every host said hello: a ROUTER can route only to peers it has heard from.
+        waiting = set(idents)
+        deadline = time.monotonic() + HELLO_TIMEOUT_S
+        while waiting:
+            if not router.poll(int(max(0.0, deadline - time.monotonic()) * 1000)):
+                raise FrameError(f"hosts {sorted(w.decode() for w in waiting)} never connected to the switch")
+            try:
+                frames = router.recv_multipart()
+            except Rejected:
+                continue
+            if len(frames) == 2 and frames[1] == HELLO:
+                waiting.discard(frames[0])
+        ctrl.send(encode(Ready("switch")))
+        if setup.sync:
+            _Coordinator(setup, ctrl, router, switch, idents, forwarded).serve()
+            return
+        poller = zmq.Poller()
+        poller.register(ctrl, zmq.POLLIN)
+        poller.register(router, zmq.POLLIN)
+        if ports is not None:
+            for fd in ports.fileno_map():
+                poller.register(fd, zmq.POLLIN)
+        while True:
+            events = poller.poll(200 if ports is None else 1)
+            if ports is not None:
+                results = ports.drain()
+                if results is not None:
+                    for h, part in ports.route(results, setup.worker_hosts).items():
+                        router.send_multipart([idents[h], *part.frames(RESULTS)], copy=False)
+            for sock, _ in events:
+                if not isinstance(sock, zmq.Socket):
+                    continue  # a BMv2 port: drained above
+                if sock is ctrl:
+                    if isinstance(_control(ctrl), Stop):
+                        stats = switch.stats() if switch else {}
+                        ctrl.send(encode(SwitchResult(stats, forwarded[0], rejected=sealed.rejected(router, ctrl))))
+                        return
+                    continue
+                while True:
+                    try:
+                        frames = [f.buffer for f in router.recv_multipart(zmq.NOBLOCK, copy=False)]
+                    except zmq.Again:
+                        break
+                    kind = bytes(frames[1])
+                    if kind == AGG and ports is not None:
+                        ports.submit(AggBatch.parse(frames[1:]))
+                    elif kind == AGG and switch is not None:
+                        _aggregate(router, switch, AggBatch.parse(frames[1:]), idents)
+                    elif kind == SEG and len(frames) == 5 and len(frames[2]) == P2P_HEADER.itemsize:
+                        head = np.frombuffer(frames[2], P2P_HEADER)[0]
+                        host = route.host_of(int(head["job"]), int(head["dst"]))
+                        router.send_multipart([idents[host], *frames[1:]], copy=False)
+                        forwarded[0] += 1
+                    else:
+                        raise FrameError(f"unexpected message kind {kind[:8]!r} at the switch")
+    except Exception as exc:
+        if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
+            # ROUTER_MANDATORY: a host's connection closed under the switch (over TCP: its machine stopped)
+            exc = RunFailed("a host process left the run: its connection to the switch closed (killed, or its "
+                            "machine stopped)")
+        try:
+            ctrl.send(encode(failure("switch", exc)))
+            ctrl.close(linger=1000)  # the report must leave before the process does
+        except zmq.ZMQError:
+            pass
+        raise
+    finally:
+        if ports is not None:
+            ports.close()
+        ctrl.close(0)
+        router.close(0)
+        ctx.term()
+
+
+def _control(ctrl: zmq.Socket) -> Message | None:
+    """The orchestrator's message (None: one that failed authentication, dropped)."""
+    try:
+        return decode(ctrl.recv())
+    except Rejected:
+        return None
+
+
+def _aggregate(router: zmq.Socket, pools: _Pools, batch: AggBatch, idents: list[bytes]) -> None:
+    # a job the switch has no pool for goes to the last pool, which drops it as invalid (another job's)
+    jobs = np.minimum(batch.headers["job"].astype(np.int64), len(pools.switches) - 1)
+    if not len(jobs) or (jobs == jobs[0]).all():
+        _send_results(router, pools, int(jobs[0]) if len(jobs) else 0, batch, idents)
+        return
+    for job in np.unique(jobs):  # each job's rows in their order, to its own pool
+        _send_results(router, pools, int(job), batch.take(np.flatnonzero(jobs == job)), idents)
+
+
+def _send_results(router: zmq.Socket, pools: _Pools, job: int, batch: AggBatch, idents: list[bytes]) -> None:
+    res = pools.switches[job].process(batch.headers, batch.payload, batch.stamps, batch.sparse)
+    if not len(res):
+        return
+    dest = res.headers["worker"].astype(np.int64)
+    # a reduce_scatter's completion goes to every worker of the pool but the one it names
+    multi = (dest == MULTICAST) | (res.headers["msg_type"] == MsgType.SCATTER_DONE)
+    # a host holds any set of workers
+    host = np.where(multi, -1, pools.endpoint_host[pools.members[job][np.where(multi, 0, dest)]])
+    for h in pools.job_hosts[job]:
+        mine = multi | (host == h)
+        if mine.all():
+            part = AggBatch(res.headers, res.payload, res.stamps, res.sparse)
+        elif mine.any():
+            part = AggBatch(res.headers[mine], res.payload[mine], res.stamps[mine], res.sparse[mine])
+        else:
+            continue
+        router.send_multipart([idents[h], *part.frames(RESULTS)], copy=False)
+
+
+class _Coordinator:
+    """The switch on the synchronized clock: windows of conservative synchronization.
+
+    Window ``k`` starts when every host reported ``Done(k - 1)``: then every message a
+    host sent before it is here. ``T`` is the earliest of the hosts' next events, the
+    contributions held and the segments just forwarded; nothing can now reach an
+    endpoint before ``T + lookahead``, so that is the bound. The contributions before it
+    are applied in stamp order, their results sent, then ``Go(k, bound)`` to every host.
+    """
+
+    def __init__(self, setup: SwitchSetup, ctrl: zmq.Socket, router: zmq.Socket,
+                 switch: _Pools | None, idents: list[bytes], forwarded: list[int]) -> None:
+        self.setup, self.ctrl, self.router, self.switch = setup, ctrl, router, switch
+        self.idents, self.forwarded = idents, forwarded
+        self.route = switch or _Pools(setup, aggregates=False)
+        self.window = 0
+        self.reports: dict[bytes, Done] = {}
+        self.pending: list[AggBatch] = []
+        self.seg_min = math.inf
+        self.ended = False
+        self.windows = 0
+        self.pipeline = _Pipeline(setup.packet_rate) if setup.packet_rate else None
+
+    def serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.ctrl, zmq.POLLIN)
+        poller.register(self.router, zmq.POLLIN)
+        while True:
+            for sock, _ in poller.poll(200):
+                if sock is self.ctrl:
+                    if isinstance(_control(self.ctrl), Stop):
+                        stats = self.switch.stats() if self.switch else {}
+                        busy = self.pipeline.busy_us if self.pipeline else 0.0
+                        self.ctrl.send(encode(SwitchResult(stats, self.forwarded[0], self.windows, busy,
+                                                           rejected=sealed.rejected(self.router, self.ctrl))))
+                        return
+                    continue
+                self._drain()
+            if len(self.reports) == len(self.idents) and not self.ended:
+                self._next_window()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                frames = [f.buffer for f in self.router.recv_multipart(zmq.NOBLOCK, copy=False)]
+            except zmq.Again:
+                return
+            kind = bytes(frames[1])
+            if kind == AGG:
+                if self.switch is None:
+                    raise FrameError("contributions reached a switch that does not aggregate")
+                self.pending.append(AggBatch.parse(frames[1:]))
+            elif kind == SEG and len(frames) == 5 and len(frames[2]) == P2P_HEADER.itemsize:
+                head = np.frombuffer(frames[2], P2P_HEADER)[0]
+                host = self.route.host_of(int(head["job"]), int(head["dst"]))
+                self.seg_min = min(self.seg_min, segment_first_us(frames[3]))
+                self.router.send_multipart([self.idents[host], *frames[1:]], copy=False)
+                self.forwarded[0] += 1
+            elif kind == DONE:
+                done = Done.parse(frames[1:])
+                if done.window != self.window:
+                    raise FrameError(f"host {bytes(frames[0]).decode()} reported window {done.window} "
+                                     f"during window {self.window}")
+                self.reports[bytes(frames[0])] = done
+            else:
+                raise FrameError(f"unexpected message kind {kind[:8]!r} at the switch")
+
+    def _next_window(self) -> None:
+        held = min((float(b.stamps[:, 0].min()) for b in self.pending if len(b.headers)), default=math.inf)
+        t = min(min(d.next_us for d in self.reports.values()), held, self.seg_min)
+        if t == math.inf:
+            if all(d.finished for d in self.reports.values()):
+                self.ended = True
+                return
+            waiting = sorted(bytes(h).decode() for h, d in self.reports.items() if not d.finished)
+            raise FrameError(f"the synchronized clock ran out of events while hosts {waiting} still have "
+                             "workers that have not finished their programs (a protocol error: please report it)")
+        lookahead = self.setup.lookahead_us
+        bound = t + lookahead
+        inclusive = lookahead == 0
+        if held <= bound:
+            self._aggregate(bound, inclusive)
+        self.window += 1
+        self.windows += 1
+        self.reports.clear()
+        self.seg_min = math.inf
+        go = Go(self.window, bound, inclusive).frames()
+        for ident in self.idents:
+            self.router.send_multipart([ident, *go])
+
+    def _aggregate(self, bound: float, inclusive: bool) -> None:
+        """Apply every held contribution due before the bound, in stamp order."""
+        batch = AggBatch.concat(self.pending)
+        stamps = batch.stamps[:, 0]
+        due = stamps <= bound if inclusive else stamps < bound
+        rest = np.flatnonzero(~due)
+        self.pending = [batch.take(rest)] if len(rest) else []
+        rows = np.flatnonzero(due)
+        h = batch.headers
+        order = rows[np.lexsort((h["chunk"][rows], h["worker"][rows], h["job"][rows], stamps[rows]))]
+        assert self.switch is not None
+        batch = batch.take(order)
+        if self.pipeline is not None:
+            batch = self.pipeline.through(batch)
+        _aggregate(self.router, self.switch, batch, self.idents)
+
+
+class _Pipeline:
+    """A switch's aggregation pipeline at ``rate`` packets a second (``--packet-rate``): one server
+    that conserves work, as a leaf's link does (emu.replay.host.leaves): a row of ``n`` packets takes
+    ``n / rate`` of it from when it arrives or the pipeline is free, rows arriving together
+    interleave, and a row leaves as its work is done or its last packet is in, whichever is later.
+    Rows come in stamp order, window after window, so it is a FIFO in emulated time."""
+
+    def __init__(self, rate: float) -> None:
+        self.per_packet_us = 1e6 / rate
+        self.free = np.full(1, -math.inf)
+        self.busy_us = 0.0
+
+    def through(self, batch: AggBatch) -> AggBatch:
+        if not len(batch.headers):
+            return batch
+        assert batch.packets is not None
+        n = np.maximum(np.asarray(batch.packets, np.float64), 0.0)
+        ser = n * self.per_packet_us
+        self.busy_us += float(ser.sum())
+        out_first, out_last = conserve(np.zeros(len(n), np.int64), batch.stamps[:, 0].astype(np.float64),
+                                       batch.stamps[:, 1].astype(np.float64), ser, n, self.free)
+        return AggBatch(batch.headers, batch.payload, np.stack([out_first, out_last], axis=1), batch.sparse,
+                        batch.packets)

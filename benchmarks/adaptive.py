@@ -20,7 +20,7 @@ import time
 
 from emu.emulator.links import LinkSpec
 from emu.replay import ReplayConfig, replay
-from emu.replay.config import ADAPTIVE_FLOOR, CompressOption
+from emu.replay.config.options import ADAPTIVE_FLOOR, CompressOption
 from emu.traces import load_trace, sample_path
 
 

@@ -21,7 +21,7 @@ import time
 from emu.emulator.compress import COMPRESSORS
 from emu.emulator.links import LinkSpec
 from emu.replay import ReplayConfig, replay
-from emu.replay.config import CompressOption
+from emu.replay.config.options import CompressOption
 from emu.traces import load_trace, sample_path
 
 

@@ -24,7 +24,7 @@ import time
 from emu.emulator.links import LinkSpec
 from emu.emulator.topology import Topology
 from emu.replay import ReplayConfig, replay
-from emu.replay.layout import parse_mesh
+from emu.replay.plan.layout import parse_mesh
 from emu.traces import load_trace, sample_path
 
 

@@ -18,7 +18,7 @@ import platform
 import resource
 
 from emu.replay import ReplayConfig, replay
-from emu.replay.config import Clock
+from emu.replay.config.options import Clock
 from emu.traces import load_trace, sample_path
 
 

@@ -25,7 +25,7 @@ import time
 
 from emu.emulator.links import LinkSpec
 from emu.replay import ReplayConfig, replay
-from emu.replay.config import SparsityOption
+from emu.replay.config.options import SparsityOption
 from emu.study.predict import predict
 from emu.traces import load_trace, sample_path
 

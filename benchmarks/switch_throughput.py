@@ -2,7 +2,7 @@
 
 A driver process plays H worker hosts in lockstep (as replay's hosts send): each
 round, every host sends one batch with its workers' packets for the next S chunks
-of the stream; the switch process (the real one, ``emu.replay.switchd``) aggregates
+of the stream; the switch process (the real one, ``emu.replay.switch.daemon``) aggregates
 and sends each host its results; the driver waits for them before the next round.
 Payload is fixed random int32 made once, so the figure is the switch and the
 transport alone, not payload generation.
@@ -28,7 +28,7 @@ import zmq
 
 from emu.emulator.transport import AGG, HELLO
 from emu.emulator.wire import AGG_HEADER, FLAG_COPY, MsgType
-from emu.replay.switchd import SwitchSetup, switch_main
+from emu.replay.switch.daemon import SwitchSetup, switch_main
 
 
 def _headers(workers: range, chunks: np.ndarray, slots: int, total: int) -> np.ndarray:

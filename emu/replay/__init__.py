@@ -14,7 +14,7 @@ them), ``machines`` (several machines) and ``report``. The names below are what 
 from emu.replay.config.design import FLAG_KEYS, NetworkDesign, load_design, parse_packet_rate, topology_from_flags
 from emu.replay.config.options import Clock, CompressOption, ReplayConfig, SparsityOption, Straggler
 from emu.replay.control.processes import ReplayError
-from emu.replay.host.worker import IterationRecord, union_us
+from emu.replay.host.worker import CollRun, FakeWorker, IterationRecord, WorkerState, union_us
 from emu.replay.jobs import Jobs, replay_jobs
 from emu.replay.machines.cluster import JOIN_TIMEOUT_S, from_environment, join, spread
 from emu.replay.orchestrator import replay
@@ -24,7 +24,8 @@ from emu.replay.plan.scale import choose_payload_scale, scale_for
 from emu.replay.report.model import AdaptiveReport, CompressionReport, ReplayReport, write_chrome_trace
 
 __all__ = [
-    "FLAG_KEYS", "JOIN_TIMEOUT_S", "AdaptiveReport", "Clock", "CompressOption", "CompressionReport", "IterationRecord",
+    "FLAG_KEYS", "JOIN_TIMEOUT_S", "AdaptiveReport", "Clock", "CollRun", "CompressOption", "CompressionReport",
+    "FakeWorker", "IterationRecord", "WorkerState",
     "Jobs", "NetworkDesign", "ReplayConfig", "ReplayError", "ReplayReport", "SparsityOption", "Straggler",
     "WorkerProgram", "choose_payload_scale", "from_environment", "has_subgroups", "join", "load_design",
     "parse_mesh", "parse_packet_rate", "plan_mesh", "plan_programs", "programs_for", "replay", "replay_jobs",

@@ -1,56 +1,58 @@
 """``emu predict``: the analytic estimate of a replay, without running one.
 
-It owns the schedule model: the trace's programs run exactly as the fake workers run them
-(``emu.replay.host.worker``: compute advances the worker's clock; a collective is issued onto the
-worker's FIFO stream and the program goes on; a wait blocks until the listed collectives ended;
-an iteration ends when its last op ran and all its collectives completed, and the next begins
-then; iterations reused cyclically), but every collective takes its closed form
-(its mechanism's, ``emu.emulator.mechanisms.time_us``) instead of crossing an emulated network. The programs
-carry the replay's job-wide sparsity (``--sparsity``), so a sparse all_reduce on ``ring`` or ``ps``
-takes its sparse closed form where the replay would run the sparse algorithm (docs/sparse.md). On a
-topology a dense all_reduce on ``ina`` or ``ring`` takes the topology's form
-(``emu.emulator.topology_physics``), and what those forms do not cover is refused by name.
+The trace's programs run on the fake workers' own executor (``emu.replay.host.worker``: compute
+advances the worker's clock; a collective is issued onto its stream, FIFO, and the program goes
+on; a wait blocks until the listed collectives ended; an iteration ends when its last op ran and
+all its collectives completed, and the next begins then; iterations reused cyclically), so a
+program means here what it means in a replay, process groups and streams included. In place of
+the network, every collective takes its mechanism's closed form (``emu.emulator.mechanisms``):
+it starts when every member has started it (issued, its stream free) and ends its form later on
+each (a send on its sender at the start, as emu's sender finishes when its segments leave). The
+programs carry the replay's job-wide sparsity and compression, so each collective takes the form
+of the algorithm the replay would run (docs/sparse.md, docs/compression.md). On a topology the
+whole job's dense all_reduces on ``ina`` and ``ring`` take the topology's forms
+(``emu.emulator.topology_physics``), and what those do not cover is refused by name.
 
-Collective ``k`` (its number in the stream, the same on every worker) starts when every worker
-has issued it and every worker's stream is free (its collective ``k-1`` ended), and ends its
-closed form later on every worker (a send on its sender at the start, as emu's sender finishes
-when its segments leave). Workers that run the same program at the same compute speed have the
-same timeline, so one is simulated per (program, straggler factor) class: the cost does not grow
-with M (worker ``w`` runs the program of the file's rank ``w mod len(ranks)``; M enters the
-formulas only).
+Workers that run the same program at the same compute speed have the same timeline, so one is
+simulated per (program, straggler factor) class: the cost does not grow with M (worker ``w`` of a
+whole-job trace runs the program of the file's rank ``w mod len(ranks)``; M enters the formulas
+only). A sub-group's collective starts when the classes among its members started it.
 
 Stragglers: the factors are drawn exactly as the replay draws them (``straggling`` with the
 configuration's seed), so a random fraction picks the same workers as a replay with the same
 ``--seed``; the per-op lognormal noise (sigma) is ignored, and so is jitter.
 
 Left out (docs/physics.md, "Predictions"): queueing between collectives of different workers
-that overlap on a link (the model starts a collective when the last worker can, where emu lets the
-early workers' segments go ahead), loss on point-to-point links beyond one chain's expectation.
+that overlap on a link (the model starts a collective when the last member can, where emu lets the
+early workers' segments go ahead), and between groups' collectives that share a worker's links;
+loss on point-to-point links beyond one chain's expectation; where stragglers sit in sub-groups,
+the members of a class wait as its first worker's groups do.
 """
 
 from __future__ import annotations
 
+import heapq
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from emu.emulator import mechanisms
+from emu.emulator.mechanisms import Setting
 from emu.errors import ConfigError
 from emu.replay import (
-    CompressOption,
-    IterationRecord,
+    CollRun,
+    FakeWorker,
     ReplayConfig,
-    SparsityOption,
     WorkerProgram,
+    WorkerState,
     choose_payload_scale,
     has_subgroups,
     plan_mesh,
-    plan_programs,
+    programs_for,
     straggling,
-    union_us,
 )
-from emu.traces.model import Coll, CollKind, Compute, Sparsity, Trace, Wait
+from emu.traces.model import Coll, CollKind, Sparsity, Trace
 
 # Past this many workers the programs are planned for fewer (plan_programs builds one per worker):
 # the first len(ranks) workers' programs are the same at any M but for send/recv peers and
@@ -71,149 +73,152 @@ class Prediction:
     method: str  # one line: how the numbers were made
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Class:
-    """Every worker that runs one program at one compute speed."""
+    """Every worker that runs one program at one compute speed (one of them is simulated)."""
 
-    program: WorkerProgram
+    program: WorkerProgram  # its first worker's
     factor: float
     first_worker: int  # the lowest worker id in the class (the replay's tie-break for the critical one)
-    t: float = 0.0
-    it: int = 0
-    op: int = 0
-    finished: bool = False
-    seqs: dict[int, int] = field(default_factory=dict)  # this iteration's trace id -> stream number
-    issued: int = 0  # collectives issued so far (the next one's stream number)
-    lead: float = 0.0  # how much sooner its first worker began this iteration
-    lag: float = 0.0  # how far its first worker is ahead of its last since the last blocking wait
-    records: list[IterationRecord] = field(default_factory=list)
 
 
-def _programs(trace: Trace, workers: int, sparsity: SparsityOption | None = None,
-              compress: CompressOption | None = None, switch_sums: bool = False) -> list[WorkerProgram]:
-    """The programs of workers 0..min(M, len(ranks))-1, checked as a replay checks them."""
-    n, r = trace.meta.world_size, len(trace.ranks)
+def _programs(trace: Trace, config: ReplayConfig) -> list[WorkerProgram]:
+    """The programs to draw the classes from, checked as a replay checks them: every worker's for a
+    trace with sub-groups (each worker's groups are its own); else those of workers
+    0..min(M, len(ranks))-1, planned for at most about PLAN_LIMIT workers."""
+    if has_subgroups(trace):
+        return programs_for(trace, config)
+    n, r, workers = trace.meta.world_size, len(trace.ranks), config.workers
     m = workers
     if workers > PLAN_LIMIT and workers != n:
         m = PLAN_LIMIT + (workers - PLAN_LIMIT) % r  # same residue: the same last worker's program
         if m == n:
             m += r
-    return plan_programs(trace, m, sparsity=sparsity, compress=compress, job_workers=workers,
-                         switch_sums=switch_sums)[:min(r, workers)]
+    return programs_for(trace, config, workers=m)[:min(r, workers)]
 
 
-def _classes(trace: Trace, config: ReplayConfig) -> list[_Class]:
-    programs = _programs(trace, config.workers, config.sparsity, config.compress, config.switch_sums)
+def _classes(trace: Trace, config: ReplayConfig) -> tuple[list[_Class], np.ndarray]:
+    """The classes, and every worker's class."""
+    programs = _programs(trace, config)
     factor, _ = straggling(config.stragglers, config.workers, config.seed)  # numpy over M, as replay draws
-    prog = np.arange(config.workers) % len(programs)
-    keys, first = np.unique(np.stack([prog.astype(float), factor], axis=1), axis=0, return_index=True)
-    return [_Class(program=programs[int(k[0])], factor=float(k[1]), first_worker=int(w))
-            for k, w in zip(keys, first, strict=True)]
+    whole = len(programs) < config.workers  # the first workers' programs stand for everyone's, round robin
+    prog = np.arange(config.workers) % len(programs) if whole else np.array([p.rank for p in programs])
+    keys, first, class_of = np.unique(np.stack([prog.astype(float), factor], axis=1), axis=0, return_index=True,
+                                      return_inverse=True)
+    classes = [_Class(program=programs[int(k[0]) if whole else int(w)], factor=float(k[1]), first_worker=int(w))
+               for k, w in zip(keys, first, strict=True)]
+    return classes, class_of.reshape(-1)
 
 
-class _Schedule:
-    """The classes' programs in lockstep with the collectives' closed forms."""
+class _Forms:
+    """The network of a prediction: each collective takes its mechanism's closed form once every
+    class among its members has started it, and ends that much later on each (a send on its sender
+    at the start, as emu's sender is done when its segments leave). The programs run on the fake
+    workers' own executor (``emu.replay.host.worker``), one worker a class, completions delivered
+    in time order before the programs resume at the same time, as a host hands them over."""
 
-    def __init__(self, classes: list[_Class], config: ReplayConfig, iters: int, scale: int) -> None:
-        self.classes, self.cfg, self.iters, self.scale = classes, config, iters, scale
-        self.per_iteration = classes[0].program.colls_per_iteration
-        self.issue: list[dict[int, tuple[float, Coll]]] = []  # per stream number: class -> (time, op)
-        self.end: list[list[float]] = []  # per stream number: per class
-        self.times: dict[tuple[CollKind, int, str, Sparsity | None], float] = {}
-        self.spreads: dict[tuple[CollKind, int, str, Sparsity | None], float] = {}
-        self.setting = replace(config.setting, payload_scale=scale, real_slots=max(1, -(-config.emulated_slots // scale)))
-
-    def duration_us(self, op: Coll) -> float:
-        key = (op.kind, op.count, op.dtype.value, op.sparsity)
-        t = self.times.get(key)
-        if t is None:  # alone on the links, as its mechanism runs it (its topology form on a topology)
-            mech = mechanisms.choose(op, self.setting)
-            t = self.times[key] = mech.time_us(op, self.setting)
-            self.spreads[key] = mech.spread_us(op, self.setting)
-        return t
-
-    def spread_us(self, op: Coll) -> float:
-        return self.spreads[(op.kind, op.count, op.dtype.value, op.sparsity)]
+    def __init__(self, classes: list[_Class], class_of: np.ndarray, setting: Setting, iters: int) -> None:
+        self.class_of, self.setting = class_of, setting
+        self.all = frozenset(range(len(classes)))
+        self.workers = [FakeWorker(WorkerState(program=c.program, iters=iters, straggle=c.factor),
+                                   self._start, self._resume) for c in classes]
+        self.index = {id(fw): i for i, fw in enumerate(self.workers)}
+        self.heap: list[tuple[float, int, int, int, CollRun | None]] = []
+        self.pending: dict[tuple[frozenset[int], int], dict[int, CollRun]] = {}
+        self.forms: dict[tuple[CollKind, int, str, Sparsity | None, int], tuple[float, float]] = {}
+        self.ends: list[dict[float, float]] = [{} for _ in classes]  # per class: a completion's time -> spread
+        self._order = 0
 
     def run(self) -> None:
-        while not all(c.finished for c in self.classes):
-            moved = False
-            for i, c in enumerate(self.classes):
-                moved |= self._advance(i, c)
-            moved |= self._resolve()
-            if not moved:
-                raise ConfigError("the trace's waits cannot all be met (a wait names a collective that some "
-                                  "rank never issues): check it with emu inspect")
-
-    def _resolve(self) -> bool:
-        """Give every collective that all classes have issued its start and end, in stream order."""
-        moved = False
-        n = len(self.classes)
-        while len(self.end) < len(self.issue) and len(self.issue[len(self.end)]) == n:
-            k = len(self.end)
-            issued = self.issue[k]
-            prev = self.end[k - 1] if k else [0.0] * n
-            start = max(max(issued[i][0], prev[i]) for i in range(n))
-            self.end.append([start if issued[i][1].kind == CollKind.SEND else start + self.duration_us(issued[i][1])
-                             for i in range(n)])
-            moved = True
-        return moved
-
-    def _ended(self, i: int, seq: int) -> float | None:
-        return self.end[seq][i] if seq < len(self.end) else None
-
-    def _wait(self, i: int, c: _Class, seqs) -> bool:
-        ends = [self._ended(i, s) for s in seqs]
-        if any(e is None for e in ends):
-            return False
-        end = max(ends, default=c.t)
-        if end > c.t:
-            c.records[-1].blocked_us += end - c.t
-            # the class's first worker got the collective that ended the wait this much sooner (its
-            # spread), and goes on ahead of the last until a later wait blocks them all again
-            last = max(seqs, key=lambda s: self.end[s][i])
-            c.lag = min(self.spread_us(self.issue[last][i][1]), end - c.t)
-            c.t = end
-        return True
-
-    def _advance(self, i: int, c: _Class) -> bool:
-        """Run class i's program until it must wait for a collective; True if it moved."""
-        moved = False
-        its = c.program.iterations
-        while not c.finished:
-            if not c.records or len(c.records) <= c.it:  # its earliest worker's start
-                c.records.append(IterationRecord(index=len(c.records), start_us=c.t - c.lead))
-            ops = its[c.it % len(its)].ops
-            if c.op >= len(ops):
-                if not self._wait(i, c, c.seqs.values()):
-                    return moved
-                rec = c.records[-1]
-                rec.end_us = c.t
-                rec.comm_us = union_us((self.issue[s][i][0], self.end[s][i]) for s in c.seqs.values())
-                c.lead, c.lag = c.lag, 0.0  # the replay's iteration runs from its earliest worker's start
-                c.it, c.op, c.seqs = c.it + 1, 0, {}
-                c.finished = c.it >= self.iters
-                moved = True
-                continue
-            op = ops[c.op]
-            if isinstance(op, Compute):
-                dur = op.dur_us * c.factor
-                c.records[-1].compute_us += dur
-                c.t += dur
-            elif isinstance(op, Coll):
-                seq = c.issued
-                c.issued += 1
-                c.seqs[op.id] = seq
-                while len(self.issue) <= seq:
-                    self.issue.append({})
-                self.issue[seq][i] = (c.t, op)
+        for fw in self.workers:
+            fw.begin()
+        while self.heap:
+            t, kind, i, _, run = heapq.heappop(self.heap)
+            if run is not None:
+                self.workers[i].completed(run, t)
             else:
-                assert isinstance(op, Wait)
-                if not self._wait(i, c, [c.seqs[x] for x in op.ids]):
-                    return moved
-            c.op += 1
-            moved = True
-        return moved
+                self.workers[i].run()
+        if not all(fw.s.finished for fw in self.workers):
+            raise ConfigError("the trace's waits cannot all be met (a wait names a collective that some rank never "
+                              "issues, or a group's members issue different collectives): check it with emu inspect")
+
+    def _push(self, t: float, kind: int, i: int, run: CollRun | None) -> None:
+        self._order += 1
+        heapq.heappush(self.heap, (t, kind, i, self._order, run))
+
+    def _resume(self, worker: FakeWorker, t: float) -> None:
+        self._push(t, 1, self.index[id(worker)], None)
+
+    def _members(self, worker: FakeWorker, op: Coll) -> frozenset[int]:
+        if op.kind in (CollKind.SEND, CollKind.RECV) and op.peer is not None:
+            return frozenset((self.index[id(worker)], int(self.class_of[op.peer])))
+        if op.group is None:
+            return self.all
+        return frozenset(int(c) for c in self.class_of[list(op.group)])
+
+    def _start(self, worker: FakeWorker, run: CollRun) -> None:
+        key = (self._members(worker, run.op), run.seq)
+        if run.op.kind in (CollKind.SEND, CollKind.RECV):
+            self._point_to_point(self.index[id(worker)], key, run)
+            return
+        entry = self.pending.setdefault(key, {})
+        entry[self.index[id(worker)]] = run
+        if len(entry) < len(key[0]):
+            return
+        del self.pending[key]
+        start = max(r.start_us or r.issue_us for r in entry.values())
+        duration, spread = self.form(run.op)
+        for i, r in entry.items():
+            self._end(i, r, start + duration, spread)
+
+    def _end(self, i: int, run: CollRun, end: float, spread: float = 0.0) -> None:
+        self.ends[i][end] = max(spread, self.ends[i].get(end, 0.0))
+        self._push(end, 0, i, run)
+
+    def _point_to_point(self, i: int, key: tuple[frozenset[int], int], run: CollRun) -> None:
+        """A send is done when it starts (its segments leave); its receive when they arrived, or when
+        it starts where they came first (the replay's early segments wait for it)."""
+        start = run.start_us if run.start_us is not None else run.issue_us
+        other = self.pending.pop(key, None)
+        if run.op.kind == CollKind.SEND:
+            self._end(i, run, start)
+            if other is None:
+                self.pending[key] = {-1: run}  # the receive will find when the segments left
+                return
+            (j, recv), = other.items()
+            recv_start = recv.start_us if recv.start_us is not None else recv.issue_us
+            self._end(j, recv, max(recv_start, start + self.form(run.op)[0]))
+            return
+        if other is None:
+            self.pending[key] = {i: run}
+            return
+        send = other[-1]
+        sent = send.start_us if send.start_us is not None else send.issue_us
+        self._end(i, run, max(start, sent + self.form(run.op)[0]))
+
+    def form(self, op: Coll) -> tuple[float, float]:
+        """Its closed form alone on the links and its members' completion spread (``Mechanism``)."""
+        key = (op.kind, op.count, op.dtype.value, op.sparsity, len(op.group) if op.group is not None else 0)
+        got = self.forms.get(key)
+        if got is None:
+            mech = mechanisms.choose(op, self.setting)
+            got = self.forms[key] = (mech.time_us(op, self.setting), mech.spread_us(op, self.setting))
+        return got
+
+    def starts(self, i: int) -> list[float]:
+        """Class i's iterations' starts as its earliest worker's: one iteration ahead of the last by
+        the spread of the collective that ended its last blocking wait (at most the time it blocked)."""
+        s = self.workers[i].s
+        waits = [(a, b) for cat, _, a, b in s.spans if cat == "wait"]
+        out = [s.records[0].start_us]
+        for prev, rec in zip(s.records, s.records[1:], strict=False):
+            inside = [(a, b) for a, b in waits if prev.start_us <= a and b <= prev.end_us]
+            lead = 0.0
+            if inside:
+                a, b = max(inside, key=lambda w: w[1])
+                lead = min(self.ends[i].get(b, 0.0), b - a)
+            out.append(rec.start_us - lead)
+        return out
 
 
 def predict(trace: Trace, config: ReplayConfig) -> Prediction:
@@ -233,20 +238,20 @@ def predict(trace: Trace, config: ReplayConfig) -> Prediction:
         raise ConfigError("--compress adaptive: its choices follow what the replay measures as it runs; emu predict "
                           "takes one compressor (--compress topk:R), or replay it (emu replay --compress adaptive)")
     plan_mesh(trace, config.workers, config.mesh, "the trace")  # a mesh given must fit the trace's
-    if has_subgroups(trace) or any(op.stream is not None for r in trace.ranks for it in r.iterations for op in it.colls):
-        mesh = trace.meta.mesh
-        raise ConfigError(f"emu predict's closed forms run the collectives of the whole job on one stream; this "
-                          f"trace is sharded or split ({'mesh ' + mesh.text() if mesh else 'sub-groups'}), with groups "
-                          f"and streams of their own: replay it (emu replay; docs/parallelism.md)")
+    if config.topology is not None and has_subgroups(trace):
+        raise ConfigError("a sharded or split trace on a topology: emu predict's topology forms take the whole "
+                          "job's dense all_reduces (docs/physics.md, 'On a topology'); replay it (emu replay)")
     iters = config.iters or trace.iterations
     scale = config.payload_scale or choose_payload_scale(trace, config)
-    classes = _classes(trace, config)
-    sched = _Schedule(classes, config, iters, scale)
-    sched.run()
+    classes, class_of = _classes(trace, config)
+    setting = replace(config.setting, payload_scale=scale, real_slots=max(1, -(-config.emulated_slots // scale)))
+    forms = _Forms(classes, class_of, setting, iters)
+    forms.run()
+    starts = [forms.starts(i) for i in range(len(classes))]
     times, crits = [], []
     for k in range(iters):
-        rows = [c.records[k] for c in classes]
-        start = min(r.start_us for r in rows)
+        rows = [fw.s.records[k] for fw in forms.workers]
+        start = min(s[k] for s in starts)
         crit = max(range(len(classes)), key=lambda j: (rows[j].end_us, -classes[j].first_worker))
         times.append(rows[crit].end_us - start)
         crits.append(rows[crit])

@@ -244,3 +244,38 @@ def test_dlrm_sparse_against_replays(no_children) -> None:
         r = replay(dlrm, cfg)
         assert r.sparsity is not None and r.sparsity.sparse_collectives == 1
         assert predict(dlrm, cfg).iteration_us_median == pytest.approx(r.summary.iteration_us_median, rel=0.08)
+
+
+@pytest.mark.parametrize(("sample", "mesh", "fabric"), [
+    ("pp", "pp=2,dp=4", "ring"),
+    pytest.param("tp", "dp=4,tp=2", "ring", marks=pytest.mark.slow),
+    pytest.param("tp", "dp=4,tp=2", "ina", marks=pytest.mark.slow),
+    pytest.param("fsdp", "fsdp=8", "ina", marks=pytest.mark.slow),
+    pytest.param("fsdp", "fsdp=8", "ring", marks=pytest.mark.slow),
+    pytest.param("pp", "pp=2,dp=4", "ina", marks=pytest.mark.slow)])
+def test_sharded_and_split_traces_follow_their_replays(sample: str, mesh: str, fabric: str, no_children) -> None:
+    """Process groups and streams run on the fake workers' own executor: each group's collectives on
+    its members, the streams concurrently, sends done as they leave (10 Gb/s, where the network shows)."""
+    from emu.replay import parse_mesh
+    from emu.traces import load_trace, sample_path
+
+    trace = load_trace(sample_path(sample))
+    cfg = ReplayConfig(workers=8, fabric=fabric, iters=2, link=L10, mesh=parse_mesh(mesh))
+    replayed = replay(trace, cfg).summary.iteration_us_median
+    assert predict(trace, cfg).iteration_us_median == pytest.approx(replayed, rel=0.02)
+
+
+def test_groups_on_streams_of_their_own_run_concurrently() -> None:
+    """Two groups' all_reduces on streams of their own take one all_reduce's time; on one stream, two."""
+    def two(streams: tuple[int, int]) -> Trace:
+        ops = [_ar(0, 1_000_000, 4, group=(0, 1), stream=streams[0]), _ar(1, 1_000_000, 4, group=(2, 3),
+                                                                             stream=streams[1]), Wait((0, 1))]
+        meta = TraceMeta(source=Source.SYNTHETIC, world_size=4, backend="none", device="none", framework="emu",
+                         dtype="float32", captured_at="2026-01-01T00:00:00Z")
+        return Trace(meta=meta, ranks=tuple(RankProgram(rank=r, iterations=(Iteration(
+            step=0, measured_us=0.0, ops=tuple(ops)),)) for r in range(4)))
+
+    cfg = ReplayConfig(workers=4, fabric="ring", link=L10, payload_scale=1)
+    pair = coll(CollKind.ALL_REDUCE, 1_000_000, 2, L10, payload_scale=1)
+    assert predict(two((1, 2)), cfg).iteration_us_median == pytest.approx(pair)
+    assert predict(two((1, 1)), cfg).iteration_us_median == pytest.approx(2 * pair)

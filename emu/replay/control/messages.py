@@ -119,8 +119,16 @@ def connect_control(ctx: zmq.Context, address: str, key: bytes | None = None,
 
     ctrl = sealed.make(ctx, zmq.DEALER, key, "control", identity)
     ctrl.setsockopt(zmq.LINGER, 0)
+    quick_reconnect(ctrl)
     ctrl.connect(address)
     return ctrl
+
+
+def quick_reconnect(sock: zmq.Socket) -> None:
+    """Retry a connect every 5 ms (backing off to 100 ms), not zmq's 100: a forked process
+    usually connects before its peer has bound, and each replay would wait a retry for it."""
+    sock.setsockopt(zmq.RECONNECT_IVL, 5)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 100)
 
 
 def failure(host: Who, exc: BaseException) -> Failed:

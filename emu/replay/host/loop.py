@@ -35,7 +35,17 @@ from emu.emulator.transport import (
     Segment,
 )
 from emu.replay.config.options import Clock
-from emu.replay.control.messages import Progress, Ready, Start, Stop, connect_control, decode, encode, failure
+from emu.replay.control.messages import (
+    Progress,
+    Ready,
+    Start,
+    Stop,
+    connect_control,
+    decode,
+    encode,
+    failure,
+    quick_reconnect,
+)
 from emu.replay.host.jobs import JobsHost
 from emu.replay.host.runtime import Host, HostSetup
 from emu.replay.machines import sealed
@@ -54,6 +64,7 @@ def host_main(setup: HostSetup) -> None:
     data.setsockopt(zmq.LINGER, 2000)
     data.setsockopt(zmq.SNDHWM, 0)
     data.setsockopt(zmq.RCVHWM, 0)
+    quick_reconnect(data)
     data.connect(setup.switch_addr)
     data.send(HELLO)
     try:

@@ -110,6 +110,8 @@ CASES: tuple[Case, ...] = (
     Case("mesh-tp-tree", _replay("tp", "--fabric", "tree", "--mesh", "dp=4,tp=2", iters="1")),
     Case("predict-tree", ("predict", "{T}/mlp.json.gz", "{T}/transformer.json.gz", "--workers", "16,64,256",
                           "--fabric", "tree", "--bandwidth", "10Gbps,100Gbps", "--json")),
+    Case("predict-mesh", ("predict", "{T}/tp.json.gz", "--mesh", "dp=4,tp=2", "--fabric", "ina,ring,tree",
+                          "--bandwidth", "10Gbps,100Gbps", "--iters", "2", "--json")),
     Case("predict-grid", ("predict", "{T}/mlp.json.gz", "{T}/cnn.json.gz", "--workers", "8,64", "--fabric",
                           "ina,ring,ps", "--bandwidth", "10Gbps,100Gbps", "--loss", "0,0.001", "--json"), fast=True),
     Case("predict-topology", ("predict", "{T}/mlp.json.gz", "--workers", "32", "--network",

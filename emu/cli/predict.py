@@ -13,7 +13,7 @@ from emu.cli.sweep import build_grid, grid_options, split_axes
 
 
 @cli.command()
-@grid_options
+@grid_options("predict")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimates as JSON on stdout.")
 @click.pass_context
 def predict(ctx: click.Context, as_json: bool, **params: Any) -> None:
@@ -24,7 +24,7 @@ def predict(ctx: click.Context, as_json: bool, **params: Any) -> None:
     """
     from emu.study.predict import predict as estimate
 
-    pts, traces = build_grid(ctx, params)
+    pts, traces = build_grid(ctx, params, "predict")
     rows = []
     for p in pts:
         e = estimate(traces.get(p.trace), p.config)

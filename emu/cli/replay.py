@@ -2,42 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from emu.cli import cli
-from emu.cli.options import auto, topology_from, topology_options, trace_path, typed
+from emu.cli.options import auto, design_options, design_values, trace_path, typed
 from emu.cli.output import Progress, err, human_bandwidth, human_bytes, ms, out
 from emu.emulator import fabric as fabrics
 from emu.errors import CheckFailed, ConfigError, EmuError
 
 if TYPE_CHECKING:
-    from emu.replay import AdaptiveReport, CompressionReport
+    from emu.replay import AdaptiveReport, CompressionReport, ReplayConfig, ReplayReport
 
 
 @cli.command()
 @click.argument("trace_args", metavar="TRACE...", nargs=-1, required=True)
 @click.option("--workers", "-w", "workers_arg", default="8", show_default=True,
               help="Fake workers; with several traces (jobs sharing the fabric) one count a trace, 64,32.")
-@click.option("--mesh", default=None,
-              help="The layout of a sharded or split trace: its mesh with new sizes for the data-parallel "
-                   "dimensions, e.g. dp=64,tp=2 (the workers are its product; docs/parallelism.md).")
-@click.option("--allocation", type=click.Choice(["contiguous", "interleaved"]), default=None,
-              help="Several traces on a topology: hand each job whole nodes in turn (interleaved: the jobs share "
-                   "leaves) or in blocks (contiguous, the default); docs/topology.md.")
-@click.option("--network", "network", type=click.Path(dir_okay=False),
-              help="A network design file (TOML: fabric, [link], [switch]); flags typed beside it win.")
-@click.option("--fabric", default="ina", show_default=True,
-              help=f"{fabrics.listing()}; a comma-separated list replays each and compares them.")
-@click.option("--bandwidth", default="100Gbps", show_default=True, help="Link bandwidth, e.g. 10Gbps, 400Gbit.")
-@click.option("--bandwidth-schedule", default=None,
-              help="A bandwidth that changes over emulated time, TIME:BANDWIDTH steps from 0s, e.g. "
-                   "0s:100Gbps,20ms:10Gbps (replaces --bandwidth; docs/physics.md).")
-@click.option("--latency", default="5us", show_default=True, help="One-way link latency, e.g. 5us, 1ms.")
-@click.option("--loss", type=float, default=0.0, show_default=True, help="Packet loss probability per link.")
-@click.option("--jitter", default="0us", show_default=True, help="Uniform extra delay per packet, up to this.")
 @click.option("--iters", type=int, help="Iterations to replay (default: the trace's).")
 @click.option("--clock", type=click.Choice(["sync", "wall"]), default=None,
               help=f"sync: synchronized emulated clock, exact and unpaced (default for {fabrics.listing(True)}); "
@@ -65,12 +50,6 @@ if TYPE_CHECKING:
 @click.option("--payload", "payload_file", type=click.Path(dir_okay=False),
               help="Send the real ranks' tensors that emu run wrote beside its --trace-out (NAME.payload.npz) "
                    "in place of generated payload.")
-@click.option("--slots", type=int, help="INA slot pool (the window); default covers 2x the bandwidth-delay product.")
-@click.option("--elements", type=click.Choice(["64", "256"]), default="64", show_default=True,
-              help="int32 elements per aggregation packet.")
-@click.option("--packet-rate", default=None,
-              help="Contributions the switch's pipeline processes a second (1.2Gpps, 5e8); default: unlimited "
-                   "(docs/topology.md).")
 @click.option("--processes", type=int, help="Worker host processes (default: min(workers, cores)).")
 @click.option("--ps-shards", type=int, help="Parameter-server shards (default: one per worker).")
 @click.option("--timeout", type=float, default=1800.0, show_default=True, help="Seconds before giving up.")
@@ -82,16 +61,13 @@ if TYPE_CHECKING:
 @click.option("--launcher", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
               help="auto: under torchrun, srun or a PyTorchJob (RANK, WORLD_SIZE, MASTER_ADDR or SLURM_*), join the "
                    "other machines and host a share of the workers (docs/multi-host.md); none: this machine alone.")
-@topology_options
+@design_options("replay")
 @click.pass_context
-def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, mesh: str | None, allocation: str | None,
-           network: str | None, fabric: str, bandwidth: str,
-           bandwidth_schedule: str | None, latency: str, loss: float, jitter: str,
+def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, network: str | None, fabric: str,
            iters: int | None, clock: str | None, tdf: str | None, payload_scale: str, stragglers: tuple[str, ...],
            sparsity: str, sparsity_block: int | None, compress: str, compress_speed: float, seed: int,
-           payload_file: str | None, slots: int | None, elements: str, packet_rate: str | None,
-           processes: int | None, ps_shards: int | None, timeout: float, report_path: Path | None,
-           chrome_trace: Path | None, as_json: bool, launcher: str, **shape: Any) -> None:
+           payload_file: str | None, processes: int | None, ps_shards: int | None, timeout: float,
+           report_path: Path | None, chrome_trace: Path | None, as_json: bool, launcher: str, **flags: Any) -> None:
     """Replay TRACE (a file, or a shipped sample: mlp, cnn, transformer, dlrm) on fake workers;
     several traces are jobs sharing the fabric, each also replayed alone for its slowdown.
 
@@ -100,28 +76,12 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
       emu replay t.json.gz --workers 64 --fabric ina --bandwidth 100Gbps --report r.json
       emu replay mlp cnn --workers 32,16 --network examples/designs/jobs/shared-spine-4to1.toml
     """
-    import json
-    from dataclasses import replace
-
-    from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us, parse_schedule
-    from emu.files import check_writable
-    from emu.lifetime import Terminated
-    from emu.replay import Clock, CompressOption, ReplayConfig, SparsityOption, Straggler, parse_mesh
     from emu.replay import replay as run_replay
     from emu.traces import load_trace
 
     counts = _worker_counts(workers_arg, len(trace_args))
-    workers = sum(counts)
     several = len(trace_args) > 1
-    layout = None if mesh is None else parse_mesh(mesh)
-    if layout is not None and several:
-        raise ConfigError("--mesh lays out one sharded or split trace: give it with one trace")
-    if several and payload_file is not None:
-        raise ConfigError("--payload sends one emu run's tensors: give it with one trace")
-    if not several and allocation is not None:
-        raise ConfigError("--allocation hands a topology's nodes to several jobs: give it with several traces")
-    if several and chrome_trace is not None:
-        raise ConfigError("--chrome-trace draws one job's workers: give it with one trace")
+    _refuse_for_several(several, flags, payload_file, chrome_trace)
     paths = [trace_path(arg) for arg in trace_args]
     traces = [load_trace(p) for p in paths]
     cluster = _join(launcher, processes, paths, ctx.params, [network, payload_file])
@@ -130,108 +90,155 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, me
         from emu.replay import spread
 
         ctx.with_resource(spread(cluster))
-    path, trace = paths[0], traces[0]
+    configs = _configs(ctx, _base_config(ctx.params, sum(counts)), fabric, network, several, cluster, flags)
+    outputs = _outputs(configs, report_path, chrome_trace, quiet)
     payload = None
     if payload_file is not None:
         from emu.emulator.recorded import load_payload
 
         payload = load_payload(payload_file)
-    design = None
-    given: frozenset[str] = frozenset()
-    if network is not None:
-        from emu.replay import FLAG_KEYS, load_design
-
-        design = load_design(network)
-        given = frozenset(key for name, key in FLAG_KEYS.items() if typed(ctx, name))
-        if design.fabric is not None and "fabric" not in given:
-            fabric = design.fabric
-    chosen = [f.strip() for f in fabric.split(",") if f.strip()]
-    if not chosen:
-        raise ConfigError(f"--fabric needs at least one of: {', '.join(fabrics.names())}")
-
-    def target(base: Path | None, name: str) -> Path | None:
-        return None if base is None or len(chosen) == 1 else base.with_name(f"{base.stem}-{name}{base.suffix}")
-
-    for name in chosen if not quiet else ():  # found before anything runs, not after
-        if report_path is not None:
-            check_writable(target(report_path, name) or report_path, "--report")
-        if chrome_trace is not None:
-            check_writable(target(chrome_trace, name) or chrome_trace, "--chrome-trace")
-    topology = topology_from(shape)
-    sparse = SparsityOption.parse(sparsity, sparsity_block)
-    sparse.check()
-    compression = CompressOption(compress, compress_speed)
-    compression.check()
-    schedule: tuple[tuple[float, float], ...] = ()
-    if bandwidth_schedule is not None:
-        if typed(ctx, "bandwidth"):
-            raise ConfigError("--bandwidth-schedule sets the bandwidth over time: drop --bandwidth (its first step "
-                              "is the bandwidth from 0s)")
-        schedule = parse_schedule(bandwidth_schedule)
-    link = LinkSpec(bandwidth_bps=schedule[0][1] if schedule else parse_bandwidth(bandwidth),
-                    latency_us=parse_duration_us(latency), loss=loss, jitter_us=parse_duration_us(jitter, "--jitter"),
-                    schedule=schedule)
     reports = []
-    for name in chosen:
-        config = ReplayConfig(workers=workers, fabric=name, link=link, iters=iters,
-                              clock=Clock(clock) if clock else (Clock.WALL if tdf is not None else None),
-                              tdf=None if tdf is None else auto(tdf, float, "--tdf"), payload_scale=auto(payload_scale, int, "--payload-scale"),
-                              stragglers=tuple(Straggler.parse(x) for x in stragglers), seed=seed, slots=slots,
-                              elements=int(elements), processes=processes, ps_shards=ps_shards, timeout_s=timeout,
-                              sparsity=sparse, compress=compression, topology=topology,
-                              packet_rate=None if packet_rate is None else _packet_rate(packet_rate),
-                              mesh=layout)
-        if design is not None:
-            config = replace(design.overlay(config, given | {"fabric"}), design_file=network, design_name=design.name)
-        if config.mesh is not None:  # the layout sets the workers; a typed count must agree
-            if typed(ctx, "workers_arg") and workers != config.mesh.size:
-                raise ConfigError(f"--mesh {config.mesh.text()} is {config.mesh.size} workers but --workers is "
-                                  f"{workers}: give one, or the same count")
-            config = replace(config, workers=config.mesh.size)
-        if cluster is not None:
-            config = cluster.configure(config)
-        if not several:
-            config.check()
-        elif allocation is not None and config.topology is None:
-            raise ConfigError("--allocation hands a topology's nodes to the jobs: give a topology too "
-                              "(--workers-per-node, or a design's [topology])")
-        # every machine's workers record spans alike (machine 0 writes them all)
-        chrome = None if chrome_trace is None else target(chrome_trace, name) or chrome_trace
-        out_path = None if report_path is None or quiet else target(report_path, name) or report_path
-        try:
-            on = "" if cluster is None else f" on {cluster.world} machines"
-            with Progress(f"{name} x{workers_arg}{on}", quiet=quiet) as bar:
-                if several:
-                    from emu.emulator.topology import Allocation
-                    from emu.replay import Jobs, replay_jobs
-
-                    chosen = (Allocation(allocation) if allocation is not None
-                              else design.allocation if design is not None and design.allocation is not None
-                              else Allocation.CONTIGUOUS)
-                    report = replay_jobs(traces, config, Jobs(counts, chosen), [str(p) for p in paths],
-                                         on_progress=bar.update, on_status=bar.status)
-                else:
-                    report = run_replay(trace, config, trace_path=str(path), chrome_trace=chrome,
-                                        on_progress=bar.update, on_status=bar.status, payload=payload,
-                                        payload_path=payload_file)
-        except (EmuError, KeyboardInterrupt, Terminated) as exc:
-            partial = getattr(exc, "partial_report", None)
-            if partial is not None and out_path is not None:
-                try:
-                    partial.save(out_path)
-                    note = "" if partial.complete else " (partial: complete is false)"
-                    err().print(f"wrote {out_path}{note}", markup=False, highlight=False)
-                except EmuError as save_error:  # the run's own failure is what the exit code says
-                    err().print(f"emu: {save_error}", markup=False, highlight=False)
-            raise
+    for config, (out_path, chrome) in zip(configs, outputs, strict=True):
+        label = f"{config.fabric} x{workers_arg}" + ("" if cluster is None else f" on {cluster.world} machines")
+        with _partial_saved(out_path), Progress(label, quiet=quiet) as bar:
+            if several:
+                report = _jobs(traces, paths, config, counts, flags, network, bar)
+            else:
+                report = run_replay(traces[0], config, trace_path=str(paths[0]), chrome_trace=chrome,
+                                    on_progress=bar.update, on_status=bar.status, payload=payload,
+                                    payload_path=payload_file)
         reports.append(report)
         if out_path is not None:
             report.save(out_path)
             err().print(f"wrote {out_path}", markup=False, highlight=False)
-    if quiet:
-        assert cluster is not None
-        err().print(f"machine {cluster.rank} of {cluster.world} ({cluster.me.hostname}) hosted its share of the "
-                    f"workers; machine 0 ({cluster.machines[0].hostname}) printed the results", markup=False,
+    _show(reports, paths[0], several, as_json, cluster if quiet else None)
+
+
+def _refuse_for_several(several: bool, flags: dict[str, Any], payload_file: str | None,
+                        chrome_trace: Path | None) -> None:
+    """What one trace and several traces (jobs sharing the fabric) each cannot take."""
+    if several and flags.get("mesh") is not None:
+        raise ConfigError("--mesh lays out one sharded or split trace: give it with one trace")
+    if several and payload_file is not None:
+        raise ConfigError("--payload sends one emu run's tensors: give it with one trace")
+    if not several and flags.get("allocation") is not None:
+        raise ConfigError("--allocation hands a topology's nodes to several jobs: give it with several traces")
+    if several and chrome_trace is not None:
+        raise ConfigError("--chrome-trace draws one job's workers: give it with one trace")
+
+
+def _base_config(params: dict[str, Any], workers: int) -> ReplayConfig:
+    """The configuration of the command's parameters (click's) but the network's."""
+    from emu.replay import Clock, CompressOption, ReplayConfig, SparsityOption, Straggler
+
+    sparse = SparsityOption.parse(params["sparsity"], params["sparsity_block"])
+    sparse.check()
+    compression = CompressOption(params["compress"], params["compress_speed"])
+    compression.check()
+    tdf, clock = params["tdf"], params["clock"]
+    return ReplayConfig(
+        workers=workers, iters=params["iters"], clock=Clock(clock) if clock else (Clock.WALL if tdf is not None else None),
+        tdf=None if tdf is None else auto(tdf, float, "--tdf"),
+        payload_scale=auto(params["payload_scale"], int, "--payload-scale"),
+        stragglers=tuple(Straggler.parse(x) for x in params["stragglers"]), seed=params["seed"],
+        processes=params["processes"], ps_shards=params["ps_shards"], timeout_s=params["timeout"], sparsity=sparse,
+        compress=compression)
+
+
+def _configs(ctx: click.Context, base: ReplayConfig, fabric: str, network: str | None, several: bool,
+             cluster: Any, flags: dict[str, Any]) -> list[ReplayConfig]:
+    """Each fabric's configuration, checked before anything runs: ``base``, the network flags, the
+    design file (typed flags win over it), the mesh's workers."""
+    from dataclasses import replace
+
+    from emu.replay import apply_design, load_design
+
+    values, given = design_values(ctx, flags, "replay", skip=frozenset({"fabric"}))
+    design = None if network is None else load_design(network)
+    if design is not None and design.value("fabric") is not None and not typed(ctx, "fabric"):
+        fabric = design.value("fabric")
+    chosen = [f.strip() for f in fabric.split(",") if f.strip()]
+    if not chosen:
+        raise ConfigError(f"--fabric needs at least one of: {', '.join(fabrics.names())}")
+    configs = []
+    for name in chosen:
+        config = apply_design(replace(base, fabric=name), values)
+        if design is not None:
+            config = replace(design.overlay(config, given | {"fabric"}), design_file=network, design_name=design.name)
+        if config.mesh is not None and typed(ctx, "workers_arg") and base.workers != config.mesh.size:
+            raise ConfigError(f"--mesh {config.mesh.text()} is {config.mesh.size} workers but --workers is "
+                              f"{base.workers}: give one, or the same count")
+        if cluster is not None:
+            config = cluster.configure(config)
+        if not several:
+            config.check()
+        elif flags.get("allocation") is not None and config.topology is None:
+            raise ConfigError("--allocation hands a topology's nodes to the jobs: give a topology too "
+                              "(--workers-per-node, or a design's [topology])")
+        configs.append(config)
+    return configs
+
+
+def _outputs(configs: list[ReplayConfig], report_path: Path | None, chrome_trace: Path | None,
+             quiet: bool) -> list[tuple[Path | None, Path | None]]:
+    """Each replay's report and chrome trace (NAME-FABRIC.json when several fabrics), checked
+    writable before anything runs; machine 0 writes the reports, every machine's workers record spans."""
+    from emu.files import check_writable
+
+    def target(base: Path | None, name: str) -> Path | None:
+        return None if base is None or len(configs) == 1 else base.with_name(f"{base.stem}-{name}{base.suffix}")
+
+    out = []
+    for config in configs:
+        report = None if report_path is None or quiet else target(report_path, config.fabric) or report_path
+        chrome = None if chrome_trace is None else target(chrome_trace, config.fabric) or chrome_trace
+        for path, option in ((report, "--report"), (chrome, "--chrome-trace")):
+            if path is not None and not quiet:
+                check_writable(path, option)
+        out.append((report, chrome))
+    return out
+
+
+@contextlib.contextmanager
+def _partial_saved(out_path: Path | None) -> Iterator[None]:
+    """A failed or interrupted replay's partial report is written where the report would go."""
+    from emu.lifetime import Terminated
+
+    try:
+        yield
+    except (EmuError, KeyboardInterrupt, Terminated) as exc:
+        partial = getattr(exc, "partial_report", None)
+        if partial is not None and out_path is not None:
+            try:
+                partial.save(out_path)
+                note = "" if partial.complete else " (partial: complete is false)"
+                err().print(f"wrote {out_path}{note}", markup=False, highlight=False)
+            except EmuError as save_error:  # the run's own failure is what the exit code says
+                err().print(f"emu: {save_error}", markup=False, highlight=False)
+        raise
+
+
+def _jobs(traces: list, paths: list[Path], config: ReplayConfig, counts: tuple[int, ...], flags: dict[str, Any],
+          network: str | None, bar: Progress) -> ReplayReport:
+    """Several traces: jobs sharing the fabric (emu.replay.jobs)."""
+    from emu.emulator.topology import Allocation
+    from emu.replay import DESIGN_KEYS, Jobs, load_design, replay_jobs
+    from emu.replay.config.keys import flag_value
+
+    key = next(k for k in DESIGN_KEYS if k.key == "jobs.allocation")
+    allocation = (flag_value(key, flags["allocation"]) if flags.get("allocation") is not None
+                  else load_design(network).value("jobs.allocation") if network is not None else None)
+    return replay_jobs(traces, config, Jobs(counts, allocation or Allocation.CONTIGUOUS), [str(p) for p in paths],
+                       on_progress=bar.update, on_status=bar.status)
+
+
+def _show(reports: list[ReplayReport], path: Path, several: bool, as_json: bool, hosted: Any) -> None:
+    """The reports on stdout (a table, or JSON); exit code 1 where verification failed."""
+    import json
+
+    if hosted is not None:
+        err().print(f"machine {hosted.rank} of {hosted.world} ({hosted.me.hostname}) hosted its share of the "
+                    f"workers; machine 0 ({hosted.machines[0].hostname}) printed the results", markup=False,
                     highlight=False)
     elif as_json:
         docs = [r.to_dict() for r in reports]
@@ -365,15 +372,6 @@ def _table(reports, path: Path) -> None:
         if r.verification.payload_note:
             err().print(f"{r.config['fabric']}: {r.verification.payload_note}", markup=False, highlight=False,
                         soft_wrap=True)
-
-
-def _packet_rate(text: str) -> float:
-    from emu.replay import parse_packet_rate
-
-    try:
-        return parse_packet_rate(text)
-    except ValueError:
-        raise ConfigError(f"--packet-rate {text!r}: give packets a second (1.2Gpps, 500Mpps, 2e9)") from None
 
 
 def _worker_counts(text: str, traces: int) -> tuple[int, ...]:

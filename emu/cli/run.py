@@ -9,9 +9,8 @@ from typing import Any
 import click
 
 from emu.cli import cli
-from emu.cli.options import auto, topology_from, topology_options, typed
+from emu.cli.options import auto, design_options, network_config
 from emu.cli.output import Progress, err
-from emu.emulator import fabric as fabrics
 from emu.errors import CheckFailed, ConfigError
 
 
@@ -19,12 +18,6 @@ from emu.errors import CheckFailed, ConfigError
 @click.option("--workers", "-w", type=int, required=True, help="Workers of the job (M): the real ranks and the rest.")
 @click.option("--real", type=int, default=1, show_default=True,
               help="Real ranks of the script (K, at most the cores; M must be a multiple).")
-@click.option("--network", "network", type=click.Path(dir_okay=False),
-              help="A network design file (TOML: fabric, [link], [switch]); flags typed beside it win.")
-@click.option("--fabric", default="ina", show_default=True, help=f"{fabrics.listing(True)}.")
-@click.option("--bandwidth", default="100Gbps", show_default=True, help="Link bandwidth, e.g. 10Gbps.")
-@click.option("--latency", default="5us", show_default=True, help="One-way link latency, e.g. 5us.")
-@click.option("--loss", type=float, default=0.0, show_default=True, help="Packet loss probability per link.")
 @click.option("--iters", type=int, help="Iterations to replay (default: those recorded after the warm-up).")
 @click.option("--warmup", type=int, default=2, show_default=True,
               help="Optimizer steps not recorded first (DDP builds, then rebuilds, its buckets).")
@@ -41,14 +34,12 @@ from emu.errors import CheckFailed, ConfigError
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the JSON report here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-@topology_options
+@design_options("run")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def run(ctx: click.Context, workers: int, real: int, network: str | None, fabric: str, bandwidth: str, latency: str,
-        loss: float, iters: int | None, warmup: int, compute_clock: str, stragglers: tuple[str, ...],
-        payload_scale: str, seed: int,
-        timeout: float, trace_out: Path | None, report_path: Path | None, as_json: bool,
-        args: tuple[str, ...], **shape: Any) -> None:
+def run(ctx: click.Context, workers: int, real: int, network: str | None, iters: int | None, warmup: int,
+        compute_clock: str, stragglers: tuple[str, ...], payload_scale: str, seed: int, timeout: float,
+        trace_out: Path | None, report_path: Path | None, as_json: bool, args: tuple[str, ...], **flags: Any) -> None:
     """Run K real ranks of a script inside a job of M workers; the rest is emulated.
 
     \b
@@ -56,9 +47,7 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, fabric
       emu run --workers 8 --real 2 --fabric ring --bandwidth 10Gbps -- python train.py
     """
     import json
-    from dataclasses import replace
 
-    from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us
     from emu.files import check_writable
     from emu.replay import ReplayConfig, Straggler
     from emu.run.session import RunConfig, run_job
@@ -69,16 +58,10 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, fabric
     for path, option in ((trace_out, "--trace-out"), (report_path, "--report")):
         if path is not None:
             check_writable(path, option)
-    link = LinkSpec(bandwidth_bps=parse_bandwidth(bandwidth), latency_us=parse_duration_us(latency), loss=loss)
-    config = ReplayConfig(workers=workers, fabric=fabric, link=link, iters=iters, seed=seed, timeout_s=timeout,
-                          payload_scale=auto(payload_scale, int, "--payload-scale"),
-                          stragglers=tuple(Straggler.parse(x) for x in stragglers), topology=topology_from(shape))
-    if network is not None:
-        from emu.replay import FLAG_KEYS, load_design
-
-        design = load_design(network)
-        given = frozenset(key for name, key in FLAG_KEYS.items() if typed(ctx, name))
-        config = replace(design.overlay(config, given), design_file=network, design_name=design.name)
+    base = ReplayConfig(workers=workers, iters=iters, seed=seed, timeout_s=timeout,
+                        payload_scale=auto(payload_scale, int, "--payload-scale"),
+                        stragglers=tuple(Straggler.parse(x) for x in stragglers))
+    config = network_config(ctx, flags, "run", base, network)
     run_config = RunConfig(replay=config, real=real, clock=compute_clock, warmup=warmup, timeout_s=timeout)
     with Progress(f"run {real} of {workers}") as bar:
         result = run_job(argv, run_config, cores=os.cpu_count() or 1, on_status=bar.status, on_progress=bar.update,

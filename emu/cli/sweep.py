@@ -10,84 +10,88 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from emu.cli import cli
+from emu.cli.options import design_options
 from emu.cli.output import Progress, err, human_bandwidth, ms, out
+from emu.errors import ConfigError
 
 if TYPE_CHECKING:
     from emu.study.grid import Point, TraceCache
     from emu.study.sweep import Row
 
 
-def grid_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """The options of a grid: comma lists are axes (emu.study.grid)."""
-    options = [
-        click.argument("traces", nargs=-1, required=True, metavar="TRACE..."),
-        click.option("--workers", "-w", default="8", show_default=True, help="Worker counts, e.g. 8,64,512."),
-        click.option("--network", "networks", multiple=True, type=click.Path(dir_okay=False),
-                     help="A network design file (TOML); repeat for an axis of designs."),
-        click.option("--fabric", default="ina", show_default=True, help="Fabrics, e.g. ina,ring,ps."),
-        click.option("--bandwidth", default="100Gbps", show_default=True, help="Link bandwidths, e.g. 25Gbps,100Gbps."),
-        click.option("--latency", default="5us", show_default=True, help="One-way link latencies, e.g. 1us,5us."),
-        click.option("--loss", default="0", show_default=True, help="Loss probabilities per link, e.g. 0,0.001."),
-        click.option("--jitter", default="0us", show_default=True, help="Uniform extra delay per packet, up to this."),
-        click.option("--straggler", "stragglers", multiple=True,
-                     help="Slow compute (emu replay --straggler); repeat for an axis."),
-        click.option("--sparsity", default="trace", show_default=True,
-                     help="Payload of float all_reduces for every point (emu replay --sparsity): trace, none, F "
-                          "or F:U."),
-        click.option("--sparsity-block", type=int, default=None,
-                     help="Elements per sparsity block (default: the trace's, else 256)."),
-        click.option("--compress", default="none", show_default=True,
-                     help="Gradient compressor for every point (emu replay --compress), e.g. topk:0.01."),
-        click.option("--compress-speed", type=float, default=1.0, show_default=True,
-                     help="Compression runs this many times faster than on the build machine."),
-        click.option("--iters", type=int, help="Iterations per point (default: the trace's)."),
-        click.option("--seed", type=int, default=0, show_default=True, help="Seed of payload, loss and jitter."),
-        click.option("--slots", type=int, help="INA slot pool (default: 2x the bandwidth-delay product)."),
-        click.option("--elements", type=click.Choice(["64", "256"]), default="64", show_default=True,
-                     help="int32 elements per aggregation packet."),
-        click.option("--ps-shards", type=int, help="Parameter-server shards (default: one per worker)."),
-        click.option("--payload-scale", default="auto", show_default=True,
-                     help="Packets on the emulated wire per packet really sent, or auto (emu replay)."),
-        click.option("--timeout", type=float, default=1800.0, show_default=True, help="Seconds per point."),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+def grid_options(command: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The options of a grid (emu.study.grid): the design keys' flags (comma lists of fabric,
+    bandwidth, latency and loss are axes, ``--network`` repeats), and the options every point shares."""
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        options = [
+            click.argument("traces", nargs=-1, required=True, metavar="TRACE..."),
+            click.option("--workers", "-w", default="8", show_default=True, help="Worker counts, e.g. 8,64,512."),
+            design_options(command, networks_axis=True),
+            click.option("--straggler", "stragglers", multiple=True,
+                         help="Slow compute (emu replay --straggler); repeat for an axis."),
+            click.option("--sparsity", default="trace", show_default=True,
+                         help="Payload of float all_reduces for every point (emu replay --sparsity): trace, none, F "
+                              "or F:U."),
+            click.option("--sparsity-block", type=int, default=None,
+                         help="Elements per sparsity block (default: the trace's, else 256)."),
+            click.option("--compress", default="none", show_default=True,
+                         help="Gradient compressor for every point (emu replay --compress), e.g. topk:0.01."),
+            click.option("--compress-speed", type=float, default=1.0, show_default=True,
+                         help="Compression runs this many times faster than on the build machine."),
+            click.option("--iters", type=int, help="Iterations per point (default: the trace's)."),
+            click.option("--seed", type=int, default=0, show_default=True, help="Seed of payload, loss and jitter."),
+            click.option("--ps-shards", type=int, help="Parameter-server shards (default: one per worker)."),
+            click.option("--payload-scale", default="auto", show_default=True,
+                         help="Packets on the emulated wire per packet really sent, or auto (emu replay)."),
+            click.option("--timeout", type=float, default=1800.0, show_default=True, help="Seconds per point."),
+        ]
+        for option in reversed(options):
+            f = option(f)
+        return f
+    return decorate
 
 
-def build_grid(ctx: click.Context, params: dict[str, Any]) -> tuple[list[Point], TraceCache]:
+AXES = frozenset({"fabric", "link.bandwidth", "link.latency", "link.loss"})  # the keys a comma list spans
+
+
+def build_grid(ctx: click.Context, params: dict[str, Any], command: str) -> tuple[list[Point], TraceCache]:
     """Every point of the grid the options describe (checked before anything runs), and the traces."""
-    from emu.cli.options import auto, trace_path, typed
-    from emu.emulator.links import LinkSpec, parse_duration_us
-    from emu.replay import FLAG_KEYS, CompressOption, ReplayConfig, SparsityOption
+    from emu.cli.options import auto, design_values, trace_path, typed
+    from emu.replay import CompressOption, ReplayConfig, SparsityOption, apply_design
     from emu.study.grid import Grid, TraceCache, float_axis, int_axis, points, text_axis, unique
 
     traces = unique([str(trace_path(t)) for t in params["traces"]])
-    base = ReplayConfig(link=LinkSpec(jitter_us=parse_duration_us(params["jitter"], "--jitter")),
-                        iters=params["iters"], seed=params["seed"], slots=params["slots"],
-                        elements=int(params["elements"]), ps_shards=params["ps_shards"],
-                        payload_scale=auto(params["payload_scale"], int, "--payload-scale"), timeout_s=params["timeout"],
-                        sparsity=SparsityOption.parse(params["sparsity"], params["sparsity_block"]),
-                        compress=CompressOption(params["compress"], params["compress_speed"]))
-    given = frozenset(key for name, key in FLAG_KEYS.items() if typed(ctx, name))
+    values, given = design_values(ctx, params, command, skip=AXES)
+    base = apply_design(ReplayConfig(iters=params["iters"], seed=params["seed"], ps_shards=params["ps_shards"],
+                                     payload_scale=auto(params["payload_scale"], int, "--payload-scale"),
+                                     timeout_s=params["timeout"],
+                                     sparsity=SparsityOption.parse(params["sparsity"], params["sparsity_block"]),
+                                     compress=CompressOption(params["compress"], params["compress_speed"])), values)
+    given |= {key for key, name in (("fabric", "fabric"), ("link.bandwidth", "bandwidth"), ("link.latency", "latency"),
+                                    ("link.loss", "loss")) if typed(ctx, name)}
     networks = tuple(params["networks"])
     # Without a design file an untyped axis takes its flag's default; with one, the file's value.
     def axis(name: str, parse, text: str) -> tuple:
         return parse(text, f"--{name}") if typed(ctx, name) or not networks else (None,)
 
-    grid = Grid(traces=traces, workers=int_axis(params["workers"], "--workers"),
-                fabrics=axis("fabric", text_axis, params["fabric"]),
+    workers = int_axis(params["workers"], "--workers")
+    if base.mesh is not None:  # the layout sets the workers; a typed count must agree
+        if typed(ctx, "workers") and workers != (base.mesh.size,):
+            raise ConfigError(f"--mesh {base.mesh.text()} is {base.mesh.size} workers but --workers is "
+                              f"{params['workers']}: give one, or the same count")
+        workers = (base.mesh.size,)
+    grid = Grid(traces=traces, workers=workers, fabrics=axis("fabric", text_axis, params["fabric"]),
                 bandwidths=axis("bandwidth", text_axis, params["bandwidth"]),
                 latencies=axis("latency", text_axis, params["latency"]),
                 losses=axis("loss", float_axis, params["loss"]),
                 networks=unique(list(networks)) or (None,), stragglers=unique(list(params["stragglers"])) or (None,),
-                base=base, given=given)
+                base=base, given=frozenset(given))
     cache = TraceCache()
     return points(grid, cache), cache
 
 
 @cli.command()
-@grid_options
+@grid_options("sweep")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Folder of the study: one report per point, results.csv, results.json, plots/. "
                    "Run again to resume.")
@@ -104,7 +108,7 @@ def sweep(ctx: click.Context, out_dir: Path, no_plots: bool, no_predict: bool, *
     from emu.files import check_writable
     from emu.study.sweep import Status, run_sweep
 
-    pts, traces = build_grid(ctx, params)
+    pts, traces = build_grid(ctx, params, "sweep")
     check_writable(out_dir / "results.json", "--out")
     err().print(f"sweep: {len(pts)} points into {out_dir}", markup=False, highlight=False)
 

@@ -11,7 +11,10 @@ them), ``machines`` (several machines) and ``report``. The names below are what 
 (``emu.run``, ``emu.study``, the CLI) and notebooks use; the modules inside may change.
 """
 
-from emu.replay.config.design import FLAG_KEYS, NetworkDesign, load_design, parse_packet_rate, topology_from_flags
+from emu.replay.config.design import FLAG_KEYS, NetworkDesign, load_design, topology_from_flags
+from emu.replay.config.design import apply as apply_design
+from emu.replay.config.keys import KEYS as DESIGN_KEYS
+from emu.replay.config.keys import parse_packet_rate
 from emu.replay.config.options import Clock, CompressOption, ReplayConfig, SparsityOption, Straggler
 from emu.replay.control.processes import ReplayError
 from emu.replay.host.worker import CollRun, FakeWorker, IterationRecord, WorkerState, union_us
@@ -24,10 +27,10 @@ from emu.replay.plan.scale import choose_payload_scale, scale_for
 from emu.replay.report.model import AdaptiveReport, CompressionReport, ReplayReport, write_chrome_trace
 
 __all__ = [
-    "FLAG_KEYS", "JOIN_TIMEOUT_S", "AdaptiveReport", "Clock", "CollRun", "CompressOption", "CompressionReport",
+    "DESIGN_KEYS", "FLAG_KEYS", "JOIN_TIMEOUT_S", "AdaptiveReport", "Clock", "CollRun", "CompressOption", "CompressionReport",
     "FakeWorker", "IterationRecord", "WorkerState",
     "Jobs", "NetworkDesign", "ReplayConfig", "ReplayError", "ReplayReport", "SparsityOption", "Straggler",
-    "WorkerProgram", "choose_payload_scale", "from_environment", "has_subgroups", "join", "load_design",
+    "WorkerProgram", "apply_design", "choose_payload_scale", "from_environment", "has_subgroups", "join", "load_design",
     "parse_mesh", "parse_packet_rate", "plan_mesh", "plan_programs", "programs_for", "replay", "replay_jobs",
     "scale_for", "spread", "straggling", "topology_from_flags", "union_us", "write_chrome_trace",
 ]

@@ -171,10 +171,10 @@ def points(grid: Grid, traces: TraceCache | None = None) -> list[Point]:
         config = grid.base
         if network is not None:
             d = designs[network]
-            if d.mesh is not None:  # a grid's workers grow a trace's one data-parallel dimension themselves
+            if d.value("parallelism.mesh") is not None:  # a grid's workers grow a trace's data-parallel dimension
                 raise ConfigError(f"{network}: parallelism.mesh lays out one replay, and a study's --workers give "
                                   "each point its size (a sharded trace's data-parallel dimension grows to fit): "
-                                  "drop [parallelism] from the design")
+                                  "drop [parallelism] from the design (emu predict takes --mesh)")
             config = replace(d.overlay(config, grid.given), design_file=network, design_name=d.name)
         link = config.link
         if bw is not None:

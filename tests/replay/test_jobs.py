@@ -143,7 +143,7 @@ def test_the_cli_replays_jobs_and_reports_them(tmp_path, no_children) -> None:
 
 def test_a_design_says_how_jobs_share() -> None:
     design = parse_design('[jobs]\nallocation = "interleaved"\nslot_policy = "static"\n', "d.toml")
-    assert design.allocation == Allocation.INTERLEAVED
+    assert design.value("jobs.allocation") == Allocation.INTERLEAVED
     with pytest.raises(ConfigError, match='d.toml: jobs.allocation = .*"contiguous" or "interleaved"'):
         parse_design('[jobs]\nallocation = "random"\n', "d.toml")
     with pytest.raises(ConfigError, match=r"unknown key jobs\.traces"):

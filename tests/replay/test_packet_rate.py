@@ -65,8 +65,8 @@ def test_refusals_and_the_design_key() -> None:
         ReplayConfig(link=LINK, packet_rate=1e9, clock=None, tdf=5.0).check()
     with pytest.raises(ConfigError, match="1 to 1e13"):
         ReplayConfig(packet_rate=0.5).check()
-    assert parse_design('[switch]\npacket_rate = "1.2Gpps"\n', "d.toml").packet_rate == 1.2e9
-    assert parse_design("[switch]\npacket_rate = 5e8\n", "d.toml").packet_rate == 5e8
+    assert parse_design('[switch]\npacket_rate = "1.2Gpps"\n', "d.toml").value("switch.packet_rate") == 1.2e9
+    assert parse_design("[switch]\npacket_rate = 5e8\n", "d.toml").value("switch.packet_rate") == 5e8
     with pytest.raises(ConfigError, match="d.toml: switch.packet_rate"):
         parse_design('[switch]\npacket_rate = "fast"\n', "d.toml")
 

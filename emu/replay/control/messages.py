@@ -124,11 +124,18 @@ def connect_control(ctx: zmq.Context, address: str, key: bytes | None = None,
     return ctrl
 
 
+# The longest a replay process waits to hand a message to a peer: a send with nowhere to go (its
+# peer killed, its socket gone) would otherwise wait forever, and so would the process.
+SEND_TIMEOUT_MS = 10_000
+
+
 def quick_reconnect(sock: zmq.Socket) -> None:
     """Retry a connect every 5 ms (backing off to 100 ms), not zmq's 100: a forked process
-    usually connects before its peer has bound, and each replay would wait a retry for it."""
+    usually connects before its peer has bound, and each replay would wait a retry for it. And
+    bound every send (``SEND_TIMEOUT_MS``: zmq.Again past it)."""
     sock.setsockopt(zmq.RECONNECT_IVL, 5)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 100)
+    sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
 
 
 def failure(host: Who, exc: BaseException) -> Failed:

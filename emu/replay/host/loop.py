@@ -16,6 +16,7 @@ how late each was handled is the lag the report gives.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import replace
@@ -81,10 +82,8 @@ def host_main(setup: HostSetup) -> None:
         except zmq.ZMQError:
             pass
         raise
-    finally:
-        ctrl.close(0)
-        data.close(0)
-        ctx.term()
+    finally:  # every socket closed at once (a term with one still open would wait forever)
+        ctx.destroy(linger=0)
 
 
 class _Loop:
@@ -136,7 +135,8 @@ class _Loop:
         if wall - self.last_progress > PROGRESS_S and host.workers:
             self.last_progress = wall
             done_its = min(fw.s.it for fw in host.workers.values())
-            self.ctrl.send(encode(Progress(host.setup.index, done_its)))
+            with contextlib.suppress(zmq.Again):  # progress is for the eye: never wait to send it
+                self.ctrl.send(encode(Progress(host.setup.index, done_its)), zmq.NOBLOCK)
         if host.workers and not self.reported and host.done():
             self._report()
             self.reported = True

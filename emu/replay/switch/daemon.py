@@ -192,11 +192,11 @@ def switch_main(setup: SwitchSetup) -> None:
             pass
         raise
     finally:
-        if ports is not None:
-            ports.close()
-        ctrl.close(0)
-        router.close(0)
-        ctx.term()
+        try:
+            if ports is not None:
+                ports.close()
+        finally:  # every socket closed, whatever interrupts this (a term with one open would wait forever)
+            ctx.destroy(linger=0)
 
 
 def _control(ctrl: zmq.Socket) -> Message | None:

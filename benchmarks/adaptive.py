@@ -18,7 +18,7 @@ import platform
 import statistics
 import time
 
-from emu.emulator.links import LinkSpec
+from emu.emulator.links.spec import LinkSpec
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import ADAPTIVE_FLOOR, CompressOption
 from emu.traces import load_trace, sample_path

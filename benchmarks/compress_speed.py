@@ -1,13 +1,13 @@
 """How fast each compressor compresses and decompresses here: the cost model replay charges.
 
-For every compressor of ``emu.emulator.compress`` (its default parameter), compresses and
+For every compressor of ``emu.emulator.compression.compressors`` (its default parameter), compresses and
 decompresses a float32 gradient of 2^20 elements (PowerSGD: a 1024 x 1024 matrix, both passes of
-one worker) five times and keeps the median. Writes ``emu/emulator/compress_speed.json``:
+one worker) five times and keeps the median. Writes ``emu/emulator/compression/speed.json``:
 elements per second for each direction, with the machine and the date, which replays apply
 deterministically (docs/compression.md, "Compute cost"); ``--compress-speed X`` scales it for a
 device X times faster.
 
-    .venv/bin/python benchmarks/compress_speed.py [--out emu/emulator/compress_speed.json]
+    .venv/bin/python benchmarks/compress_speed.py [--out emu/emulator/compression/speed.json]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from emu.emulator.compress import COMPRESSORS, PowerSgd, parse_compress
+from emu.emulator.compression.compressors import COMPRESSORS, PowerSgd, parse_compress
 
 N = 1 << 20
 RUNS = 5
@@ -41,7 +41,7 @@ def timed(fn) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "emu" / "emulator"
-                                             / "compress_speed.json"))
+                                             / "compression" / "speed.json"))
     args = parser.parse_args()
     x = (np.random.default_rng(0).standard_normal(N) * 2.0**-8).astype(np.float32)
     speeds = {}

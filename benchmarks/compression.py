@@ -1,6 +1,6 @@
 """Every compressor on a shipped trace: iteration time, bytes on the wire and error.
 
-For each compressor of ``emu.emulator.compress`` (its default parameter; ``--compressors`` to
+For each compressor of ``emu.emulator.compression.compressors`` (its default parameter; ``--compressors`` to
 choose), each worker count and bandwidth, replays the trace (one iteration, latency 5 us, payload
 scale auto, the synchronized clock) on ``ring`` and on ``ina`` and prints a markdown table: the
 emulated median iteration, its compute (compression included), the bytes on the wire
@@ -18,8 +18,8 @@ import os
 import platform
 import time
 
-from emu.emulator.compress import COMPRESSORS
-from emu.emulator.links import LinkSpec
+from emu.emulator.compression.compressors import COMPRESSORS
+from emu.emulator.links.spec import LinkSpec
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import CompressOption
 from emu.traces import load_trace, sample_path

@@ -21,8 +21,8 @@ import os
 import platform
 import time
 
-from emu.emulator.links import LinkSpec
-from emu.emulator.topology import Algorithm, Allocation, Placement, Topology
+from emu.emulator.links.spec import LinkSpec
+from emu.emulator.links.topology import Algorithm, Allocation, Placement, Topology
 from emu.replay import ReplayConfig
 from emu.replay.jobs import Jobs, replay_jobs
 from emu.traces import load_trace, sample_path

@@ -21,8 +21,8 @@ import os
 import platform
 import time
 
-from emu.emulator.links import LinkSpec
-from emu.emulator.topology import Topology
+from emu.emulator.links.spec import LinkSpec
+from emu.emulator.links.topology import Topology
 from emu.replay import ReplayConfig, replay
 from emu.replay.plan.layout import parse_mesh
 from emu.traces import load_trace, sample_path

@@ -2,7 +2,7 @@
 
 For a trace of one all_reduce and no compute (``emu.traces.synthetic``), replays it on
 ``ina`` and ``ring`` at several worker counts and bandwidths (tdf and payload scale
-on auto) and compares the emulated iteration time with ``emu.emulator.physics``:
+on auto) and compares the emulated iteration time with ``emu.emulator.physics.forms``:
 ``ina`` against S/B + 2L, ``ring`` against 2(M-1)/M x S/B + 2(M-1) hops (S: wire bytes).
 A real ring past 512 workers is millions of messages: those cells give the analytic
 estimate only. Also prints the emulation cost (wall over emulated time, and against
@@ -19,9 +19,9 @@ import os
 import platform
 import resource
 
-from emu.emulator import physics
 from emu.emulator.fabric import P2P_WORKER_LIMIT
-from emu.emulator.links import LinkSpec
+from emu.emulator.links.spec import LinkSpec
+from emu.emulator.physics import forms as physics
 from emu.replay import ReplayConfig, replay
 from emu.traces.model import CollKind
 from emu.traces.synthetic import single_collective

@@ -16,7 +16,7 @@ import os
 import platform
 import time
 
-from emu.emulator.links import LinkSpec
+from emu.emulator.links.spec import LinkSpec
 from emu.replay import ReplayConfig, replay
 from emu.study.predict import predict
 from emu.traces import load_trace, sample_path

@@ -1,7 +1,7 @@
 """Loss under payload scale: the same lossy all_reduce at R = 1 (every emulated packet a real one,
 the switch's real loss recovery), R = 16 and R = 64 (emulated packets' fate drawn per packet,
-``emu.emulator.scaled_loss``), against the tail formula of docs/physics.md
-(``emu.emulator.physics.ina_loss_extra_us``). Prints the mean over seeds of what loss adds to
+``emu.emulator.links.scaled_loss``), against the tail formula of docs/physics.md
+(``emu.emulator.physics.forms.ina_loss_extra_us``). Prints the mean over seeds of what loss adds to
 the loss-free time.
 
     .venv/bin/python benchmarks/scaled_loss.py [--mb 4] [--seeds 4]
@@ -14,8 +14,8 @@ import os
 import platform
 import statistics
 
-from emu.emulator import physics
-from emu.emulator.links import LinkSpec
+from emu.emulator.links.spec import LinkSpec
+from emu.emulator.physics import forms as physics
 from emu.replay import ReplayConfig, replay
 from emu.traces.model import CollKind
 from emu.traces.synthetic import single_collective

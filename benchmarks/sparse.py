@@ -23,7 +23,7 @@ import os
 import platform
 import time
 
-from emu.emulator.links import LinkSpec
+from emu.emulator.links.spec import LinkSpec
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import SparsityOption
 from emu.study.predict import predict

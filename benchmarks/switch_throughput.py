@@ -26,8 +26,8 @@ import time
 import numpy as np
 import zmq
 
-from emu.emulator.transport import AGG, HELLO
-from emu.emulator.wire import AGG_HEADER, FLAG_COPY, MsgType
+from emu.emulator.protocol.transport import AGG, HELLO
+from emu.emulator.protocol.wire import AGG_HEADER, FLAG_COPY, MsgType
 from emu.replay.switch.daemon import SwitchSetup, switch_main
 
 
@@ -75,7 +75,7 @@ def measure(workers: int, batch: int, elements: int, hosts: int, seconds: float)
         stamps = [np.zeros(2 * batch * (b - a)).tobytes() for a, b in split]
         meta = [struct.pack("<II", batch * (b - a), elements) for a, b in split]
         # the sparse stream's (block, next) and the packets each row stands for: zeros and ones
-        # (emu.emulator.transport.AggBatch's frames)
+        # (emu.emulator.protocol.transport.AggBatch's frames)
         extra = [(np.zeros(2 * batch * (b - a), "<u4").tobytes(), np.ones(batch * (b - a), "<f8").tobytes())
                  for a, b in split]
 

@@ -20,8 +20,8 @@ import os
 import platform
 import time
 
-from emu.emulator.links import LinkSpec
-from emu.emulator.topology import Algorithm, Placement, Topology
+from emu.emulator.links.spec import LinkSpec
+from emu.emulator.links.topology import Algorithm, Placement, Topology
 from emu.replay import ReplayConfig, replay
 from emu.traces import load_trace, sample_path
 

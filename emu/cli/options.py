@@ -13,7 +13,7 @@ import click
 from emu.errors import ConfigError
 
 if TYPE_CHECKING:
-    from emu.emulator.topology import Topology
+    from emu.emulator.links.topology import Topology
     from emu.replay import ReplayConfig
 
 T = TypeVar("T")

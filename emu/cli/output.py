@@ -36,7 +36,7 @@ def human_bytes(n: float) -> str:
 
 def human_bandwidth(bps: float | None) -> str:
     """A link rate for a table ('25 Gbps'; 'ideal' for an infinite link, None in reports)."""
-    from emu.emulator.links import format_bandwidth
+    from emu.emulator.links.spec import format_bandwidth
 
     return format_bandwidth(bps, " ")
 

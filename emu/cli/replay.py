@@ -94,7 +94,7 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, ne
     outputs = _outputs(configs, report_path, chrome_trace, quiet)
     payload = None
     if payload_file is not None:
-        from emu.emulator.recorded import load_payload
+        from emu.emulator.payload.recorded import load_payload
 
         payload = load_payload(payload_file)
     reports = []
@@ -221,7 +221,7 @@ def _partial_saved(out_path: Path | None) -> Iterator[None]:
 def _jobs(traces: list, paths: list[Path], config: ReplayConfig, counts: tuple[int, ...], flags: dict[str, Any],
           network: str | None, bar: Progress) -> ReplayReport:
     """Several traces: jobs sharing the fabric (emu.replay.jobs)."""
-    from emu.emulator.topology import Allocation
+    from emu.emulator.links.topology import Allocation
     from emu.replay import DESIGN_KEYS, Jobs, load_design, replay_jobs
     from emu.replay.config.keys import flag_value
 

@@ -20,7 +20,7 @@ from typing import ClassVar, Protocol
 
 from emu.emulator import mechanisms as mech
 from emu.emulator.mechanisms import Mechanism
-from emu.emulator.transport import AggBatch
+from emu.emulator.protocol.transport import AggBatch
 from emu.errors import ConfigError
 
 
@@ -47,7 +47,7 @@ class Fabric:
     # first that takes it (emu.emulator.mechanisms.choose)
     mechanisms: ClassVar[tuple[Mechanism, ...]]
     sums_in_switch_process: ClassVar[bool] = False  # the software switch aggregates (else it forwards)
-    # the switch runs the sparse stream (emu.emulator.sparse_ina): a sparse all_reduce sends only the
+    # the switch runs the sparse stream (emu.emulator.protocol.sparse_ina): a sparse all_reduce sends only the
     # blocks some worker holds; a switch without it (the P4 program) aggregates every block
     sparse_stream: ClassVar[bool] = False
     synchronizable: ClassVar[bool] = True  # can take part in the synchronized clock

@@ -3,9 +3,9 @@
 A mechanism is one way a collective crosses the fabric: the switch's aggregation stream, a ring,
 a hierarchical ring, a sparse ring, a parameter server (dense or sparse), a binomial-tree
 broadcast, a dissemination barrier, a direct all_to_all, a send/recv pair; other modules add
-theirs (``emu.emulator.tree``: NCCL's double binary tree). Each mechanism owns everything about
+theirs (``emu.emulator.algorithms.tree``: NCCL's double binary tree). Each mechanism owns everything about
 itself: which collectives it takes in a ``Setting`` (fabric, group, topology), the algorithm a
-worker runs (point-to-point ones: ``emu.emulator.p2p`` state machines), its closed form alone on
+worker runs (point-to-point ones: ``emu.emulator.algorithms.p2p`` state machines), its closed form alone on
 the links (``emu predict``, adaptive compression), its bytes on the wire for the report's sparsity,
 and whether the report counts it as a fallback.
 
@@ -23,16 +23,16 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from emu.emulator import physics
-from emu.emulator import topology as shape
-from emu.emulator.links import LinkSpec
-from emu.emulator.p2p import Algorithm, AllToAll, Barrier, Check, Layout, PSClient, Ring, SendRecv, Tree
-from emu.emulator.p2p_hier import HierRing
-from emu.emulator.payload import holding, is_sparse
-from emu.emulator.recorded import RecordedPayload
-from emu.emulator.sparse_ina import packet_union, stream_bytes, streams_sparse
-from emu.emulator.sparse_p2p import INDEX_BYTES, SparsePSClient, SparseRing, ps_sparse, ring_sparse
-from emu.emulator.topology_physics import topology_hier_ring_us, topology_ina_us, topology_ring_us
+from emu.emulator.algorithms.p2p import Algorithm, AllToAll, Barrier, Check, Layout, PSClient, Ring, SendRecv, Tree
+from emu.emulator.algorithms.p2p_hier import HierRing
+from emu.emulator.algorithms.sparse_p2p import INDEX_BYTES, SparsePSClient, SparseRing, ps_sparse, ring_sparse
+from emu.emulator.links import topology as shape
+from emu.emulator.links.spec import LinkSpec
+from emu.emulator.payload.generated import holding, is_sparse
+from emu.emulator.payload.recorded import RecordedPayload
+from emu.emulator.physics import forms as physics
+from emu.emulator.physics.topology import topology_hier_ring_us, topology_ina_us, topology_ring_us
+from emu.emulator.protocol.sparse_ina import packet_union, stream_bytes, streams_sparse
 from emu.errors import ConfigError
 from emu.traces.model import Coll, CollKind, Dtype, Sparsity
 
@@ -117,7 +117,7 @@ class Start:
         return Layout(self.real, parts, self.emu_bytes)
 
     def common(self, dtype: str | None = None) -> dict:
-        """The keyword arguments every ``emu.emulator.p2p.Algorithm`` takes."""
+        """The keyword arguments every ``emu.emulator.algorithms.p2p.Algorithm`` takes."""
         op = self.op
         return dict(rank=self.rank, size=self.size, seq=self.seq, dtype=dtype or op.dtype.value, seed=self.seed,
                     check=self.check, sparsity=op.sparsity, recorded=None if op.sparsity is not None else self.recorded)
@@ -189,7 +189,7 @@ def _real(op: Coll, s: Setting) -> int:
 # -- the switch ------------------------------------------------------------------------------------
 
 class Stream(Mechanism):
-    """In-network aggregation: the self-clocking stream of emu.emulator.ina through the switch (and,
+    """In-network aggregation: the self-clocking stream of emu.emulator.protocol.ina through the switch (and,
     on hierarchical INA, its leaves)."""
 
     name = "switch"
@@ -265,7 +265,7 @@ class Stream(Mechanism):
         return topology_ina_us(op.count, s.link, s.topology, s.layout, s.elements, s.slots)
 
     def sent(self, op: Coll, s: Setting, seq: int, sparsity: Sparsity) -> Sent:
-        """int32 values in packets of k (emu.emulator.sparse_ina)."""
+        """int32 values in packets of k (emu.emulator.protocol.sparse_ina)."""
         real, k, m = _real(op, s), s.elements, s.workers
         if s.fabric.sparse_stream and streams_sparse(sparsity, op.dtype.value, real, k, s.real_slots):
             got, dense = stream_bytes(s.seed, seq, real, k, s.real_slots, m, sparsity, op.dtype.value)
@@ -320,7 +320,7 @@ class RingAlgorithm(PointToPoint):
 
 class HierarchicalRing(RingAlgorithm):
     """Reduce to each node's leader, a ring of the leaders across NICs, broadcast inside
-    (emu.emulator.p2p_hier): a whole job's all_reduce on a hierarchical topology."""
+    (emu.emulator.algorithms.p2p_hier): a whole job's all_reduce on a hierarchical topology."""
 
     name = "hierarchical ring"
     kinds = frozenset({CollKind.ALL_REDUCE})
@@ -344,7 +344,7 @@ class HierarchicalRing(RingAlgorithm):
 
 class SparseRingAlgorithm(RingAlgorithm):
     """A sparse float all_reduce as an all-gather of every worker's non-zero blocks
-    (emu.emulator.sparse_p2p), where that sends fewer bytes than the dense ring."""
+    (emu.emulator.algorithms.sparse_p2p), where that sends fewer bytes than the dense ring."""
 
     name = "sparse ring"
     kinds = frozenset({CollKind.ALL_REDUCE})
@@ -402,7 +402,7 @@ class ParameterServerAlgorithm(PointToPoint):
 
 
 class SparseParameterServer(ParameterServerAlgorithm):
-    """Push each worker's non-zero blocks, pull the union of the sums (emu.emulator.sparse_p2p),
+    """Push each worker's non-zero blocks, pull the union of the sums (emu.emulator.algorithms.sparse_p2p),
     where that sends fewer bytes than the dense push and pull."""
 
     name = "sparse parameter server"

@@ -18,8 +18,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from emu.emulator import wire
-from emu.emulator.transport import AggBatch
+from emu.emulator.protocol import wire
+from emu.emulator.protocol.transport import AggBatch
 
 ETH_P_ALL = 0x0003
 MAX_FRAME = 2048

@@ -35,8 +35,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from emu.emulator import fabric as fabrics
-from emu.emulator.topology import Allocation, Layout, Placement, SlotPolicy
-from emu.emulator.wire import MAX_WORKERS_SOFTWARE
+from emu.emulator.links.topology import Allocation, Layout, Placement, SlotPolicy
+from emu.emulator.protocol.wire import MAX_WORKERS_SOFTWARE
 from emu.errors import ConfigError, RunFailed
 from emu.lifetime import Terminated
 from emu.replay.config.design import resolved_design

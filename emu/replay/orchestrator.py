@@ -9,8 +9,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from emu.emulator.recorded import RecordedPayload
-from emu.emulator.topology import Algorithm
+from emu.emulator.links.topology import Algorithm
+from emu.emulator.payload.recorded import RecordedPayload
 from emu.errors import ConfigError, RunFailed
 from emu.replay.config.options import Clock, ReplayConfig
 from emu.replay.control.plan import Measured, RunPlan

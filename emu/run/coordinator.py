@@ -10,7 +10,7 @@ from the ranks' tensors and checked as it leaves, in the dtype it is sent in, ag
 reduction formed apart from the requests (sums within the dtype's rounding, copies and maxima
 exactly): ``Checked``.
 
-The coordinator also keeps each collective's payload vectors (``emu.emulator.recorded``): the
+The coordinator also keeps each collective's payload vectors (``emu.emulator.payload.recorded``): the
 first elements of what each real rank contributes, as many as a replay at M workers will send
 (``keep``), so that the replay's workers send the real ranks' tensors through the fabric. Past
 ``PAYLOAD_CAP_BYTES`` it stops keeping them, and the replay sends generated payload instead.
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from emu.emulator.recorded import RecordedPayload
+from emu.emulator.payload.recorded import RecordedPayload
 from emu.errors import RunFailed
 from emu.run import protocol
 from emu.traces.model import Coll, CollKind, Compute, Dtype, Iteration, Op, RankProgram, Wait
@@ -333,7 +333,7 @@ class Coordinator:
 
 def _payload_vector(kind: CollKind, tensors: list[np.ndarray], n: int) -> np.ndarray:
     """The first ``n`` values a worker holding these tensors contributes to the collective
-    (``emu.emulator.recorded``): all_gather's input repeats over the output, reduce_scatter's
+    (``emu.emulator.payload.recorded``): all_gather's input repeats over the output, reduce_scatter's
     inputs go end to end."""
     if kind == CollKind.ALL_GATHER:
         return np.resize(tensors[0].ravel(), n)

@@ -26,7 +26,7 @@ import zmq
 
 from emu.capture.launcher import free_port, run_ranks
 from emu.capture.run import _interpreter_and_target
-from emu.emulator.recorded import payload_arrays
+from emu.emulator.payload.recorded import payload_arrays
 from emu.errors import ConfigError, EmuError, RunFailed, TraceError
 from emu.files import write_atomic
 from emu.lifetime import current

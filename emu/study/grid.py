@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
-from emu.emulator.links import format_bandwidth, parse_bandwidth, parse_duration_us
+from emu.emulator.links.spec import format_bandwidth, parse_bandwidth, parse_duration_us
 from emu.errors import ConfigError
 from emu.replay import CompressOption, NetworkDesign, ReplayConfig, SparsityOption, Straggler, load_design
 from emu.traces.io import load_trace, trace_digest

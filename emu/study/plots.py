@@ -12,10 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from emu.emulator.links import format_bandwidth
+from emu.emulator.links.spec import format_bandwidth
 from emu.study.sweep import Row, Status
-
-PLOTS = ("iteration", "speedup", "efficiency", "breakdown")
 
 
 def write_plots(out: Path, rows: list[Row]) -> list[Path]:

@@ -11,7 +11,7 @@ each (a send on its sender at the start, as emu's sender finishes when its segme
 programs carry the replay's job-wide sparsity and compression, so each collective takes the form
 of the algorithm the replay would run (docs/sparse.md, docs/compression.md). On a topology the
 whole job's dense all_reduces on ``ina`` and ``ring`` take the topology's forms
-(``emu.emulator.topology_physics``), and what those do not cover is refused by name.
+(``emu.emulator.physics.topology``), and what those do not cover is refused by name.
 
 Workers that run the same program at the same compute speed have the same timeline, so one is
 simulated per (program, straggler factor) class: the cost does not grow with M (worker ``w`` of a

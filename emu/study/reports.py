@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from emu.emulator import links
+from emu.emulator.links import spec as links
 from emu.errors import ConfigError, EmuError
 
 # Configuration keys that do not change a replay's results: the wall clock's dilation (the

@@ -35,7 +35,7 @@ from typing import TypeVar
 
 from emu.capture import CaptureConfig, capture_model, import_kineto
 from emu.capture.launcher import RankNetwork, run_ranks
-from emu.emulator.links import LinkSpec
+from emu.emulator.links.spec import LinkSpec
 from emu.errors import CaptureError, ConfigError, EmuError
 from emu.files import write_atomic
 from emu.lifetime import current

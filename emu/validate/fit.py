@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emu.emulator.links import LinkSpec
+from emu.emulator.links.spec import LinkSpec
 from emu.errors import ConfigError
 from emu.traces.model import Coll, CollKind, Compute, Iteration, Trace, Wait
 

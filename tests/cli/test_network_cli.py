@@ -83,7 +83,7 @@ def test_predict_prints_the_library_estimate_for_every_point() -> None:
     rows = json.loads(result.stdout)
     assert [(r["fabric"], r["workers"]) for r in rows] == [("ina", 8), ("ina", 64), ("ring", 8), ("ring", 64)]
     trace = load_trace(sample_path("mlp"))
-    from emu.emulator.links import LinkSpec
+    from emu.emulator.links.spec import LinkSpec
 
     for r in rows:
         want = predict(trace, ReplayConfig(workers=r["workers"], fabric=r["fabric"], link=LinkSpec(bandwidth_bps=10e9)))

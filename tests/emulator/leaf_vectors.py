@@ -4,7 +4,7 @@ The spine is the one-switch data plane whose workers are the job's leaves, so th
 vectors (``tests.emulator.vectors``) are the spine's. The leaf's are here: packets in from its
 workers' ports and from the spine's port, packets out to each. ``LeafReference`` is the role
 written as plainly as possible over the plain one-switch reference, independent of
-``emu.emulator.hier_switch``; ``python -m tests.emulator.leaf_vectors`` writes the vectors to
+``tests.emulator.leaf_switch``; ``python -m tests.emulator.leaf_vectors`` writes the vectors to
 ``tests/data/conformance/leaf/`` and a test checks that the files are current.
 """
 

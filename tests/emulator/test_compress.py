@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from emu.emulator.compress import (
+from emu.emulator.compression.compressors import (
     COMPRESSORS,
     Aggregation,
     ErrorFeedback,
@@ -133,7 +133,7 @@ def test_bad_values_name_the_option(text: str, words: str) -> None:
 def test_the_switch_lanes_hold_the_exact_sums_of_the_levels(name: str) -> None:
     """Levels packed into int32 lanes and added as int32 (as the switch does) unpack to the exact
     sums; the aggregate is the vote or an unbiased sum against the shared power-of-two scale."""
-    from emu.emulator.compress_switch import shared_scale, switch_aggregate
+    from emu.emulator.compression.in_switch import shared_scale, switch_aggregate
 
     rng = np.random.default_rng(1)
     grads = [(rng.standard_normal(5000) * 2.0**-6).astype(np.float32) for _ in range(8)]
@@ -154,7 +154,7 @@ def test_the_switch_lanes_hold_the_exact_sums_of_the_levels(name: str) -> None:
 
 def test_a_lane_never_carries_into_the_next_field() -> None:
     """Every worker at the largest level: each field's sum is 2 S M, the most it can hold."""
-    from emu.emulator.compress_switch import field_bits, pack_lanes, unpack_lanes
+    from emu.emulator.compression.in_switch import field_bits, pack_lanes, unpack_lanes
 
     s, m = 64, 8
     width = field_bits(s, m)
@@ -168,7 +168,7 @@ def test_a_lane_never_carries_into_the_next_field() -> None:
 
 def test_the_shared_scale_is_the_streams_block_exponent() -> None:
     """An exact power of two is its own scale (fixedpoint.block_exponents), zeros scale by 1."""
-    from emu.emulator.compress_switch import shared_scale
+    from emu.emulator.compression.in_switch import shared_scale
 
     grads = [np.array([1.0, 0.25, 0.0, 0.0], np.float32), np.array([-0.5, 0.75, 0.0, 0.0], np.float32)]
     assert list(shared_scale(grads, 2)) == [1.0, 1.0, 1.0, 1.0]

@@ -24,8 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emu.emulator import wire
-from emu.emulator.switch import MULTICAST, AggregationSwitch
+from emu.emulator.protocol import wire
+from emu.emulator.protocol.switch import MULTICAST, AggregationSwitch
 from emu.errors import EmuError
 from tests.emulator.vectors import OUT, Reference
 from tests.traces.test_fuzz_traces import FAST, SLOW

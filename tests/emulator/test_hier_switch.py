@@ -1,4 +1,4 @@
-"""The leaf role of hierarchical aggregation (emu.emulator.hier_switch) against its conformance
+"""The leaf role of hierarchical aggregation (tests.emulator.leaf_switch) against its conformance
 vectors, and leaves under a spine against the one switch: the same sums, bit for bit, through loss."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from emu.emulator import wire
-from emu.emulator.hier_switch import LeafSwitch
-from emu.emulator.switch import MULTICAST, AggregationSwitch
+from emu.emulator.protocol import wire
+from emu.emulator.protocol.switch import MULTICAST, AggregationSwitch
+from tests.emulator.leaf_switch import LeafSwitch
 from tests.emulator.leaf_vectors import LEAF_OUT, build
 
 LEAF = sorted(LEAF_OUT.glob("*.json"))

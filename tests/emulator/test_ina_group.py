@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from emu.emulator import fixedpoint
-from emu.emulator.ina import InaGroup, InaParams
+from emu.emulator.protocol import fixedpoint
+from emu.emulator.protocol.ina import InaGroup, InaParams
 
 
 def run(workers: int, slots: int, k: int, sizes: list[int], dtype: str = "float32", loss: float = 0.0,

@@ -8,8 +8,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from emu.emulator.ina import InaGroup, InaParams, ResultCheck
-from emu.emulator.payload import (
+from emu.emulator.payload.generated import (
     STRATUM_BLOCKS,
     block,
     hold_probability,
@@ -18,7 +17,8 @@ from emu.emulator.payload import (
     is_sparse,
     realized,
 )
-from emu.emulator.switch import MULTICAST, AggregationSwitch
+from emu.emulator.protocol.ina import InaGroup, InaParams, ResultCheck
+from emu.emulator.protocol.switch import MULTICAST, AggregationSwitch
 from emu.traces.model import Sparsity
 
 FLOATS = ["float32", "float16", "bfloat16", "float64"]
@@ -166,7 +166,7 @@ def test_realized_counts_exactly_the_blocks_that_are_non_zero(dtype: str, m: int
                                                               n: int) -> None:
     """What the report calls non-zero is what the workers' values hold, block by block (16-bit
     types: a block of L elements is non-zero on at most L of its holders)."""
-    from emu.emulator.payload import block, realized
+    from emu.emulator.payload.generated import block, realized
     from emu.traces.model import Sparsity
 
     sp = Sparsity(k, f, u)

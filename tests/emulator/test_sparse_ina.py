@@ -1,4 +1,4 @@
-"""The sparse aggregation stream (emu.emulator.sparse_ina) against the switch, without processes:
+"""The sparse aggregation stream (emu.emulator.protocol.sparse_ina) against the switch, without processes:
 only the union's blocks travel, each from its holders, and every sum is exact, with loss too."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from emu.emulator.ina import InaGroup, InaParams, ResultCheck
-from emu.emulator.payload import block
-from emu.emulator.sparse_ina import held_blocks, streams_sparse
-from emu.emulator.switch import MULTICAST, AggregationSwitch
+from emu.emulator.payload.generated import block
+from emu.emulator.protocol.ina import InaGroup, InaParams, ResultCheck
+from emu.emulator.protocol.sparse_ina import held_blocks, streams_sparse
+from emu.emulator.protocol.switch import MULTICAST, AggregationSwitch
 from emu.traces.model import Sparsity
 
 

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from emu.emulator import wire
-from emu.emulator.switch import MULTICAST, AggregationSwitch
+from emu.emulator.protocol import wire
+from emu.emulator.protocol.switch import MULTICAST, AggregationSwitch
 from tests.emulator.vectors import COLLECTIVES_OUT, OUT, SPARSE_OUT, build
 
 DENSE = sorted(OUT.glob("*.json"))  # the P4 program passes these too (tests/p4)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from emu.emulator.ina import InaGroup, InaParams, ResultCheck
-from emu.emulator.switch import MULTICAST, AggregationSwitch
+from emu.emulator.protocol.ina import InaGroup, InaParams, ResultCheck
+from emu.emulator.protocol.switch import MULTICAST, AggregationSwitch
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

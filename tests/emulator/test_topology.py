@@ -1,12 +1,12 @@
-"""The topology model (emu/emulator/topology.py): where workers sit, and what it refuses."""
+"""The topology model (emu/emulator/links/topology.py): where workers sit, and what it refuses."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from emu.emulator.links import LinkSpec
-from emu.emulator.topology import Placement, Topology
+from emu.emulator.links.spec import LinkSpec
+from emu.emulator.links.topology import Placement, Topology
 from emu.errors import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""NCCL's double binary tree (``--fabric tree``, emu/emulator/tree.py): its trees as NCCL builds them,
+"""NCCL's double binary tree (``--fabric tree``, emu/emulator/algorithms/tree.py): its trees as NCCL builds them,
 real replays whose sums are checked, its closed form exact on one switch, predict on the mlp."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from click.testing import CliRunner
 
 from emu.cli import cli
 from emu.emulator import fabric as fabrics
-from emu.emulator.links import LinkSpec
-from emu.emulator.topology import Algorithm, Topology
-from emu.emulator.tree import SEGMENT_BYTES, Tree, btree, dtree, plan, tree_all_reduce_us
+from emu.emulator.algorithms.tree import SEGMENT_BYTES, Tree, btree, dtree, plan, tree_all_reduce_us
+from emu.emulator.links.spec import LinkSpec
+from emu.emulator.links.topology import Algorithm, Topology
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
 from emu.study.predict import predict

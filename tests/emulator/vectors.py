@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from emu.emulator import wire
+from emu.emulator.protocol import wire
 
 OUT = Path(__file__).resolve().parents[1] / "data" / "conformance"
 SPARSE_OUT = OUT / "sparse"

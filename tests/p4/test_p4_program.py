@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from emu.emulator import wire
+from emu.emulator.protocol import wire
 from emu.errors import ConfigError
 from emu.p4 import bmv2, generate
 from emu.p4.entries import MAX_WORKERS, JobEntry, MulticastGroup, Replica, plan

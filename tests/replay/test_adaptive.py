@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from emu.emulator.links import LinkSpec
+from emu.emulator.links.spec import LinkSpec
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import Clock, CompressOption
@@ -186,7 +186,7 @@ def test_a_bucket_is_timed_as_predict_times_it(mlp, fabric: str) -> None:
     """Adaptive compression's prediction of a bucket is emu predict's, on every fabric: on ina a
     top-k bucket's all_gather is the switch's multicast, as the replay runs it (it was timed as a
     ring there)."""
-    from emu.emulator.compress import TopK
+    from emu.emulator.compression.compressors import TopK
     from emu.replay.plan.adaptive import predicted_us
     from emu.traces.synthetic import single_collective
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from emu.emulator.links import LinkSpec
+from emu.emulator.links.spec import LinkSpec
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import Clock, Straggler
 from emu.replay.host.lag import LagHistogram

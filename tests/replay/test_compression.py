@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from emu.emulator.compress import COMPRESSORS, cost_us, parse_compress
-from emu.emulator.links import LinkSpec
+from emu.emulator.compression.compressors import COMPRESSORS, cost_us, parse_compress
+from emu.emulator.links.spec import LinkSpec
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import CompressOption
@@ -198,7 +198,7 @@ def test_on_ina_an_all_reduce_counts_what_the_switch_carries(mlp, no_children) -
 def test_on_ina_the_switch_sums_the_quantizers_levels(mlp, name: str, no_children) -> None:
     """signsgd, terngrad and qsgd: an all_reduce of int32 lanes on ina, summed in the switch (no
     fallback), bytes of the lanes; point to point (an all_gather of packed bits) on the ring."""
-    from emu.emulator.compress_switch import fields_per_lane
+    from emu.emulator.compression.in_switch import fields_per_lane
 
     comp = parse_compress(name)
     ina, ring = run(mlp, "ina", name, workers=8), run(mlp, "ring", name, workers=8)
@@ -217,7 +217,7 @@ def test_on_ina_the_switch_sums_the_quantizers_levels(mlp, name: str, no_childre
 
 def test_in_switch_lanes_follow_the_workers(mlp) -> None:
     """A field holds the sum of M levels: fewer fields a lane as M grows, none past 2^31."""
-    from emu.emulator.compress_switch import fields_per_lane, lanes
+    from emu.emulator.compression.in_switch import fields_per_lane, lanes
 
     sign = parse_compress("signsgd")
     assert [fields_per_lane(sign, m) for m in (2, 8, 256, 1024)] == [10, 6, 3, 2]

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from emu.emulator import fabric as fabrics
-from emu.emulator.links import LinkSpec
+from emu.emulator.links.spec import LinkSpec
 from emu.errors import ConfigError
 from emu.replay.config.design import (
     FLAG_KEYS,

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from emu.cli import cli
-from emu.emulator.links import LinkSpec
-from emu.emulator.topology import Algorithm, Allocation, Placement, Topology
+from emu.emulator.links.spec import LinkSpec
+from emu.emulator.links.topology import Algorithm, Allocation, Placement, Topology
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.design import parse_design

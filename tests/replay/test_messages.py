@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from emu.emulator.transport import FrameError
+from emu.emulator.protocol.transport import FrameError
 from emu.replay.control.messages import (
     MAX_CONTROL,
     Failed,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from emu.emulator import physics
-from emu.emulator.links import LinkSpec, parse_bandwidth
+from emu.emulator.links.spec import LinkSpec, parse_bandwidth
+from emu.emulator.physics import forms as physics
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import Clock, Straggler

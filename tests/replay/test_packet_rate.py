@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from emu.cli import cli
-from emu.emulator.links import LinkSpec
-from emu.emulator.physics import ina_pipeline_us
+from emu.emulator.links.spec import LinkSpec
+from emu.emulator.physics.forms import ina_pipeline_us
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.design import parse_design

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from emu.emulator.links import LinkSpec
+from emu.emulator.links.spec import LinkSpec
 from emu.replay import ReplayConfig, replay
 from emu.replay.plan.layout import parse_mesh
 from emu.traces import (

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from emu.cli import cli
-from emu.emulator import recorded
-from emu.emulator.recorded import RecordedPayload, load_payload, payload_arrays
+from emu.emulator.payload import recorded
+from emu.emulator.payload.recorded import RecordedPayload, load_payload, payload_arrays
 from emu.errors import ConfigError, TraceError
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import CompressOption

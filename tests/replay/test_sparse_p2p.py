@@ -1,4 +1,4 @@
-"""Sparse ring and parameter server (emu.emulator.sparse_p2p): only the non-zero blocks cross the
+"""Sparse ring and parameter server (emu.emulator.algorithms.sparse_p2p): only the non-zero blocks cross the
 links, every element still verified, bytes and times follow the sparsity and its closed forms,
 the sparse/dense choice is the bytes', and the synchronized clock stays exact."""
 
@@ -10,10 +10,8 @@ import numpy as np
 import pytest
 
 from emu.emulator import fabric as fabrics
-from emu.emulator import mechanisms, physics
-from emu.emulator.links import LinkSpec
-from emu.emulator.mechanisms import Setting
-from emu.emulator.sparse_p2p import (
+from emu.emulator import mechanisms
+from emu.emulator.algorithms.sparse_p2p import (
     INDEX_BYTES,
     Message,
     block_positions,
@@ -23,6 +21,9 @@ from emu.emulator.sparse_p2p import (
     split,
     worker_fraction,
 )
+from emu.emulator.links.spec import LinkSpec
+from emu.emulator.mechanisms import Setting
+from emu.emulator.physics import forms as physics
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import SparsityOption
 from emu.study.predict import predict

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from emu.emulator.links import LinkSpec
+from emu.emulator.links.spec import LinkSpec
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import SparsityOption

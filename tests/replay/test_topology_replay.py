@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from emu.cli import cli
-from emu.emulator.links import LinkSpec
-from emu.emulator.topology import Algorithm, Placement, Topology
-from emu.emulator.topology_physics import topology_hier_ring_us, topology_ina_us, topology_ps_us, topology_ring_us
+from emu.emulator.links.spec import LinkSpec
+from emu.emulator.links.topology import Algorithm, Placement, Topology
+from emu.emulator.physics.topology import topology_hier_ring_us, topology_ina_us, topology_ps_us, topology_ring_us
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
 from emu.study.predict import predict

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from emu.capture.launcher import run_ranks
 from emu.cli import cli
-from emu.emulator.recorded import load_payload
+from emu.emulator.payload.recorded import load_payload
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig
 from emu.run.session import RunConfig, run_job

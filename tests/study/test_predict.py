@@ -8,10 +8,11 @@ from dataclasses import replace
 import pytest
 
 from emu.emulator import fabric as fabrics
-from emu.emulator import mechanisms, physics
-from emu.emulator.links import LinkSpec
+from emu.emulator import mechanisms
+from emu.emulator.links.spec import LinkSpec
 from emu.emulator.mechanisms import Setting
-from emu.emulator.wire import MIN_WIRE_BYTES
+from emu.emulator.physics import forms as physics
+from emu.emulator.protocol.wire import MIN_WIRE_BYTES
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import SparsityOption, Straggler
 from emu.study.predict import predict

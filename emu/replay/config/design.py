@@ -5,7 +5,7 @@ files"): reading and checking a file (``load_design``, ``parse_design``), laying
 replay's configuration with the flags a user typed winning (``NetworkDesign.overlay``), and the
 design as a run resolved it for the report (``resolved_design``). Every refusal is one ConfigError
 line naming the file, the dotted key and the fix. ``[topology]`` describes nodes, NICs, leaves and
-the placement (``emu.emulator.topology``, docs/topology.md); ``[parallelism]`` the layout a sharded
+the placement (``emu.emulator.links.topology``, docs/topology.md); ``[parallelism]`` the layout a sharded
 or split trace replays at (``mesh``, docs/parallelism.md), which sets the number of workers.
 """
 
@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from emu.emulator.topology import Topology
+from emu.emulator.links.topology import Topology
 from emu.errors import ConfigError
 from emu.replay.config.keys import BY_KEY, TABLES, check_label, flag_value, key_text, kind_of, one_line, show
 from emu.replay.config.keys import KEYS as DESIGN_KEYS

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from emu.emulator import fabric as fabrics
-from emu.emulator.links import LinkSpec, parse_bandwidth, parse_duration_us, parse_schedule
-from emu.emulator.topology import Algorithm, Allocation, Placement, SlotPolicy
-from emu.emulator.wire import ELEMENTS_ALLOWED
+from emu.emulator.links.spec import LinkSpec, parse_bandwidth, parse_duration_us, parse_schedule
+from emu.emulator.links.topology import Algorithm, Allocation, Placement, SlotPolicy
+from emu.emulator.protocol.wire import ELEMENTS_ALLOWED
 from emu.errors import ConfigError
 from emu.replay.plan.layout import parse_mesh
 from emu.traces.mesh import Mesh

@@ -9,12 +9,12 @@ import os
 from dataclasses import dataclass, field
 
 from emu.emulator import fabric as fabrics
-from emu.emulator.compress import Compressor, parse_compress
+from emu.emulator.compression.compressors import Compressor, parse_compress
 from emu.emulator.fabric import Fabric
-from emu.emulator.links import LinkSpec
+from emu.emulator.links.spec import LinkSpec
+from emu.emulator.links.topology import Algorithm, Layout, Topology
 from emu.emulator.mechanisms import Setting
-from emu.emulator.topology import Algorithm, Layout, Topology
-from emu.emulator.wire import ELEMENTS_ALLOWED, MAX_WORKERS_SOFTWARE, MIN_WIRE_BYTES, agg_wire_bytes
+from emu.emulator.protocol.wire import ELEMENTS_ALLOWED, MAX_WORKERS_SOFTWARE, MIN_WIRE_BYTES, agg_wire_bytes
 from emu.errors import ConfigError
 from emu.traces.mesh import Mesh
 

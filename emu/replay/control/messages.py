@@ -3,7 +3,7 @@
 Small JSON objects on the control socket, one frozen dataclass per kind, tagged by
 ``type``: parsed into exactly these records (unknown types, missing or mistyped fields
 are a FrameError), never unpickled, and bounded in size. The data plane (contributions,
-results, segments, the clock's Go and Done) is binary: ``emu.emulator.transport``.
+results, segments, the clock's Go and Done) is binary: ``emu.emulator.protocol.transport``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Union
 
 import zmq
 
-from emu.emulator.transport import FrameError
+from emu.emulator.protocol.transport import FrameError
 from emu.errors import EmuError
 
 MAX_CONTROL = 64 << 20  # a host's result carries every worker's iteration records and spans

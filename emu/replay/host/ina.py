@@ -1,6 +1,6 @@
 """A host's in-network aggregation endpoint: its workers' aggregation stream on their links.
 
-It holds the group (``emu.emulator.ina``: what to send and when), the contributions waiting
+It holds the group (``emu.emulator.protocol.ina``: what to send and when), the contributions waiting
 for their send time, the results waiting for their stamp, and the retransmission timers'
 bookkeeping. The host (``emu.replay.host.runtime``) decides when: it asks for what is due before a
 bound, interleaves it with the point-to-point endpoint's traffic on the shared links, and
@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emu.emulator import wire
-from emu.emulator.ina import InaGroup, InaParams, Packets, PayloadCache, ResultCheck
-from emu.emulator.links import Transmitted
-from emu.emulator.recorded import RecordedPayload
-from emu.emulator.scaled_loss import ScaledLoss
-from emu.emulator.switch import MULTICAST
-from emu.emulator.transport import AggBatch
+from emu.emulator.links.scaled_loss import ScaledLoss
+from emu.emulator.links.spec import Transmitted
+from emu.emulator.payload.recorded import RecordedPayload
+from emu.emulator.protocol import wire
+from emu.emulator.protocol.ina import InaGroup, InaParams, Packets, PayloadCache, ResultCheck
+from emu.emulator.protocol.switch import MULTICAST
+from emu.emulator.protocol.transport import AggBatch
 from emu.replay.config.options import ReplayConfig
 from emu.replay.host.wiring import Wiring
 from emu.replay.host.worker import CollRun
@@ -363,7 +363,7 @@ class InaEndpoint:
             delay = np.zeros(len(chunks))
             slots = batch.headers["slot"].astype(np.int64)
             which = g.locate(chunks)
-            for i in np.unique(rb):  # the slowest sub-chain of each row (emu.emulator.scaled_loss)
+            for i in np.unique(rb):  # the slowest sub-chain of each row (emu.emulator.links.scaled_loss)
                 coll = g.colls[int(which[i])]
                 # the slot's last pass of the collective: the final chunks of the range, or in a
                 # sparse stream the result that ends the slot's partition (it may end early)

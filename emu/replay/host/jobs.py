@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from emu.emulator.transport import AggBatch, FrameError, Segment
+from emu.emulator.protocol.transport import AggBatch, FrameError, Segment
 from emu.replay.control.messages import HostResult
 from emu.replay.host.leaves import LeafStage
 from emu.replay.host.runtime import Counters, Host, HostSetup

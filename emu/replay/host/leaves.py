@@ -39,9 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emu.emulator.links import LinkSpec
-from emu.emulator.topology import Algorithm, Layout
-from emu.emulator.transport import AggBatch, Segment
+from emu.emulator.links.spec import LinkSpec
+from emu.emulator.links.topology import Algorithm, Layout
+from emu.emulator.protocol.transport import AggBatch, Segment
 from emu.replay.config.options import ReplayConfig
 
 

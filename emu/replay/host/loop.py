@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import zmq
 
-from emu.emulator.transport import (
+from emu.emulator.protocol.transport import (
     AGG,
     GO,
     HELLO,

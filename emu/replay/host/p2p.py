@@ -1,11 +1,11 @@
 """A host's point-to-point endpoint: ring, tree, all-to-all, send/recv and parameter-server traffic.
 
 Each collective that does not run on the aggregation stream runs here as an algorithm of
-``emu.emulator.p2p`` per worker (which one is the fabric's choice), exchanging segments
+``emu.emulator.algorithms.p2p`` per worker (which one is the fabric's choice), exchanging segments
 through the switch; a parameter-server host's shards live here too. A collective on a sub-group
 (``Coll.group``: its workers) runs its algorithm among the group's members, numbered 0..g-1
 in ascending order, and its segments go to the members' own ids. A sparse float all_reduce
-on a ring or parameter server runs the sparse algorithm of ``emu.emulator.sparse_p2p`` where it
+on a ring or parameter server runs the sparse algorithm of ``emu.emulator.algorithms.sparse_p2p`` where it
 sends fewer bytes than the dense one (the same choice on every worker). Like the aggregation
 endpoint it keeps what waits for its time, and the host decides when it crosses the links.
 """
@@ -18,14 +18,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from emu.emulator import topology as shape
-from emu.emulator import wire
+from emu.emulator.algorithms.p2p import Algorithm, Check, PSServer, Seg
+from emu.emulator.algorithms.sparse_p2p import SPARSE_SEGMENT, SparsePSServer
 from emu.emulator.fabric import Fabric
+from emu.emulator.links import topology as shape
 from emu.emulator.mechanisms import Mechanism, Start
-from emu.emulator.p2p import Algorithm, Check, PSServer, Seg
-from emu.emulator.recorded import RecordedPayload
-from emu.emulator.sparse_p2p import SPARSE_SEGMENT, SparsePSServer
-from emu.emulator.transport import FrameError, Segment
+from emu.emulator.payload.recorded import RecordedPayload
+from emu.emulator.protocol import wire
+from emu.emulator.protocol.transport import FrameError, Segment
 from emu.replay.config.options import ReplayConfig
 from emu.replay.host.wiring import Wiring
 from emu.replay.host.worker import CollRun

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from emu.emulator.transport import AggBatch
+from emu.emulator.protocol.transport import AggBatch
 from emu.replay.host.ina import Deliveries, InaCounters, InaEndpoint, Packets, Pool, take
 from emu.replay.host.worker import CollRun
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from emu.emulator.mechanisms import choose
-from emu.emulator.recorded import RecordedPayload
-from emu.emulator.transport import AggBatch, Segment
+from emu.emulator.payload.recorded import RecordedPayload
+from emu.emulator.protocol.transport import AggBatch, Segment
 from emu.errors import RunFailed
 from emu.replay.config.options import ReplayConfig
 from emu.replay.control.messages import HostResult, WorkerRecord

@@ -27,7 +27,7 @@ from typing import Any
 
 import zmq
 
-from emu.emulator.transport import MAX_FRAME, FrameError
+from emu.emulator.protocol.transport import MAX_FRAME, FrameError
 
 TAG_BYTES = 16
 MAX_TCP_MESSAGE = MAX_FRAME  # zmq disconnects a peer that sends a larger frame (ZMQ_MAXMSGSIZE)

@@ -4,7 +4,7 @@ Kimad's idea: a worker measures the bandwidth it has and compresses each bucket 
 bandwidth calls for, and no more. Here, per iteration and per gradient bucket, the workers choose
 among no compression and top-k at the ratios of ``LADDER`` down to ``FLOOR`` (the most the user
 lets them drop) the least aggressive whose time, as the network's closed forms
-(``emu.emulator.physics``) predict it at the measured bandwidth with compress and decompress
+(``emu.emulator.physics.forms``) predict it at the measured bandwidth with compress and decompress
 included, stays within the bucket's budget: its uncompressed time at the link's bandwidth at
 time 0 (Kimad's time budget, set by the network the job was tuned for). Where nothing fits, the
 fastest candidate: on a fast link compressing costs more compute than it saves.
@@ -34,8 +34,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from emu.emulator import mechanisms
-from emu.emulator.compress import Compressor, NoCompression, TopK, cost_us, parse_compress
-from emu.emulator.links import LinkSpec
+from emu.emulator.compression.compressors import Compressor, NoCompression, TopK, cost_us, parse_compress
+from emu.emulator.links.spec import LinkSpec
 from emu.replay.config.options import ADAPTIVE_FLOOR, ReplayConfig
 from emu.replay.plan.compression import compress_iteration, compressed, compressible, members
 from emu.replay.report.model import AdaptiveReport, AdaptiveStep, CompressionReport

@@ -1,7 +1,7 @@
 """Compressed gradients in a replay (``--compress``; docs/compression.md).
 
 Every float all_reduce of the trace becomes the collective its compressor uses, at the true
-compressed size (``emu.emulator.compress``): an all_reduce of the compressed form where it can be
+compressed size (``emu.emulator.compression.compressors``): an all_reduce of the compressed form where it can be
 summed (fp16, randomk, PowerSGD's factors), else an all_gather of every worker's packed bytes,
 whose output grows with the number of workers. Compressing is compute before the collective is
 issued, decompressing (every gathered message, and their sum) compute after the wait that needs
@@ -9,7 +9,7 @@ its result, both from the cost model the compressors measured (``cost_us``), ``-
 times faster. The fabric then moves and verifies those bytes as any others.
 
 On ``ina`` (``switch_sums``), the quantizers whose levels the switch can add (signsgd, terngrad,
-qsgd: ``emu.emulator.compress_switch``) are an all_reduce of int32 lanes instead, each lane a few
+qsgd: ``emu.emulator.compression.in_switch``) are an all_reduce of int32 lanes instead, each lane a few
 levels, summed in the switch.
 
 What the compressor does to the numbers is measured apart, on gradients generated for the
@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from emu.emulator.compress import Aggregation, Compressor, ErrorFeedback, PowerSgd, aggregate, cost_us
-from emu.emulator.compress_switch import lanes, switch_aggregate
+from emu.emulator.compression.compressors import Aggregation, Compressor, ErrorFeedback, PowerSgd, aggregate, cost_us
+from emu.emulator.compression.in_switch import lanes, switch_aggregate
 from emu.replay.report.model import CompressionReport
 from emu.traces.model import Coll, CollKind, Compute, Dtype, Iteration, Op, RankProgram, Wait
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from emu.emulator.links.topology import Layout
 from emu.emulator.mechanisms import choose
-from emu.emulator.topology import Layout
 from emu.replay.config.options import ReplayConfig
 from emu.replay.plan.programs import WorkerProgram
 from emu.traces.model import Coll

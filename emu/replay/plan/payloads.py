@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from emu.emulator.mechanisms import choose
-from emu.emulator.recorded import RecordedPayload, checkable
+from emu.emulator.payload.recorded import RecordedPayload, checkable
 from emu.errors import ConfigError
 from emu.replay.config.options import ReplayConfig
 from emu.traces.model import CollKind, Trace

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from emu.emulator.links import uniform
+from emu.emulator.links.spec import uniform
 from emu.errors import ConfigError
 from emu.replay.config.options import CompressOption, ReplayConfig, SparsityOption
 from emu.replay.plan.adaptive import planned_ranks
@@ -231,7 +231,7 @@ def _plan_groups(trace: Trace, layout: MeshPlan, path: str, sparsity: SparsityOp
 def group_table(programs: list[WorkerProgram]) -> tuple[tuple[int, ...] | None, ...]:
     """Per collective number within an iteration, its group's workers (None: the whole job, or a
     send or recv); empty where every collective is the whole job's (what parameter-server shards
-    sum over: ``emu.emulator.p2p.PSServer``)."""
+    sum over: ``emu.emulator.algorithms.p2p.PSServer``)."""
     if not programs or not programs[0].seq_offsets:
         return ()
     table: list[tuple[int, ...] | None] = [None] * programs[0].colls_per_iteration

@@ -7,8 +7,8 @@ than a sparse parameter server's shards allow.
 
 from __future__ import annotations
 
-from emu.emulator import physics
-from emu.emulator.sparse_p2p import ps_sparse
+from emu.emulator.algorithms.sparse_p2p import ps_sparse
+from emu.emulator.physics import forms as physics
 from emu.errors import ConfigError
 from emu.replay.config.options import REAL_BYTES_PER_ITERATION, ReplayConfig
 from emu.replay.plan.sparsity import with_sparsity

@@ -1,6 +1,6 @@
 """What sparsity each collective's payload follows in a replay, and what the payload held.
 
-The payload of a sparse all_reduce (``emu.emulator.payload``) must be the same on every worker,
+The payload of a sparse all_reduce (``emu.emulator.payload.generated``) must be the same on every worker,
 but a trace records a rank's own fraction of non-zero blocks, and replay reuses the file's rank
 programs round-robin. So one job-wide ``Sparsity`` is resolved per collective position: the
 mean over the M workers of their rank's ``nonzero``, the largest ``union`` (it is a job-wide
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from emu.emulator.payload import Realized, is_sparse, realized
+from emu.emulator.payload.generated import Realized, is_sparse, realized
 from emu.errors import ConfigError
 from emu.replay.config.options import ReplayConfig, SparsityOption
 from emu.replay.report.model import SparsityReport

@@ -19,7 +19,7 @@ import numpy as np
 
 import emu
 from emu.emulator.mechanisms import choose
-from emu.emulator.wire import agg_wire_bytes
+from emu.emulator.protocol.wire import agg_wire_bytes
 from emu.replay.config.design import resolved_design
 from emu.replay.config.options import Clock, ReplayConfig
 from emu.replay.control.messages import HostResult

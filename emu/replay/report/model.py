@@ -50,7 +50,7 @@ class Verification:
     ok: bool
     elements_checked: int
     mismatches: int
-    # what the workers sent: generated (emu.emulator.payload, every sum exact) or recorded (the
+    # what the workers sent: generated (emu.emulator.payload.generated, every sum exact) or recorded (the
     # real ranks' tensors of emu run: point-to-point sums within their dtype's rounding, the
     # switch's int32 sums exact)
     payload: str = "generated"

@@ -1,6 +1,6 @@
 """The switch process: the hub every endpoint's link ends at.
 
-It aggregates contributions with the software INA data plane (``emu.emulator.switch``)
+It aggregates contributions with the software INA data plane (``emu.emulator.protocol.switch``)
 and forwards point-to-point segments to the host of their destination. A result
 for every worker reaches each worker host as one message, which the host fans
 out to its workers (their downlinks are still charged one by one there).
@@ -21,8 +21,8 @@ import numpy as np
 import zmq
 
 from emu.emulator import fabric as fabrics
-from emu.emulator.switch import MULTICAST, AggregationSwitch
-from emu.emulator.transport import (
+from emu.emulator.protocol.switch import MULTICAST, AggregationSwitch
+from emu.emulator.protocol.transport import (
     AGG,
     DONE,
     HELLO,
@@ -34,7 +34,7 @@ from emu.emulator.transport import (
     Go,
     segment_first_us,
 )
-from emu.emulator.wire import P2P_HEADER, MsgType
+from emu.emulator.protocol.wire import P2P_HEADER, MsgType
 from emu.errors import RunFailed
 from emu.replay.control.messages import Message, Ready, Stop, SwitchResult, connect_control, decode, encode, failure
 from emu.replay.host.leaves import conserve

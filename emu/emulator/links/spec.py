@@ -4,7 +4,7 @@ A link serializes packets one after another at its bandwidth (FIFO, store and
 forward per packet) and then delays each by its propagation latency, plus a
 uniform jitter in [0, jitter]; a packet is lost with probability ``loss``.
 Everything is in emulated microseconds and computed from stamps, never from the
-wall clock. Serialization uses wire bytes (``emu.emulator.wire``).
+wall clock. Serialization uses wire bytes (``emu.emulator.protocol.wire``).
 
 ``LinkArray.transmit`` solves the FIFO recurrence ``d_i = max(r_i, d_{i-1}) + s_i``
 for a whole batch with numpy: with ``S_i = s_0 + ... + s_i``,
@@ -242,7 +242,7 @@ class LinkArray:
         ``d_i = max(r_i, d_{i-1}) + S_i`` with ``r_i = max(first_i, last_i + s_i - S_i)``
         (``S_i`` the row's serialization, ``s_i`` one packet's) for the whole batch at once.
         A row is lost if any of its packets is: probability ``1 - (1 - loss) ** packets``;
-        ``lossy=False``: never (with payload scale, ``emu.emulator.scaled_loss`` draws the
+        ``lossy=False``: never (with payload scale, ``emu.emulator.links.scaled_loss`` draws the
         emulated packets' fate instead, and the real row always crosses).
         """
         idx = np.asarray(idx, dtype=np.int64)

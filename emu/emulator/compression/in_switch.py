@@ -22,13 +22,12 @@ field would not fit a lane (``S M >= 2**30``) the compressor is not summed in th
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from emu.emulator.compress import Compressor, Qsgd, SignSgd, TernGrad
-from emu.emulator.fixedpoint import EXP_NONE, block_exponents
+from emu.emulator.compression.compressors import Compressor, Qsgd, SignSgd, TernGrad
+from emu.emulator.protocol.fixedpoint import EXP_NONE, block_exponents
 
 LANE_BITS = 31  # a lane's value stays below 2**31: the switch adds signed int32
 
@@ -139,9 +138,3 @@ def switch_aggregate(comp: Compressor, grads: list[np.ndarray], seed: int, packe
     total = unpack_lanes(summed, width, f, n) - len(grads) * s
     exact = bool(np.array_equal(total, np.sum(levels, axis=0)))
     return SwitchSum(aggregate=_value(comp, total, scale).astype(np.float32), exact=exact, fields_per_lane=f)
-
-
-def bits_per_value(comp: Compressor, workers: int) -> float:
-    """Bits on the wire per gradient element in the switch's lanes (32 / fields per lane)."""
-    f = fields_per_lane(comp, workers)
-    return 32 / f if f else math.inf

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from emu.emulator.payload import block, holding, is_sparse, is_wide
-from emu.emulator.wire import SPARSE_EXTRA, agg_wire_bytes
+from emu.emulator.payload.generated import block, holding, is_sparse, is_wide
+from emu.emulator.protocol.wire import SPARSE_EXTRA, agg_wire_bytes
 from emu.traces.model import Sparsity
 
 NONE = -1  # no block: an announcement's, or past a partition's last
@@ -110,7 +110,7 @@ def partition_rounds(union: np.ndarray, slots: int) -> np.ndarray:
 def held_blocks(seed: int, seq: int, real_elements: int, elements: int, workers: int, wids: np.ndarray,
                 sparsity: Sparsity, dtype: str, owner: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Per worker of ``wids``, which blocks (packets of ``elements``) hold a non-zero element, and
-    which blocks some worker holds, from the payload model (emu.emulator.payload): in a wide
+    which blocks some worker holds, from the payload model (emu.emulator.payload.generated): in a wide
     dtype every element of a sparsity block its holder holds is non-zero; in a 16-bit one only
     those it owns (``owner``: every real element's owner, needed then). A packet may cover parts
     of several sparsity blocks (any ``block_elements``): it is non-zero where any of them is."""

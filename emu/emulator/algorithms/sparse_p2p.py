@@ -1,6 +1,6 @@
 """Sparse ring and parameter-server all_reduce: only the non-zero blocks cross the links.
 
-A float all_reduce whose payload is sparse (``emu.emulator.payload``: blocks of ``K`` elements,
+A float all_reduce whose payload is sparse (``emu.emulator.payload.generated``: blocks of ``K`` elements,
 worker ``w`` non-zero only in the blocks it holds) runs, on ``ring`` and ``ps``, as:
 
 - ``SparseRing``: a sparse all-gather. Each worker's non-zero blocks (values and block indices)
@@ -31,10 +31,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emu.emulator.p2p import SEG_ELEMENTS, Algorithm, Seg
-from emu.emulator.payload import hold_probability, holding
-from emu.emulator.transport import ITEMSIZE, decode_values, encode_values
-from emu.emulator.wire import DTYPE_CODES
+from emu.emulator.algorithms.p2p import SEG_ELEMENTS, Algorithm, Seg
+from emu.emulator.payload.generated import hold_probability, holding
+from emu.emulator.protocol.transport import ITEMSIZE, decode_values, encode_values
+from emu.emulator.protocol.wire import DTYPE_CODES
 from emu.traces.model import Sparsity
 
 INDEX_BYTES = 4  # a block index on the emulated wire (uint32: 2^32 blocks of any K)

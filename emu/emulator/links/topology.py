@@ -20,7 +20,7 @@ A ``Topology`` says what the cluster is made of; ``Topology.layout(M)`` places M
   ``random`` (a seeded shuffle of packed), or an explicit list of node indices, one per worker.
 
 ``algorithm = "hierarchical"`` makes INA's leaves aggregate before the spine, and the ring reduce
-inside nodes first (``emu.emulator.p2p_hier``); the replay's configuration refuses it on a
+inside nodes first (``emu.emulator.algorithms.p2p_hier``); the replay's configuration refuses it on a
 parameter server. Loss and jitter stay on the
 NIC links.
 """
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from emu.emulator.links import LinkSpec
+from emu.emulator.links.spec import LinkSpec
 from emu.errors import ConfigError
 
 DEFAULT_WORKERS_PER_NODE = 8

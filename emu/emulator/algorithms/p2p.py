@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emu.emulator.payload import block
-from emu.emulator.recorded import RecordedPayload
+from emu.emulator.payload.generated import block
+from emu.emulator.payload.recorded import RecordedPayload
 from emu.traces.model import Sparsity
 
 SEG_ELEMENTS = 1 << 18  # 1 MB of float32 per message: pipelining without huge messages
@@ -38,7 +38,7 @@ class Seg:
     data: np.ndarray  # float64, exact values of the collective's dtype
     emu_bytes: float
     send_us: float
-    wire_dtype: str | None = None  # the real message's dtype where not the collective's (emu.emulator.sparse_p2p)
+    wire_dtype: str | None = None  # the real message's dtype where not the collective's (emu.emulator.algorithms.sparse_p2p)
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class Algorithm:
                  check: Check, sparsity: Sparsity | None = None, recorded: RecordedPayload | None = None) -> None:
         self.rank, self.size, self.seq, self.dtype = rank, size, seq, dtype
         self.layout, self.seed, self.check = layout, seed, check
-        self.sparsity = sparsity  # the payload's, where the collective has one (emu.emulator.payload)
+        self.sparsity = sparsity  # the payload's, where the collective has one (emu.emulator.payload.generated)
         self.recorded = recorded  # the real ranks' tensors, sent in place of generated payload (emu run)
         self.summed_over = size  # the workers whose data the payload and its sums are (a sub-ring's job: more)
         self.finished = False
@@ -156,7 +156,7 @@ class Ring(Algorithm):
         self.seen: dict[int, int] = {}
         self.need = sum(len(self.layout.segments(j)) for j in self._expected_chunks())
         self.got = 0
-        # told each segment's final values as they become known (emu.emulator.p2p_hier: a node's
+        # told each segment's final values as they become known (emu.emulator.algorithms.p2p_hier: a node's
         # leader passes them on to its node)
         self.on_final: Callable[[int, int, np.ndarray], None] | None = None
 

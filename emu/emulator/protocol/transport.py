@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emu.emulator.wire import AGG_HEADER, DTYPE_CODES, P2P_HEADER, PAYLOAD
+from emu.emulator.protocol.wire import AGG_HEADER, DTYPE_CODES, P2P_HEADER, PAYLOAD
 from emu.errors import RunFailed
 from emu.traces.model import Dtype
 

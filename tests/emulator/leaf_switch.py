@@ -1,8 +1,11 @@
 """Hierarchical in-network aggregation: a leaf switch's role under a spine (docs/protocol.md,
-"Leaf and spine").
+"Leaf and spine"), as a reference for its conformance vectors (tests/data/conformance/leaf/).
+
+A test model, not part of emu: the replay's leaves are emu.replay.host.leaves. It stays
+importable (``tests.emulator.leaf_switch``) for the P4 conformance tests a P4 leaf would run.
 
 As ATP and multi-rack SwitchML split it, a job's workers hang off leaves and the leaves off a
-spine. The **spine** is the one-switch data plane (``emu.emulator.switch``) whose "workers" are
+spine. The **spine** is the one-switch data plane (``emu.emulator.protocol.switch``) whose "workers" are
 the job's leaves: a leaf's contribution names the leaf (``worker`` = its number among the job's
 ``L`` leaves, ``num_workers`` = ``L``). The **leaf** runs the same data plane over its own ports
 (its workers' bits) and differs in what it does with a complete copy:
@@ -38,9 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emu.emulator.fixedpoint import EXP_NONE
-from emu.emulator.switch import MULTICAST, AggregationSwitch
-from emu.emulator.wire import AGG_HEADER, FLAG_COPY, MsgType
+from emu.emulator.protocol.fixedpoint import EXP_NONE
+from emu.emulator.protocol.switch import MULTICAST, AggregationSwitch
+from emu.emulator.protocol.wire import AGG_HEADER, FLAG_COPY, MsgType
 
 
 @dataclass

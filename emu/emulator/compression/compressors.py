@@ -485,7 +485,7 @@ class ErrorFeedback:
         return data, back
 
 
-_SPEED_FILE = Path(__file__).with_name("compress_speed.json")  # benchmarks/compress_speed.py writes it
+_SPEED_FILE = Path(__file__).with_name("speed.json")  # benchmarks/compress_speed.py writes it
 
 
 @functools.lru_cache(maxsize=1)
@@ -496,7 +496,7 @@ def _speeds() -> dict[str, dict[str, float]]:
 def cost_us(comp: Compressor, n: int, workers: int, speed: float = 1.0,
             summed: bool = False) -> tuple[float, float]:
     """(compress, decompress) time of one worker for ``n`` elements, from the throughputs measured
-    on the build machine (``compress_speed.json``), ``speed`` times faster. Decompressing an
+    on the build machine (``speed.json`` beside it), ``speed`` times faster. Decompressing an
     all_gather's output is ``workers`` messages (and their sum); an all_reduce's, or what a switch
     ``summed``, one."""
     rate = _speeds()[comp.name]

@@ -14,7 +14,7 @@ of header-only packets and a round trip; their results stream back under the dat
 the last packet's store and forward.
 
 The forms of every collective kind (docs/physics.md, "Predictions"): the INA stream, and the
-point-to-point algorithms of ``emu.emulator.p2p`` (and of ``emu.emulator.sparse_p2p`` for sparse
+point-to-point algorithms of ``emu.emulator.algorithms.p2p`` (and of ``emu.emulator.algorithms.sparse_p2p`` for sparse
 all_reduces) solved from their send orders and the links' FIFOs, segment by segment. Which form a
 collective takes is its mechanism's business (``emu.emulator.mechanisms``).
 """
@@ -24,11 +24,11 @@ from __future__ import annotations
 import math
 import statistics
 
-from emu.emulator.links import LinkSpec
-from emu.emulator.p2p import SEG_ELEMENTS
-from emu.emulator.sparse_ina import packet_union
-from emu.emulator.sparse_p2p import index_overhead, worker_fraction
-from emu.emulator.wire import (
+from emu.emulator.algorithms.p2p import SEG_ELEMENTS
+from emu.emulator.algorithms.sparse_p2p import index_overhead, worker_fraction
+from emu.emulator.links.spec import LinkSpec
+from emu.emulator.protocol.sparse_ina import packet_union
+from emu.emulator.protocol.wire import (
     FRAME_OVERHEAD,
     MTU,
     P2P_HEADER,
@@ -59,7 +59,7 @@ def ina_detail_us(count: int, link: LinkSpec, elements: int, slots: int) -> floa
 
 
 def ina_reduce_scatter_us(count: int, workers: int, link: LinkSpec, elements: int, slots: int) -> float:
-    """A reduce_scatter on the stream (emu.emulator.ina): every worker sends every block, as an
+    """A reduce_scatter on the stream (emu.emulator.protocol.ina): every worker sends every block, as an
     all_reduce's uplink does (each shard's blocks apart: ``g`` shards of ``ceil(count / g / k)``),
     after the exponent round; each downlink carries its shard and the others' header-only
     completions, less. So the all_reduce's form over the shards' blocks."""
@@ -105,7 +105,7 @@ def ina_pipeline_us(count: int, link: LinkSpec, elements: int, slots: int, worke
 
 
 def sparse_ina_us(count: int, sparsity: Sparsity, link: LinkSpec, elements: int, slots: int) -> float:
-    """The sparse stream (emu.emulator.sparse_ina): the announcement round (one header per slot up,
+    """The sparse stream (emu.emulator.protocol.sparse_ina): the announcement round (one header per slot up,
     its results back), then every worker's downlink carries the ``u n`` union blocks, 8 bytes more a
     packet; its uplink carries as many packets, the holders' with data, so the downlink sets the
     pace; and the last packet's store and forward."""
@@ -163,7 +163,7 @@ def ina_loss_extra_us(count: int, link: LinkSpec, workers: int, pool: int, rto_u
 
 # -- every collective on every software fabric (docs/physics.md, "Predictions") ------------------
 #
-# Point-to-point collectives move segments (emu.emulator.p2p): a collective's tensor is cut into
+# Point-to-point collectives move segments (emu.emulator.algorithms.p2p): a collective's tensor is cut into
 # ``parts`` chunks and each chunk into ``g`` segments of at most SEG_ELEMENTS real elements (with
 # payload scale R, ceil(count / R) real elements stand for ``count``), each segment ``w`` wire
 # bytes in ``n`` packets. A segment leaves its uplink in ``s = w / B`` and reaches the other
@@ -290,7 +290,7 @@ def ps_all_reduce_us(count: int, itemsize: int, workers: int, shards: int, link:
 
 def _sparse_parts(count: int, itemsize: int, blocks: float, sparsity: Sparsity, link: LinkSpec,
                   rto_us: float, payload_scale: int) -> _Segments:
-    """The parts of a sparse block set (emu.emulator.sparse_p2p) of ``blocks`` real blocks of ``K``:
+    """The parts of a sparse block set (emu.emulator.algorithms.sparse_p2p) of ``blocks`` real blocks of ``K``:
     even parts of whole blocks, at most SEG_ELEMENTS values each; each block carries its 4-byte
     index, and each real block stands for ``R`` emulated ones."""
     k = sparsity.block_elements

@@ -1,6 +1,6 @@
-"""The data an aggregation stream carries (``emu.emulator.ina``): every worker's values, in fixed point.
+"""The data an aggregation stream carries (``emu.emulator.protocol.ina``): every worker's values, in fixed point.
 
-A worker's payload is generated where it is sent (``emu.emulator.payload``: shared parts and each
+A worker's payload is generated where it is sent (``emu.emulator.payload.generated``: shared parts and each
 worker's own, paged and cached per host by ``PayloadCache``), or, where ``emu run`` recorded them,
 the real ranks' tensors. This mixin of ``InaGroup`` owns what the stream asks of it: a block's
 integer units and power-of-two scale, its exponent, its quantized rows, the exact int32 sums the
@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from emu.emulator import fixedpoint
-from emu.emulator.payload import Block, block, holds, sparse_sum_units
+from emu.emulator.payload.generated import Block, block, holds, sparse_sum_units
+from emu.emulator.protocol import fixedpoint
 from emu.traces.model import CollKind
 
 if TYPE_CHECKING:
-    from emu.emulator.ina import InaCollective, InaParams
+    from emu.emulator.protocol.ina import InaCollective, InaParams
 
 
 class PayloadCache:
@@ -166,7 +166,7 @@ class StreamData:
         own = self._rows(coll, uniq, "own", np.int64)
         if coll.sparsity is None:
             units = n * common + own
-        else:  # H_B workers hold the block, and its owner is one of them (emu.emulator.payload)
+        else:  # H_B workers hold the block, and its owner is one of them (emu.emulator.payload.generated)
             units = sparse_sum_units(self._rows(coll, uniq, "holders", np.int64), common, own)
         units = units[inv]
         beta = self._rows(coll, uniq, "beta", np.int64)[inv]

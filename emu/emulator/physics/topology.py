@@ -1,7 +1,7 @@
 """Closed forms of the flat algorithms on a topology (docs/physics.md, "On a topology").
 
 A topology changes two things for a flat algorithm: which links its bytes queue on, and how far
-they travel. The forms below fold both into the one-switch formulas of ``emu.emulator.physics``
+they travel. The forms below fold both into the one-switch formulas of ``emu.emulator.physics.forms``
 as an *effective link*: the bandwidth of the busiest link divided among the flows that share it,
 and the latency of the longest path (a spine hop each way between leaves).
 
@@ -21,9 +21,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from emu.emulator.links import LinkSpec
-from emu.emulator.physics import _Segments, ina_detail_us
-from emu.emulator.topology import Algorithm, Layout, Topology
+from emu.emulator.links.spec import LinkSpec
+from emu.emulator.links.topology import Algorithm, Layout, Topology
+from emu.emulator.physics.forms import _Segments, ina_detail_us
 
 
 def ina_link(link: LinkSpec, topology: Topology, layout: Layout) -> LinkSpec:
@@ -92,7 +92,7 @@ def topology_ring_us(count: int, itemsize: int, link: LinkSpec, topology: Topolo
 
 def topology_hier_ring_us(count: int, itemsize: int, link: LinkSpec, topology: Topology, layout: Layout,
                           payload_scale: int = 1) -> float:
-    """The hierarchical ring all_reduce (emu.emulator.p2p_hier) on the topology: each node's other
+    """The hierarchical ring all_reduce (emu.emulator.algorithms.p2p_hier) on the topology: each node's other
     workers send the whole tensor to the leader, whose node port takes their ``(G-1) g`` segments
     in turn; the leaders' ring (``topology_ring_us`` over the leaders, in node order); the leader
     sends the result to the same ``G - 1`` over its port. The phases follow one another."""

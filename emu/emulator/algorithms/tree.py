@@ -26,11 +26,11 @@ import numpy as np
 
 from emu.emulator import fabric as fabrics
 from emu.emulator import mechanisms as mech
-from emu.emulator.links import LinkSpec
+from emu.emulator.algorithms.p2p import SEG_ELEMENTS, Algorithm, Layout, Seg
+from emu.emulator.links.spec import LinkSpec
 from emu.emulator.mechanisms import Sent, Setting, Start
-from emu.emulator.p2p import SEG_ELEMENTS, Algorithm, Layout, Seg
-from emu.emulator.physics import expected_rounds
-from emu.emulator.wire import FRAME_OVERHEAD, P2P_HEADER, p2p_packets
+from emu.emulator.physics.forms import expected_rounds
+from emu.emulator.protocol.wire import FRAME_OVERHEAD, P2P_HEADER, p2p_packets
 from emu.traces.model import Coll, CollKind
 
 # Emulated payload bytes a segment carries (NCCL's Simple protocol moves a 4 MiB buffer in 8

@@ -5,7 +5,7 @@ the leaders in a ring, broadcast inside each node.
 1. Every other worker of a node sends its whole tensor to the node's leader (its lowest rank),
    over the node's own ports; the leader sums them into its own.
 2. Once all its node's tensors are in, the leader joins a ring all-reduce of the nodes' sums
-   among the leaders (``emu.emulator.p2p.Ring`` over the leaders, in node order), across NICs.
+   among the leaders (``emu.emulator.algorithms.p2p.Ring`` over the leaders, in node order), across NICs.
 3. As each segment's final sum becomes known, the leader keeps it; when the ring is done it
    sends the whole result to every worker of its node, which checks it against the sum over all
    M workers (exactly for generated payload, within the dtype's rounding for recorded).
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from emu.emulator.p2p import Algorithm, Layout, Ring, Seg
+from emu.emulator.algorithms.p2p import Algorithm, Layout, Ring, Seg
 
 RING = 1 << 28
 DOWN = 1 << 29

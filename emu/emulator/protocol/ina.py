@@ -16,7 +16,7 @@ exponent of block ``b + S``, the block that will next use its slot (so for
 ``b >= X`` the result that frees a slot also brings the exponent its next block needs).
 
 A sparse float all_reduce, where the fabric has the sparse stream, runs it instead
-(``emu.emulator.sparse_ina``): announcements where the exponent chunks go, then rounds that
+(``emu.emulator.protocol.sparse_ina``): announcements where the exponent chunks go, then rounds that
 carry only the blocks some worker holds.
 
 A reduce_scatter and an all_gather run on the same stream (docs/protocol.md, "Reduce-scatter and
@@ -41,12 +41,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emu.emulator import fixedpoint
-from emu.emulator.ina_data import PayloadCache, StreamData
-from emu.emulator.payload import is_sparse, is_wide
-from emu.emulator.recorded import RecordedPayload
-from emu.emulator.sparse_ina import NONE, SparseStream, held_blocks, streams_sparse
-from emu.emulator.wire import AGG_HEADER, BLOCK_NONE, FLAG_COPY, FLAG_GATHER, FLAG_OWNER, FLAG_SCATTER, MsgType
+from emu.emulator.payload.generated import is_sparse, is_wide
+from emu.emulator.payload.recorded import RecordedPayload
+from emu.emulator.protocol import fixedpoint
+from emu.emulator.protocol.ina_data import PayloadCache, StreamData
+from emu.emulator.protocol.sparse_ina import NONE, SparseStream, held_blocks, streams_sparse
+from emu.emulator.protocol.wire import AGG_HEADER, BLOCK_NONE, FLAG_COPY, FLAG_GATHER, FLAG_OWNER, FLAG_SCATTER, MsgType
 from emu.traces.model import CollKind, Dtype, Sparsity
 
 IDLE, SENT = 0, 1
@@ -61,7 +61,7 @@ class InaParams:
     seed: int
     scale: int = 1  # R: emulated packets per real packet
     emulated_slots: int = 0  # the emulated pool (for the exponent round's size on the wire)
-    sparse_stream: bool = False  # the switch runs the sparse stream (emu.emulator.sparse_ina)
+    sparse_stream: bool = False  # the switch runs the sparse stream (emu.emulator.protocol.sparse_ina)
 
 
 def shard_layout(kind: CollKind, count: int, dtype: str, params: InaParams) -> tuple[int, int, int]:
@@ -92,7 +92,7 @@ class InaCollective:
             real_elements = params.workers * self.shard_blocks * params.elements
             emu_packets = params.workers * self.shard_emulated
         self.seq, self.dtype, self.real_elements, self.emu_packets = seq, dtype, real_elements, emu_packets
-        self.sparsity = sparsity if is_sparse(sparsity, dtype) else None  # the payload's (emu.emulator.payload)
+        self.sparsity = sparsity if is_sparse(sparsity, dtype) else None  # the payload's (emu.emulator.payload.generated)
         self.base = base
         self.recorded: RecordedPayload | None = None  # the real ranks' tensors, where they are sent (emu run)
         k, s = params.elements, params.slots

@@ -8,10 +8,10 @@ j's shard). Worker ``w`` of a replay at M workers runs real rank ``w mod K``'s p
 sends ``V_{w mod K}``, and the sum a reduction must reach is ``M / K * sum_r V_r``.
 
 Only the first ``ceil(count / R)`` elements of each are kept: what a replay at payload scale R
-really sends. The generator of ``emu.emulator.payload`` makes values whose every partial sum is
+really sends. The generator of ``emu.emulator.payload.generated`` makes values whose every partial sum is
 exact; real values are not, so a point-to-point sum is checked within the rounding its dtype
 allows (``RecordedBlock.slack``), while on ``ina`` the switch adds integers and the expected
-int32 sums are exact (``emu.emulator.ina``).
+int32 sums are exact (``emu.emulator.protocol.ina``).
 
 On disk (``payload_arrays`` / ``load_payload``) a payload is one ``.npz`` file of plain arrays,
 read with ``allow_pickle=False``: a JSON header and one (K, kept) array per collective of every
@@ -120,7 +120,7 @@ class RecordedPayload:
 
     def shard_rows(self, seq: int, workers: np.ndarray, blocks: np.ndarray, k: int, shards: int,
                    lanes: int) -> np.ndarray:
-        """A reduce_scatter's rows on the stream (``emu.emulator.ina``): float64 rows of ``k``, shard
+        """A reduce_scatter's rows on the stream (``emu.emulator.protocol.ina``): float64 rows of ``k``, shard
         ``s``'s elements ``[s lanes, (s+1) lanes)`` cut into blocks of its own and zero padded; block
         ``blocks[i]`` of worker ``workers[i]`` (real rank ``workers[i] mod K``'s values)."""
         return _sharded(self, seq % len(self.tensors), k, shards, lanes, False)[np.asarray(workers) % self.real_ranks,

@@ -54,8 +54,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emu.emulator.fixedpoint import EXP_NONE
-from emu.emulator.wire import AGG_HEADER, BLOCK_NONE, FLAG_COPY, FLAG_GATHER, FLAG_OWNER, FLAG_SCATTER, MsgType
+from emu.emulator.protocol.fixedpoint import EXP_NONE
+from emu.emulator.protocol.wire import AGG_HEADER, BLOCK_NONE, FLAG_COPY, FLAG_GATHER, FLAG_OWNER, FLAG_SCATTER, MsgType
 
 MULTICAST = 0xFFFF  # the destination of a result for every worker
 # a round's identity: its size for a dense round, SPARSE_IDENT + block for a sparse one, and, apart

@@ -1,0 +1,1 @@
+"""The aggregation protocol: the wire format (``wire``), fixed point, the frames between processes (``transport``), the software switch's data plane (``switch``), and the workers' side of the stream (``ina``, ``sparse_ina``)."""

@@ -367,34 +367,14 @@ def gloo_collectives(kt: KinetoTrace) -> list[CollEvent]:
     at once would otherwise be matched crosswise). Point-to-point executions run on the caller's
     thread."""
     launches = [e for e in kt.events if e.name in _GLOO_LAUNCH]
-    bad = next((e for e in kt.events if e.name in _UNSUPPORTED), None)
-    if bad is not None:
-        raise KinetoError(f"{kt.where(bad)}: is a collective emu trace v1 "
-                          "cannot express (all_reduce, all_gather, reduce_scatter, broadcast, "
-                          "all_to_all, send, recv and barrier are)")
-    if launches and all("Input Dims" not in e.args for e in launches):
-        raise KinetoError(f"{kt.path}: the collectives carry no 'Input Dims': the profiler ran "
-                          "without record_shapes=True, so their sizes are unknown and emu will not "
-                          "invent them; re-record with torch.profiler.profile(record_shapes=True)")
+    _check_gloo(kt, launches)
     attributor = _attributor(kt)
-    executions = [e for e in kt.events if e.name.startswith("gloo:")]
-    used = [False] * len(executions)
-    thread_group: dict[int | str, str] = {}
+    executions = _Executions([e for e in kt.events if e.name.startswith("gloo:")])
     colls = []
     for ev in launches:
         kind, index, is_list, times_group, exec_names = _GLOO_LAUNCH[ev.name]
         p2p = kind in (CollKind.SEND, CollKind.RECV)
-        count = 0
-        if kind != CollKind.BARRIER:
-            dims = ev.args.get("Input Dims")
-            numel = _numel(dims[index], is_list) if isinstance(dims, list) and index < len(dims) else None
-            if numel is None:
-                what = "is missing" if dims is None else (
-                    f"is {str(dims)[:60]!r}, which does not hold the collective's "
-                    f"tensor{'s' if is_list else ''} at position {index}")
-                raise KinetoError(f"{kt.where(ev)}: argument 'Input Dims' {what}: its size is unknown, and emu "
-                                  "will not invent it; re-record with torch.profiler.profile(record_shapes=True)")
-            count = numel
+        count = 0 if kind == CollKind.BARRIER else _launch_count(kt, ev, index, is_list)
         att = attributor.launch(kind, ev.ts_us, ev.end_us, kt.where(ev)) if attributor is not None else None
         if att is not None and not attributor.strict and not p2p:
             att = None  # one group: the whole job's, as the trace format's default
@@ -405,51 +385,95 @@ def gloo_collectives(kt: KinetoTrace) -> list[CollEvent]:
             exec_names = (_SPARSE_EXECUTION,)
         elif ev.name == "c10d::allreduce_":  # strides not recorded: the execution says which it was
             exec_names = (*exec_names, _SPARSE_EXECUTION)
-        match = None
-        for k, ex in enumerate(executions):
-            if used[k] or ex.name not in exec_names or ex.end_us < ev.ts_us:
+        # gloo's all_gather execution records its input: one rank's shard
+        expected = count // group_size if kind == CollKind.ALL_GATHER else count
+        ex = executions.take(ev, exec_names, None if kind == CollKind.BARRIER else expected,
+                             att.group if att is not None and not p2p else None)
+        if ex is None:
+            raise KinetoError(f"{kt.where(ev)}: has no matching gloo "
+                              "execution event; was the profiling window cut mid-collective?")
+        colls.append(_gloo_event(kt, ev, ex, kind, count, group_size, att,
+                                 attributor is not None and attributor.strict))
+    return colls
+
+
+def _check_gloo(kt: KinetoTrace, launches: list) -> None:
+    bad = next((e for e in kt.events if e.name in _UNSUPPORTED), None)
+    if bad is not None:
+        raise KinetoError(f"{kt.where(bad)}: is a collective emu trace v1 "
+                          "cannot express (all_reduce, all_gather, reduce_scatter, broadcast, "
+                          "all_to_all, send, recv and barrier are)")
+    if launches and all("Input Dims" not in e.args for e in launches):
+        raise KinetoError(f"{kt.path}: the collectives carry no 'Input Dims': the profiler ran "
+                          "without record_shapes=True, so their sizes are unknown and emu will not "
+                          "invent them; re-record with torch.profiler.profile(record_shapes=True)")
+
+
+def _launch_count(kt: KinetoTrace, ev, index: int, is_list: bool) -> int:
+    """The elements of a launch's tensor(s), from its recorded input dimensions."""
+    dims = ev.args.get("Input Dims")
+    numel = _numel(dims[index], is_list) if isinstance(dims, list) and index < len(dims) else None
+    if numel is None:
+        what = "is missing" if dims is None else (
+            f"is {str(dims)[:60]!r}, which does not hold the collective's "
+            f"tensor{'s' if is_list else ''} at position {index}")
+        raise KinetoError(f"{kt.where(ev)}: argument 'Input Dims' {what}: its size is unknown, and emu "
+                          "will not invent it; re-record with torch.profiler.profile(record_shapes=True)")
+    return numel
+
+
+class _Executions:
+    """gloo's execution events, each matched to one launch, in order; a group's on its own threads."""
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+        self.used = [False] * len(events)
+        self.thread_group: dict[int | str, str] = {}
+
+    def take(self, ev, names: tuple[str, ...], count: int | None, group: str | None):
+        """The first unused execution of ``names`` that ends after the launch began, with ``count``
+        elements (None: any, a barrier's), on a thread no other group's collectives ran on."""
+        for k, ex in enumerate(self.events):
+            if self.used[k] or ex.name not in names or ex.end_us < ev.ts_us:
                 continue
-            if att is not None and not p2p and thread_group.get(ex.tid, att.group) != att.group:
+            if group is not None and self.thread_group.get(ex.tid, group) != group:
                 continue
             ex_dims = ex.args.get("Input Dims")
             ex_count = _numel(ex_dims[0], False) if isinstance(ex_dims, list) and ex_dims else None
-            # gloo's all_gather execution records its input: one rank's shard.
-            expected = count // group_size if kind == CollKind.ALL_GATHER else count
-            if kind == CollKind.BARRIER or ex_count == expected:
-                match = k
-                break
-        if match is None:
-            raise KinetoError(f"{kt.where(ev)}: has no matching gloo "
-                              "execution event; was the profiling window cut mid-collective?")
-        used[match] = True
-        ex = executions[match]
-        if att is not None and not p2p:
-            thread_group.setdefault(ex.tid, att.group)
-        types = ex.args.get("Input type")
-        if kind == CollKind.BARRIER:
-            dtype = Dtype.UINT8
-        elif not isinstance(types, list) or not types:
-            raise KinetoError(f"{kt.where(ex)}: argument 'Input type' is missing: the element type, and "
-                              f"so the bytes, of the {ev.name} are unknown, and emu will not guess them; "
-                              "re-record with torch.profiler.profile(record_shapes=True)")
-        else:
-            dtype = _dtype(kt, ex, types[0], "Input type")
-        rows = sparse_rows(kt, ex, count, group_size) if ex.name == _SPARSE_EXECUTION else None
-        # the launch's root is a rank of its group; the trace's are the job's
-        root = _concrete_int(ev, 2) if kind == CollKind.BROADCAST else None
-        if root is not None and att is not None and root < len(att.ranks):
-            root = att.ranks[root]
-        peer = (att.peer if att is not None else _concrete_int(ev, 2)) if p2p else None
-        blocking = att.blocking if att is not None and att.blocking is not None else ex.tid == ev.tid
-        colls.append(CollEvent(
-            kind=kind, dtype=dtype, count=count, group_size=group_size,
-            group=_group(kt, att.ranks) if att is not None else None,
-            issue_us=ev.ts_us, launch_end_us=ev.end_us, done_us=max(ex.end_us, ev.ts_us), tid=ev.tid,
-            blocking=blocking, async_op=_async_flag(ev) if not p2p or att is None else not blocking,
-            # a job of one group: its sends and receives on its one stream, as every collective of it
-            root=root, peer=peer, sparse=rows,
-            group_name=att.group if att is not None and attributor is not None and attributor.strict else None))
-    return colls
+            if count is None or ex_count == count:
+                self.used[k] = True
+                if group is not None:
+                    self.thread_group.setdefault(ex.tid, group)
+                return ex
+        return None
+
+
+def _gloo_event(kt: KinetoTrace, ev, ex, kind: CollKind, count: int, group_size: int, att, strict: bool) -> CollEvent:
+    """One launch matched to its execution: the collective's dtype, sparsity, root and peer."""
+    p2p = kind in (CollKind.SEND, CollKind.RECV)
+    types = ex.args.get("Input type")
+    if kind == CollKind.BARRIER:
+        dtype = Dtype.UINT8
+    elif not isinstance(types, list) or not types:
+        raise KinetoError(f"{kt.where(ex)}: argument 'Input type' is missing: the element type, and "
+                          f"so the bytes, of the {ev.name} are unknown, and emu will not guess them; "
+                          "re-record with torch.profiler.profile(record_shapes=True)")
+    else:
+        dtype = _dtype(kt, ex, types[0], "Input type")
+    rows = sparse_rows(kt, ex, count, group_size) if ex.name == _SPARSE_EXECUTION else None
+    # the launch's root is a rank of its group; the trace's are the job's
+    root = _concrete_int(ev, 2) if kind == CollKind.BROADCAST else None
+    if root is not None and att is not None and root < len(att.ranks):
+        root = att.ranks[root]
+    peer = (att.peer if att is not None else _concrete_int(ev, 2)) if p2p else None
+    blocking = att.blocking if att is not None and att.blocking is not None else ex.tid == ev.tid
+    return CollEvent(
+        kind=kind, dtype=dtype, count=count, group_size=group_size,
+        group=_group(kt, att.ranks) if att is not None else None,
+        issue_us=ev.ts_us, launch_end_us=ev.end_us, done_us=max(ex.end_us, ev.ts_us), tid=ev.tid,
+        blocking=blocking, async_op=_async_flag(ev) if not p2p or att is None else not blocking,
+        # a job of one group: its sends and receives on its one stream, as every collective of it
+        root=root, peer=peer, sparse=rows, group_name=att.group if att is not None and strict else None)
 
 
 _WAIT_TENSOR = "_c10d_functional::wait_tensor"

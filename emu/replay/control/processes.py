@@ -48,7 +48,7 @@ from emu.replay.machines import cluster as machines
 from emu.replay.machines import remote, sealed
 from emu.replay.machines.sealed import Rejected
 from emu.replay.report.model import ReplayReport
-from emu.replay.switch.daemon import switch_main
+from emu.replay.switch.daemon import SwitchSetup, switch_main
 
 START_DELAY_S = 0.05
 READY_TIMEOUT_S = 60.0
@@ -69,18 +69,18 @@ def execute(plan: RunPlan, on_progress: Callable[[float], None] | None) -> tuple
     Spread over several machines (``emu.replay.machines.cluster.spread``), machine 0 does all this
     with TCP endpoints and sealed messages, starting only its share of the hosts, and the others
     host theirs (``emu.replay.machines.remote``)."""
-    config = plan.config
     cluster = machines.current()
     if cluster is not None and cluster.world == 1:
         cluster = None
     if cluster is not None:
-        remote.check_spreadable(config)
+        remote.check_spreadable(plan.config)
         if cluster.rank != 0:
             return remote.serve_share(cluster, plan)
-        run_no = cluster.runs
-        cluster.runs += 1
-    key = cluster.key if cluster is not None else None
-    published = False
+    return _Execution(plan, cluster).run(on_progress)
+
+
+def _private_folder() -> str:
+    """A folder for the run's sockets, only its user can enter (recorded for ``emu clean``)."""
     workdir = tempfile.mkdtemp(prefix="emu-replay-")
     if len(workdir) + len("/control") > getattr(zmq, "IPC_PATH_MAX_LEN", 107):
         # a deep $TMPDIR makes socket paths longer than the kernel allows: a short folder instead
@@ -89,91 +89,132 @@ def execute(plan: RunPlan, on_progress: Callable[[float], None] | None) -> tuple
     record = lifetime.current()
     if record is not None:
         record.add_folder(workdir)
-    worker_results = ps_results = 0
-    procs: list[multiprocessing.process.BaseProcess] = []
-    ctx: zmq.Context | None = None
-    usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    self0 = resource.getrusage(resource.RUSAGE_SELF)
-    wall_start = time.monotonic()
-    stack = contextlib.ExitStack()
-    run: _Run | None = None
-    try:  # the plan too: whatever it raises, the folder goes
-        if cluster is None:
-            setups, sw = plan.at(f"ipc://{workdir}/switch", f"ipc://{workdir}/control")
-            local = setups
-        else:
-            addresses, held = cluster.endpoints(2)  # held until the switch and the orchestrator bound them
-            stack.callback(lambda: [s.close() for s in held])
-            setups, sw = plan.at(*addresses)
-            where = remote.machine_of(cluster, setups)
-            nonce = secrets.token_hex(16)
-            remote.publish(cluster, run_no, sw.address, sw.control_addr, where,
-                           remote.digest(config, setups, sw), nonce)
-            key = sealed.derive(cluster.key, nonce)  # this run's: nothing of another run authenticates in it
-            setups = [replace(s, key=key) for s in setups]
-            sw = replace(sw, key=key)
-            local = [s for s, m in zip(setups, where, strict=True) if m == 0]
-        control_addr = sw.control_addr
-        # a host sends one result per job it holds (jobs sharing the fabric), else one
-        worker_results = sum(max(1, len(s.parts)) for s in setups if s.role == "workers")
-        ps_results = sum(max(1, len(s.parts)) for s in setups if s.role == "ps")
-        if plan.external:
-            stack.enter_context(config.network.external_switch(sw.workers, sw.slots))
-        # Children first, then the parent's zmq context: no context crosses a fork.
-        start_processes([(switch_main, sw, "emu-switch"), *((host_main, s, f"emu-host{s.index}") for s in local)],
-                        workdir, procs)
-        ctx = zmq.Context()
-        ctrl = sealed.make(ctx, zmq.ROUTER, key, "control")
-        ctrl.setsockopt(zmq.LINGER, 0)
-        ctrl.bind(control_addr)
-        run = _Run(ctrl, procs, config, len(setups), None if cluster is None else remote.Watch(cluster, ctrl))
-        run.wait_ready()
-        wall0 = time.monotonic() + START_DELAY_S
-        run.broadcast(Start(wall0))
-        results = run.collect(worker_results, plan.total, setups, on_progress)
-        run_s = time.monotonic() - wall0
-        run.broadcast(Stop(), include_switch=True)
-        extra, switch_stats = run.drain(ps_results)
-        wall_s = time.monotonic() - wall_start
-        _join(procs)
-        usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        self1 = resource.getrusage(resource.RUSAGE_SELF)
-        cpu = (usage1.ru_utime + usage1.ru_stime - usage0.ru_utime - usage0.ru_stime
-               + self1.ru_utime + self1.ru_stime - self0.ru_utime - self0.ru_stime)
-        results += extra
-        report = plan.reporter.build(Measured(results, switch_stats, wall_s, cpu, len(procs) + len(setups) - len(local)))
-        dropped = sealed.rejected(ctrl) + switch_stats.rejected + sum(r.rejected for r in results)
-        report = replace(report, emulator=replace(report.emulator, run_s=run_s, rejected_messages=dropped,
-                                                  machines=1 if cluster is None else cluster.world))
-        run.started = False  # finished: a failure from here on is not a partial run
+    return workdir
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its children so far."""
+    kids, me = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
+    return kids.ru_utime + kids.ru_stime + me.ru_utime + me.ru_stime
+
+
+class _Execution:
+    """One run of a plan's processes on machine 0 (or alone), and everything it must undo."""
+
+    def __init__(self, plan: RunPlan, cluster: Any) -> None:
+        self.plan, self.cluster = plan, cluster
+        self.run_no = -1
         if cluster is not None:
-            remote.finish(cluster, run_no, report, None)
-            published = True
-        return report, run_s, results
-    except (RunFailed, KeyboardInterrupt, lifetime.Terminated) as exc:
-        if run is not None and run.started:
-            # what the processes still alive measured, marked as partial
-            reason = {KeyboardInterrupt: "interrupted", lifetime.Terminated: "terminated"}.get(type(exc), str(exc))
-            hosts, switch = run.leftover_results(worker_results + ps_results)
+            self.run_no = cluster.runs
+            cluster.runs += 1
+        self.key = cluster.key if cluster is not None else None
+        self.published = False
+        self.workdir = _private_folder()
+        self.procs: list[multiprocessing.process.BaseProcess] = []
+        self.ctx: zmq.Context | None = None
+        self.stack = contextlib.ExitStack()
+        self.driver: _Run | None = None
+        self.results_due = 0
+
+    def run(self, on_progress: Callable[[float], None] | None) -> tuple[ReplayReport, float, list[HostResult]]:
+        cpu0, wall_start = _cpu_s(), time.monotonic()
+        try:  # the plan too: whatever it raises, the folder goes
+            setups, sw, local = self._endpoints()
+            # a host sends one result per job it holds (jobs sharing the fabric), else one
+            worker_results = sum(max(1, len(s.parts)) for s in setups if s.role == "workers")
+            ps_results = sum(max(1, len(s.parts)) for s in setups if s.role == "ps")
+            self.results_due = worker_results + ps_results
+            run = self._start(setups, sw, local)
+            run.wait_ready()
+            wall0 = time.monotonic() + START_DELAY_S
+            run.broadcast(Start(wall0))
+            results = run.collect(worker_results, self.plan.total, setups, on_progress)
+            run_s = time.monotonic() - wall0
+            run.broadcast(Stop(), include_switch=True)
+            extra, switch_stats = run.drain(ps_results)
             wall_s = time.monotonic() - wall_start
-            with contextlib.suppress(Exception):  # a partial report must never hide the failure
-                report = plan.reporter.build(Measured(hosts, switch, wall_s, 0.0, len(procs)))
-                exc.partial_report = replace(report, complete=False, reason=reason)  # type: ignore[union-attr]
-        raise
-    finally:
-        failure = sys.exc_info()[1]
+            _join(self.procs)
+            results += extra
+            measured = Measured(results, switch_stats, wall_s, _cpu_s() - cpu0, len(self.procs) + len(setups) - len(local))
+            report = self._finish(self.plan.reporter.build(measured), run, run_s, results, switch_stats.rejected)
+            return report, run_s, results
+        except (RunFailed, KeyboardInterrupt, lifetime.Terminated) as exc:
+            self._partial(exc, wall_start)
+            raise
+        finally:
+            self._cleanup(sys.exc_info()[1])
+
+    def _endpoints(self) -> tuple[list[HostSetup], SwitchSetup, list[HostSetup]]:
+        """The setups at this run's endpoints, and those this machine hosts. Over several machines the
+        plan is published (endpoints, who hosts what, a digest) and every setup sealed with a key of
+        this run's, so that nothing of another run authenticates in it."""
+        if self.cluster is None:
+            setups, sw = self.plan.at(f"ipc://{self.workdir}/switch", f"ipc://{self.workdir}/control")
+            return setups, sw, setups
+        addresses, held = self.cluster.endpoints(2)  # held until the switch and the orchestrator bound them
+        self.stack.callback(lambda: [s.close() for s in held])
+        setups, sw = self.plan.at(*addresses)
+        where = remote.machine_of(self.cluster, setups)
+        nonce = secrets.token_hex(16)
+        remote.publish(self.cluster, self.run_no, sw.address, sw.control_addr, where,
+                       remote.digest(self.plan.config, setups, sw), nonce)
+        self.key = sealed.derive(self.cluster.key, nonce)
+        setups = [replace(s, key=self.key) for s in setups]
+        local = [s for s, m in zip(setups, where, strict=True) if m == 0]
+        return setups, replace(sw, key=self.key), local
+
+    def _start(self, setups: list[HostSetup], sw: SwitchSetup, local: list[HostSetup]) -> _Run:
+        """The external switch, the switch and local hosts' processes, then the control socket (children
+        first: no zmq context crosses a fork)."""
+        config = self.plan.config
+        if self.plan.external:
+            self.stack.enter_context(config.network.external_switch(sw.workers, sw.slots))
+        start_processes([(switch_main, sw, "emu-switch"), *((host_main, s, f"emu-host{s.index}") for s in local)],
+                        self.workdir, self.procs)
+        self.ctx = zmq.Context()
+        ctrl = sealed.make(self.ctx, zmq.ROUTER, self.key, "control")
+        ctrl.setsockopt(zmq.LINGER, 0)
+        ctrl.bind(sw.control_addr)
+        watch = None if self.cluster is None else remote.Watch(self.cluster, ctrl)
+        self.driver = _Run(ctrl, self.procs, config, len(setups), watch)
+        return self.driver
+
+    def _finish(self, report: ReplayReport, run: _Run, run_s: float, results: list[HostResult],
+                switch_rejected: int) -> ReplayReport:
+        dropped = sealed.rejected(run.ctrl) + switch_rejected + sum(r.rejected for r in results)
+        report = replace(report, emulator=replace(report.emulator, run_s=run_s, rejected_messages=dropped,
+                                                  machines=1 if self.cluster is None else self.cluster.world))
+        run.started = False  # finished: a failure from here on is not a partial run
+        if self.cluster is not None:
+            remote.finish(self.cluster, self.run_no, report, None)
+            self.published = True
+        return report
+
+    def _partial(self, exc: BaseException, wall_start: float) -> None:
+        """What the processes still alive measured, marked as partial, on the exception."""
+        run = self.driver
+        if run is None or not run.started:
+            return
+        reason = {KeyboardInterrupt: "interrupted", lifetime.Terminated: "terminated"}.get(type(exc), str(exc))
+        hosts, switch = run.leftover_results(self.results_due)
+        with contextlib.suppress(Exception):  # a partial report must never hide the failure
+            report = self.plan.reporter.build(Measured(hosts, switch, time.monotonic() - wall_start, 0.0,
+                                                       len(self.procs)))
+            exc.partial_report = replace(report, complete=False, reason=reason)  # type: ignore[attr-defined]
+
+    def _cleanup(self, failure: BaseException | None) -> None:
         with lifetime.signals_held():  # a second Ctrl-C must not cut the cleanup short
-            if cluster is not None and not published:  # every other machine ends with this error
+            if self.cluster is not None and not self.published:  # every other machine ends with this error
                 why = {KeyboardInterrupt: "interrupted", lifetime.Terminated: "terminated"}.get(
                     type(failure), str(failure)) or f"machine 0 failed ({type(failure).__name__})"
-                if run is not None and run.watch is not None:
-                    run.watch.send(Abort(why))
-                remote.finish(cluster, run_no, None, why)
-            stop_processes(procs)
-            if ctx is not None:
-                ctx.destroy(linger=0)
-            stack.close()
-            shutil.rmtree(workdir, ignore_errors=True)
+                if self.driver is not None and self.driver.watch is not None:
+                    self.driver.watch.send(Abort(why))
+                remote.finish(self.cluster, self.run_no, None, why)
+            stop_processes(self.procs)
+            if self.ctx is not None:
+                self.ctx.destroy(linger=0)
+            self.stack.close()
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 class _Run:

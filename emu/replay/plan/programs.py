@@ -146,6 +146,32 @@ def _plan_groups(trace: Trace, layout: MeshPlan, path: str, sparsity: SparsityOp
                  compress: CompressOption | None, first: int | None) -> list[WorkerProgram]:
     """Programs of a trace of several groups at a layout (module docstring): each collective on its
     group of workers, numbered so that every group's members agree."""
+    _refuse_for_groups(trace, path, sparsity, compress)
+    by_rank = {p.rank: p for p in trace.ranks}
+    planned, counts = _scaled_by_group(by_rank, layout, path)
+    _check_groups(planned, counts, layout, path)
+    bases, total = {}, 0
+    for key in sorted(counts, key=lambda k: (("job", "slice", "p2p").index(k.kind), k.dims, k.anchor)):
+        bases[key] = total
+        total += counts[key]
+    programs = []
+    m = layout.workers
+    for w in range(m if first is None else min(first, m)):
+        rank, per_it = planned[w]
+        iterations, offsets = [], []
+        for it, row in zip(by_rank[rank].iterations, per_it, strict=True):
+            scaled = iter(row)
+            ops = tuple(next(scaled)[0] if isinstance(op, Coll) else op for op in it.ops)
+            iterations.append(Iteration(step=it.step, measured_us=it.measured_us, ops=ops))
+            offsets.append(tuple(bases[key] + k for _, key, k in row))
+        programs.append(WorkerProgram(worker=w, rank=rank, iterations=tuple(iterations), colls_per_iteration=total,
+                                      seq_offsets=tuple(offsets)))
+    return programs
+
+
+def _refuse_for_groups(trace: Trace, path: str, sparsity: SparsityOption | None,
+                       compress: CompressOption | None) -> None:
+    """What a trace of sub-groups cannot take: compression, and sparsity other than dense."""
     if compress is not None and compress.active:
         raise ConfigError(f"--compress {compress.text}: {path} runs collectives on sub-groups (its mesh: "
                           f"{_mesh_text(trace)}), and emu compresses a whole job's all_reduces only")
@@ -156,13 +182,19 @@ def _plan_groups(trace: Trace, layout: MeshPlan, path: str, sparsity: SparsityOp
     if recorded and (sparsity is None or sparsity.source != "none"):
         raise ConfigError(f"{path} runs collectives on sub-groups (its mesh: {_mesh_text(trace)}) and records their "
                           "sparsity, which emu follows on a whole job's all_reduces only: give --sparsity none")
-    by_rank = {p.rank: p for p in trace.ranks}
-    m = layout.workers
-    # per worker, per iteration of its cycle: each collective scaled, its group, its place in the group
+
+
+Planned = list[tuple[int, list[list[tuple[Coll, GroupKey, int]]]]]  # per worker: its rank, per iteration its row
+
+
+def _scaled_by_group(by_rank: dict, layout: MeshPlan, path: str) -> tuple[Planned, dict[GroupKey, int]]:
+    """Per worker, per iteration of its cycle: each collective scaled, its group, its place in the
+    group; and every group's collectives an iteration. A group's members (and every iteration) must
+    issue the same collectives (kind, dtype and count in issue order)."""
     counts: dict[GroupKey, int] = {}
     signature: dict[GroupKey, tuple] = {}
-    planned: list[tuple[int, list[list[tuple[Coll, GroupKey, int]]]]] = []
-    for w in range(m):
+    planned: Planned = []
+    for w in range(layout.workers):
         rank = layout.rank_of(w)
         per_it = []
         for index, it in enumerate(by_rank[rank].iterations):
@@ -186,7 +218,12 @@ def _plan_groups(trace: Trace, layout: MeshPlan, path: str, sparsity: SparsityOp
                 counts[key] = len(sig)
             per_it.append(row)
         planned.append((rank, per_it))
-    # every iteration of a worker issues the same groups' collectives, on one stream a group
+    return planned, counts
+
+
+def _check_groups(planned: Planned, counts: dict[GroupKey, int], layout: MeshPlan, path: str) -> None:
+    """Every iteration of a worker issues the same groups' collectives, a group's on one stream, and
+    every member of a group issues its collectives (a send needs its recv)."""
     for rank, per_it in planned:
         first_keys = {k for _, k, _ in per_it[0]}
         for index, row in enumerate(per_it):
@@ -200,32 +237,14 @@ def _plan_groups(trace: Trace, layout: MeshPlan, path: str, sparsity: SparsityOp
                 raise ConfigError(f"{path}: rank {rank}'s iteration {index} puts one group's collectives on several "
                                   "streams; emu runs a group's collectives in issue order on one stream, as NCCL "
                                   "runs a communicator's: give each group one stream")
-    # every key's members must all issue its collectives (a send needs its recv)
     keys_of = [{k for _, k, _ in per_it[0]} for _, per_it in planned]
-    for key in signature:
-        members = layout.members(key) or range(m)
+    for key in counts:
+        members = layout.members(key) or range(layout.workers)
         for w in members:
             if key not in keys_of[w]:
                 raise ConfigError(f"{path}: worker {w} never issues the collectives of "
                                   + ("the send from worker {} to worker {}".format(*key.anchor) if key.kind == "p2p"
                                      else f"its group {list(members)[:8]}") + "; replay needs every member to issue them")
-    bases, total = {}, 0
-    for key in sorted(counts, key=lambda k: (("job", "slice", "p2p").index(k.kind), k.dims, k.anchor)):
-        bases[key] = total
-        total += counts[key]
-    programs = []
-    for w in range(m if first is None else min(first, m)):
-        rank, per_it = planned[w]
-        source = by_rank[rank].iterations
-        iterations, offsets = [], []
-        for it, row in zip(source, per_it, strict=True):
-            scaled = iter(row)
-            ops = tuple(next(scaled)[0] if isinstance(op, Coll) else op for op in it.ops)
-            iterations.append(Iteration(step=it.step, measured_us=it.measured_us, ops=ops))
-            offsets.append(tuple(bases[key] + k for _, key, k in row))
-        programs.append(WorkerProgram(worker=w, rank=rank, iterations=tuple(iterations), colls_per_iteration=total,
-                                      seq_offsets=tuple(offsets)))
-    return programs
 
 
 def group_table(programs: list[WorkerProgram]) -> tuple[tuple[int, ...] | None, ...]:

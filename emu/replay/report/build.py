@@ -50,72 +50,101 @@ LAG_TOLERANCE = 0.01  # of the median iteration: docs/design.md's bar for a trus
 def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, iters: int, measured: Measured,
                  program: WorkerProgram) -> ReplayReport:
     """``program``: worker 0's, as the run planned it (which of its collectives were sparse)."""
-    results, switch, wall_s, cpu_s, processes = (measured.hosts, measured.switch, measured.wall_s, measured.cpu_s,
-                                                 measured.processes)
-    planned = iters  # the payload's sparsity is reported over the iterations the run was asked for
+    results = measured.hosts
     records: dict[int, list[list[float]]] = {}
     for r in results:
         for w, d in r.workers.items():
             records[int(w)] = d.iterations
-    # an iteration counts only once every worker finished it (a partial run's may not have)
-    if len(records) < config.workers:
-        iters = 0
-    iters = min([iters, *(len(rec) for rec in records.values())])
-    iterations = []
-    for i in range(iters):
-        rows = {w: rec[i] for w, rec in records.items() if i < len(rec)}
-        start = min(row[0] for row in rows.values())
-        crit = max(rows, key=lambda w: (rows[w][1], -w))
-        s, e, comp, blocked, comm = rows[crit]
-        iterations.append(IterationReport(index=i, emulated_us=e - start, compute_us=comp, comm_us=comm,
-                                          exposed_comm_us=blocked, critical_worker=crit,
-                                          start_offset_us=s - start))
+    iterations = _iterations(records, config.workers, iters)
     times = [it.emulated_us for it in iterations]
     median = statistics.median(times) if times else 0.0
     batch = trace.meta.batch_size
-    bytes_sent = sum(r.bytes_sent for r in results)
     summary = Summary(iteration_us_median=median, iteration_us_p99=float(np.percentile(times, 99)),
                       throughput_samples_per_s=(batch * config.workers / (median / 1e6)) if batch and median else None,
-                      bytes_sent=bytes_sent) if times else None
+                      bytes_sent=sum(r.bytes_sent for r in results)) if times else None
     elements = sum(r.verify_elements for r in results)
     mismatches = sum(r.verify_mismatches for r in results)
-    compression = _compression(trace, config, records, iters)
+    compression = _compression(trace, config, records, len(iterations))
     # a quantizer summed in the switch's lanes must unpack to the exact sums of its levels, or its
     # aggregate is wrong however intact the bytes
     lanes_ok = compression is None or compression.switch_exact is not False
     verification = Verification(ok=mismatches == 0 and elements > 0 and lanes_ok, elements_checked=elements,
                                 mismatches=mismatches)
+    # the payload's sparsity is reported over the iterations the run was asked for (once, for what
+    # was asked and what was sent)
+    sparse = replayed_sparse(trace, config, max(1, iters), program)
+    return ReplayReport(report_version=REPORT_VERSION, emu_version=emu.__version__,
+                        config=_config_doc(trace, config, len(iterations), sparse), trace=_trace_doc(trace, trace_path),
+                        iterations=tuple(iterations), summary=summary, verification=verification,
+                        emulator=_emulator(config, measured, median), fabric=_fabric(config, measured, records),
+                        sparsity=_sent(config, sparse), compression=compression)
+
+
+def _iterations(records: dict[int, list[list[float]]], workers: int, iters: int) -> list[IterationReport]:
+    """Each iteration every worker finished (a partial run's last may not be): from the earliest
+    worker's start to the last one's end, the critical (last) worker's compute and communication."""
+    if len(records) < workers:
+        iters = 0
+    iters = min([iters, *(len(rec) for rec in records.values())])
+    out = []
+    for i in range(iters):
+        rows = {w: rec[i] for w, rec in records.items() if i < len(rec)}
+        start = min(row[0] for row in rows.values())
+        crit = max(rows, key=lambda w: (rows[w][1], -w))
+        s, e, comp, blocked, comm = rows[crit]
+        out.append(IterationReport(index=i, emulated_us=e - start, compute_us=comp, comm_us=comm,
+                                   exposed_comm_us=blocked, critical_worker=crit, start_offset_us=s - start))
+    return out
+
+
+def _trust(config: ReplayConfig, results: list[HostResult], median: float
+           ) -> tuple[bool, str | None, float | None, float | None]:
+    """Whether the run can be trusted, the advice where not, and the wall clock's p99 and largest lag."""
     reordered = sum(r.reordered for r in results)
     reorder_error = max((r.reorder_error_us for r in results), default=0.0)
     if config.resolved_clock == Clock.SYNC:
         # Order is guaranteed by construction; the links still count inversions, as a self-check.
-        lag_p99 = lag_max = None
-        trustworthy = reordered == 0
-        advice = None if trustworthy else (
-            f"{reordered} link hand-overs happened out of emulated-time order on the synchronized clock, "
-            "which should be impossible: please report it with this trace and command")
-    else:
-        lag = LagHistogram()
-        for r in results:
-            if r.lag:
-                lag.merge(LagHistogram.from_dict(r.lag))
-        lag_p99, lag_max = lag.quantile(0.99), lag.max_us
-        # docs/design.md: p99 lag within 1% of the iteration and nothing handled out of emulated order.
-        # A packet-level inversion is measured as the most it can shift an endpoint's times; it must
-        # stay within the same 1% (docs/design-notes.md).
-        trustworthy = lag_p99 <= LAG_TOLERANCE * median and reorder_error <= LAG_TOLERANCE * median
-        advice = None
-        if not trustworthy:
-            advice = (f"the emulator trailed the emulated schedule (p99 lag {lag_p99:.0f} us; out-of-order "
-                      f"hand-overs could shift times by up to {reorder_error:.0f} us) against a {median:.0f} us "
-                      f"iteration: raise --tdf (now {config.dilation:g}) or --payload-scale (now {config.scale}), "
-                      "or use the synchronized clock (--clock sync)")
+        if reordered == 0:
+            return True, None, None, None
+        return False, (f"{reordered} link hand-overs happened out of emulated-time order on the synchronized clock, "
+                       "which should be impossible: please report it with this trace and command"), None, None
+    lag = LagHistogram()
+    for r in results:
+        if r.lag:
+            lag.merge(LagHistogram.from_dict(r.lag))
+    lag_p99, lag_max = lag.quantile(0.99), lag.max_us
+    # docs/design.md: p99 lag within 1% of the iteration and nothing handled out of emulated order.
+    # A packet-level inversion is measured as the most it can shift an endpoint's times; it must
+    # stay within the same 1% (docs/design-notes.md).
+    if lag_p99 <= LAG_TOLERANCE * median and reorder_error <= LAG_TOLERANCE * median:
+        return True, None, lag_p99, lag_max
+    return False, (f"the emulator trailed the emulated schedule (p99 lag {lag_p99:.0f} us; out-of-order "
+                   f"hand-overs could shift times by up to {reorder_error:.0f} us) against a {median:.0f} us "
+                   f"iteration: raise --tdf (now {config.dilation:g}) or --payload-scale (now {config.scale}), "
+                   "or use the synchronized clock (--clock sync)"), lag_p99, lag_max
+
+
+def _emulator(config: ReplayConfig, measured: Measured, median: float) -> EmulatorReport:
+    results, switch, wall_s = measured.hosts, measured.switch, measured.wall_s
+    trustworthy, advice, lag_p99, lag_max = _trust(config, results, median)
+    sync = config.resolved_clock == Clock.SYNC
+    return EmulatorReport(
+        clock=config.resolved_clock.value, tdf=None if sync else config.dilation, payload_scale=config.scale,
+        lag_us_p99=lag_p99, lag_us_max=lag_max, trustworthy=trustworthy, reordered=sum(r.reordered for r in results),
+        reorder_error_us=max((r.reorder_error_us for r in results), default=0.0), wall_s=wall_s,
+        cpu_percent=100.0 * measured.cpu_s / wall_s / (os.cpu_count() or 1) if wall_s else 0.0,
+        processes=measured.processes, events=sum(r.events for r in results), advice=advice,
+        windows=switch.windows if sync else None, real_bytes=float(sum(r.real_bytes for r in results)))
+
+
+def _fabric(config: ReplayConfig, measured: Measured, records: dict[int, list[list[float]]]) -> FabricReport:
+    results, switch = measured.hosts, measured.switch
     stats = switch.stats
     fallbacks: dict[str, int] = {}
     for r in results:
         for k, v in r.fallbacks.items():
             fallbacks[k] = fallbacks.get(k, 0) + v
-    fabric = FabricReport(
+    return FabricReport(
         name=config.fabric, packets=int(stats.get("packets", 0)),
         retransmissions=sum(r.retransmissions for r in results),
         duplicates=int(stats.get("duplicates", 0)), slots=config.real_slots, slots_emulated=config.emulated_slots,
@@ -125,38 +154,33 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
         invalid=int(stats.get("invalid", 0)), malformed=int(stats.get("malformed", 0)),
         stale=int(stats.get("stale", 0)),
         **utilisation(results, records, switch.pipeline_busy_us if config.packet_rate else None))
-    sync = config.resolved_clock == Clock.SYNC
-    emulator = EmulatorReport(
-        clock=config.resolved_clock.value, tdf=None if sync else config.dilation, payload_scale=config.scale,
-        lag_us_p99=lag_p99, lag_us_max=lag_max,
-        trustworthy=trustworthy, reordered=reordered, reorder_error_us=reorder_error, wall_s=wall_s,
-        cpu_percent=100.0 * cpu_s / wall_s / (os.cpu_count() or 1) if wall_s else 0.0,
-        processes=processes, events=sum(r.events for r in results), advice=advice,
-        windows=switch.windows if sync else None, real_bytes=float(sum(r.real_bytes for r in results)))
+
+
+def _config_doc(trace: Trace, config: ReplayConfig, iters: int, sparse: Replayed) -> dict[str, Any]:
+    """The report's ``config``: the options as used."""
     link = config.link
-    sparse = replayed_sparse(trace, config, max(1, planned), program)  # once, for what was asked and sent
-    cfg = {"workers": config.workers, "fabric": config.fabric, "iters": iters,
-           "bandwidth_bps": None if math.isinf(link.bandwidth_bps) else link.bandwidth_bps,
-           "bandwidth_schedule": [list(step) for step in link.schedule] or None,
-           "latency_us": link.latency_us, "loss": link.loss, "jitter_us": link.jitter_us,
-           "clock": config.resolved_clock.value, "tdf": None if sync else config.dilation,
-           "payload_scale": config.scale, "seed": config.seed,
-           "slots": config.emulated_slots, "elements": config.elements,
-           "packet_wire_bytes": agg_wire_bytes(config.elements), "rto_us": config.timeout_rto_us,
-           "processes": config.host_processes, "ps_shards": config.shards if config.network.parameter_server else None,
-           "stragglers": [st.text for st in config.stragglers] or None, "design": resolved_design(config),
-           "sparsity": config_summary(trace, config, sparse),
-           "compress": {"compressor": config.compress.label, "speed": config.compress.speed}
-           if config.compress.active else None}
+    sync = config.resolved_clock == Clock.SYNC
+    return {"workers": config.workers, "fabric": config.fabric, "iters": iters,
+            "bandwidth_bps": None if math.isinf(link.bandwidth_bps) else link.bandwidth_bps,
+            "bandwidth_schedule": [list(step) for step in link.schedule] or None,
+            "latency_us": link.latency_us, "loss": link.loss, "jitter_us": link.jitter_us,
+            "clock": config.resolved_clock.value, "tdf": None if sync else config.dilation,
+            "payload_scale": config.scale, "seed": config.seed,
+            "slots": config.emulated_slots, "elements": config.elements,
+            "packet_wire_bytes": agg_wire_bytes(config.elements), "rto_us": config.timeout_rto_us,
+            "processes": config.host_processes, "ps_shards": config.shards if config.network.parameter_server else None,
+            "stragglers": [st.text for st in config.stragglers] or None, "design": resolved_design(config),
+            "sparsity": config_summary(trace, config, sparse),
+            "compress": {"compressor": config.compress.label, "speed": config.compress.speed}
+            if config.compress.active else None}
+
+
+def _trace_doc(trace: Trace, trace_path: str | None) -> dict[str, Any]:
     meta = trace.meta
-    trace_doc = {"path": trace_path, "model": meta.model, "source": meta.source.value,
-                 "world_size": meta.world_size, "backend": meta.backend, "params": meta.params,
-                 "batch_size": meta.batch_size, "iterations": trace.iterations, "sha256": trace_digest(trace),
-                 "gaps": list(meta.gaps)}  # what the source lacked (a live trace: how its compute was measured)
-    return ReplayReport(report_version=REPORT_VERSION, emu_version=emu.__version__, config=cfg, trace=trace_doc,
-                        iterations=tuple(iterations), summary=summary, verification=verification,
-                        emulator=emulator, fabric=fabric, sparsity=_sent(config, sparse),
-                        compression=compression)
+    return {"path": trace_path, "model": meta.model, "source": meta.source.value,
+            "world_size": meta.world_size, "backend": meta.backend, "params": meta.params,
+            "batch_size": meta.batch_size, "iterations": trace.iterations, "sha256": trace_digest(trace),
+            "gaps": list(meta.gaps)}  # what the source lacked (a live trace: how its compute was measured)
 
 
 def _compression(trace: Trace, config: ReplayConfig, records: dict[int, list[list[float]]],

@@ -21,6 +21,7 @@ import numpy as np
 import zmq
 
 from emu.emulator import fabric as fabrics
+from emu.emulator.fabric import SwitchPorts
 from emu.emulator.protocol.switch import MULTICAST, AggregationSwitch
 from emu.emulator.protocol.transport import (
     AGG,
@@ -109,7 +110,76 @@ class _Pools:
         return out
 
 
+def _wait_for_hosts(router: zmq.Socket, idents: list[bytes]) -> None:
+    """Until every host said hello: a ROUTER can route only to peers it has heard from."""
+    waiting = set(idents)
+    deadline = time.monotonic() + HELLO_TIMEOUT_S
+    while waiting:
+        if not router.poll(int(max(0.0, deadline - time.monotonic()) * 1000)):
+            raise FrameError(f"hosts {sorted(w.decode() for w in waiting)} never connected to the switch")
+        try:
+            frames = router.recv_multipart()
+        except Rejected:
+            continue
+        if len(frames) == 2 and frames[1] == HELLO:
+            waiting.discard(frames[0])
+
+
+def _serve_wall(setup: SwitchSetup, ctrl: zmq.Socket, router: zmq.Socket, switch: _Pools | None,
+                ports: SwitchPorts | None, idents: list[bytes], forwarded: list[int]) -> None:
+    """The wall clock: handle what arrives as it arrives, until the orchestrator says stop; an
+    external switch's results are drained from its ports as they come back."""
+    route = switch or _Pools(setup, aggregates=False)  # where the endpoints are
+    poller = zmq.Poller()
+    poller.register(ctrl, zmq.POLLIN)
+    poller.register(router, zmq.POLLIN)
+    if ports is not None:
+        for fd in ports.fileno_map():
+            poller.register(fd, zmq.POLLIN)
+    while True:
+        events = poller.poll(200 if ports is None else 1)
+        if ports is not None:
+            results = ports.drain()
+            if results is not None:
+                for h, part in ports.route(results, setup.worker_hosts).items():
+                    router.send_multipart([idents[h], *part.frames(RESULTS)], copy=False)
+        for sock, _ in events:
+            if not isinstance(sock, zmq.Socket):
+                continue  # a BMv2 port: drained above
+            if sock is ctrl:
+                if isinstance(_control(ctrl), Stop):
+                    stats = switch.stats() if switch else {}
+                    ctrl.send(encode(SwitchResult(stats, forwarded[0], rejected=sealed.rejected(router, ctrl))))
+                    return
+                continue
+            _arrivals(router, switch, ports, route, idents, forwarded)
+
+
+def _arrivals(router: zmq.Socket, switch: _Pools | None, ports: SwitchPorts | None, route: _Pools,
+              idents: list[bytes], forwarded: list[int]) -> None:
+    """Everything the hosts sent that is waiting: contributions aggregated (or handed to the external
+    switch), segments forwarded to the host of their destination."""
+    while True:
+        try:
+            frames = [f.buffer for f in router.recv_multipart(zmq.NOBLOCK, copy=False)]
+        except zmq.Again:
+            return
+        kind = bytes(frames[1])
+        if kind == AGG and ports is not None:
+            ports.submit(AggBatch.parse(frames[1:]))
+        elif kind == AGG and switch is not None:
+            _aggregate(router, switch, AggBatch.parse(frames[1:]), idents)
+        elif kind == SEG and len(frames) == 5 and len(frames[2]) == P2P_HEADER.itemsize:
+            head = np.frombuffer(frames[2], P2P_HEADER)[0]
+            host = route.host_of(int(head["job"]), int(head["dst"]))
+            router.send_multipart([idents[host], *frames[1:]], copy=False)
+            forwarded[0] += 1
+        else:
+            raise FrameError(f"unexpected message kind {kind[:8]!r} at the switch")
+
+
 def switch_main(setup: SwitchSetup) -> None:
+    """Entry of the forked switch process; it returns when the orchestrator says stop."""
     ctx = zmq.Context()
     ctrl = connect_control(ctx, setup.control_addr, setup.key, b"switch")
     router = sealed.make(ctx, zmq.ROUTER, setup.key, "data")
@@ -122,64 +192,14 @@ def switch_main(setup: SwitchSetup) -> None:
     switch = _Pools(setup) if net.sums_in_switch_process else None
     ports = net.switch_ports(setup.workers, setup.elements)
     idents = [f"h{i}".encode() for i in range(max(setup.endpoint_host) + 1)]
-    route = switch or _Pools(setup, aggregates=False)  # where the endpoints are
     forwarded = [0]  # segments (a list: the coordinator counts into it too)
     try:
-        # Ready only once every host said hello: a ROUTER can route only to peers it has heard from.
-        waiting = set(idents)
-        deadline = time.monotonic() + HELLO_TIMEOUT_S
-        while waiting:
-            if not router.poll(int(max(0.0, deadline - time.monotonic()) * 1000)):
-                raise FrameError(f"hosts {sorted(w.decode() for w in waiting)} never connected to the switch")
-            try:
-                frames = router.recv_multipart()
-            except Rejected:
-                continue
-            if len(frames) == 2 and frames[1] == HELLO:
-                waiting.discard(frames[0])
+        _wait_for_hosts(router, idents)
         ctrl.send(encode(Ready("switch")))
         if setup.sync:
             _Coordinator(setup, ctrl, router, switch, idents, forwarded).serve()
-            return
-        poller = zmq.Poller()
-        poller.register(ctrl, zmq.POLLIN)
-        poller.register(router, zmq.POLLIN)
-        if ports is not None:
-            for fd in ports.fileno_map():
-                poller.register(fd, zmq.POLLIN)
-        while True:
-            events = poller.poll(200 if ports is None else 1)
-            if ports is not None:
-                results = ports.drain()
-                if results is not None:
-                    for h, part in ports.route(results, setup.worker_hosts).items():
-                        router.send_multipart([idents[h], *part.frames(RESULTS)], copy=False)
-            for sock, _ in events:
-                if not isinstance(sock, zmq.Socket):
-                    continue  # a BMv2 port: drained above
-                if sock is ctrl:
-                    if isinstance(_control(ctrl), Stop):
-                        stats = switch.stats() if switch else {}
-                        ctrl.send(encode(SwitchResult(stats, forwarded[0], rejected=sealed.rejected(router, ctrl))))
-                        return
-                    continue
-                while True:
-                    try:
-                        frames = [f.buffer for f in router.recv_multipart(zmq.NOBLOCK, copy=False)]
-                    except zmq.Again:
-                        break
-                    kind = bytes(frames[1])
-                    if kind == AGG and ports is not None:
-                        ports.submit(AggBatch.parse(frames[1:]))
-                    elif kind == AGG and switch is not None:
-                        _aggregate(router, switch, AggBatch.parse(frames[1:]), idents)
-                    elif kind == SEG and len(frames) == 5 and len(frames[2]) == P2P_HEADER.itemsize:
-                        head = np.frombuffer(frames[2], P2P_HEADER)[0]
-                        host = route.host_of(int(head["job"]), int(head["dst"]))
-                        router.send_multipart([idents[host], *frames[1:]], copy=False)
-                        forwarded[0] += 1
-                    else:
-                        raise FrameError(f"unexpected message kind {kind[:8]!r} at the switch")
+        else:
+            _serve_wall(setup, ctrl, router, switch, ports, idents, forwarded)
     except Exception as exc:
         if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
             # ROUTER_MANDATORY: a host's connection closed under the switch (over TCP: its machine stopped)

@@ -22,7 +22,7 @@ import platform
 import time
 
 from emu.emulator.links.spec import LinkSpec
-from emu.emulator.links.topology import Algorithm, Allocation, Placement, Topology
+from emu.emulator.links.topology import Allocation, Hierarchy, Placement, Topology
 from emu.replay import ReplayConfig
 from emu.replay.jobs import Jobs, replay_jobs
 from emu.traces import load_trace, sample_path
@@ -50,7 +50,7 @@ def main() -> None:
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
     points: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for fabric in args.fabrics.split(","):
-        name, algorithm = ("ina", Algorithm.HIERARCHICAL) if fabric == "ina-hier" else (fabric, Algorithm.FLAT)
+        name, algorithm = ("ina", Hierarchy.HIERARCHICAL) if fabric == "ina-hier" else (fabric, Hierarchy.FLAT)
         placement = Placement.SPREAD if fabric == "ring-spread" else Placement.PACKED
         name = name.removesuffix("-spread")
         for allocation in Allocation:

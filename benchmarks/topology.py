@@ -21,7 +21,7 @@ import platform
 import time
 
 from emu.emulator.links.spec import LinkSpec
-from emu.emulator.links.topology import Algorithm, Placement, Topology
+from emu.emulator.links.topology import Hierarchy, Placement, Topology
 from emu.replay import ReplayConfig, replay
 from emu.traces import load_trace, sample_path
 
@@ -57,7 +57,7 @@ def main() -> None:
                 for f in fabrics for place in (Placement.PACKED, Placement.SPREAD) for r in (1, 2, 4)]
         if "ina" in fabrics:  # its leaves aggregate first
             rows += [("ina", f"hierarchical, {r}:1", Topology(workers_per_node=8, nics_per_node=8, leaf_ports=16,
-                                                               oversubscription=r, algorithm=Algorithm.HIERARCHICAL))
+                                                               oversubscription=r, algorithm=Hierarchy.HIERARCHICAL))
                      for r in (1, 2, 4)]
         _table(trace, link, args.oversubscribed, args.iters, rows)
 

@@ -45,7 +45,7 @@ def ms(us: float | None) -> str:
     return "-" if us is None else f"{us / 1000:.2f}"
 
 
-class Progress:
+class ProgressBar:
     """A progress bar on a terminal; elsewhere (a pipe, a CI log) a line per status and per
     quarter done, on stderr, so that a long run shows it is alive there too."""
 
@@ -57,12 +57,12 @@ class Progress:
         self._quiet = quiet
         if err().is_terminal and not quiet:
             from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
-            from rich.progress import Progress as Bar
+            from rich.progress import ProgressBar as Bar
 
             self._bar = Bar(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                             TimeElapsedColumn(), console=err(), transient=True)
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> ProgressBar:
         if self._bar is not None:
             self._bar.__enter__()
             self._task = self._bar.add_task(self._label, total=1.0)
@@ -86,7 +86,7 @@ class Progress:
             self._bar.__exit__(*exc)
 
 
-class Status:
+class Spinner:
     """A spinner on a terminal; on a pipe or a log file, one line per new status, so that long
     runs (validate takes minutes) show their progress there too."""
 
@@ -94,7 +94,7 @@ class Status:
         self._text = text
         self._live = err().status(text) if err().is_terminal else None
 
-    def __enter__(self) -> Status:
+    def __enter__(self) -> Spinner:
         if self._live is not None:
             self._live.__enter__()
         else:

@@ -11,7 +11,7 @@ import click
 
 from emu.cli import cli
 from emu.cli.options import auto, design_options, design_values, trace_path, typed
-from emu.cli.output import Progress, err, human_bandwidth, human_bytes, ms, out
+from emu.cli.output import ProgressBar, err, human_bandwidth, human_bytes, ms, out
 from emu.emulator import fabric as fabrics
 from emu.errors import CheckFailed, ConfigError, EmuError
 
@@ -100,7 +100,7 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, ne
     reports = []
     for config, (out_path, chrome) in zip(configs, outputs, strict=True):
         label = f"{config.fabric} x{workers_arg}" + ("" if cluster is None else f" on {cluster.world} machines")
-        with _partial_saved(out_path), Progress(label, quiet=quiet) as bar:
+        with _partial_saved(out_path), ProgressBar(label, quiet=quiet) as bar:
             if several:
                 report = _jobs(traces, paths, config, counts, flags, network, bar)
             else:
@@ -219,7 +219,7 @@ def _partial_saved(out_path: Path | None) -> Iterator[None]:
 
 
 def _jobs(traces: list, paths: list[Path], config: ReplayConfig, counts: tuple[int, ...], flags: dict[str, Any],
-          network: str | None, bar: Progress) -> ReplayReport:
+          network: str | None, bar: ProgressBar) -> ReplayReport:
     """Several traces: jobs sharing the fabric (emu.replay.jobs)."""
     from emu.emulator.links.topology import Allocation
     from emu.replay import DESIGN_KEYS, Jobs, load_design, replay_jobs

@@ -10,7 +10,7 @@ import click
 
 from emu.cli import cli
 from emu.cli.options import auto, design_options, network_config
-from emu.cli.output import Progress, err
+from emu.cli.output import ProgressBar, err
 from emu.errors import CheckFailed, ConfigError
 
 
@@ -63,7 +63,7 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, iters:
                         stragglers=tuple(Straggler.parse(x) for x in stragglers))
     config = network_config(ctx, flags, "run", base, network)
     run_config = RunConfig(replay=config, real=real, clock=compute_clock, warmup=warmup, timeout_s=timeout)
-    with Progress(f"run {real} of {workers}") as bar:
+    with ProgressBar(f"run {real} of {workers}") as bar:
         result = run_job(argv, run_config, cores=os.cpu_count() or 1, on_status=bar.status, on_progress=bar.update,
                          trace_out=trace_out)
     report = result.report

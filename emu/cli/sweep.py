@@ -11,7 +11,7 @@ import click
 
 from emu.cli import cli
 from emu.cli.options import design_options
-from emu.cli.output import Progress, err, human_bandwidth, ms, out
+from emu.cli.output import ProgressBar, err, human_bandwidth, ms, out
 from emu.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ def sweep(ctx: click.Context, out_dir: Path, no_plots: bool, no_predict: bool, *
         err().print(f"[{i + 1}/{len(pts)}] {point.slug}: {what}{resumed}", markup=False, highlight=False,
                     soft_wrap=True)
 
-    with Progress(f"sweep ({len(pts)} points)") as bar:
+    with ProgressBar(f"sweep ({len(pts)} points)") as bar:
         result = run_sweep(pts, out_dir, traces, with_prediction=not no_predict, on_point=done,
                            on_start=lambda i, p: bar.status(f"{i + 1}/{len(pts)} {p.slug}"),
                            on_progress=bar.update)

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from emu.cli import cli
-from emu.cli.output import Status, err, ms, out
+from emu.cli.output import Spinner, err, ms, out
 
 
 @cli.command()
@@ -45,7 +45,7 @@ def validate(quick: bool, models: str, steps: int, calibrate: bool, keep: Path |
         raise ConfigError(f"--steps must be at least 3, got {steps}")
     if report is None and keep is not None:
         report = keep / "report.json"
-    with Status("validating") as status:
+    with Spinner("validating") as status:
         result = run_validation(names, QUICK_SETTINGS if quick else DEFAULT_SETTINGS, steps=steps,
                                 calibrate=calibrate, keep=keep, report_path=report,
                                 on_status=lambda text: status.update(f"validating: {text}"))

@@ -90,7 +90,7 @@ class Fabric:
         return self.synchronizable and any(m.hierarchical for m in self.mechanisms)
 
 
-class Ina(Fabric):
+class InaFabric(Fabric):
     name = "ina"
     description = "in-network aggregation in emu's software switch (SwitchML-style)"
     mechanisms = (mech.STREAM, mech.RING, *mech.COMMON)
@@ -104,14 +104,14 @@ class Ina(Fabric):
 P2P_WORKER_LIMIT = 512
 
 
-class Ring(Fabric):
+class RingFabric(Fabric):
     name = "ring"
     description = "ring all-reduce between the workers, the switch forwarding"
     mechanisms = (mech.SPARSE_RING, mech.HIERARCHICAL_RING, mech.RING, *mech.COMMON)
     p2p_worker_limit = P2P_WORKER_LIMIT
 
 
-class ParameterServer(Fabric):
+class ParameterServerFabric(Fabric):
     name = "ps"
     description = "parameter-server shards that sum what the workers push"
     mechanisms = (mech.SPARSE_PARAMETER_SERVER, mech.PARAMETER_SERVER, mech.RING, *mech.COMMON)
@@ -134,7 +134,7 @@ def register(cls: type[Fabric]) -> type[Fabric]:
     return cls
 
 
-for _cls in (Ina, Ring, ParameterServer):
+for _cls in (InaFabric, RingFabric, ParameterServerFabric):
     register(_cls)
 
 

@@ -23,7 +23,17 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from emu.emulator.algorithms.p2p import Algorithm, AllToAll, Barrier, Check, Layout, PSClient, Ring, SendRecv, Tree
+from emu.emulator.algorithms.p2p import (
+    Algorithm,
+    AllToAll,
+    Barrier,
+    BinomialBroadcast,
+    Check,
+    Chunks,
+    PSClient,
+    Ring,
+    SendRecv,
+)
 from emu.emulator.algorithms.p2p_hier import HierRing
 from emu.emulator.algorithms.sparse_p2p import INDEX_BYTES, SparsePSClient, SparseRing, ps_sparse, ring_sparse
 from emu.emulator.links import topology as shape
@@ -60,7 +70,7 @@ class Setting:
 
     @property
     def hierarchical(self) -> bool:
-        return self.topology is not None and self.topology.algorithm == shape.Algorithm.HIERARCHICAL
+        return self.topology is not None and self.topology.algorithm == shape.Hierarchy.HIERARCHICAL
 
     @property
     def leaves(self) -> int:
@@ -113,8 +123,8 @@ class Start:
     def emu_bytes(self) -> float:
         return float(self.op.count * self.op.dtype.itemsize)
 
-    def layout(self, parts: int) -> Layout:
-        return Layout(self.real, parts, self.emu_bytes)
+    def layout(self, parts: int) -> Chunks:
+        return Chunks(self.real, parts, self.emu_bytes)
 
     def common(self, dtype: str | None = None) -> dict:
         """The keyword arguments every ``emu.emulator.algorithms.p2p.Algorithm`` takes."""
@@ -433,7 +443,7 @@ class BinomialTree(PointToPoint):
     kinds = frozenset({CollKind.BROADCAST})
 
     def algorithm(self, a: Start) -> Algorithm:
-        return Tree(**a.common(), layout=a.layout(1), root=a.root)
+        return BinomialBroadcast(**a.common(), layout=a.layout(1), root=a.root)
 
     def alone_us(self, op: Coll, s: Setting) -> float:
         return physics.tree_broadcast_us(op.count, op.dtype.itemsize, s.group_size(op), s.link, s.rto_us,
@@ -448,7 +458,7 @@ class Dissemination(PointToPoint):
 
     def algorithm(self, a: Start) -> Algorithm:
         rounds = max(1, (a.size - 1).bit_length())
-        return Barrier(**a.common("uint8"), layout=Layout(0, rounds, 0.0))
+        return Barrier(**a.common("uint8"), layout=Chunks(0, rounds, 0.0))
 
     def alone_us(self, op: Coll, s: Setting) -> float:
         return physics.barrier_us(s.group_size(op), s.link, s.rto_us)

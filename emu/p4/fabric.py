@@ -16,7 +16,7 @@ from emu.errors import ConfigError
 
 
 @register
-class Bmv2(Fabric):
+class Bmv2Fabric(Fabric):
     name = "bmv2"
     description = "in-network aggregation by emu's P4 program on BMv2 (wall clock)"
     mechanisms = (mech.STREAM, mech.RING, *mech.COMMON)  # the P4 program aggregates float all_reduces

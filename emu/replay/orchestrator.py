@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from emu.emulator.links.topology import Algorithm
+from emu.emulator.links.topology import Hierarchy
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.errors import ConfigError, RunFailed
 from emu.replay.config.options import Clock, ReplayConfig
@@ -188,7 +188,7 @@ def plan_run(trace: Trace, config: ReplayConfig, trace_path: str | None, spans: 
         raise ConfigError("--payload sends the real ranks' tensors of a job of one group (emu run's), and this "
                           "trace runs collectives on sub-groups: replay it without --payload")
     if pools and shape is not None and shape.leaves > 1 and config.topology is not None \
-            and config.topology.algorithm == Algorithm.HIERARCHICAL:
+            and config.topology.algorithm == Hierarchy.HIERARCHICAL:
         raise ConfigError("hierarchical INA on several leaves aggregates the whole job's collectives only: its "
                           f"leaves hold one partial sum a chunk, and {path} aggregates on "
                           f"{len(pools)} sub-groups too; give topology.algorithm = \"flat\" or one leaf")

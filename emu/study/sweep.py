@@ -147,7 +147,7 @@ def run_sweep(points: list[Point], out: Path, traces: TraceCache, *, with_predic
                 row = _replay_point(replay, traces.get(point.trace), point, out, predicted, on_status)
             rows.append(row)
             if time.monotonic() - written > RESULTS_EVERY_S:  # whole tables often, not after every point
-                write_results(out, derive(rows))
+                write_results(out, with_derived(rows))
                 written = time.monotonic()
             if on_progress is not None:
                 on_progress((i + 1) / len(points))
@@ -155,8 +155,8 @@ def run_sweep(points: list[Point], out: Path, traces: TraceCache, *, with_predic
                 on_point(i, point, row)
     finally:  # an interrupted sweep leaves the tables of what it finished
         if rows:
-            write_results(out, derive(rows))
-    return SweepResult(rows=tuple(derive(rows)), out=out, skipped=skipped)
+            write_results(out, with_derived(rows))
+    return SweepResult(rows=tuple(with_derived(rows)), out=out, skipped=skipped)
 
 
 def _replay_point(replay: Callable[..., ReplayReport], trace: Trace, point: Point, out: Path,
@@ -265,7 +265,7 @@ def _replayed(point: Point, doc: dict[str, Any], predicted: float | None, attemp
                  report=f"points/{point.slug}.json")
 
 
-def derive(rows: list[Row]) -> list[Row]:
+def with_derived(rows: list[Row]) -> list[Row]:
     """Fill the speedup over the reference fabric (ring where the grid has it, else the first) at the
     same workers and every other value equal (``peers``), and the scaling efficiency: the iteration
     at the grid's fewest workers over this one (1.0 is perfect weak scaling), None where that point

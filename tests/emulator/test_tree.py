@@ -10,9 +10,9 @@ from click.testing import CliRunner
 
 from emu.cli import cli
 from emu.emulator import fabric as fabrics
-from emu.emulator.algorithms.tree import SEGMENT_BYTES, Tree, btree, dtree, plan, tree_all_reduce_us
+from emu.emulator.algorithms.tree import SEGMENT_BYTES, TreeFabric, btree, dtree, plan, tree_all_reduce_us
 from emu.emulator.links.spec import LinkSpec
-from emu.emulator.links.topology import Algorithm, Topology
+from emu.emulator.links.topology import Hierarchy, Topology
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
 from emu.study.predict import predict
@@ -86,7 +86,7 @@ def test_on_a_topology_the_chains_stay_inside_nodes(no_children) -> None:
     assert on.summary.bytes_sent < flat.summary.bytes_sent / 3
     with pytest.raises(ConfigError, match="tree.*no hierarchical variant .*ina, ring"):
         ReplayConfig(workers=8, fabric="tree", topology=Topology(workers_per_node=4,
-                                                                algorithm=Algorithm.HIERARCHICAL)).check()
+                                                                algorithm=Hierarchy.HIERARCHICAL)).check()
     with pytest.raises(ConfigError, match="all_reduce of float32 by the double binary tree on a topology"):
         predict(trace, ReplayConfig(workers=8, fabric="tree", topology=nodes))
 
@@ -115,13 +115,13 @@ def test_the_report_names_the_tree_and_every_other_collective_runs_as_on_ring(no
 
 
 def test_the_registry_takes_a_class_once_and_refuses_another_under_its_name() -> None:
-    assert fabrics.register(Tree) is Tree and "tree" in fabrics.names()
+    assert fabrics.register(TreeFabric) is TreeFabric and "tree" in fabrics.names()
 
     class Impostor(fabrics.Fabric):
         name = "tree"
         description = "another"
-        mechanisms = Tree.mechanisms
+        mechanisms = TreeFabric.mechanisms
 
     with pytest.raises(ConfigError, match="'tree' is registered already"):
         fabrics.register(Impostor)
-    assert type(fabrics.get("tree")) is Tree
+    assert type(fabrics.get("tree")) is TreeFabric

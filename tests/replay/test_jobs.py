@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from emu.cli import cli
 from emu.emulator.links.spec import LinkSpec
-from emu.emulator.links.topology import Algorithm, Allocation, Placement, Topology
+from emu.emulator.links.topology import Allocation, Hierarchy, Placement, Topology
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.design import parse_design
@@ -81,7 +81,7 @@ def test_jobs_sharing_oversubscribed_leaves_slow_each_other(fabric: str, no_chil
 @pytest.mark.slow  # 50 s here; tests/replay/test_clock.py checks one job's replay across layouts by default
 def test_a_shared_replay_is_the_same_on_any_process_layout(no_children) -> None:
     """Hierarchical INA: a leaf sums each job's workers apart (its partial is per job and chunk)."""
-    topo = replace(SHARED_SPINE, nics_per_node=1, leaf_ports=2, algorithm=Algorithm.HIERARCHICAL)
+    topo = replace(SHARED_SPINE, nics_per_node=1, leaf_ports=2, algorithm=Hierarchy.HIERARCHICAL)
     traces = _traces(1 << 20)
     reports = [replay_jobs(traces, ReplayConfig(link=LINK, topology=topo, processes=p, iters=2),
                            Jobs((6, 4), Allocation.INTERLEAVED), ["a", "b"]) for p in (1, 3)]

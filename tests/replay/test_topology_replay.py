@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from emu.cli import cli
 from emu.emulator.links.spec import LinkSpec
-from emu.emulator.links.topology import Algorithm, Placement, Topology
+from emu.emulator.links.topology import Hierarchy, Placement, Topology
 from emu.emulator.physics.topology import topology_hier_ring_us, topology_ina_us, topology_ps_us, topology_ring_us
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
@@ -29,7 +29,7 @@ def _time(fabric: str, count: int, topo: Topology | None,
     report = replay(trace, config)
     assert report.verification.ok and report.emulator.trustworthy
     lay = config.layout()
-    if fabric == "ring" and topo is not None and topo.algorithm == Algorithm.HIERARCHICAL:
+    if fabric == "ring" and topo is not None and topo.algorithm == Hierarchy.HIERARCHICAL:
         formula = topology_hier_ring_us(count, 4, LINK, topo, lay, payload_scale=report.emulator.payload_scale)
     elif fabric == "ring":
         formula = topology_ring_us(count, 4, LINK, topo, lay, payload_scale=report.emulator.payload_scale)
@@ -66,7 +66,7 @@ def test_a_ring_on_a_topology_meets_its_formula(topo: Topology, no_children) -> 
     Topology(workers_per_node=2, leaf_ports=1),  # two a NIC, and the spine aggregates
     pytest.param(Topology(workers_per_node=2, leaf_ports=2, oversubscription=4),  # the leaves' uplinks set the pace
                  marks=pytest.mark.slow),
-    pytest.param(Topology(workers_per_node=2, leaf_ports=2, oversubscription=4, algorithm=Algorithm.HIERARCHICAL),
+    pytest.param(Topology(workers_per_node=2, leaf_ports=2, oversubscription=4, algorithm=Hierarchy.HIERARCHICAL),
                  marks=pytest.mark.slow),
 ], ids=["4-a-nic", "spine", "4to1", "4to1-hierarchical"])
 def test_ina_on_a_topology_meets_its_formula(topo: Topology, no_children) -> None:
@@ -127,7 +127,7 @@ def test_a_shipped_trace_replays_on_every_fabric(no_children) -> None:
     pytest.param("ina", Topology(workers_per_node=8), marks=pytest.mark.slow),  # 28 s here
     pytest.param("ring", Topology(workers_per_node=8, placement=Placement.SPREAD), marks=pytest.mark.slow),
     pytest.param("ina", Topology(workers_per_node=8, nics_per_node=8, leaf_ports=16, oversubscription=4,
-                                 algorithm=Algorithm.HIERARCHICAL), marks=pytest.mark.slow),
+                                 algorithm=Hierarchy.HIERARCHICAL), marks=pytest.mark.slow),
 ], ids=["ina-shared-nic", "ring-spread", "ina-hierarchical-4to1"])
 def test_predict_on_a_topology_follows_the_replay(fabric: str, topo: Topology, no_children) -> None:
     """emu predict's schedule over the topology forms lands within 3% of the replay of the shipped
@@ -198,20 +198,20 @@ def test_hierarchical_ina_sends_one_partial_sum_a_leaf(no_children) -> None:
     every sum exact."""
     flat, _, _, _ = _time("ina", 1 << 20, Topology(workers_per_node=2, leaf_ports=2, oversubscription=4))
     hier, _, _, report = _time("ina", 1 << 20, Topology(workers_per_node=2, leaf_ports=2, oversubscription=4,
-                                                        algorithm=Algorithm.HIERARCHICAL))
+                                                        algorithm=Hierarchy.HIERARCHICAL))
     assert hier < flat / 3 and report.fabric.busiest_link["kind"].startswith("NIC")
     lossy = ReplayConfig(workers=M, fabric="ina", link=LinkSpec(bandwidth_bps=100e9, latency_us=5.0, loss=0.01),
-                         topology=Topology(workers_per_node=2, leaf_ports=1, algorithm=Algorithm.HIERARCHICAL))
+                         topology=Topology(workers_per_node=2, leaf_ports=1, algorithm=Hierarchy.HIERARCHICAL))
     report = replay(single_collective(CollKind.ALL_REDUCE, 1 << 18, iterations=2), lossy)
     assert report.verification.ok and report.fabric.packets_lost > 0 and report.emulator.trustworthy
 
 
 @pytest.mark.parametrize("topo", [
-    Topology(workers_per_node=4, algorithm=Algorithm.HIERARCHICAL),
-    pytest.param(Topology(workers_per_node=4, placement=Placement.SPREAD, algorithm=Algorithm.HIERARCHICAL),
+    Topology(workers_per_node=4, algorithm=Hierarchy.HIERARCHICAL),
+    pytest.param(Topology(workers_per_node=4, placement=Placement.SPREAD, algorithm=Hierarchy.HIERARCHICAL),
                  marks=pytest.mark.slow),
-    pytest.param(Topology(workers_per_node=8, algorithm=Algorithm.HIERARCHICAL), marks=pytest.mark.slow),
-    Topology(workers_per_node=2, leaf_ports=2, oversubscription=4, algorithm=Algorithm.HIERARCHICAL),
+    pytest.param(Topology(workers_per_node=8, algorithm=Hierarchy.HIERARCHICAL), marks=pytest.mark.slow),
+    Topology(workers_per_node=2, leaf_ports=2, oversubscription=4, algorithm=Hierarchy.HIERARCHICAL),
 ], ids=["packed", "spread", "one-node", "4to1"])
 def test_a_hierarchical_ring_meets_its_formula(topo: Topology, no_children) -> None:
     """Reduce to each node's leader, a ring of the leaders, broadcast inside: placement no longer

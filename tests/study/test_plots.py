@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from emu.study.plots import write_plots
-from emu.study.sweep import Row, Status, derive
+from emu.study.sweep import Row, Status, with_derived
 
 
 def row(fabric: str, workers: int, ms: float | None, *, peers: str = "p", design: str | None = None,
@@ -24,16 +24,16 @@ def row(fabric: str, workers: int, ms: float | None, *, peers: str = "p", design
 
 def test_speedup_pairs_rows_of_the_same_configuration_only() -> None:
     # two designs (other jitter: other peers), each with ina and ring
-    rows = derive([row("ina", 8, 50, peers="calm", design="calm"), row("ring", 8, 60, peers="calm", design="calm"),
+    rows = with_derived([row("ina", 8, 50, peers="calm", design="calm"), row("ring", 8, 60, peers="calm", design="calm"),
                    row("ina", 8, 70, peers="noisy", design="noisy"), row("ring", 8, 140, peers="noisy", design="noisy")])
     assert [r.speedup for r in rows] == pytest.approx([60 / 50, 1.0, 140 / 70, 1.0])
     assert {r.speedup_over for r in rows} == {"ring"}
 
 
 def test_efficiency_is_against_the_grids_fewest_workers_or_nothing() -> None:
-    rows = derive([row("ina", 8, None, status=Status.FAILED), row("ina", 64, 50), row("ina", 512, 100)])
+    rows = with_derived([row("ina", 8, None, status=Status.FAILED), row("ina", 64, 50), row("ina", 512, 100)])
     assert [r.scaling_efficiency for r in rows] == [None, None, None]
-    rows = derive([row("ina", 8, 40), row("ina", 64, 50), row("ring", 8, 40), row("ring", 1024, 80,
+    rows = with_derived([row("ina", 8, 40), row("ina", 64, 50), row("ring", 8, 40), row("ring", 1024, 80,
                                                                                     status=Status.ESTIMATE)])
     assert [r.scaling_efficiency for r in rows] == pytest.approx([1.0, 0.8, 1.0, 0.5])
     assert rows[3].speedup_estimated is True and rows[0].speedup_estimated is False
@@ -42,7 +42,7 @@ def test_efficiency_is_against_the_grids_fewest_workers_or_nothing() -> None:
 def test_unverified_replay_is_not_compared() -> None:
     bad = row("ina", 8, 10)
     bad = Row(**{**bad.__dict__, "verification_ok": False})
-    rows = derive([bad, row("ring", 8, 20)])
+    rows = with_derived([bad, row("ring", 8, 20)])
     assert rows[0].speedup is None and rows[0].scaling_efficiency is None
 
 
@@ -55,7 +55,7 @@ def test_unverified_replay_is_not_compared() -> None:
     ([row("ina", 8, 50)], {"iteration", "efficiency", "breakdown"}),
 ])
 def test_plots_of_edge_cases(tmp_path: Path, rows: list[Row], files: set[str], recwarn) -> None:
-    written = write_plots(tmp_path, derive(rows))
+    written = write_plots(tmp_path, with_derived(rows))
     assert {p.name.removeprefix("mlp-").removesuffix(".png") for p in written} == files
     for p in written:
         assert p.read_bytes()[:4] == b"\x89PNG"

@@ -9,7 +9,7 @@ emulated wire); a worker forwards a segment as soon as it has it, so steps
 pipeline as in NCCL. Each algorithm turns arrivals into new ``Seg`` sends with
 emulated send times; the host moves the bytes and runs the link model.
 
-Layout: the real tensor of a collective is cut into ``parts`` chunks
+Chunks: the real tensor of a collective is cut into ``parts`` chunks
 (``j * n // parts``), each into segments; a segment's number identifies it on
 the wire. The emulated size of a chunk is its share of the collective's bytes.
 """
@@ -42,7 +42,7 @@ class Seg:
 
 
 @dataclass(frozen=True)
-class Layout:
+class Chunks:
     """Chunks and segments of a collective's real tensor, the same on every worker."""
 
     real: int
@@ -96,7 +96,7 @@ class Check:
 class Algorithm:
     """A collective on one worker: ``start`` then ``on_segment`` until ``finished``."""
 
-    def __init__(self, rank: int, size: int, seq: int, dtype: str, layout: Layout, seed: int,
+    def __init__(self, rank: int, size: int, seq: int, dtype: str, layout: Chunks, seed: int,
                  check: Check, sparsity: Sparsity | None = None, recorded: RecordedPayload | None = None) -> None:
         self.rank, self.size, self.seq, self.dtype = rank, size, seq, dtype
         self.layout, self.seed, self.check = layout, seed, check
@@ -226,7 +226,7 @@ class Ring(Algorithm):
         return out
 
 
-class Tree(Algorithm):
+class BinomialBroadcast(Algorithm):
     """Broadcast down a binomial tree from the root: log2(M) hops instead of a chain's M - 1.
 
     Relative to the root, worker v receives from v with its highest bit cleared and sends

@@ -26,7 +26,7 @@ import numpy as np
 
 from emu.emulator import fabric as fabrics
 from emu.emulator import mechanisms as mech
-from emu.emulator.algorithms.p2p import SEG_ELEMENTS, Algorithm, Layout, Seg
+from emu.emulator.algorithms.p2p import SEG_ELEMENTS, Algorithm, Chunks, Seg
 from emu.emulator.links.spec import LinkSpec
 from emu.emulator.mechanisms import Sent, Setting, Start
 from emu.emulator.physics.forms import expected_rounds
@@ -185,7 +185,7 @@ class DoubleBinaryTreeMechanism(mech.PointToPoint):
     kinds = frozenset({CollKind.ALL_REDUCE})
 
     def algorithm(self, a: Start) -> Algorithm:
-        layout = Layout(a.real, 2, a.emu_bytes, segment_elements(a.real, a.emu_bytes))
+        layout = Chunks(a.real, 2, a.emu_bytes, segment_elements(a.real, a.emu_bytes))
         return DoubleBinaryTree(**a.common(), layout=layout, trees=plan(a.member_nodes()))
 
     def alone_us(self, op: Coll, s: Setting) -> float:
@@ -296,7 +296,7 @@ DOUBLE_BINARY_TREE = mech.register(DoubleBinaryTreeMechanism())
 
 
 @fabrics.register
-class Tree(fabrics.Fabric):
+class TreeFabric(fabrics.Fabric):
     name = "tree"
     description = "NCCL's double binary tree all-reduce between the workers, the switch forwarding"
     mechanisms = (mech.SPARSE_RING, DOUBLE_BINARY_TREE, mech.RING, *mech.COMMON)

@@ -49,7 +49,7 @@ class Placement(enum.Enum):
     LIST = "list"
 
 
-class Algorithm(enum.Enum):
+class Hierarchy(enum.Enum):
     """Which algorithm a fabric runs where it has both: flat (today's) or hierarchical."""
 
     FLAT = "flat"
@@ -80,7 +80,7 @@ class Topology:
     placement: Placement = Placement.PACKED
     nodes: tuple[int, ...] = ()
     """The node of each worker, for ``Placement.LIST``."""
-    algorithm: Algorithm = Algorithm.FLAT
+    algorithm: Hierarchy = Hierarchy.FLAT
     spine_latency_us: float | None = None
     """One leaf-spine hop; None: the NIC link's latency."""
     fabric_nodes: int | None = None

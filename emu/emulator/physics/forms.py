@@ -234,7 +234,7 @@ def ring_pipelined_us(count: int, itemsize: int, workers: int, link: LinkSpec, s
 
 def tree_broadcast_us(count: int, itemsize: int, workers: int, link: LinkSpec, rto_us: float = 0.0,
                       payload_scale: int = 1) -> float:
-    """Binomial-tree broadcast (p2p.Tree): the root sends each segment to its ``d = bit_length(M-1)``
+    """Binomial-tree broadcast (p2p.BinomialBroadcast): the root sends each segment to its ``d = bit_length(M-1)``
     children in turn, so segments leave it every ``d s``; a node forwards each segment to its
     children (fewer than d) as it arrives. Worker ``v`` (relative to the root) is reached through
     its bits from the lowest up, one hop per bit, and is its parent's child number

@@ -22,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 
 from emu.emulator.links.spec import LinkSpec
-from emu.emulator.links.topology import Algorithm, Layout, Topology
+from emu.emulator.links.topology import Hierarchy, Layout, Topology
 from emu.emulator.physics.forms import _Segments, ina_detail_us
 
 
@@ -34,7 +34,7 @@ def ina_link(link: LinkSpec, topology: Topology, layout: Layout) -> LinkSpec:
     spine = 0.0
     if layout.leaves > 1:  # flat: every stream of the leaf goes up; hierarchical: one partial sum
         spine = topology.spine_latency(link)
-        streams = 1.0 if topology.algorithm == Algorithm.HIERARCHICAL else float(np.bincount(layout.leaf).max())
+        streams = 1.0 if topology.algorithm == Hierarchy.HIERARCHICAL else float(np.bincount(layout.leaf).max())
         k = max(k, streams * link.bandwidth_bps / topology.uplink_bps(link))
     return replace(link, bandwidth_bps=link.bandwidth_bps / k, latency_us=link.latency_us + spine, schedule=())
 

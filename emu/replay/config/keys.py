@@ -20,7 +20,7 @@ from typing import Any
 
 from emu.emulator import fabric as fabrics
 from emu.emulator.links.spec import LinkSpec, parse_bandwidth, parse_duration_us, parse_schedule
-from emu.emulator.links.topology import Algorithm, Allocation, Placement, SlotPolicy
+from emu.emulator.links.topology import Allocation, Hierarchy, Placement, SlotPolicy
 from emu.emulator.protocol.wire import ELEMENTS_ALLOWED
 from emu.errors import ConfigError
 from emu.replay.plan.layout import parse_mesh
@@ -171,9 +171,9 @@ def _mesh(value: Any, source: str, key: str) -> Mesh:
         raise ConfigError(f"{source}: {key}: {str(exc).removeprefix('--mesh ')}") from None
 
 
-def _algorithm(value: Any, source: str, key: str) -> Algorithm:
-    if isinstance(value, str) and value in (a.value for a in Algorithm):
-        return Algorithm(value)
+def _algorithm(value: Any, source: str, key: str) -> Hierarchy:
+    if isinstance(value, str) and value in (a.value for a in Hierarchy):
+        return Hierarchy(value)
     raise ConfigError(f'{source}: {key} = {show(value)}: give "flat" or "hierarchical"')
 
 

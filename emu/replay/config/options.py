@@ -12,7 +12,7 @@ from emu.emulator import fabric as fabrics
 from emu.emulator.compression.compressors import Compressor, parse_compress
 from emu.emulator.fabric import Fabric
 from emu.emulator.links.spec import LinkSpec
-from emu.emulator.links.topology import Algorithm, Layout, Topology
+from emu.emulator.links.topology import Hierarchy, Layout, Topology
 from emu.emulator.mechanisms import Setting
 from emu.emulator.protocol.wire import ELEMENTS_ALLOWED, MAX_WORKERS_SOFTWARE, MIN_WIRE_BYTES, agg_wire_bytes
 from emu.errors import ConfigError
@@ -339,7 +339,7 @@ class ReplayConfig:
                 where = (f"{self.design_file} (with any topology flag typed beside it)" if self.design_file
                          else "the topology flags")
                 raise ConfigError(f"{where}: {exc}") from None
-            if self.topology.algorithm == Algorithm.HIERARCHICAL and not net.hierarchical:
+            if self.topology.algorithm == Hierarchy.HIERARCHICAL and not net.hierarchical:
                 have = ", ".join(n for n in fabrics.names() if fabrics.get(n).hierarchical)
                 raise ConfigError(f'topology.algorithm = "hierarchical" on --fabric {self.fabric}: it has no '
                                   f'hierarchical variant ({have} do; docs/topology.md); give "flat"')

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from emu.emulator.links.spec import LinkSpec
-from emu.emulator.links.topology import Algorithm, Layout
+from emu.emulator.links.topology import Hierarchy, Layout
 from emu.emulator.protocol.transport import AggBatch, Segment
 from emu.replay.config.options import ReplayConfig
 
@@ -148,7 +148,7 @@ class LeafStage:
         assert topo is not None
         spine = LinkSpec(bandwidth_bps=topo.uplink_bps(cfg.link), latency_us=topo.spine_latency(cfg.link))
         partial_of = (np.stack([np.bincount(lay.leaf, minlength=lay.leaves)[held] for lay in layouts])
-                      if topo.algorithm == Algorithm.HIERARCHICAL else None)
+                      if topo.algorithm == Hierarchy.HIERARCHICAL else None)
         return cls(held, spine, cfg.seed, partial_of, cfg.real_slots)
 
     def next_us(self) -> float:

@@ -16,13 +16,13 @@ from emu.replay.plan.programs import WorkerProgram
 from emu.traces.model import Coll
 
 
-def split(n: int, parts: int) -> list[tuple[int, int]]:
+def even_ranges(n: int, parts: int) -> list[tuple[int, int]]:
     return [(i * n // parts, (i + 1) * n // parts) for i in range(parts)]
 
 
 def point_to_point(programs: list[WorkerProgram], config: ReplayConfig) -> bool:
     """Whether any collective runs point to point (the rest run on the aggregation stream): the
-    first worker's program tells for a trace of one group; a sharded or split job's ranks run
+    first worker's program tells for a trace of one group; a sharded or even_ranges job's ranks run
     programs of their own, so one worker of each rank's is asked."""
     one = {prog.rank: prog for prog in (programs if programs and programs[0].seq_offsets else programs[:1])}
     return any(not on_stream(op, config) for prog in one.values() for it in prog.iterations for op in it.colls)
@@ -34,14 +34,14 @@ def partition(layout: Layout | None, workers: int, processes: int) -> list[np.nd
     several leaves whole leaves (their links to the spine are the host's: emu.replay.host.leaves), as
     many per host as even."""
     if layout is None:
-        return [np.arange(a, b) for a, b in split(workers, processes)]
+        return [np.arange(a, b) for a, b in even_ranges(workers, processes)]
     if layout.leaves > 1:
         leaves = np.unique(layout.leaf)
         parts = min(processes, len(leaves))
-        return [np.flatnonzero(np.isin(layout.leaf, leaves[a:b])) for a, b in split(len(leaves), parts)]
+        return [np.flatnonzero(np.isin(layout.leaf, leaves[a:b])) for a, b in even_ranges(len(leaves), parts)]
     nodes = np.unique(layout.node)
     parts = min(processes, len(nodes))
-    return [np.flatnonzero(np.isin(layout.node, nodes[a:b])) for a, b in split(len(nodes), parts)]
+    return [np.flatnonzero(np.isin(layout.node, nodes[a:b])) for a, b in even_ranges(len(nodes), parts)]
 
 
 def on_stream(op: Coll, config: ReplayConfig) -> bool:
@@ -53,7 +53,7 @@ def ina_pools(programs: list[WorkerProgram], config: ReplayConfig) -> tuple[tupl
                                                                             tuple[tuple[int, int], ...]]:
     """The sub-groups the switch aggregates for, each a pool of its own, and every pool's (real,
     emulated) slots, the job's pool first; empty where the job's pool is all there is. The pool
-    of the job's design (``--slots``) is split evenly among the pools it has (a static split, as
+    of the job's design (``--slots``) is even_ranges evenly among the pools it has (a static even_ranges, as
     SwitchML's among jobs: docs/parallelism.md)."""
     groups: set[tuple[int, ...]] = set()
     whole = False
@@ -103,7 +103,7 @@ def host_layout(layout: Layout | None, counts: list[int], shards: list[int], pro
     job_of = np.repeat(np.arange(len(counts)), counts)
     local_of = np.arange(sum(counts)) - offset[job_of]
     base = np.r_[0, np.cumsum([m + s for m, s in zip(counts, shards, strict=True)])[:-1]].astype(np.int64)
-    spans = tuple(tuple(split(s, min(s, 2 if len(counts) <= 2 else 1))) if s else () for s in shards)
+    spans = tuple(tuple(even_ranges(s, min(s, 2 if len(counts) <= 2 else 1))) if s else () for s in shards)
     endpoint_host = np.zeros(int(base[-1]) + counts[-1] + shards[-1], np.int64)
     for h, ws in enumerate(held):
         endpoint_host[base[job_of[ws]] + local_of[ws]] = h

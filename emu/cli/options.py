@@ -20,7 +20,7 @@ T = TypeVar("T")
 
 
 def trace_path(text: str) -> Path:
-    """The file, or the shipped sample of that name (mlp, cnn, transformer, dlrm) where no file is."""
+    """The file, or the shipped sample of that name (emu.traces.SAMPLES) where no file is."""
     from emu.traces import SAMPLES, sample_path
 
     path = Path(text)

@@ -68,7 +68,7 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, ne
            sparsity: str, sparsity_block: int | None, compress: str, compress_speed: float, seed: int,
            payload_file: str | None, processes: int | None, ps_shards: int | None, timeout: float,
            report_path: Path | None, chrome_trace: Path | None, as_json: bool, launcher: str, **flags: Any) -> None:
-    """Replay TRACE (a file, or a shipped sample: mlp, cnn, transformer, dlrm) on fake workers;
+    """Replay TRACE (a file, or a shipped sample: mlp, cnn, transformer, dlrm, fsdp, tp, pp) on fake workers;
     several traces are jobs sharing the fabric, each also replayed alone for its slowdown.
 
     \b

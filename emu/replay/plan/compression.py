@@ -249,8 +249,8 @@ def report(ranks: tuple[RankProgram, ...], workers: int, comp: Compressor, speed
     """The report's ``compression`` for the rank programs before compression (None for ``none``).
     ``switch_sums``: the fabric aggregates all_reduces in a switch whose packets carry int32 (INA)
     of ``packet_elements`` a packet, so an all_reduce's bytes are 4 a value whatever the dtype,
-    dense or compressed, and a quantizer's levels are summed in int32 lanes; an all_gather runs
-    point to point there, its packed bytes as they are."""
+    dense or compressed, and a quantizer's levels are summed in int32 lanes; an all_gather is
+    multicast by the switch there (docs/protocol.md), its packed bytes as they are."""
     if comp.name == "none" or not ranks or not ranks[0].iterations:
         return None
     it: Iteration = ranks[0].iterations[0]

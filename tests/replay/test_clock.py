@@ -40,15 +40,16 @@ def test_identical_across_process_layouts(mlp, fabric: str, no_children) -> None
     link = LinkSpec(bandwidth_bps=25e9, latency_us=2.0, loss=0.01, jitter_us=1.0)
     config = ReplayConfig(workers=4, fabric=fabric, iters=1, payload_scale=64, link=link,
                           stragglers=(Straggler.parse("lognormal:0.1"),))
-    reports = [replay(mlp, replace(config, processes=p)) for p in (1, 2, 4)]
+    reports = [replay(mlp, replace(config, processes=p)) for p in (1, 2, 4, 0)]
     first = exact_part(reports[0])
     assert first["emulator"]["clock"] == "sync" and first["emulator"]["trustworthy"]
     assert first["emulator"]["reordered"] == 0 and first["emulator"]["tdf"] is None
     assert first["verification"]["ok"] and first["fabric"]["packets_lost"] > 0
-    for r in reports[1:]:
+    for r in reports[1:]:  # processes=0: the switch and every host in this one process
         assert exact_part(r) == first
     servers = 2 if fabric == "ps" else 0  # the parameter-server shards' host processes
-    assert [r.emulator.processes for r in reports] == [p + servers + 1 for p in (1, 2, 4)]
+    assert [r.emulator.processes for r in reports] == [p + servers + 1 for p in (1, 2, 4)] + [1]
+    assert reports[-1].emulator.real_bytes == 0  # nothing crossed a socket
 
 
 def test_identical_real_loss_recovery(no_children) -> None:
@@ -56,7 +57,7 @@ def test_identical_real_loss_recovery(no_children) -> None:
     switch (duplicates answered from its shadow copies): still identical across layouts."""
     trace = single_collective(CollKind.ALL_REDUCE, 250_000)
     config = ReplayConfig(workers=4, fabric="ina", iters=1, payload_scale=1, link=LinkSpec(loss=0.01))
-    reports = [replay(trace, replace(config, processes=p)) for p in (1, 2, 4)]
+    reports = [replay(trace, replace(config, processes=p)) for p in (1, 2, 4, 0)]
     first = exact_part(reports[0])
     assert first["verification"]["ok"] and first["fabric"]["retransmissions"] > 0
     assert first["fabric"]["duplicates"] > 0 and first["fabric"]["lost"] > 0

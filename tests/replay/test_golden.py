@@ -3,6 +3,8 @@ it was when the case was recorded. The fast cases run in `make test`, all of the
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests import golden
@@ -29,3 +31,16 @@ def test_the_comparer_tolerates_added_fields_and_catches_changed_ones() -> None:
 def test_volatile_fields_are_stripped_at_any_depth() -> None:
     report = {"emulator": {"wall_s": 3.0, "clock": "sync"}, "jobs": [{"emulator": {"wall_s": 1.0, "windows": 9}}]}
     assert golden.strip(report) == {"emulator": {"clock": "sync"}, "jobs": [{"emulator": {}}]}
+
+
+@pytest.mark.parametrize("name", ["ring", "jobs-ring", pytest.param("ina", marks=pytest.mark.slow),
+                                  pytest.param("mesh-tp-ina", marks=pytest.mark.slow),
+                                  pytest.param("sparse-ina", marks=pytest.mark.slow)])
+def test_one_process_gives_the_golden_reports(name: str) -> None:
+    """--processes 0 (the switch and every host in the orchestrator's process) replays the golden
+    cases to the same numbers as the socketed layouts."""
+    case = golden.BY_NAME[name]
+    args = list(case.args)
+    args[args.index("--processes") + 1] = "0"
+    recorded = golden.strip(json.loads(golden.path_of(case).read_text()))
+    assert golden.differences(recorded, golden.strip(golden.run(golden.Case(name, tuple(args))))) == []

@@ -252,8 +252,10 @@ class ReplayConfig:
     elements: int = 64
     """int32 elements per aggregation packet: 64 or 256."""
     processes: int | None = None
-    """Worker host processes; default 1 up to 16 workers (the switch and one host take turns on the
-    synchronized clock, and one process has the least to coordinate), else max(2, cores)."""
+    """Worker host processes; 0: the switch and every host in the orchestrator's own process, the
+    clock's windows as calls (``emu.replay.control.inprocess``, the synchronized clock only);
+    default 1 up to 16 workers (the switch and one host take turns on the synchronized clock, and
+    one process has the least to coordinate), else max(2, cores)."""
     ps_shards: int | None = None
     """Parameter-server shards (each its own endpoint with its own link); default: workers."""
     rto_us: float | None = None
@@ -303,8 +305,11 @@ class ReplayConfig:
             raise ConfigError(f"--elements must be one of {ELEMENTS_ALLOWED}, got {self.elements}")
         if self.slots is not None and not 1 <= self.slots <= 1 << 24:
             raise ConfigError(f"--slots must be in 1..16777216, got {self.slots}")
-        if self.processes is not None and self.processes < 1:
-            raise ConfigError(f"--processes must be at least 1, got {self.processes}")
+        if self.processes is not None and self.processes < 0:
+            raise ConfigError(f"--processes must be 0 (one process) or more, got {self.processes}")
+        if self.processes == 0 and self.resolved_clock != Clock.SYNC:
+            raise ConfigError("--processes 0 runs the replay in one process on the synchronized clock: drop --clock "
+                              "wall and --tdf, or give host processes")
         if self.ps_shards is not None and not 1 <= self.ps_shards <= MAX_WORKERS_SOFTWARE - self.workers:
             raise ConfigError("--ps-shards must be at least 1 (and workers + shards <= 65535)")
         if not 0 < self.timeout_s <= 30 * 86400:
@@ -420,9 +425,16 @@ class ReplayConfig:
         return 2 * self.topology.spine_latency(self.link)
 
     @property
+    def one_process(self) -> bool:
+        """Whether the switch and every host run in the orchestrator's process (``processes``)."""
+        return self.processes == 0
+
+    @property
     def host_processes(self) -> int:
         if self.processes:
             return min(self.workers, self.processes)
+        if self.processes == 0:
+            return 1
         return 1 if self.workers <= 16 else min(self.workers, max(2, os.cpu_count() or 2))
 
     @property

@@ -27,6 +27,7 @@ from emu import lifetime
 from emu.errors import RunFailed
 from emu.replay.config.options import ReplayConfig
 from emu.replay.control.children import start_processes, stop_processes
+from emu.replay.control.inprocess import execute_in_process, fits_in_process
 from emu.replay.control.messages import (
     Abort,
     Alive,
@@ -76,6 +77,8 @@ def execute(plan: RunPlan, on_progress: Callable[[float], None] | None) -> tuple
         remote.check_spreadable(plan.config)
         if cluster.rank != 0:
             return remote.serve_share(cluster, plan)
+    elif plan.config.one_process and fits_in_process(plan):
+        return execute_in_process(plan, on_progress)
     return _Execution(plan, cluster).run(on_progress)
 
 

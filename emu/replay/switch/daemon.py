@@ -228,57 +228,104 @@ def _control(ctrl: zmq.Socket) -> Message | None:
 
 
 def _aggregate(router: zmq.Socket, pools: _Pools, batch: AggBatch, idents: list[bytes]) -> None:
+    for h, part in aggregate(pools, batch):
+        router.send_multipart([idents[h], *part.frames(RESULTS)], copy=False)
+
+
+def aggregate(pools: _Pools, batch: AggBatch) -> list[tuple[int, AggBatch]]:
+    """Apply contributions (in their order) to their pools; each host's share of the results."""
     # a job the switch has no pool for goes to the last pool, which drops it as invalid (another job's)
     jobs = np.minimum(batch.headers["job"].astype(np.int64), len(pools.switches) - 1)
     if not len(jobs) or (jobs == jobs[0]).all():
-        _send_results(router, pools, int(jobs[0]) if len(jobs) else 0, batch, idents)
-        return
+        return _results(pools, int(jobs[0]) if len(jobs) else 0, batch)
+    out = []
     for job in np.unique(jobs):  # each job's rows in their order, to its own pool
-        _send_results(router, pools, int(job), batch.take(np.flatnonzero(jobs == job)), idents)
+        out += _results(pools, int(job), batch.take(np.flatnonzero(jobs == job)))
+    return out
 
 
-def _send_results(router: zmq.Socket, pools: _Pools, job: int, batch: AggBatch, idents: list[bytes]) -> None:
+def _results(pools: _Pools, job: int, batch: AggBatch) -> list[tuple[int, AggBatch]]:
     res = pools.switches[job].process(batch.headers, batch.payload, batch.stamps, batch.sparse)
     if not len(res):
-        return
+        return []
     dest = res.headers["worker"].astype(np.int64)
     # a reduce_scatter's completion goes to every worker of the pool but the one it names
     multi = (dest == MULTICAST) | (res.headers["msg_type"] == MsgType.SCATTER_DONE)
     # a host holds any set of workers
     host = np.where(multi, -1, pools.endpoint_host[pools.members[job][np.where(multi, 0, dest)]])
+    out = []
     for h in pools.job_hosts[job]:
         mine = multi | (host == h)
         if mine.all():
-            part = AggBatch(res.headers, res.payload, res.stamps, res.sparse)
+            out.append((h, AggBatch(res.headers, res.payload, res.stamps, res.sparse)))
         elif mine.any():
-            part = AggBatch(res.headers[mine], res.payload[mine], res.stamps[mine], res.sparse[mine])
-        else:
-            continue
-        router.send_multipart([idents[h], *part.frames(RESULTS)], copy=False)
+            out.append((h, AggBatch(res.headers[mine], res.payload[mine], res.stamps[mine], res.sparse[mine])))
+    return out
+
+
+class Windows:
+    """The synchronized clock's windows, whatever carries the messages (docs/design-notes.md): what
+    the switch holds, the earliest segment it forwarded, and where the next window ends.
+
+    ``T`` is the earliest of the hosts' next events, the contributions held and the segments just
+    forwarded; nothing can reach an endpoint before ``T + lookahead``, so that is the bound. The
+    contributions before it are applied in stamp order (ties: job, worker, chunk)."""
+
+    def __init__(self, setup: SwitchSetup) -> None:
+        self.lookahead_us = setup.lookahead_us
+        self.pending: list[AggBatch] = []
+        self.seg_min = math.inf
+        self.window = 0
+        self.pipeline = _Pipeline(setup.packet_rate) if setup.packet_rate else None
+
+    def bound(self, next_us: list[float], finished: list[bool]) -> tuple[float, bool] | None:
+        """Where the next window ends (and whether the bound is inclusive: a lookahead of 0), or
+        None where everything is done."""
+        held = self.held_us()
+        t = min(min(next_us), held, self.seg_min)
+        if t == math.inf:
+            if all(finished):
+                return None
+            raise FrameError("the synchronized clock ran out of events while some hosts still have workers that "
+                             "have not finished their programs (a protocol error: please report it)")
+        self.window += 1
+        self.seg_min = math.inf
+        return t + self.lookahead_us, self.lookahead_us == 0
+
+    def held_us(self) -> float:
+        return min((float(b.stamps[:, 0].min()) for b in self.pending if len(b.headers)), default=math.inf)
+
+    def due(self, bound: float, inclusive: bool) -> AggBatch | None:
+        """The held contributions before the bound, in stamp order (through the pipeline, with a
+        packet rate); the rest stay held."""
+        if self.held_us() > bound:
+            return None
+        batch = AggBatch.concat(self.pending)
+        stamps = batch.stamps[:, 0]
+        due = stamps <= bound if inclusive else stamps < bound
+        rest = np.flatnonzero(~due)
+        self.pending = [batch.take(rest)] if len(rest) else []
+        rows = np.flatnonzero(due)
+        h = batch.headers
+        order = rows[np.lexsort((h["chunk"][rows], h["worker"][rows], h["job"][rows], stamps[rows]))]
+        batch = batch.take(order)
+        return self.pipeline.through(batch) if self.pipeline is not None else batch
 
 
 class _Coordinator:
-    """The switch on the synchronized clock: windows of conservative synchronization.
-
-    Window ``k`` starts when every host reported ``Done(k - 1)``: then every message a
-    host sent before it is here. ``T`` is the earliest of the hosts' next events, the
-    contributions held and the segments just forwarded; nothing can now reach an
-    endpoint before ``T + lookahead``, so that is the bound. The contributions before it
-    are applied in stamp order, their results sent, then ``Go(k, bound)`` to every host.
-    """
+    """The switch on the synchronized clock (``Windows``), over sockets: window ``k`` starts when
+    every host reported ``Done(k - 1)``, when every message a host sent before it is here; the
+    contributions before its bound are applied, their results sent, then ``Go(k, bound)`` to every
+    host."""
 
     def __init__(self, setup: SwitchSetup, ctrl: zmq.Socket, router: zmq.Socket,
                  switch: _Pools | None, idents: list[bytes], forwarded: list[int]) -> None:
         self.setup, self.ctrl, self.router, self.switch = setup, ctrl, router, switch
         self.idents, self.forwarded = idents, forwarded
         self.route = switch or _Pools(setup, aggregates=False)
-        self.window = 0
+        self.clock = Windows(setup)
         self.reports: dict[bytes, Done] = {}
-        self.pending: list[AggBatch] = []
-        self.seg_min = math.inf
         self.ended = False
-        self.windows = 0
-        self.pipeline = _Pipeline(setup.packet_rate) if setup.packet_rate else None
 
     def serve(self) -> None:
         poller = zmq.Poller()
@@ -289,8 +336,9 @@ class _Coordinator:
                 if sock is self.ctrl:
                     if isinstance(_control(self.ctrl), Stop):
                         stats = self.switch.stats() if self.switch else {}
-                        busy = self.pipeline.busy_us if self.pipeline else 0.0
-                        self.ctrl.send(encode(SwitchResult(stats, self.forwarded[0], self.windows, busy,
+                        pipe = self.clock.pipeline
+                        self.ctrl.send(encode(SwitchResult(stats, self.forwarded[0], self.clock.window,
+                                                           pipe.busy_us if pipe else 0.0,
                                                            rejected=sealed.rejected(self.router, self.ctrl))))
                         return
                     continue
@@ -308,60 +356,37 @@ class _Coordinator:
             if kind == AGG:
                 if self.switch is None:
                     raise FrameError("contributions reached a switch that does not aggregate")
-                self.pending.append(AggBatch.parse(frames[1:]))
+                self.clock.pending.append(AggBatch.parse(frames[1:]))
             elif kind == SEG and len(frames) == 5 and len(frames[2]) == P2P_HEADER.itemsize:
                 head = np.frombuffer(frames[2], P2P_HEADER)[0]
                 host = self.route.host_of(int(head["job"]), int(head["dst"]))
-                self.seg_min = min(self.seg_min, segment_first_us(frames[3]))
+                self.clock.seg_min = min(self.clock.seg_min, segment_first_us(frames[3]))
                 self.router.send_multipart([self.idents[host], *frames[1:]], copy=False)
                 self.forwarded[0] += 1
             elif kind == DONE:
                 done = Done.parse(frames[1:])
-                if done.window != self.window:
+                if done.window != self.clock.window:
                     raise FrameError(f"host {bytes(frames[0]).decode()} reported window {done.window} "
-                                     f"during window {self.window}")
+                                     f"during window {self.clock.window}")
                 self.reports[bytes(frames[0])] = done
             else:
                 raise FrameError(f"unexpected message kind {kind[:8]!r} at the switch")
 
     def _next_window(self) -> None:
-        held = min((float(b.stamps[:, 0].min()) for b in self.pending if len(b.headers)), default=math.inf)
-        t = min(min(d.next_us for d in self.reports.values()), held, self.seg_min)
-        if t == math.inf:
-            if all(d.finished for d in self.reports.values()):
-                self.ended = True
-                return
-            waiting = sorted(bytes(h).decode() for h, d in self.reports.items() if not d.finished)
-            raise FrameError(f"the synchronized clock ran out of events while hosts {waiting} still have "
-                             "workers that have not finished their programs (a protocol error: please report it)")
-        lookahead = self.setup.lookahead_us
-        bound = t + lookahead
-        inclusive = lookahead == 0
-        if held <= bound:
-            self._aggregate(bound, inclusive)
-        self.window += 1
-        self.windows += 1
+        reports = list(self.reports.values())
+        step = self.clock.bound([d.next_us for d in reports], [d.finished for d in reports])
+        if step is None:
+            self.ended = True
+            return
+        bound, inclusive = step
+        batch = self.clock.due(bound, inclusive)
+        if batch is not None:
+            assert self.switch is not None
+            _aggregate(self.router, self.switch, batch, self.idents)
         self.reports.clear()
-        self.seg_min = math.inf
-        go = Go(self.window, bound, inclusive).frames()
+        go = Go(self.clock.window, bound, inclusive).frames()
         for ident in self.idents:
             self.router.send_multipart([ident, *go])
-
-    def _aggregate(self, bound: float, inclusive: bool) -> None:
-        """Apply every held contribution due before the bound, in stamp order."""
-        batch = AggBatch.concat(self.pending)
-        stamps = batch.stamps[:, 0]
-        due = stamps <= bound if inclusive else stamps < bound
-        rest = np.flatnonzero(~due)
-        self.pending = [batch.take(rest)] if len(rest) else []
-        rows = np.flatnonzero(due)
-        h = batch.headers
-        order = rows[np.lexsort((h["chunk"][rows], h["worker"][rows], h["job"][rows], stamps[rows]))]
-        assert self.switch is not None
-        batch = batch.take(order)
-        if self.pipeline is not None:
-            batch = self.pipeline.through(batch)
-        _aggregate(self.router, self.switch, batch, self.idents)
 
 
 class _Pipeline:

@@ -271,6 +271,8 @@ def _plan(traces: list[Trace], paths: list[str], config: ReplayConfig, jobs: Job
                      endpoint_host=hosts.endpoint_host, sync=True,
                      lookahead_us=min(cfg.lookahead_us(inside_nodes=point_to_point(p, cfg))
                                       for cfg, p in zip(configs, programs, strict=True)),
+                     queue_bound=all(cfg.queues_bound_windows(inside_nodes=point_to_point(p, cfg))
+                                     for cfg, p in zip(configs, programs, strict=True)),
                      job_workers=tuple(counts), job_slots=tuple(cfg.real_slots for cfg in configs),
                      job_base=tuple(int(b) for b in hosts.base), packet_rate=config.packet_rate)
     total = sum(i * m for i, m in zip(iters, counts, strict=True))

@@ -207,6 +207,7 @@ def plan_run(trace: Trace, config: ReplayConfig, trace_path: str | None, spans: 
                          fabric=config.fabric, worker_hosts=hosts.spans, endpoint_host=hosts.endpoint_host,
                          sync=config.resolved_clock == Clock.SYNC,
                          lookahead_us=config.lookahead_us(inside_nodes=point_to_point(programs, config)),
+                         queue_bound=config.queues_bound_windows(inside_nodes=point_to_point(programs, config)),
                          packet_rate=config.packet_rate, pools=pools, pool_slots=pool_slots)
     reporter = _OneJob(trace, trace_path, config, iters, plan_mesh(trace, m, config.mesh, path), programs)
     return RunPlan(config=config, hosts=tuple(setups), switch=switch, total=iters * m, reporter=reporter,

@@ -16,6 +16,7 @@ from emu.replay.host.lag import LagHistogram
 from emu.traces import load_trace, sample_path
 from emu.traces.model import CollKind
 from emu.traces.synthetic import single_collective
+from tests import golden
 
 # everything that depends on the machine, not on the emulation
 _MACHINE = {"wall_s", "cpu_percent", "processes", "run_s", "events", "real_bytes"}
@@ -125,3 +126,32 @@ def test_heavy_loss_at_payload_scale_is_the_same_on_every_layout(mlp, no_childre
     config = ReplayConfig(workers=8, fabric="ina", iters=1, payload_scale=64, link=LinkSpec(loss=0.10))
     one, eight = replay(mlp, replace(config, processes=1)), replay(mlp, replace(config, processes=8))
     assert one.verification.ok and exact_part(one) == exact_part(eight)
+
+
+@pytest.mark.parametrize("fabric", ["ina", "ring", "ps"])
+def test_windows_past_the_uplinks_queues_change_no_number(mlp, fabric: str, monkeypatch, no_children) -> None:
+    """On a slow link the uplinks are busy for a whole pool of packets: the bound that counts their
+    queues (emu.replay.switch.daemon.Windows) takes far fewer windows, and every emulated number is
+    what the one-latency bound gives, with jitter, stragglers and payload-scale loss on."""
+    link = LinkSpec(bandwidth_bps=1e9, latency_us=2.0, loss=0.001, jitter_us=1.0)
+    config = ReplayConfig(workers=4, fabric=fabric, iters=1, payload_scale=16, link=link,
+                          stragglers=(Straggler.parse("lognormal:0.1"),))
+    assert config.queues_bound_windows()
+    # the stream at one window a latency is slow to run: one 2 MB all_reduce for it
+    trace = single_collective(CollKind.ALL_REDUCE, 500_000) if fabric == "ina" else mlp
+    queued = [replay(trace, replace(config, processes=p)) for p in (1, 0)]
+    monkeypatch.setattr(ReplayConfig, "queues_bound_windows", lambda self, inside_nodes=True: False)
+    latency = replay(trace, config)
+    assert exact_part(queued[0])["fabric"]["packets_lost"] > 0
+    assert exact_part(queued[0]) == exact_part(queued[1])  # the layouts: the same windows, bit for bit
+    # the windows batch each link's rows differently: sums rounded in another order, no more
+    assert golden.differences(golden.strip(latency.to_dict()), golden.strip(queued[0].to_dict())) == []
+    if fabric == "ina":  # the stream's small packets: one window a latency without the queues
+        assert queued[0].emulator.windows * 10 < latency.emulator.windows
+
+
+def test_windows_keep_one_latency_where_a_pass_could_miss_its_own_events() -> None:
+    """Real rows lost (retransmission timers), traffic inside a node, leaves' links: the bound stays
+    at one lookahead past the earliest event."""
+    assert not ReplayConfig(workers=4, link=LinkSpec(loss=0.01), payload_scale=1).queues_bound_windows()
+    assert ReplayConfig(workers=4, link=LinkSpec(loss=0.01), payload_scale=8).queues_bound_windows()

@@ -9,6 +9,7 @@ and replay's hosts speak them, so the definitions live here, once.
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 
@@ -184,22 +185,32 @@ class Go:
         return cls(window, bound, bool(inclusive))
 
 
+_DONE = struct.Struct("<QddB")  # window number, next event (us), uplinks free (us), flag
+
+
 @dataclass(frozen=True)
 class Done:
     """A host handled window ``window``; its earliest remaining event is at ``next_us`` (inf: none);
-    ``finished``: every worker it runs has run its whole program."""
+    ``finished``: every worker it runs has run its whole program; ``free_us``: no earlier than this
+    can anything it has not sent yet start to cross a link toward the switch (its uplinks are
+    FIFOs busy until then; -inf: unknown), which lets the clock's bound count the queues
+    (``emu.replay.switch.daemon.Windows``)."""
 
     window: int
     next_us: float
     finished: bool
+    free_us: float = -math.inf
 
     def frames(self) -> list[bytes]:
-        return [DONE, _WINDOW.pack(self.window, self.next_us, self.finished)]
+        return [DONE, _DONE.pack(self.window, self.next_us, self.free_us, self.finished)]
 
     @classmethod
     def parse(cls, frames: list) -> Done:
-        window, next_us, finished = _window(frames)
-        return cls(window, next_us, bool(finished))
+        _check(frames, 2)
+        if _nbytes(frames[1]) != _DONE.size:
+            raise FrameError("bad window report")
+        window, next_us, free_us, finished = _DONE.unpack(frames[1])
+        return cls(window, next_us, bool(finished), free_us)
 
 
 def segment_first_us(meta: object) -> float:

@@ -411,6 +411,17 @@ class ReplayConfig:
             least = min(least, topo.spine_latency(self.link) + (0.0 if math.isinf(up) else MIN_WIRE_BYTES * 8e6 / up))
         return least
 
+    def queues_bound_windows(self, inside_nodes: bool = True) -> bool:
+        """Whether the synchronized clock's windows may reach past the hosts' uplink queues
+        (``emu.replay.switch.daemon.Windows``): only where nothing a host does in a window can fall
+        due at that same host inside the window, after its pass went by: no retransmission timers
+        (real rows lost: loss without payload scale), no traffic inside a node (``inside_nodes``
+        on a topology), no leaves' links to the spine, and a lookahead above 0."""
+        layout = self.layout()
+        inside = self.topology is not None and self.topology.workers_per_node > 1 and inside_nodes
+        return (self.lookahead_us(inside_nodes) > 0 and not (self.link.loss > 0 and self.scale == 1)
+                and not inside and (layout is None or layout.leaves == 1))
+
     def layout(self) -> Layout | None:
         """Where the workers sit on the topology (None without one)."""
         return None if self.topology is None else _layout(self.topology, self.workers, self.seed)

@@ -65,7 +65,9 @@ class _InProcess:
         deadline = time.monotonic() + self.plan.config.timeout_s
         shown = time.monotonic()
         while True:
-            step = self.clock.bound([h.next_us() for h in self.hosts], [h.finished() for h in self.hosts])
+            hosts = self.hosts
+            step = self.clock.bound([h.next_us() for h in hosts], [h.finished() for h in hosts],
+                                    [h.free_us() for h in hosts])
             if step is None:
                 return
             bound, inclusive = step

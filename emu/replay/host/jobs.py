@@ -91,6 +91,10 @@ class JobsHost:
     def finished(self) -> bool:
         return all(h.finished() for h in self.hosts.values())
 
+    def free_us(self) -> float:
+        """The least of the jobs' (``Host.free_us``)."""
+        return min((h.free_us() for h in self.hosts.values()), default=math.inf)
+
     def done(self) -> bool:
         return all(h.done() for h in self.hosts.values())
 

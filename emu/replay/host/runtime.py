@@ -180,6 +180,14 @@ class Host:
         return min(self.heap[0][0] if self.heap else math.inf, self.ina.next_us(), self.p2p.next_us(),
                    leaves.next_us() if leaves is not None else math.inf)
 
+    def free_us(self) -> float:
+        """No earlier than this can anything not sent yet start to cross a link toward the switch:
+        every uplink is a FIFO (``emu.emulator.links.spec.LinkArray``), busy until its free time;
+        -inf with leaves' links, whose queues hold what already left a NIC (``Windows.bound``)."""
+        if self.wiring.leaves is not None:
+            return -math.inf
+        return float(self.up.free_us.min(initial=math.inf))
+
     # -- collectives ------------------------------------------------------------------
     def _start_coll(self, worker: FakeWorker, run: CollRun) -> None:
         op = run.op

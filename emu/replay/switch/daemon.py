@@ -57,6 +57,7 @@ class SwitchSetup:
     endpoint_host: tuple[int, ...]  # host index of every endpoint (workers, then PS shards)
     sync: bool = False  # coordinate the synchronized clock
     lookahead_us: float = 0.0  # the least delay from an event at a host to its effect elsewhere
+    queue_bound: bool = False  # the bound may count the hosts' uplink queues (ReplayConfig.queues_bound_windows)
     # jobs sharing the fabric (emu.replay.jobs): each job's workers and real slots (its share of the
     # pool), and the global number of its endpoint 0; empty: one job of ``workers`` and ``slots``
     job_workers: tuple[int, ...] = ()
@@ -269,18 +270,24 @@ class Windows:
 
     ``T`` is the earliest of the hosts' next events, the contributions held and the segments just
     forwarded; nothing can reach an endpoint before ``T + lookahead``, so that is the bound. The
-    contributions before it are applied in stamp order (ties: job, worker, chunk)."""
+    contributions before it are applied in stamp order (ties: job, worker, chunk).
+
+    With ``queue_bound`` the bound counts the uplinks' queues (``_queued``): where a slow link is
+    busy for a whole pool of packets, a window spans what it carries, not one latency."""
 
     def __init__(self, setup: SwitchSetup) -> None:
         self.lookahead_us = setup.lookahead_us
+        self.queue_bound = setup.queue_bound and setup.lookahead_us > 0
         self.pending: list[AggBatch] = []
         self.seg_min = math.inf
         self.window = 0
         self.pipeline = _Pipeline(setup.packet_rate) if setup.packet_rate else None
 
-    def bound(self, next_us: list[float], finished: list[bool]) -> tuple[float, bool] | None:
+    def bound(self, next_us: list[float], finished: list[bool],
+              free_us: list[float] | None = None) -> tuple[float, bool] | None:
         """Where the next window ends (and whether the bound is inclusive: a lookahead of 0), or
-        None where everything is done."""
+        None where everything is done; ``free_us``: per host, when its uplinks are free
+        (``emu.replay.host.runtime.Host.free_us``)."""
         held = self.held_us()
         t = min(min(next_us), held, self.seg_min)
         if t == math.inf:
@@ -288,9 +295,24 @@ class Windows:
                 return None
             raise FrameError("the synchronized clock ran out of events while some hosts still have workers that "
                              "have not finished their programs (a protocol error: please report it)")
+        if self.queue_bound and free_us is not None:
+            t = self._queued(next_us, free_us, held)
         self.window += 1
         self.seg_min = math.inf
         return t + self.lookahead_us, self.lookahead_us == 0
+
+    def _queued(self, next_us: list[float], free_us: list[float], held: float) -> float:
+        """The earliest any host can start to send anything it has not sent: on an uplink (a FIFO)
+        no earlier than the link is free, and no earlier than what makes it send, a host's next
+        event, a segment just forwarded, or a result of a contribution held here (which crosses a
+        downlink first: one lookahead). Whatever it sends reaches another endpoint one lookahead
+        later still, so every event before that plus the lookahead is known. Minima over every
+        host, never a host's own: the windows, and so every number, are the same however the
+        endpoints are spread over processes. Only valid where no event a host's pass creates falls
+        due inside the same window at that host (no retransmission timers, no traffic inside a
+        node, no leaves' links: ``queue_bound``)."""
+        cause = min(held + self.lookahead_us, self.seg_min)
+        return max(min(free_us), min(min(next_us), cause))
 
     def held_us(self) -> float:
         return min((float(b.stamps[:, 0].min()) for b in self.pending if len(b.headers)), default=math.inf)
@@ -374,7 +396,8 @@ class _Coordinator:
 
     def _next_window(self) -> None:
         reports = list(self.reports.values())
-        step = self.clock.bound([d.next_us for d in reports], [d.finished for d in reports])
+        step = self.clock.bound([d.next_us for d in reports], [d.finished for d in reports],
+                                [d.free_us for d in reports])
         if step is None:
             self.ended = True
             return

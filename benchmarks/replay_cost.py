@@ -1,0 +1,214 @@
+"""What a replay costs against the work it cannot avoid, side by side with another build of emu.
+
+Each case is an ``emu replay`` command line, run end to end as a user runs it (process start and
+stop included) by each build given (``--emu PATH``: an ``emu`` executable; the first is the
+baseline column, typically a checkout of the commit before a change). For each run: wall seconds
+per emulated iteration, the clock's windows, the emulated iteration, and the ratio to the work
+bound, which does not depend on how emu is built:
+
+    bound = rows x (measured cost of aggregating and copying one row)
+          + dependent steps x (measured process round trip)
+
+``rows`` are the real rows that crossed between processes (``emulator.real_bytes`` over a packet's
+wire bytes: every contribution, result and segment row the design must touch once); the dependent
+steps are the protocol's rounds that must follow one another, counted from the trace: per
+collective, the stream's round trips through its real slots (``ceil(chunks / slots)``, plus the
+exponent round) on ``ina``, ``2 (M - 1)`` hand-offs on a ring, 2 on a parameter server,
+``2 ceil(log2 M)`` on a tree, and one a compute phase. The row cost is the switch's data plane on
+8 workers' full pool of rows (``AggregationSwitch.process``) plus their frames' encode and parse;
+the round trip a zmq ping-pong between two processes (``benchmarks/clock_cost.py``); both are
+measured in the same run.
+
+    .venv/bin/python benchmarks/replay_cost.py --emu OLD/.venv/bin/emu --emu .venv/bin/emu \\
+        [--set quick|issue30] [--timeout 600] [--out results.json]
+
+Writes a markdown table to stdout and every measurement to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from clock_cost import round_trip_us  # noqa: E402
+
+from emu.emulator.protocol.switch import AggregationSwitch  # noqa: E402
+from emu.emulator.protocol.transport import AggBatch  # noqa: E402
+from emu.emulator.protocol.wire import AGG_HEADER, MsgType  # noqa: E402
+from emu.traces import load_trace, sample_path  # noqa: E402
+from emu.traces.model import Coll  # noqa: E402
+
+BANDWIDTHS = ("1Gbps", "10Gbps", "25Gbps", "100Gbps")
+TP = ("--workers-per-node", "8", "--nics-per-node", "8")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    trace: str
+    workers: int
+    fabric: str
+    iters: int
+    bandwidth: str = "100Gbps"
+    extra: tuple[str, ...] = ()
+
+    def argv(self, report: str) -> list[str]:
+        return ["replay", self.trace, "--workers", str(self.workers), "--fabric", self.fabric, "--iters",
+                str(self.iters), "--bandwidth", self.bandwidth, *self.extra, "--report", report]
+
+
+def case_set(name: str) -> list[Case]:
+    if name == "quick":
+        return [Case(f"mlp {f} 8 {bw}", "mlp", 8, f, 1, bw) for f in ("ina", "ring") for bw in ("1Gbps", "100Gbps")]
+    cases = [Case(f"mlp {f} {m} {bw}", "mlp", m, f, 1, bw)
+             for m in (8, 64) for f in ("ina", "ring", "ps", "tree") for bw in BANDWIDTHS if f != "tree" or m == 8]
+    for dp in (8, 64):
+        cases += [Case(f"tp dp={dp} {f} 10Gbps", "tp", 2 * dp, f, 3, "10Gbps", ("--mesh", f"dp={dp},tp=2", *TP))
+                  for f in ("ina", "ring")]
+    cases += [Case(f"mlp {f} {m} 100Gbps", "mlp", m, f, 1) for m in (512, 1024, 4096) for f in ("ring", "ps")]
+    cases += [Case(f"transformer ina {m} 100Gbps", "transformer", m, "ina", 2) for m in (1024, 8192, 32768)]
+    return cases
+
+
+@dataclass(frozen=True)
+class Run:
+    emu: str
+    case: str
+    status: str  # replayed, estimate, failed, timeout
+    wall_s: float
+    windows: int | None = None
+    iteration_ms: float | None = None
+    rows: float | None = None
+    steps: int | None = None
+    bound_s: float | None = None
+    verified: bool | None = None
+
+
+def row_cost_us(workers: int = 8, slots: int = 1024, k: int = 64, repeat: int = 5) -> float:
+    """Median time to aggregate one row on the switch's data plane and move it through its frames."""
+    n = workers * slots
+    h = np.zeros(n, AGG_HEADER)
+    h["msg_type"] = MsgType.CONTRIB
+    h["worker"] = np.repeat(np.arange(workers), slots)
+    h["num_workers"] = workers
+    h["slot"] = np.tile(np.arange(slots), workers)
+    h["chunk"] = h["slot"]
+    h["size"] = k // 64
+    h["exponent"] = 0
+    payload = np.ones((n, k), np.int32)
+    stamps = np.stack([np.arange(n, dtype=np.float64)] * 2, axis=1)
+    times = []
+    for _ in range(repeat):
+        sw = AggregationSwitch(slots, workers, k)
+        t = time.perf_counter()
+        batch = AggBatch.parse([bytes(memoryview(f)) for f in AggBatch(h, payload, stamps).frames(b"A")])
+        res = sw.process(batch.headers, batch.payload, batch.stamps, batch.sparse)
+        AggBatch.parse([bytes(memoryview(f)) for f in AggBatch(res.headers, res.payload, res.stamps).frames(b"R")])
+        times.append((time.perf_counter() - t) / (n + len(res)))
+    return float(np.median(times)) * 1e6
+
+
+def dependent_steps(case: Case, scale: int, slots: int, elements: int) -> int:
+    """The protocol's rounds that must follow one another in the case's iterations (module docstring)."""
+    trace = load_trace(sample_path(case.trace))
+    m = case.workers
+    steps = 0
+    for op in trace.ranks[0].iterations[0].ops:
+        if not isinstance(op, Coll):
+            steps += 1
+            continue
+        if case.fabric == "ina":
+            chunks = -(-(-(-op.count // max(1, scale))) // elements)
+            steps += -(-chunks // max(1, slots)) + 1
+        elif case.fabric == "ring":
+            steps += 2 * (m - 1)
+        elif case.fabric == "ps":
+            steps += 2
+        else:
+            steps += 2 * math.ceil(math.log2(max(2, m)))
+    return steps * case.iters
+
+
+def run_case(emu: str, case: Case, timeout_s: float, row_us: float, rtt_us: float) -> Run:
+    with tempfile.TemporaryDirectory(prefix="emu-cost-") as tmp:
+        report = os.path.join(tmp, "r.json")
+        t = time.monotonic()
+        try:
+            proc = subprocess.run([emu, *case.argv(report)], capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return Run(emu, case.name, "timeout", timeout_s)
+        wall = time.monotonic() - t
+        if proc.returncode != 0 or not os.path.exists(report):
+            status = "estimate" if "estimate" in proc.stderr + proc.stdout else "failed"
+            return Run(emu, case.name, status, wall)
+        doc = json.loads(Path(report).read_text())
+    e, cfg = doc["emulator"], doc["config"]
+    rows = e["real_bytes"] / cfg["packet_wire_bytes"]
+    steps = dependent_steps(case, int(e["payload_scale"]), int(doc["fabric"]["slots"]), int(cfg["elements"]))
+    bound = (rows * row_us + steps * rtt_us) / 1e6
+    return Run(emu, case.name, "replayed", wall, e.get("windows"), doc["summary"]["iteration_us_median"] / 1e3,
+               rows, steps, bound, doc["verification"]["ok"])
+
+
+def _cell(r: Run, iters: int) -> str:
+    if r.status != "replayed":
+        return r.status if r.status != "timeout" else f"> {r.wall_s:.0f} s"
+    return f"{r.wall_s / iters:.2f}"
+
+
+def table(cases: list[Case], runs: dict[tuple[str, str], Run], emus: list[str]) -> str:
+    cols = [f"s/iter ({Path(e).resolve().parents[1].name})" for e in emus]
+    head = ["case", *cols, "speed-up", "windows (first / last)", "iteration ms", "bound s", "x bound", "verified"]
+    out = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] + ["---:"] * (len(head) - 1)) + " |"]
+    for c in cases:
+        rs = [runs[(e, c.name)] for e in emus]
+        first, last = rs[0], rs[-1]
+        speed = (f"{first.wall_s / last.wall_s:.1f}x" if first.status == last.status == "replayed" else "")
+        win = f"{first.windows if first.windows is not None else '-'} / {last.windows if last.windows is not None else '-'}"
+        ratio = f"{last.wall_s / last.bound_s:.1f}" if last.bound_s else ""
+        out.append("| " + " | ".join([c.name, *(_cell(r, c.iters) for r in rs), speed, win,
+                                      f"{last.iteration_ms:.2f}" if last.iteration_ms else "",
+                                      f"{last.bound_s:.2f}" if last.bound_s else "", ratio,
+                                      str(last.verified) if last.verified is not None else ""]) + " |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--emu", action="append", required=True, help="an emu executable (repeat; first: baseline)")
+    ap.add_argument("--set", default="issue30", choices=("quick", "issue30"))
+    ap.add_argument("--cases", default="", help="only the cases whose name contains one of these (comma list)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds a run may take")
+    ap.add_argument("--out", default="replay_cost.json")
+    args = ap.parse_args()
+    cases = case_set(args.set)
+    if args.cases:
+        cases = [c for c in cases if any(p in c.name for p in args.cases.split(","))]
+    rtt, row = round_trip_us(), row_cost_us()
+    print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"{time.strftime('%Y-%m-%d')}; round trip {rtt:.0f} us, row {row:.2f} us", file=sys.stderr)
+    runs: dict[tuple[str, str], Run] = {}
+    for c in cases:  # the builds side by side, case by case: the machine's load hits both alike
+        for e in args.emu:
+            r = run_case(e, c, args.timeout, row, rtt)
+            runs[(e, c.name)] = r
+            print(f"{c.name} [{e}]: {r.status} {r.wall_s:.1f} s, windows {r.windows}", file=sys.stderr, flush=True)
+    Path(args.out).write_text(json.dumps({"round_trip_us": rtt, "row_us": row,
+                                          "runs": [asdict(r) for r in runs.values()]}, indent=1))
+    print(table(cases, runs, args.emu))
+
+
+if __name__ == "__main__":
+    main()

@@ -120,6 +120,10 @@ def row_cost_us(workers: int = 8, slots: int = 1024, k: int = 64, repeat: int = 
     return float(np.median(times)) * 1e6
 
 
+def _ceil(a: int, b: int) -> int:
+    return -(-a // max(1, b))
+
+
 def dependent_steps(case: Case, scale: int, slots: int, elements: int) -> int:
     """The protocol's rounds that must follow one another in the case's iterations (module docstring)."""
     trace = load_trace(sample_path(case.trace))
@@ -130,8 +134,8 @@ def dependent_steps(case: Case, scale: int, slots: int, elements: int) -> int:
             steps += 1
             continue
         if case.fabric == "ina":
-            chunks = -(-(-(-op.count // max(1, scale))) // elements)
-            steps += -(-chunks // max(1, slots)) + 1
+            chunks = _ceil(_ceil(op.count, scale), elements)
+            steps += _ceil(chunks, slots) + 1
         elif case.fabric == "ring":
             steps += 2 * (m - 1)
         elif case.fabric == "ps":

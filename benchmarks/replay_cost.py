@@ -78,6 +78,8 @@ def case_set(name: str) -> list[Case]:
         cases += [Case(f"tp dp={dp} {f} 10Gbps", "tp", 2 * dp, f, 3, "10Gbps", ("--mesh", f"dp={dp},tp=2", *TP))
                   for f in ("ina", "ring")]
     cases += [Case(f"mlp {f} {m} 100Gbps", "mlp", m, f, 1) for m in (512, 1024, 4096) for f in ("ring", "ps")]
+    cases += [Case(f"mlp {f} {m} 100Gbps, one process", "mlp", m, f, 1, extra=("--processes", "0"))
+              for m in (512, 1024) for f in ("ring", "ps")]
     cases += [Case(f"transformer ina {m} 100Gbps", "transformer", m, "ina", 2) for m in (1024, 8192, 32768)]
     return cases
 
@@ -172,8 +174,13 @@ def _cell(r: Run, iters: int) -> str:
     return f"{r.wall_s / iters:.2f}"
 
 
+def label(emu: str) -> str:
+    """A build's name: its checkout's folder (``OLD/.venv/bin/emu`` is ``OLD``)."""
+    return Path(emu).absolute().parents[2].name
+
+
 def table(cases: list[Case], runs: dict[tuple[str, str], Run], emus: list[str]) -> str:
-    cols = [f"s/iter ({Path(e).resolve().parents[1].name})" for e in emus]
+    cols = [f"s/iter ({label(e)})" for e in emus]
     head = ["case", *cols, "speed-up", "windows (first / last)", "iteration ms", "bound s", "x bound", "verified"]
     out = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] + ["---:"] * (len(head) - 1)) + " |"]
     for c in cases:
@@ -196,21 +203,35 @@ def main() -> None:
     ap.add_argument("--cases", default="", help="only the cases whose name contains one of these (comma list)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a run may take")
     ap.add_argument("--out", default="replay_cost.json")
+    ap.add_argument("--keep", action="append", default=[], metavar="EMU",
+                    help="reuse this build's runs from --out instead of measuring them again (repeat)")
+    ap.add_argument("--render", metavar="JSON", help="print the table of a saved --out file, run nothing")
     args = ap.parse_args()
     cases = case_set(args.set)
     if args.cases:
         cases = [c for c in cases if any(p in c.name for p in args.cases.split(","))]
+    if args.render:
+        saved = [Run(**r) for r in json.loads(Path(args.render).read_text())["runs"]]
+        done = {r.case for r in saved}
+        print(table([c for c in cases if c.name in done], {(r.emu, r.case): r for r in saved}, args.emu))
+        return
     rtt, row = round_trip_us(), row_cost_us()
     print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{time.strftime('%Y-%m-%d')}; round trip {rtt:.0f} us, row {row:.2f} us", file=sys.stderr)
     runs: dict[tuple[str, str], Run] = {}
+    out = Path(args.out)
+    if args.keep and out.exists():  # a build measured once (the baseline) is not measured again
+        runs = {(r.emu, r.case): r for r in (Run(**d) for d in json.loads(out.read_text())["runs"])
+                if r.emu in args.keep}
     for c in cases:  # the builds side by side, case by case: the machine's load hits both alike
         for e in args.emu:
+            if (e, c.name) in runs:
+                continue
             r = run_case(e, c, args.timeout, row, rtt)
             runs[(e, c.name)] = r
             print(f"{c.name} [{e}]: {r.status} {r.wall_s:.1f} s, windows {r.windows}", file=sys.stderr, flush=True)
-    Path(args.out).write_text(json.dumps({"round_trip_us": rtt, "row_us": row,
-                                          "runs": [asdict(r) for r in runs.values()]}, indent=1))
+            out.write_text(json.dumps({"round_trip_us": rtt, "row_us": row,  # after each: nothing lost
+                                       "runs": [asdict(r) for r in runs.values()]}, indent=1))
     print(table(cases, runs, args.emu))
 
 

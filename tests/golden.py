@@ -44,8 +44,11 @@ VOLATILE = {
     ("emulator", "machines"),
     ("emulator", "calibration"),
 }
-# Relative difference two floats may have and still be the same number: float rounding only.
+# Difference two floats may have and still be the same number: float rounding only, relative, or
+# absolute for a number that is the difference of two far larger ones (1e-6: a picosecond, a
+# millionth of a byte), where the rounding of the large ones is what is left.
 REL = 1e-12
+ABS = 1e-6
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,7 @@ def differences(golden: object, current: object, path: str = "") -> list[str]:
             return [f"{path}: {n} items where the golden has {len(golden)}"]
         return [d for i, (g, c) in enumerate(zip(golden, current, strict=True)) for d in differences(g, c, f"{path}[{i}]")]
     if isinstance(golden, float) and isinstance(current, (int, float)) and not isinstance(current, bool):
-        if math.isclose(golden, current, rel_tol=REL, abs_tol=0.0) or (math.isnan(golden) and math.isnan(current)):
+        if math.isclose(golden, current, rel_tol=REL, abs_tol=ABS) or (math.isnan(golden) and math.isnan(current)):
             return []
         return [f"{path}: {current!r} where the golden has {golden!r}"]
     if golden != current or type(golden) is not type(current):

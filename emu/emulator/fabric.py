@@ -99,9 +99,9 @@ class InaFabric(Fabric):
 
 
 # A real ring or parameter server sends 2 M (M-1) segments per collective. On the synchronized clock
-# they cost their handling only: the shipped mlp replays one iteration in 6.5 s at 128 workers, 25 s
-# at 256 and 132 s at 512 on 2 cores (BENCHMARKS.md); past 512 emu gives the analytic estimate.
-P2P_WORKER_LIMIT = 512
+# they cost their handling only, about 50 us a hand-off in one process (BENCHMARKS.md, "Replay cost
+# side by side"); past 4,096 workers (67 million hand-offs a collective) emu gives the estimate.
+P2P_WORKER_LIMIT = 4096
 
 
 class RingFabric(Fabric):

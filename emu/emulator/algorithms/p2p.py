@@ -18,14 +18,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from itertools import accumulate
 
 import numpy as np
 
-from emu.emulator.payload.generated import block
+from emu.emulator.payload.generated import Block, block
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.traces.model import Sparsity
 
 SEG_ELEMENTS = 1 << 18  # 1 MB of float32 per message: pipelining without huge messages
+SHARED_BLOCK = 4096  # elements up to which a payload block is kept for the other workers (at most 1,024 blocks)
 
 
 @dataclass
@@ -53,31 +56,59 @@ class Chunks:
     def chunk_range(self, j: int) -> tuple[int, int]:
         return j * self.real // self.parts, (j + 1) * self.real // self.parts
 
-    def segments(self, j: int) -> list[tuple[int, int, int]]:
+    def segments(self, j: int) -> tuple[tuple[int, int, int], ...]:
         """(segment number, lo, hi) of chunk j; an empty chunk still has one (empty) segment."""
+        return _segments(self, j)
+
+    def _segments(self, j: int) -> tuple[tuple[int, int, int], ...]:
         lo, hi = self.chunk_range(j)
         per = max(1, -(-(hi - lo) // self.seg_elements))
         first = self._first_segment(j)
         bounds = [lo + i * (hi - lo) // per for i in range(per + 1)]
-        return [(first + i, bounds[i], bounds[i + 1]) for i in range(per)]
+        return tuple((first + i, bounds[i], bounds[i + 1]) for i in range(per))
 
     def _first_segment(self, j: int) -> int:
-        total = 0
-        for i in range(j):
-            lo, hi = self.chunk_range(i)
-            total += max(1, -(-(hi - lo) // self.seg_elements))
-        return total
+        return self._firsts[j]
+
+    @cached_property
+    def _firsts(self) -> list[int]:
+        """Each chunk's first segment number (a running count: asked per segment sent, so once)."""
+        counts = (max(1, -(-(hi - lo) // self.seg_elements)) for lo, hi in map(self.chunk_range, range(self.parts)))
+        return list(accumulate(counts, initial=0))
 
     def segment_map(self) -> dict[int, tuple[int, int, int]]:
-        """segment number -> (chunk, lo, hi)."""
-        out = {}
-        for j in range(self.parts):
-            for seg, lo, hi in self.segments(j):
-                out[seg] = (j, lo, hi)
-        return out
+        """segment number -> (chunk, lo, hi), built once per layout (read only: every worker's
+        algorithm of the collective shares it)."""
+        return _segment_map(self)
 
     def seg_emu_bytes(self, j: int) -> float:
         return self.emu_bytes / self.parts / len(self.segments(j))
+
+
+@lru_cache(maxsize=1024)
+def _shared_block(seed: int, seq: int, lo: int, n: int, workers: int, dtype: str, sparsity: Sparsity | None) -> Block:
+    """A small block, made once for every worker that sends or checks it (a ring's chunk is asked
+    for by each of its M workers), read only."""
+    out = block(seed, seq, lo, n, workers, dtype, sparsity)
+    for a in (out.owner, out.common, out.own, out.beta, out.scale, out.holders, out.mul, out.add):
+        if a is not None:
+            a.setflags(write=False)
+    return out
+
+
+@lru_cache(maxsize=1 << 16)
+def _segments(layout: Chunks, j: int) -> tuple[tuple[int, int, int], ...]:
+    """A chunk's segments, asked for by every worker at every step: made once."""
+    return layout._segments(j)
+
+
+@lru_cache(maxsize=256)
+def _segment_map(layout: Chunks) -> dict[int, tuple[int, int, int]]:
+    out = {}
+    for j in range(layout.parts):
+        for seg, lo, hi in layout.segments(j):
+            out[seg] = (j, lo, hi)
+    return out
 
 
 @dataclass
@@ -110,7 +141,10 @@ class Algorithm:
     def _block(self, lo: int, hi: int, workers: int | None = None):
         if self.recorded is not None:
             return self.recorded.block(self.seq, lo, hi)
-        return block(self.seed, self.seq, lo, hi - lo, workers or self.summed_over, self.dtype, self.sparsity)
+        n, w = hi - lo, workers or self.summed_over
+        if n <= SHARED_BLOCK:
+            return _shared_block(self.seed, self.seq, lo, n, w, self.dtype, self.sparsity)
+        return block(self.seed, self.seq, lo, n, w, self.dtype, self.sparsity)
 
     def own(self, lo: int, hi: int, worker: int | None = None) -> np.ndarray:
         return self._block(lo, hi).values(self.rank if worker is None else worker)

@@ -146,14 +146,14 @@ class Capacity:
 
     def to(self, t: np.ndarray | float) -> np.ndarray:
         if not self.active:
-            return np.asarray(t, np.float64)
+            return t if type(t) is float else np.asarray(t, np.float64)  # type: ignore[return-value]
         t = np.asarray(t, np.float64)
         k = np.maximum(np.searchsorted(self.t, t, side="right") - 1, 0)
         return self.c[k] + (t - self.t[k]) * self.rate[k]  # before 0: the first rate, extended
 
     def back(self, c: np.ndarray | float) -> np.ndarray:
         if not self.active:
-            return np.asarray(c, np.float64)
+            return c if type(c) is float else np.asarray(c, np.float64)  # type: ignore[return-value]
         c = np.asarray(c, np.float64)
         k = np.maximum(np.searchsorted(self.c, c, side="right") - 1, 0)
         return self.t[k] + (c - self.c[k]) / self.rate[k]

@@ -185,32 +185,67 @@ class Go:
         return cls(window, bound, bool(inclusive))
 
 
-_DONE = struct.Struct("<QddB")  # window number, next event (us), uplinks free (us), flag
+@dataclass(frozen=True)
+class Departures:
+    """When a host's uplinks (FIFOs) can next start to send what it has not sent, for the clock's
+    bound (``emu.replay.switch.daemon.Windows``): ``local_us``, the earliest from what the host
+    holds (per link, the later of its free time and the next event that can make it send);
+    ``free_us``, the least free time of all links (what a segment can wake); per slot pool of
+    the switch (its number in the headers' job field), ``waiting``: (the least free time of the
+    links whose workers wait for one of its results, which only they can receive; the earliest
+    of its results the host holds for its stamp). -inf: unknown."""
+
+    free_us: float = -math.inf
+    local_us: float = -math.inf
+    waiting: tuple[tuple[float, float], ...] = ()
+
+    @classmethod
+    def least(cls, all_: list[Departures]) -> Departures:
+        """Every field's least, pool by pool (several jobs in one host, or every host at the switch)."""
+        if not all_:
+            return cls(math.inf, math.inf)
+        pools = max(len(d.waiting) for d in all_)
+        pad = [(*d.waiting, *[(math.inf, math.inf)] * (pools - len(d.waiting))) for d in all_]
+        return cls(min(d.free_us for d in all_), min(d.local_us for d in all_),
+                   tuple((min(p[g][0] for p in pad), min(p[g][1] for p in pad)) for g in range(pools)))
+
+    def frame(self) -> bytes:
+        return np.asarray([self.free_us, self.local_us, *(x for w in self.waiting for x in w)], "<f8").tobytes()
+
+    @classmethod
+    def parse(cls, frame: object) -> Departures:
+        n = _nbytes(frame)
+        if n % 16 != 0 or not 16 <= n <= 16 * (1 + MAX_POOLS):
+            raise FrameError("bad departures in a window report")
+        v = np.frombuffer(frame, "<f8").tolist()  # type: ignore[call-overload]
+        return cls(v[0], v[1], tuple((v[i], v[i + 1]) for i in range(2, len(v), 2)))
+
+
+MAX_POOLS = 1 << 16  # slot pools a window report may name (jobs and sub-groups)
+_DONE = struct.Struct("<QdB")  # window number, next event (us), flag
 
 
 @dataclass(frozen=True)
 class Done:
     """A host handled window ``window``; its earliest remaining event is at ``next_us`` (inf: none);
-    ``finished``: every worker it runs has run its whole program; ``free_us``: no earlier than this
-    can anything it has not sent yet start to cross a link toward the switch (its uplinks are
-    FIFOs busy until then; -inf: unknown), which lets the clock's bound count the queues
-    (``emu.replay.switch.daemon.Windows``)."""
+    ``finished``: every worker it runs has run its whole program; ``departures``: when its
+    uplinks can next send."""
 
     window: int
     next_us: float
     finished: bool
-    free_us: float = -math.inf
+    departures: Departures = Departures()
 
     def frames(self) -> list[bytes]:
-        return [DONE, _DONE.pack(self.window, self.next_us, self.free_us, self.finished)]
+        return [DONE, _DONE.pack(self.window, self.next_us, self.finished), self.departures.frame()]
 
     @classmethod
     def parse(cls, frames: list) -> Done:
-        _check(frames, 2)
+        _check(frames, 3)
         if _nbytes(frames[1]) != _DONE.size:
             raise FrameError("bad window report")
-        window, next_us, free_us, finished = _DONE.unpack(frames[1])
-        return cls(window, next_us, bool(finished), free_us)
+        window, next_us, finished = _DONE.unpack(frames[1])
+        return cls(window, next_us, bool(finished), Departures.parse(frames[2]))
 
 
 def segment_first_us(meta: object) -> float:

@@ -398,18 +398,36 @@ class ReplayConfig:
         crosses at least one link; the switch is instantaneous), at the link's highest bandwidth.
         ``inside_nodes``: whether traffic may cross a node's own links (a topology's, where the
         replay has point-to-point traffic and nodes of several workers)."""
-        peak = self.link.peak_bps
-        least = self.link.latency_us + (0.0 if math.isinf(peak) else MIN_WIRE_BYTES * 8e6 / peak)
+        least = self._link_hop_us()
         topo = self.topology
-        if topo is not None and topo.workers_per_node > 1 and inside_nodes:
-            intra = topo.intra
-            least = min(least, intra.latency_us + (0.0 if math.isinf(intra.bandwidth_bps)
-                                                   else MIN_WIRE_BYTES * 8e6 / intra.bandwidth_bps))
+        if topo is not None and topo.workers_per_node > 1 and inside_nodes and not self.node_passes:
+            least = min(least, self.node_lookahead_us())
         layout = self.layout()
         if topo is not None and layout is not None and layout.leaves > 1:  # a leaf's hop to the spine
             up = topo.uplink_bps(self.link)
             least = min(least, topo.spine_latency(self.link) + (0.0 if math.isinf(up) else MIN_WIRE_BYTES * 8e6 / up))
         return least
+
+    def _link_hop_us(self) -> float:
+        peak = self.link.peak_bps
+        return self.link.latency_us + (0.0 if math.isinf(peak) else MIN_WIRE_BYTES * 8e6 / peak)
+
+    def node_lookahead_us(self) -> float:
+        """The least emulated time a hop inside a node takes: its links' latency plus the smallest
+        packet's serialization (0 without a topology)."""
+        if self.topology is None:
+            return 0.0
+        intra = self.topology.intra
+        return intra.latency_us + (0.0 if math.isinf(intra.bandwidth_bps) else MIN_WIRE_BYTES * 8e6 / intra.bandwidth_bps)
+
+    @property
+    def node_passes(self) -> bool:
+        """Whether each host runs the traffic inside its nodes in passes of its own, a hop inside a
+        node apart (``emu.replay.host.runtime.Host.advance``), so that the node's links never bound
+        the clock's lookahead: a topology of several workers a node whose hops inside take time."""
+        topo = self.topology
+        return (topo is not None and topo.workers_per_node > 1 and self.node_lookahead_us() > 0
+                and self.resolved_clock == Clock.SYNC and self._link_hop_us() > 0)
 
     def queues_bound_windows(self, inside_nodes: bool = True) -> bool:
         """Whether the synchronized clock's windows may reach past the hosts' uplink queues
@@ -418,7 +436,8 @@ class ReplayConfig:
         (real rows lost: loss without payload scale), no traffic inside a node (``inside_nodes``
         on a topology), no leaves' links to the spine, and a lookahead above 0."""
         layout = self.layout()
-        inside = self.topology is not None and self.topology.workers_per_node > 1 and inside_nodes
+        inside = (self.topology is not None and self.topology.workers_per_node > 1 and inside_nodes
+                  and not self.node_passes)
         return (self.lookahead_us(inside_nodes) > 0 and not (self.link.loss > 0 and self.scale == 1)
                 and not inside and (layout is None or layout.leaves == 1))
 

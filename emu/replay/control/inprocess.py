@@ -67,7 +67,7 @@ class _InProcess:
         while True:
             hosts = self.hosts
             step = self.clock.bound([h.next_us() for h in hosts], [h.finished() for h in hosts],
-                                    [h.free_us() for h in hosts])
+                                    [h.departures() for h in hosts])
             if step is None:
                 return
             bound, inclusive = step

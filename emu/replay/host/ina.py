@@ -20,7 +20,7 @@ from emu.emulator.links.scaled_loss import ScaledLoss
 from emu.emulator.links.spec import Transmitted
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol import wire
-from emu.emulator.protocol.ina import InaGroup, InaParams, Packets, PayloadCache, ResultCheck
+from emu.emulator.protocol.ina import SENT, InaGroup, InaParams, Packets, PayloadCache, ResultCheck
 from emu.emulator.protocol.switch import MULTICAST
 from emu.emulator.protocol.transport import AggBatch
 from emu.replay.config.options import ReplayConfig
@@ -172,6 +172,16 @@ class InaEndpoint:
 
     def busy(self) -> bool:
         return self.pump_due or bool(self.retx_due)
+
+    def link_events(self, nxt: np.ndarray) -> list[tuple[int, np.ndarray, float]]:
+        """Into ``nxt`` (per uplink): the earliest contribution waiting to be sent on it. Returns
+        for its pool (its number in the headers' job field) the links of the workers that wait
+        for a result (a slot sent, not back: only they can receive one), and the earliest result
+        held here for its stamp."""
+        for _, _, pk in self.up_heap:
+            np.minimum.at(nxt, self.link[pk.local], pk.send_us)
+        sent = (self.group.slot_state == SENT).any(axis=1)
+        return [(self.pool.job, self.link[sent], self.down_heap[0][0] if self.down_heap else math.inf)]
 
     # -- uplinks ------------------------------------------------------------------------
     def due_up(self, bound: float, inclusive: bool) -> Packets | None:

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from emu.emulator.protocol.transport import AggBatch, FrameError, Segment
+from emu.emulator.protocol.transport import AggBatch, Departures, FrameError, Segment
 from emu.replay.control.messages import HostResult
 from emu.replay.host.leaves import LeafStage
 from emu.replay.host.runtime import Counters, Host, HostSetup
@@ -91,9 +91,9 @@ class JobsHost:
     def finished(self) -> bool:
         return all(h.finished() for h in self.hosts.values())
 
-    def free_us(self) -> float:
-        """The least of the jobs' (``Host.free_us``)."""
-        return min((h.free_us() for h in self.hosts.values()), default=math.inf)
+    def departures(self) -> Departures:
+        """The least of the jobs' (``Host.departures``)."""
+        return Departures.least([h.departures() for h in self.hosts.values()])
 
     def done(self) -> bool:
         return all(h.done() for h in self.hosts.values())

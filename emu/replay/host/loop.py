@@ -173,13 +173,13 @@ class _Loop:
                 self._tick()
 
     def _report_window0(self) -> None:
-        self.data.send_multipart(Done(0, self.host.next_us(), self.host.finished(), self.host.free_us()).frames())
+        self.data.send_multipart(Done(0, self.host.next_us(), self.host.finished(), self.host.departures()).frames())
 
     def _window(self, go: Go) -> None:
         host = self.host
         host.advance(go.bound_us, go.inclusive)
         self._send_out()
-        self.data.send_multipart(Done(go.window, host.next_us(), host.finished(), host.free_us()).frames())
+        self.data.send_multipart(Done(go.window, host.next_us(), host.finished(), host.departures()).frames())
 
     # -- the wall clock -----------------------------------------------------------------
     def now_us(self) -> float:

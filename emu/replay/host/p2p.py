@@ -83,12 +83,37 @@ class P2PEndpoint:
         self._turn = _reply_turns(wiring.layout) if servers else None
         self.sparse_servers = {e: SparsePSServer(self.m) for e in servers}
         self.up_heap: list[UpSeg] = []
-        self.down_heap: list[tuple[float, int, int, int, int, Segment]] = []
+        self.down_heap: list[tuple[float, int, int, int, int, bool, Segment]] = []
+        # with node passes (ReplayConfig.node_passes), the segments inside a node wait apart
+        self.split_inside = cfg.node_passes and wiring.intra_up is not None
+        self.inside_up: list[UpSeg] = []
+        self.inside_down: list[tuple[float, int, int, int, int, bool, Segment]] = []
         self.outgoing: list[Segment] = []
 
     def next_us(self) -> float:
         return min(self.up_heap[0][0] if self.up_heap else math.inf,
-                   self.down_heap[0][0] if self.down_heap else math.inf)
+                   self.down_heap[0][0] if self.down_heap else math.inf, self.inside_us())
+
+    def link_events(self, nxt: np.ndarray) -> None:
+        """Into ``nxt`` (per uplink): the earliest segment to send from an endpoint on it, or to
+        reach one (which may make it send); a segment inside a node counts for both its ends."""
+        link = self.wiring.link
+        for e in self.up_heap:
+            i = link[e[3]]
+            nxt[i] = min(nxt[i], e[0])
+        for heap in (self.down_heap, self.inside_down):
+            for e in heap:
+                i = link[e[1]]
+                nxt[i] = min(nxt[i], e[0])
+        for e in self.inside_up:
+            for end in (e[3], e[5].dst):
+                i = link[end]
+                nxt[i] = min(nxt[i], e[0])
+
+    def inside_us(self) -> float:
+        """The earliest segment inside a node on its way: to be sent, or to arrive (inf: none)."""
+        return min(self.inside_up[0][0] if self.inside_up else math.inf,
+                   self.inside_down[0][0] if self.inside_down else math.inf)
 
     # -- collectives --------------------------------------------------------------------
     def start(self, w: int, run: CollRun, real_elements: int, mech: Mechanism) -> None:
@@ -167,17 +192,15 @@ class P2PEndpoint:
         # a shard's answers, sent at once, leave in its turn order (``_reply_turns``); else by destination
         turn = self._turn if src in self.servers else None
         for seg in segs:
-            heapq.heappush(self.up_heap, (seg.send_us, seg.seq, seg.segment, src,
+            inside = self.split_inside and self.wiring.same_node(src, seg.dst)
+            heapq.heappush(self.inside_up if inside else self.up_heap, (seg.send_us, seg.seq, seg.segment, src,
                                           seg.dst if turn is None else int(turn[seg.dst]), seg,
                                           seg.wire_dtype or dtype))
 
     # -- uplinks ------------------------------------------------------------------------
     def due_up(self, bound: float, inclusive: bool) -> list[UpSeg]:
         """Every segment due before the bound, in (time, collective, segment, source) order."""
-        out = []
-        while self.up_heap and (self.up_heap[0][0] <= bound if inclusive else self.up_heap[0][0] < bound):
-            out.append(heapq.heappop(self.up_heap))
-        return out
+        return _due(self.up_heap, bound, inclusive)
 
     def _wire(self, emu_bytes: float) -> tuple[int, float]:
         packets = wire.p2p_packets(int(math.ceil(emu_bytes)))
@@ -230,15 +253,21 @@ class P2PEndpoint:
     def receive(self, seg: Segment, inside: bool = False) -> None:
         """A segment for one of this host's endpoints (``inside``: from a worker of the same node)."""
         h = seg.header[0]
-        heapq.heappush(self.down_heap, (seg.first_us, int(h["dst"]), int(h["src"]), int(h["seq"]),
-                                        int(h["segment"]), inside, seg))
+        heap = self.inside_down if inside and self.split_inside else self.down_heap
+        heapq.heappush(heap, (seg.first_us, int(h["dst"]), int(h["src"]), int(h["seq"]), int(h["segment"]), inside, seg))
 
     def due_down(self, bound: float, inclusive: bool) -> list[tuple[Segment, bool]]:
-        out = []
-        while self.down_heap and (self.down_heap[0][0] <= bound if inclusive else self.down_heap[0][0] < bound):
-            entry = heapq.heappop(self.down_heap)
-            out.append((entry[-1], entry[-2]))
-        return out
+        """Every segment from the switch due before the bound (and, without node passes, from inside
+        a node), in stamp order."""
+        return [(e[-1], e[-2]) for e in _due(self.down_heap, bound, inclusive)]
+
+    def due_inside_down(self, bound: float) -> list[tuple[Segment, bool]]:
+        """With node passes: the segments inside a node arriving before the bound, in stamp order."""
+        return [(e[-1], e[-2]) for e in _due(self.inside_down, bound, False)]
+
+    def due_inside_up(self, bound: float) -> list[UpSeg]:
+        """With node passes: the segments inside a node to send before the bound, in order."""
+        return _due(self.inside_up, bound, False)
 
     def on_segment(self, seg: Segment, inside: bool = False) -> None:
         """A segment crosses its downlink (its node port, ``inside``) and reaches its algorithm (or shard)."""
@@ -271,3 +300,11 @@ class P2PEndpoint:
         self._queue(dst, self._out(key, alg.on_segment(self._in(key, src), segno, seg.values, t)), alg.dtype)
         if alg.finished and key in self.runs:
             self._finish(dst, seq)
+
+
+def _due(heap: list, bound: float, inclusive: bool) -> list:
+    """The entries of a heap keyed by time that are due before the bound, in order."""
+    out = []
+    while heap and (heap[0][0] <= bound if inclusive else heap[0][0] < bound):
+        out.append(heapq.heappop(heap))
+    return out

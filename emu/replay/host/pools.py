@@ -91,6 +91,10 @@ class InaPools:
     def busy(self) -> bool:
         return any(ep.busy() for ep in self.endpoints.values())
 
+    def link_events(self, nxt: np.ndarray) -> list[tuple[int, np.ndarray, float]]:
+        """Every pool's (``InaEndpoint.link_events``)."""
+        return [w for p in self.order for w in self.endpoints[p].link_events(nxt)]
+
     # -- uplinks ------------------------------------------------------------------------
     def due_up(self, bound: float, inclusive: bool) -> Packets | None:
         """Every pool's contributions due before the bound, as one set of rows in each uplink's FIFO

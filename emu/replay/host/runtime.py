@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from emu.emulator.mechanisms import choose
 from emu.emulator.payload.recorded import RecordedPayload
-from emu.emulator.protocol.transport import AggBatch, Segment
+from emu.emulator.protocol.transport import AggBatch, Departures, Segment
 from emu.errors import RunFailed
 from emu.replay.config.options import ReplayConfig
 from emu.replay.control.messages import HostResult, WorkerRecord
@@ -180,13 +181,29 @@ class Host:
         return min(self.heap[0][0] if self.heap else math.inf, self.ina.next_us(), self.p2p.next_us(),
                    leaves.next_us() if leaves is not None else math.inf)
 
-    def free_us(self) -> float:
-        """No earlier than this can anything not sent yet start to cross a link toward the switch:
-        every uplink is a FIFO (``emu.emulator.links.spec.LinkArray``), busy until its free time;
-        -inf with leaves' links, whose queues hold what already left a NIC (``Windows.bound``)."""
+    def departures(self) -> Departures:
+        """When the uplinks can next start to send (``emu.emulator.protocol.transport.Departures``):
+        every uplink is a FIFO (``emu.emulator.links.spec.LinkArray``), busy until its free time,
+        and sends only for an event of an endpoint on it. Unknown with leaves' links, whose
+        queues hold what already left a NIC."""
         if self.wiring.leaves is not None:
-            return -math.inf
-        return float(self.up.free_us.min(initial=math.inf))
+            return Departures()
+        self.ina.pump()
+        free = self.up.free_us
+        nxt = np.full(len(free), math.inf)
+        pools = self.ina.link_events(nxt)
+        self.p2p.link_events(nxt)
+        link = self.wiring.link
+        for t, kind, a, _, _ in self.heap:
+            if kind == _RUN:
+                nxt[link[a]] = min(nxt[link[a]], t)
+            else:  # a retransmission timer: on any link
+                np.minimum(nxt, t, out=nxt)
+        waiting = [(math.inf, math.inf)] * (1 + max((p for p, _, _ in pools), default=-1))
+        for p, links, results in pools:
+            waiting[p] = (min(waiting[p][0], float(free[links].min(initial=math.inf))), min(waiting[p][1], results))
+        return Departures(float(free.min(initial=math.inf)), float(np.maximum(free, nxt).min(initial=math.inf)),
+                          tuple(waiting))
 
     # -- collectives ------------------------------------------------------------------
     def _start_coll(self, worker: FakeWorker, run: CollRun) -> None:
@@ -267,9 +284,26 @@ class Host:
         if leaves is not None:  # from the spine down the leaves' links, on to the NICs' downlinks later
             leaves.advance(1, bound, inclusive, self.p2p.receive, self.ina.receive)
         self._downlinks(bound, inclusive, now)
+        if self.p2p.split_inside:
+            self._node_passes(bound)
+        else:
+            self._events(bound, inclusive, now)
+        self.ina.pump()
+        self._uplinks(bound, inclusive)
+        if leaves is not None:  # what the NICs delivered to the leaves before, on up to the spine
+            leaves.advance(0, bound, inclusive, self.p2p.outgoing.append, lambda b, _: self.ina.outgoing.append(b))
+        self._advances += 1
+        if self._advances % _STALL_EVERY == 0:
+            self._check_progress()
+
+    def _events(self, bound: float, inclusive: bool, now: float | None, stop: Callable[[], float] | None = None) -> None:
+        """The local events due before the bound, in (time, kind, endpoint) order; ``stop``: a
+        bound that may come closer as they run (``_node_passes``)."""
         lags = []
         heap = self.heap
         while heap and (heap[0][0] <= bound if inclusive else heap[0][0] < bound):
+            if stop is not None and heap[0][0] >= stop():
+                break
             t, kind, a, b, lost = heapq.heappop(heap)
             self.counters.events += 1
             if now is not None:
@@ -281,13 +315,31 @@ class Host:
                 self.ina.timer_fired(a, b, t, lost)
         if lags and self.measure_lag:
             self.lag.add_many(np.asarray(lags))
-        self.ina.pump()
-        self._uplinks(bound, inclusive)
-        if leaves is not None:  # what the NICs delivered to the leaves before, on up to the spine
-            leaves.advance(0, bound, inclusive, self.p2p.outgoing.append, lambda b, _: self.ina.outgoing.append(b))
-        self._advances += 1
-        if self._advances % _STALL_EVERY == 0:
-            self._check_progress()
+
+    def _node_passes(self, bound: float) -> None:
+        """The window's local events and the traffic inside its nodes, in passes a hop inside a node
+        apart while a segment is on its way inside a node (``ReplayConfig.node_passes``): a pass
+        hands the node ports what arrives before its end, runs the events before it (stopping
+        where a segment they send inside a node could arrive), then sends what is due inside a
+        node. The network's traffic (``_downlinks`` before, ``_uplinks`` after) crosses the NICs once
+        a window, in time order, as without a topology: nothing a node does inside reaches the
+        switch before the window's bound."""
+        hop = self.cfg.node_lookahead_us()
+        p2p = self.p2p
+
+        def reach() -> float:  # how far events may run: what is sent inside a node arrives a hop later
+            return min(bound, p2p.inside_us() + hop)
+
+        while True:
+            end = reach()
+            for seg, inside in p2p.due_inside_down(end):
+                p2p.on_segment(seg, inside)
+            self._events(end, False, None, stop=reach)
+            done = min(end, reach())  # everything before it has run
+            for _, _, _, src, _, seg, dtype in p2p.due_inside_up(done):
+                p2p.send(src, seg, dtype)
+            if p2p.inside_us() >= bound and not (self.heap and self.heap[0][0] < bound):
+                return
 
     def _check_progress(self) -> None:
         timeouts = self._timeouts() - self._progress_mark[0]

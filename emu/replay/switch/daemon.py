@@ -30,6 +30,7 @@ from emu.emulator.protocol.transport import (
     RESULTS,
     SEG,
     AggBatch,
+    Departures,
     Done,
     FrameError,
     Go,
@@ -284,10 +285,10 @@ class Windows:
         self.pipeline = _Pipeline(setup.packet_rate) if setup.packet_rate else None
 
     def bound(self, next_us: list[float], finished: list[bool],
-              free_us: list[float] | None = None) -> tuple[float, bool] | None:
+              departures: list[Departures] | None = None) -> tuple[float, bool] | None:
         """Where the next window ends (and whether the bound is inclusive: a lookahead of 0), or
-        None where everything is done; ``free_us``: per host, when its uplinks are free
-        (``emu.replay.host.runtime.Host.free_us``)."""
+        None where everything is done; ``departures``: per host, when its uplinks can next send
+        (``emu.replay.host.runtime.Host.departures``)."""
         held = self.held_us()
         t = min(min(next_us), held, self.seg_min)
         if t == math.inf:
@@ -295,24 +296,40 @@ class Windows:
                 return None
             raise FrameError("the synchronized clock ran out of events while some hosts still have workers that "
                              "have not finished their programs (a protocol error: please report it)")
-        if self.queue_bound and free_us is not None:
-            t = self._queued(next_us, free_us, held)
+        if self.queue_bound and departures is not None:
+            t = max(t, self._queued(Departures.least(departures), held))
         self.window += 1
         self.seg_min = math.inf
         return t + self.lookahead_us, self.lookahead_us == 0
 
-    def _queued(self, next_us: list[float], free_us: list[float], held: float) -> float:
+    def _queued(self, d: Departures, held: float) -> float:
         """The earliest any host can start to send anything it has not sent: on an uplink (a FIFO)
-        no earlier than the link is free, and no earlier than what makes it send, a host's next
-        event, a segment just forwarded, or a result of a contribution held here (which crosses a
-        downlink first: one lookahead). Whatever it sends reaches another endpoint one lookahead
-        later still, so every event before that plus the lookahead is known. Minima over every
-        host, never a host's own: the windows, and so every number, are the same however the
-        endpoints are spread over processes. Only valid where no event a host's pass creates falls
-        due inside the same window at that host (no retransmission timers, no traffic inside a
-        node, no leaves' links: ``queue_bound``)."""
-        cause = min(held + self.lookahead_us, self.seg_min)
-        return max(min(free_us), min(min(next_us), cause))
+        no earlier than the link is free, and no earlier than what makes it send: an event of an
+        endpoint on it (``local_us``), a result of a contribution held here or held at a host
+        for its stamp, which crosses a downlink first (one lookahead) and wakes only a link whose
+        workers wait for one (``waiting_us``), or a segment just forwarded (any link). Whatever
+        is sent reaches another endpoint one lookahead later still, so every event before that
+        plus the lookahead is known. Minima over every link of every host: the windows, and so
+        every number, are the same however the endpoints are spread over processes. Only valid
+        where no event a host's pass creates falls due at that host inside the window after its
+        pass went by (no retransmission timers, no leaves' links: ``queue_bound``)."""
+        held_by_pool = self.held_by_pool(len(d.waiting))
+        results = min((max(w, min(h, r) + self.lookahead_us) for (w, r), h in zip(d.waiting, held_by_pool, strict=True)),
+                      default=math.inf)
+        if held_by_pool[len(d.waiting):].min(initial=math.inf) < math.inf:  # a pool no host named: anyone
+            results = min(results, max(d.free_us, held + self.lookahead_us))
+        return min(d.local_us, results, max(d.free_us, self.seg_min))
+
+    def held_by_pool(self, pools: int) -> np.ndarray:
+        """The earliest contribution held for each pool (the headers' job field), ``pools`` at least."""
+        out = np.full(pools, math.inf)
+        for b in self.pending:
+            if len(b.headers):
+                job = b.headers["job"].astype(np.int64)
+                if job.max() >= len(out):
+                    out = np.r_[out, np.full(int(job.max()) + 1 - len(out), math.inf)]
+                np.minimum.at(out, job, b.stamps[:, 0].astype(np.float64))
+        return out
 
     def held_us(self) -> float:
         return min((float(b.stamps[:, 0].min()) for b in self.pending if len(b.headers)), default=math.inf)
@@ -397,7 +414,7 @@ class _Coordinator:
     def _next_window(self) -> None:
         reports = list(self.reports.values())
         step = self.clock.bound([d.next_us for d in reports], [d.finished for d in reports],
-                                [d.free_us for d in reports])
+                                [d.departures for d in reports])
         if step is None:
             self.ended = True
             return

@@ -184,14 +184,16 @@ def table(cases: list[Case], runs: dict[tuple[str, str], Run], emus: list[str]) 
     head = ["case", *cols, "speed-up", "windows (first / last)", "iteration ms", "bound s", "x bound", "verified"]
     out = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] + ["---:"] * (len(head) - 1)) + " |"]
     for c in cases:
-        rs = [runs[(e, c.name)] for e in emus]
+        rs = [runs.get((e, c.name), Run(e, c.name, "not run", 0.0)) for e in emus]
         first, last = rs[0], rs[-1]
         speed = (f"{first.wall_s / last.wall_s:.1f}x" if first.status == last.status == "replayed" else "")
         win = f"{first.windows if first.windows is not None else '-'} / {last.windows if last.windows is not None else '-'}"
-        ratio = f"{last.wall_s / last.bound_s:.1f}" if last.bound_s else ""
+        # one process moves no bytes between processes: no rows to count, no bound
+        bounded = last.bound_s is not None and bool(last.rows)
+        ratio = f"{last.wall_s / last.bound_s:.1f}" if bounded and last.bound_s else ""
         out.append("| " + " | ".join([c.name, *(_cell(r, c.iters) for r in rs), speed, win,
                                       f"{last.iteration_ms:.2f}" if last.iteration_ms else "",
-                                      f"{last.bound_s:.2f}" if last.bound_s else "", ratio,
+                                      f"{last.bound_s:.2f}" if bounded and last.bound_s else "-", ratio,
                                       str(last.verified) if last.verified is not None else ""]) + " |")
     return "\n".join(out)
 

@@ -398,19 +398,22 @@ class ReplayConfig:
         crosses at least one link; the switch is instantaneous), at the link's highest bandwidth.
         ``inside_nodes``: whether traffic may cross a node's own links (a topology's, where the
         replay has point-to-point traffic and nodes of several workers)."""
-        least = self._link_hop_us()
+        least = self._network_hop_us()
         topo = self.topology
         if topo is not None and topo.workers_per_node > 1 and inside_nodes and not self.node_passes:
             least = min(least, self.node_lookahead_us())
+        return least
+
+    def _network_hop_us(self) -> float:
+        """The least hop between a node and the switch: a link's, or a leaf's up to the spine."""
+        peak = self.link.peak_bps
+        least = self.link.latency_us + (0.0 if math.isinf(peak) else MIN_WIRE_BYTES * 8e6 / peak)
+        topo = self.topology
         layout = self.layout()
         if topo is not None and layout is not None and layout.leaves > 1:  # a leaf's hop to the spine
             up = topo.uplink_bps(self.link)
             least = min(least, topo.spine_latency(self.link) + (0.0 if math.isinf(up) else MIN_WIRE_BYTES * 8e6 / up))
         return least
-
-    def _link_hop_us(self) -> float:
-        peak = self.link.peak_bps
-        return self.link.latency_us + (0.0 if math.isinf(peak) else MIN_WIRE_BYTES * 8e6 / peak)
 
     def node_lookahead_us(self) -> float:
         """The least emulated time a hop inside a node takes: its links' latency plus the smallest
@@ -427,7 +430,7 @@ class ReplayConfig:
         the clock's lookahead: a topology of several workers a node whose hops inside take time."""
         topo = self.topology
         return (topo is not None and topo.workers_per_node > 1 and self.node_lookahead_us() > 0
-                and self.resolved_clock == Clock.SYNC and self._link_hop_us() > 0)
+                and self.resolved_clock == Clock.SYNC and self._network_hop_us() > 0)
 
     def queues_bound_windows(self, inside_nodes: bool = True) -> bool:
         """Whether the synchronized clock's windows may reach past the hosts' uplink queues

@@ -4,7 +4,8 @@ Synchronized clock (the default): the switch process is the coordinator of a
 conservative parallel discrete-event simulation (docs/physics.md, "The clock").
 It sends each host, on the data socket and after that window's results, ``Go(bound)``;
 the host handles everything before the bound, sends what its uplinks delivered,
-then ``Done(next event time)``. pyzmq keeps the order of the messages on one
+then ``Done(next event time, departures)`` (when its uplinks can next send:
+``emu.emulator.protocol.transport.Departures``). pyzmq keeps the order of the messages on one
 socket, so a host has every message of a window when its ``Go`` arrives, and the
 switch has every contribution of a window when the last ``Done`` arrives. Nothing
 sleeps: a window jumps to the next event however far ahead it is.

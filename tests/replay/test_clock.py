@@ -151,7 +151,28 @@ def test_windows_past_the_uplinks_queues_change_no_number(mlp, fabric: str, monk
 
 
 def test_windows_keep_one_latency_where_a_pass_could_miss_its_own_events() -> None:
-    """Real rows lost (retransmission timers), traffic inside a node, leaves' links: the bound stays
-    at one lookahead past the earliest event."""
+    """Real rows lost (retransmission timers), leaves' links: the bound stays at one lookahead past
+    the earliest event."""
     assert not ReplayConfig(workers=4, link=LinkSpec(loss=0.01), payload_scale=1).queues_bound_windows()
     assert ReplayConfig(workers=4, link=LinkSpec(loss=0.01), payload_scale=8).queues_bound_windows()
+
+
+@pytest.mark.slow  # 11 s here: one window a hop inside a node is the slow reference
+def test_node_passes_change_no_number(monkeypatch, no_children) -> None:
+    """Tensor-parallel rings inside nodes run in the hosts' own passes (Host._node_passes) and the
+    bound counts the queues per link and pool: far fewer windows, the numbers of one window a hop
+    inside a node (to float rounding), the same on every layout."""
+    from emu.emulator.links.topology import Topology
+    from emu.traces.mesh import Mesh
+
+    trace = load_trace(sample_path("tp"))
+    config = ReplayConfig(workers=4, fabric="ina", iters=1, link=LinkSpec(bandwidth_bps=100e9),
+                          mesh=Mesh.of([("dp", 2), ("tp", 2)]), topology=Topology(workers_per_node=2, nics_per_node=2))
+    assert config.node_passes and config.queues_bound_windows()
+    passes = [replay(trace, replace(config, processes=p)) for p in (0, 2)]
+    monkeypatch.setattr(ReplayConfig, "node_passes", property(lambda self: False))
+    hop = replay(trace, replace(config, processes=0))
+    assert exact_part(passes[0]) == exact_part(passes[1])
+    assert passes[0].parallelism is not None and passes[0].verification.ok
+    assert golden.differences(golden.strip(hop.to_dict()), golden.strip(passes[0].to_dict())) == []
+    assert passes[0].emulator.windows * 5 < hop.emulator.windows

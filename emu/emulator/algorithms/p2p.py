@@ -63,12 +63,9 @@ class Chunks:
     def _segments(self, j: int) -> tuple[tuple[int, int, int], ...]:
         lo, hi = self.chunk_range(j)
         per = max(1, -(-(hi - lo) // self.seg_elements))
-        first = self._first_segment(j)
+        first = self._firsts[j]
         bounds = [lo + i * (hi - lo) // per for i in range(per + 1)]
         return tuple((first + i, bounds[i], bounds[i + 1]) for i in range(per))
-
-    def _first_segment(self, j: int) -> int:
-        return self._firsts[j]
 
     @cached_property
     def _firsts(self) -> list[int]:
@@ -162,6 +159,15 @@ class Algorithm:
     def _sends(self, dst: int, chunk: int, t: float, values) -> list[Seg]:
         return [Seg(dst, self.seq, seg, values(lo, hi), self.layout.seg_emu_bytes(chunk), t)
                 for seg, lo, hi in self.layout.segments(chunk)]
+
+    def _received(self, src: int, segment: int, data: np.ndarray, t: float) -> list[Seg]:
+        """A segment of ``src``'s own data (a direct algorithm's): checked and counted, nothing to send."""
+        _, lo, hi = self._map[segment]
+        self.check.compare(data, self.own(lo, hi, worker=src))
+        self.got += 1
+        self._done(t)
+        self.finished = self.got == self.need
+        return []
 
     def _done(self, t: float) -> None:
         self.end_us = max(self.end_us, t)
@@ -350,12 +356,7 @@ class AllToAll(Algorithm):
         return out
 
     def on_segment(self, src: int, segment: int, data: np.ndarray, t: float) -> list[Seg]:
-        _, lo, hi = self._map[segment]
-        self.check.compare(data, self.own(lo, hi, worker=src))
-        self.got += 1
-        self._done(t)
-        self.finished = self.got == self.need
-        return []
+        return self._received(src, segment, data, t)
 
 
 class SendRecv(Algorithm):
@@ -374,12 +375,7 @@ class SendRecv(Algorithm):
         return self._sends(self.peer, 0, t, lambda lo, hi: self.own(lo, hi))
 
     def on_segment(self, src: int, segment: int, data: np.ndarray, t: float) -> list[Seg]:
-        _, lo, hi = self._map[segment]
-        self.check.compare(data, self.own(lo, hi, worker=src))
-        self.got += 1
-        self._done(t)
-        self.finished = self.got == self.need
-        return []
+        return self._received(src, segment, data, t)
 
 
 class PSClient(Algorithm):

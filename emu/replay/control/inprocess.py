@@ -20,6 +20,7 @@ import contextlib
 import resource
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from emu import lifetime
 from emu.errors import RunFailed
@@ -116,8 +117,6 @@ class _InProcess:
 
 
 def _no_sockets(result: HostResult) -> HostResult:
-    from dataclasses import replace
-
     return replace(result, real_bytes=0)
 
 
@@ -126,8 +125,6 @@ def execute_in_process(plan: RunPlan, on_progress: Callable[[float], None] | Non
     """Run ``plan`` in this process (module docstring); as ``emu.replay.control.processes.execute``,
     the report (partial, on the exception, after a failure or an interrupt), the run's seconds and
     the hosts' results."""
-    from dataclasses import replace
-
     wall0, cpu0 = time.monotonic(), _cpu_s()
     run = _InProcess(plan)
     try:

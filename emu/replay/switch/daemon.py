@@ -322,13 +322,11 @@ class Windows:
 
     def held_by_pool(self, pools: int) -> np.ndarray:
         """The earliest contribution held for each pool (the headers' job field), ``pools`` at least."""
-        out = np.full(pools, math.inf)
-        for b in self.pending:
-            if len(b.headers):
-                job = b.headers["job"].astype(np.int64)
-                if job.max() >= len(out):
-                    out = np.r_[out, np.full(int(job.max()) + 1 - len(out), math.inf)]
-                np.minimum.at(out, job, b.stamps[:, 0].astype(np.float64))
+        held = [b for b in self.pending if len(b.headers)]
+        jobs = [b.headers["job"].astype(np.int64) for b in held]
+        out = np.full(max([pools, *(int(j.max()) + 1 for j in jobs)]), math.inf)
+        for b, job in zip(held, jobs, strict=True):
+            np.minimum.at(out, job, b.stamps[:, 0].astype(np.float64))
         return out
 
     def held_us(self) -> float:

@@ -124,7 +124,7 @@ class Start:
         return float(self.op.count * self.op.dtype.itemsize)
 
     def layout(self, parts: int) -> Chunks:
-        return Chunks(self.real, parts, self.emu_bytes)
+        return Chunks.shared(self.real, parts, self.emu_bytes)
 
     def common(self, dtype: str | None = None) -> dict:
         """The keyword arguments every ``emu.emulator.algorithms.p2p.Algorithm`` takes."""

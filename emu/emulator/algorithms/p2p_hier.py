@@ -76,7 +76,7 @@ class HierRing(Algorithm):
             return self._down(t)
         v = self.leaders.index(self.rank)
         self.ring = _LeaderRing(rank=v, size=n, seq=self.seq, dtype=self.dtype,
-                                layout=Chunks(self.real, n, self.emu_bytes), seed=self.seed, check=self.check,
+                                layout=Chunks.shared(self.real, n, self.emu_bytes), seed=self.seed, check=self.check,
                                 recorded=self.recorded, reduce=True, gather=True, own=v, workers=self.size,
                                 partial=self.sum)
         self.ring.on_final = self._final

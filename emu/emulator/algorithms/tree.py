@@ -185,7 +185,7 @@ class DoubleBinaryTreeMechanism(mech.PointToPoint):
     kinds = frozenset({CollKind.ALL_REDUCE})
 
     def algorithm(self, a: Start) -> Algorithm:
-        layout = Chunks(a.real, 2, a.emu_bytes, segment_elements(a.real, a.emu_bytes))
+        layout = Chunks.shared(a.real, 2, a.emu_bytes, segment_elements(a.real, a.emu_bytes))
         return DoubleBinaryTree(**a.common(), layout=layout, trees=plan(a.member_nodes()))
 
     def alone_us(self, op: Coll, s: Setting) -> float:

@@ -335,10 +335,12 @@ class LinkArray:
         return delay, extra
 
     def _check_order(self, i: int, ready_us: float, ser: float) -> None:
-        if ready_us < self.last_ready[i] - ser - 1e-6:
+        last = float(self.last_ready[i])
+        if ready_us < last - ser - 1e-6:
             self.reordered += 1
-            self.reorder_error_us[i] += self.last_ready[i] - ready_us + ser
-        self.last_ready[i] = max(self.last_ready[i], ready_us)
+            self.reorder_error_us[i] += last - ready_us + ser
+        if ready_us > last:
+            self.last_ready[i] = ready_us
 
     def send_segment(self, i: int, ready_us: float, wire_bytes: float,
                      packets: int) -> tuple[float, float, float]:
@@ -350,6 +352,13 @@ class LinkArray:
         ser = float(self.spec.serialization_us(wire_bytes + extra))
         self._check_order(i, ready_us, ser)
         cap = self.capacity
+        if not cap.active:  # the same arithmetic without the maps (identities), for the common case
+            start = max(ready_us, float(self.free_us[i]))
+            end = start + ser
+            self.free_us[i] = end
+            self.busy_us[i] += end - start
+            self.counter[i] += packets
+            return start + ser / packets + self.spec.latency_us, end + delay + self.spec.latency_us, extra
         start = float(cap.to(max(ready_us, self.free_us[i])))
         # the resent packets take their share of the link, but while their timers run the link
         # carries whatever comes next: only the segment's last packet waits for them
@@ -368,10 +377,15 @@ class LinkArray:
         ser = float(self.spec.serialization_us(wire_bytes + extra))
         self._check_order(i, first_us, ser)
         cap = self.capacity
-        done = float(cap.back(max(float(cap.to(max(first_us, self.free_us[i]))) + ser,
-                                  float(cap.to(last_us)) + ser / packets)))
+        if cap.active:
+            done = float(cap.back(max(float(cap.to(max(first_us, self.free_us[i]))) + ser,
+                                      float(cap.to(last_us)) + ser / packets)))
+            busy = done - float(cap.back(float(cap.to(done)) - ser))
+        else:  # the same arithmetic without the maps (identities)
+            done = max(max(first_us, float(self.free_us[i])) + ser, last_us + ser / packets)
+            busy = done - (done - ser)
         self.free_us[i] = done  # the link is free while the resent packets' timers run
-        self.busy_us[i] += done - float(cap.back(float(cap.to(done)) - ser))
+        self.busy_us[i] += busy
         done += delay
         jitter = 0.0
         if self.spec.jitter_us:

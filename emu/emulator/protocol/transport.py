@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emu.emulator.protocol.wire import AGG_HEADER, DTYPE_CODES, P2P_HEADER, PAYLOAD
+from emu.emulator.protocol.wire import AGG_HEADER, DTYPE_CODES, P2P_HEADER, PAYLOAD, MsgType
 from emu.errors import RunFailed
 from emu.traces.model import Dtype
 
@@ -23,7 +23,7 @@ MAX_FRAME = 256 << 20  # no emu message needs more; a larger frame is an error
 
 AGG = b"A"  # contributions, host -> switch
 RESULTS = b"R"  # results, switch -> host
-SEG = b"P"  # a point-to-point segment, either way
+SEG = b"P"  # point-to-point segments (a SegmentBatch), either way
 HELLO = b"H"  # a host's first message on the data socket: the switch can route to it from then on
 GO = b"G"  # synchronized clock, switch -> host: handle every event up to the bound
 DONE = b"D"  # synchronized clock, host -> switch: the window is handled; when the next event is
@@ -35,7 +35,6 @@ class FrameError(RunFailed, ValueError):
 
 
 _AGG_META = struct.Struct("<II")  # packets, elements per packet
-_SEG_META = struct.Struct("<dddQ")  # emulated payload bytes, first/last packet ready at the switch, real elements
 
 
 def _nbytes(frame: object) -> int:
@@ -119,41 +118,114 @@ def decode_values(data: bytes, dtype: str) -> np.ndarray:
 
 _NP = {d.value: d.numpy for d in Dtype}
 ITEMSIZE = {d.value: d.itemsize for d in Dtype}
+_ITEMSIZES = np.array([ITEMSIZE[d] for d in DTYPE_CODES], np.int64)  # by dtype code
 
 
-@dataclass
+@dataclass(slots=True)
 class Segment:
-    """A point-to-point segment: header, emulated size and timing, real data."""
+    """A point-to-point segment: its header's fields (``P2P_HEADER`` on the wire, plain ints
+    between the stages of one process, where a record per segment costs more than the hand-off
+    around it), emulated size and timing, real data."""
 
-    header: np.ndarray  # one P2P_HEADER record
+    job: int
+    dtype: str
+    src: int
+    dst: int
+    seq: int  # the collective's number in the job's stream
+    segment: int  # the segment's number in the collective's layout
     emu_bytes: float
     first_us: float  # first packet fully received by the switch
     last_us: float  # last packet fully received by the switch
     values: np.ndarray  # float64
 
-    @property
-    def dtype(self) -> str:
-        return DTYPE_CODES[int(self.header["dtype"][0])]
+    def at(self, first_us: float, last_us: float) -> Segment:
+        """The same segment, its first and last packets at these times (past a leaf's link)."""
+        return Segment(self.job, self.dtype, self.src, self.dst, self.seq, self.segment, self.emu_bytes,
+                       first_us, last_us, self.values)
 
-    def frames(self) -> list[bytes]:
-        return [SEG, self.header.astype(P2P_HEADER, copy=False).tobytes(),
-                _SEG_META.pack(self.emu_bytes, self.first_us, self.last_us, len(self.values)),
-                encode_values(self.values, self.dtype)]
+
+# a batch's per-segment fields besides the header: emulated payload bytes, first/last packet ready
+# at the switch (us), real elements
+SEG_META = np.dtype([("emu_bytes", "<f8"), ("first_us", "<f8"), ("last_us", "<f8"), ("elements", "<u8")])
+SEG_BATCH_BYTES = 64 << 20  # the real data of one batch message at most (a quarter of MAX_FRAME)
+
+
+@dataclass(frozen=True)
+class SegmentBatch:
+    """Point-to-point segments in one message (a host's of one window, or the part of them the
+    switch forwards to one host): per segment a ``P2P_HEADER`` and a ``SEG_META`` record, and every
+    segment's values in its dtype, one after another. One message a window, not one a segment: a
+    zmq message costs more than the hand-off it carries."""
+
+    headers: np.ndarray  # P2P_HEADER
+    meta: np.ndarray  # SEG_META
+    data: np.ndarray  # uint8: the values' bytes
+
+    @staticmethod
+    def of(segs: list[Segment]) -> list[SegmentBatch]:
+        """Batches of ``segs``, in order, each of at most ``SEG_BATCH_BYTES`` of data (or one segment)."""
+        out, part, size = [], [], 0
+        for seg in segs:
+            n = len(seg.values) * ITEMSIZE[seg.dtype]
+            if part and size + n > SEG_BATCH_BYTES:
+                out.append(SegmentBatch._pack(part))
+                part, size = [], 0
+            part.append(seg)
+            size += n
+        if part:
+            out.append(SegmentBatch._pack(part))
+        return out
+
+    @staticmethod
+    def _pack(segs: list[Segment]) -> SegmentBatch:
+        headers = np.array([(MsgType.P2P, DTYPE_CODES.index(s.dtype), s.job, s.src, s.dst, s.seq, s.segment)
+                            for s in segs], P2P_HEADER)
+        meta = np.array([(s.emu_bytes, s.first_us, s.last_us, len(s.values)) for s in segs], SEG_META)
+        data = b"".join(encode_values(s.values, s.dtype) for s in segs)
+        return SegmentBatch(headers, meta, np.frombuffer(data, np.uint8))
+
+    def __len__(self) -> int:
+        return len(self.headers)
+
+    def frames(self) -> list:
+        return [SEG, self.headers, self.meta, self.data]
 
     @classmethod
-    def parse(cls, frames: list) -> Segment:
+    def parse(cls, frames: list) -> SegmentBatch:
+        """From bytes or buffers (zero-copy frames), checked: the arrays view the message's memory."""
         _check(frames, 4)
-        if _nbytes(frames[1]) != P2P_HEADER.itemsize or _nbytes(frames[2]) != _SEG_META.size:
-            raise FrameError("bad segment header")
-        header = np.frombuffer(frames[1], P2P_HEADER).copy()
-        code = int(header["dtype"][0])
-        if code >= len(DTYPE_CODES):
-            raise FrameError(f"unknown dtype code {code}")
-        emu_bytes, first, last, n = _SEG_META.unpack(frames[2])
-        dtype = DTYPE_CODES[code]
-        if _nbytes(frames[3]) != n * ITEMSIZE[dtype]:
-            raise FrameError("segment payload does not match its element count")
-        return cls(header, emu_bytes, first, last, decode_values(frames[3], dtype))
+        if _nbytes(frames[1]) % P2P_HEADER.itemsize or _nbytes(frames[2]) % SEG_META.itemsize:
+            raise FrameError("bad segment batch: its header or meta frame is not whole records")
+        headers, meta = np.frombuffer(frames[1], P2P_HEADER), np.frombuffer(frames[2], SEG_META)
+        if len(headers) != len(meta):
+            raise FrameError(f"segment batch of {len(headers)} headers has {len(meta)} meta records")
+        codes = headers["dtype"].astype(np.int64)
+        if len(codes) and int(codes.max()) >= len(DTYPE_CODES):
+            raise FrameError(f"unknown dtype code {int(codes.max())}")
+        if meta["elements"].max(initial=0) > MAX_FRAME:
+            raise FrameError("segment batch claims more elements than a frame can hold")
+        data = np.frombuffer(frames[3], np.uint8)
+        if int((meta["elements"].astype(np.int64) * _ITEMSIZES[codes]).sum()) != len(data):
+            raise FrameError("segment batch payload does not match its element counts")
+        return cls(headers, meta, data)
+
+    def _sizes(self) -> np.ndarray:
+        return self.meta["elements"].astype(np.int64) * _ITEMSIZES[self.headers["dtype"].astype(np.int64)]
+
+    def take(self, rows: np.ndarray) -> SegmentBatch:
+        """The segments ``rows`` (a mask), in order (the switch's part for one host)."""
+        return SegmentBatch(self.headers[rows], self.meta[rows], self.data[np.repeat(rows, self._sizes())])
+
+    def segments(self) -> list[Segment]:
+        ends = np.cumsum(self._sizes()).tolist()
+        out, at = [], 0
+        for h, m, end in zip(self.headers.tolist(), self.meta.tolist(), ends, strict=True):
+            _, code, job, src, dst, seq, segment = h
+            dtype = DTYPE_CODES[code]
+            out.append(Segment(job, dtype, src, dst, seq, segment, m[0], m[1], m[2],
+                               decode_values(self.data[at:end], dtype)))
+            at = end
+        return out
 
 
 _WINDOW = struct.Struct("<QdB")  # window number, time (us), flag
@@ -246,11 +318,3 @@ class Done:
             raise FrameError("bad window report")
         window, next_us, finished = _DONE.unpack(frames[1])
         return cls(window, next_us, bool(finished), Departures.parse(frames[2]))
-
-
-def segment_first_us(meta: object) -> float:
-    """When a segment's first packet is at the switch, from its meta frame (the switch forwards
-    segments without parsing them, but the synchronized clock needs their times)."""
-    if _nbytes(meta) != _SEG_META.size:
-        raise FrameError("bad segment meta")
-    return float(_SEG_META.unpack(meta)[1])

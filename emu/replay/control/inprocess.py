@@ -94,9 +94,8 @@ class _InProcess:
             if out is not None and len(out.headers):
                 self.clock.pending.append(out)
             for seg in segs:
-                h = seg.header[0]
                 self.clock.seg_min = min(self.clock.seg_min, seg.first_us)
-                self.hosts[self.route.host_of(int(h["job"]), int(h["dst"]))].receive_segment(seg)
+                self.hosts[self.route.host_of(seg.job, seg.dst)].receive_segment(seg)
                 self.forwarded += 1
 
     def progress(self) -> float:

@@ -108,7 +108,7 @@ class JobsHost:
 
 
 def _seg_job(seg: Segment) -> int:
-    return int(seg.header[0]["job"])
+    return seg.job
 
 
 def _batch_job(batch: AggBatch) -> int:

@@ -70,9 +70,9 @@ class _Rows:
         row by (chunk, worker)."""
         n = len(self.first)
         if isinstance(self.item, Segment):  # (collective, destination), (source, segment)
-            h = self.item.header[0]
-            return (np.full(n, int(h["job"]) << 1, np.int64), np.full(n, (int(h["seq"]) << 16) | int(h["dst"]), np.int64),
-                    np.full(n, (int(h["src"]) << 32) | int(h["segment"]), np.int64))
+            s = self.item
+            return (np.full(n, s.job << 1, np.int64), np.full(n, (s.seq << 16) | s.dst, np.int64),
+                    np.full(n, (s.src << 32) | s.segment, np.int64))
         assert isinstance(self.item, AggBatch)
         chunks = self.item.headers["chunk"].astype(np.int64)
         workers = self.item.headers["worker"].astype(np.int64)
@@ -84,7 +84,7 @@ class _Rows:
     def job(self) -> int:
         """The job whose rows these are (a host's endpoints hand over one job's rows at a time)."""
         if isinstance(self.item, Segment):
-            return int(self.item.header[0]["job"])
+            return self.item.job
         assert isinstance(self.item, AggBatch)
         return int(self.item.headers["job"][0])
 
@@ -281,8 +281,7 @@ class LeafStage:
             f, la = out_first[at:at + n], out_last[at:at + n]
             at += n
             if isinstance(p.item, Segment):
-                seg = p.item
-                on_segment(Segment(seg.header, seg.emu_bytes, float(f[0]), float(la[0]), seg.values))
+                on_segment(p.item.at(float(f[0]), float(la[0])))
             else:
                 assert isinstance(p.item, AggBatch)
                 b = p.item

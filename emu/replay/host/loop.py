@@ -34,7 +34,7 @@ from emu.emulator.protocol.transport import (
     Done,
     FrameError,
     Go,
-    Segment,
+    SegmentBatch,
 )
 from emu.replay.config.options import Clock
 from emu.replay.control.messages import (
@@ -124,9 +124,9 @@ class _Loop:
             frames = batch.frames(AGG)
             sent += sum(memoryview(f).nbytes for f in frames)
             self.data.send_multipart(frames, copy=False)
-        for seg in segs:
-            frames = seg.frames()
-            sent += sum(len(f) for f in frames)
+        for part in SegmentBatch.of(segs):
+            frames = part.frames()
+            sent += sum(memoryview(f).nbytes for f in frames)
             self.data.send_multipart(frames, copy=False)
         self.host.counters.real_bytes += sent
 
@@ -153,7 +153,8 @@ class _Loop:
             if kind == RESULTS:
                 self.host.receive_results(AggBatch.parse(frames))
             elif kind == SEG:
-                self.host.receive_segment(Segment.parse(frames))
+                for seg in SegmentBatch.parse(frames).segments():
+                    self.host.receive_segment(seg)
             elif kind == GO and on_go is not None:
                 on_go(Go.parse(frames))
             else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
+from functools import lru_cache
 
 import numpy as np
 
@@ -82,38 +83,29 @@ class P2PEndpoint:
         self.servers = {e: PSServer(self.m, groups) for e in servers}
         self._turn = _reply_turns(wiring.layout) if servers else None
         self.sparse_servers = {e: SparsePSServer(self.m) for e in servers}
-        self.up_heap: list[UpSeg] = []
-        self.down_heap: list[tuple[float, int, int, int, int, bool, Segment]] = []
+        # segments to send (keyed by their source's link) and to receive (by their destination's);
+        # a segment inside a node counts for both its ends (it may make either send)
+        link = wiring.link
+        self.up_heap = _Timed(lambda e: (link[e[3]],))
+        self.down_heap = _Timed(lambda e: (link[e[1]],))
         # with node passes (ReplayConfig.node_passes), the segments inside a node wait apart
         self.split_inside = cfg.node_passes and wiring.intra_up is not None
-        self.inside_up: list[UpSeg] = []
-        self.inside_down: list[tuple[float, int, int, int, int, bool, Segment]] = []
+        self.inside_up = _Timed(lambda e: (link[e[3]], link[e[5].dst]))
+        self.inside_down = _Timed(lambda e: (link[e[1]],))
         self.outgoing: list[Segment] = []
 
     def next_us(self) -> float:
-        return min(self.up_heap[0][0] if self.up_heap else math.inf,
-                   self.down_heap[0][0] if self.down_heap else math.inf, self.inside_us())
+        return min(self.up_heap.first(), self.down_heap.first(), self.inside_us())
 
     def link_events(self, nxt: np.ndarray) -> None:
         """Into ``nxt`` (per uplink): the earliest segment to send from an endpoint on it, or to
-        reach one (which may make it send); a segment inside a node counts for both its ends."""
-        link = self.wiring.link
-        for e in self.up_heap:
-            i = link[e[3]]
-            nxt[i] = min(nxt[i], e[0])
-        for heap in (self.down_heap, self.inside_down):
-            for e in heap:
-                i = link[e[1]]
-                nxt[i] = min(nxt[i], e[0])
-        for e in self.inside_up:
-            for end in (e[3], e[5].dst):
-                i = link[end]
-                nxt[i] = min(nxt[i], e[0])
+        reach one (which may make it send)."""
+        for q in (self.up_heap, self.down_heap, self.inside_down, self.inside_up):
+            q.earliest(nxt)
 
     def inside_us(self) -> float:
         """The earliest segment inside a node on its way: to be sent, or to arrive (inf: none)."""
-        return min(self.inside_up[0][0] if self.inside_up else math.inf,
-                   self.inside_down[0][0] if self.inside_down else math.inf)
+        return min(self.inside_up.first(), self.inside_down.first())
 
     # -- collectives --------------------------------------------------------------------
     def start(self, w: int, run: CollRun, real_elements: int, mech: Mechanism) -> None:
@@ -193,18 +185,17 @@ class P2PEndpoint:
         turn = self._turn if src in self.servers else None
         for seg in segs:
             inside = self.split_inside and self.wiring.same_node(src, seg.dst)
-            heapq.heappush(self.inside_up if inside else self.up_heap, (seg.send_us, seg.seq, seg.segment, src,
-                                          seg.dst if turn is None else int(turn[seg.dst]), seg,
-                                          seg.wire_dtype or dtype))
+            (self.inside_up if inside else self.up_heap).push((seg.send_us, seg.seq, seg.segment, src,
+                                                                seg.dst if turn is None else int(turn[seg.dst]), seg,
+                                                                seg.wire_dtype or dtype))
 
     # -- uplinks ------------------------------------------------------------------------
     def due_up(self, bound: float, inclusive: bool) -> list[UpSeg]:
         """Every segment due before the bound, in (time, collective, segment, source) order."""
-        return _due(self.up_heap, bound, inclusive)
+        return self.up_heap.due(bound, inclusive)
 
     def _wire(self, emu_bytes: float) -> tuple[int, float]:
-        packets = wire.p2p_packets(int(math.ceil(emu_bytes)))
-        return packets, emu_bytes + packets * (wire.FRAME_OVERHEAD + wire.P2P_HEADER.itemsize)
+        return _wire(emu_bytes)
 
     def send(self, src: int, seg: Seg, dtype: str) -> None:
         packets, wire_bytes = self._wire(seg.emu_bytes)
@@ -216,15 +207,7 @@ class P2PEndpoint:
         else:
             first, last, resent = self.up.send_segment(w.link[src], seg.send_us, wire_bytes, packets)
             self.bytes_sent += round(wire_bytes + resent)
-        header = np.zeros(1, wire.P2P_HEADER)
-        header["msg_type"] = wire.MsgType.P2P
-        header["job"] = self.job
-        header["dtype"] = wire.DTYPE_CODES.index(dtype)
-        header["src"] = src
-        header["dst"] = seg.dst
-        header["seq"] = seg.seq
-        header["segment"] = seg.segment
-        segment = Segment(header, seg.emu_bytes, first, last, seg.data)
+        segment = Segment(self.job, dtype, src, seg.dst, seg.seq, seg.segment, seg.emu_bytes, first, last, seg.data)
         if inside:
             self.receive(segment, inside=True)
         elif w.leaves is not None and w.crosses(src, seg.dst):  # on to the spine through its leaf
@@ -235,8 +218,7 @@ class P2PEndpoint:
 
     def arrive(self, seg: Segment) -> None:
         """A segment from the switch: through its leaf's link from the spine first, where it crossed."""
-        h = seg.header[0]
-        src, dst = int(h["src"]), int(h["dst"])
+        src, dst = seg.src, seg.dst
         w = self.wiring
         if w.leaves is not None and dst < self.m and w.crosses(src, dst):
             assert w.layout is not None
@@ -252,27 +234,25 @@ class P2PEndpoint:
     # -- downlinks ----------------------------------------------------------------------
     def receive(self, seg: Segment, inside: bool = False) -> None:
         """A segment for one of this host's endpoints (``inside``: from a worker of the same node)."""
-        h = seg.header[0]
         heap = self.inside_down if inside and self.split_inside else self.down_heap
-        heapq.heappush(heap, (seg.first_us, int(h["dst"]), int(h["src"]), int(h["seq"]), int(h["segment"]), inside, seg))
+        heap.push((seg.first_us, seg.dst, seg.src, seg.seq, seg.segment, inside, seg))
 
     def due_down(self, bound: float, inclusive: bool) -> list[tuple[Segment, bool]]:
         """Every segment from the switch due before the bound (and, without node passes, from inside
         a node), in stamp order."""
-        return [(e[-1], e[-2]) for e in _due(self.down_heap, bound, inclusive)]
+        return [(e[-1], e[-2]) for e in self.down_heap.due(bound, inclusive)]
 
     def due_inside_down(self, bound: float) -> list[tuple[Segment, bool]]:
         """With node passes: the segments inside a node arriving before the bound, in stamp order."""
-        return [(e[-1], e[-2]) for e in _due(self.inside_down, bound, False)]
+        return [(e[-1], e[-2]) for e in self.inside_down.due(bound, False)]
 
     def due_inside_up(self, bound: float) -> list[UpSeg]:
         """With node passes: the segments inside a node to send before the bound, in order."""
-        return _due(self.inside_up, bound, False)
+        return self.inside_up.due(bound, False)
 
     def on_segment(self, seg: Segment, inside: bool = False) -> None:
         """A segment crosses its downlink (its node port, ``inside``) and reaches its algorithm (or shard)."""
-        h = seg.header[0]
-        src, dst, seq, segno = int(h["src"]), int(h["dst"]), int(h["seq"]), int(h["segment"])
+        src, dst, seq, segno = seg.src, seg.dst, seg.seq, seg.segment
         if dst not in self.index:
             raise FrameError(f"segment for endpoint {dst}, which host {self.host} does not hold")
         packets, wire_bytes = self._wire(seg.emu_bytes)
@@ -302,9 +282,51 @@ class P2PEndpoint:
             self._finish(dst, seq)
 
 
-def _due(heap: list, bound: float, inclusive: bool) -> list:
-    """The entries of a heap keyed by time that are due before the bound, in order."""
-    out = []
-    while heap and (heap[0][0] <= bound if inclusive else heap[0][0] < bound):
-        out.append(heapq.heappop(heap))
-    return out
+@lru_cache(maxsize=4096)
+def _wire(emu_bytes: float) -> tuple[int, float]:
+    """A segment's packets and bytes on a link (asked at both ends of every hand-off; a
+    collective's segments share a few sizes)."""
+    packets = wire.p2p_packets(int(math.ceil(emu_bytes)))
+    return packets, emu_bytes + packets * (wire.FRAME_OVERHEAD + wire.P2P_HEADER.itemsize)
+
+
+class _Timed:
+    """Events in a heap keyed by time, and per uplink the times of those that concern it, so that
+    the earliest per link (asked of every link each window: ``link_events``) needs no scan of the
+    heap, which can hold a shard's M answers. The heap pops its least time, which is then the
+    least of each of its links' times too: they pop with it."""
+
+    def __init__(self, links_of: Callable[[tuple], tuple[int, ...]]) -> None:
+        self.heap: list[tuple] = []
+        self.by_link: dict[int, list[float]] = {}
+        self._links_of = links_of
+
+    def __bool__(self) -> bool:
+        return bool(self.heap)
+
+    def first(self) -> float:
+        return self.heap[0][0] if self.heap else math.inf
+
+    def push(self, entry: tuple) -> None:
+        heapq.heappush(self.heap, entry)
+        for i in self._links_of(entry):
+            heapq.heappush(self.by_link.setdefault(i, []), entry[0])
+
+    def due(self, bound: float, inclusive: bool) -> list:
+        """The entries due before the bound (at or before it, ``inclusive``), in order."""
+        heap, out = self.heap, []
+        while heap and (heap[0][0] <= bound if inclusive else heap[0][0] < bound):
+            entry = heapq.heappop(heap)
+            out.append(entry)
+            for i in self._links_of(entry):
+                times = self.by_link[i]
+                heapq.heappop(times)
+                if not times:
+                    del self.by_link[i]
+        return out
+
+    def earliest(self, nxt: np.ndarray) -> None:
+        """Into ``nxt`` (per link): the least of its own time and its links' first events."""
+        for i, times in self.by_link.items():
+            if times[0] < nxt[i]:
+                nxt[i] = times[0]

@@ -34,9 +34,9 @@ from emu.emulator.protocol.transport import (
     Done,
     FrameError,
     Go,
-    segment_first_us,
+    SegmentBatch,
 )
-from emu.emulator.protocol.wire import P2P_HEADER, MsgType
+from emu.emulator.protocol.wire import MsgType
 from emu.errors import RunFailed
 from emu.replay.control.messages import Message, Ready, Stop, SwitchResult, connect_control, decode, encode, failure
 from emu.replay.host.leaves import conserve
@@ -96,13 +96,25 @@ class _Pools:
         self.hosts = len(setup.worker_hosts)
         # the hosts holding each pool's workers (a multicast result goes to each)
         self.job_hosts = [np.unique(self.endpoint_host[g]).tolist() for g in members]
+        ends = [*self.base[1:], len(self.endpoint_host)]
+        # per job, its endpoints' hosts (asked once per segment forwarded: plain lists)
+        self._host_of = [self.endpoint_host[b:e].tolist() for b, e in zip(self.base, ends, strict=True)]
+
+    def hosts_of(self, jobs: np.ndarray, endpoints: np.ndarray) -> np.ndarray:
+        """``host_of`` of many segments at once."""
+        counts = np.diff(np.r_[self.base, len(self.endpoint_host)])
+        bad = (jobs < 0) | (jobs >= len(self.base))
+        bad |= (endpoints < 0) | (endpoints >= counts[np.where(bad, 0, jobs)])
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise FrameError(f"segment for unknown endpoint {int(endpoints[i])} of job {int(jobs[i])}")
+        return self.endpoint_host[self.base[jobs] + endpoints]
 
     def host_of(self, job: int, endpoint: int) -> int:
         """The host of a job's endpoint (a segment's destination)."""
-        ends = [*self.base[1:], len(self.endpoint_host)]
-        if not 0 <= job < len(self.base) or not 0 <= endpoint < ends[job] - self.base[job]:
+        if not 0 <= job < len(self._host_of) or not 0 <= endpoint < len(self._host_of[job]):
             raise FrameError(f"segment for unknown endpoint {endpoint} of job {job}")
-        return int(self.endpoint_host[self.base[job] + endpoint])
+        return self._host_of[job][endpoint]
 
     def stats(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -171,13 +183,21 @@ def _arrivals(router: zmq.Socket, switch: _Pools | None, ports: SwitchPorts | No
             ports.submit(AggBatch.parse(frames[1:]))
         elif kind == AGG and switch is not None:
             _aggregate(router, switch, AggBatch.parse(frames[1:]), idents)
-        elif kind == SEG and len(frames) == 5 and len(frames[2]) == P2P_HEADER.itemsize:
-            head = np.frombuffer(frames[2], P2P_HEADER)[0]
-            host = route.host_of(int(head["job"]), int(head["dst"]))
-            router.send_multipart([idents[host], *frames[1:]], copy=False)
-            forwarded[0] += 1
+        elif kind == SEG:
+            forwarded[0] += _forward(router, route, idents, SegmentBatch.parse(frames[1:]))
         else:
             raise FrameError(f"unexpected message kind {kind[:8]!r} at the switch")
+
+
+def _forward(router: zmq.Socket, route: _Pools, idents: list[bytes], batch: SegmentBatch) -> int:
+    """Each host its part of a batch of segments (the whole message where it is all one host's);
+    returns how many were forwarded."""
+    dest = route.hosts_of(batch.headers["job"].astype(np.int64), batch.headers["dst"].astype(np.int64))
+    hosts = np.unique(dest)
+    for h in hosts.tolist():
+        part = batch if len(hosts) == 1 else batch.take(dest == h)
+        router.send_multipart([idents[h], *part.frames()], copy=False)
+    return len(batch)
 
 
 def switch_main(setup: SwitchSetup) -> None:
@@ -394,12 +414,11 @@ class _Coordinator:
                 if self.switch is None:
                     raise FrameError("contributions reached a switch that does not aggregate")
                 self.clock.pending.append(AggBatch.parse(frames[1:]))
-            elif kind == SEG and len(frames) == 5 and len(frames[2]) == P2P_HEADER.itemsize:
-                head = np.frombuffer(frames[2], P2P_HEADER)[0]
-                host = self.route.host_of(int(head["job"]), int(head["dst"]))
-                self.clock.seg_min = min(self.clock.seg_min, segment_first_us(frames[3]))
-                self.router.send_multipart([self.idents[host], *frames[1:]], copy=False)
-                self.forwarded[0] += 1
+            elif kind == SEG:
+                batch = SegmentBatch.parse(frames[1:])
+                if len(batch):
+                    self.clock.seg_min = min(self.clock.seg_min, float(batch.meta["first_us"].min()))
+                self.forwarded[0] += _forward(self.router, self.route, self.idents, batch)
             elif kind == DONE:
                 done = Done.parse(frames[1:])
                 if done.window != self.clock.window:

@@ -336,7 +336,9 @@ def _table(reports, path: Path) -> None:
     row("bytes on the wire", lambda r: human_bytes(r.summary.bytes_sent))
     row("verification", lambda r: ("ok" if r.verification.ok else "FAILED")
         + f" ({r.verification.elements_checked:,} checked"
-        + (", real ranks' tensors)" if r.verification.payload == "recorded" else ")"))
+        + (", real ranks' tensors" if r.verification.payload == "recorded" else "")
+        + (f", {r.verification.segments_without_data:,} segments empty" if r.verification.segments_without_data
+           else "") + ")")
     if any(r.parallelism is not None for r in reports):
         row("layout", lambda r: "-" if r.parallelism is None else _layout(r.parallelism))
         row("groups", lambda r: "-" if r.parallelism is None else "; ".join(
@@ -372,6 +374,12 @@ def _table(reports, path: Path) -> None:
         if r.verification.payload_note:
             err().print(f"{r.config['fabric']}: {r.verification.payload_note}", markup=False, highlight=False,
                         soft_wrap=True)
+        v = r.verification
+        if v.segments_without_data:
+            err().print(f"{r.config['fabric']}: {v.segments_without_data:,} of {v.segments:,} point-to-point segments "
+                        f"carried no real element at payload scale {r.emulator.payload_scale} (a chunk of the real "
+                        "tensor is empty): their bytes crossed the emulated links, no value of theirs was checked; "
+                        "a smaller --payload-scale checks more", markup=False, highlight=False, soft_wrap=True)
 
 
 def _worker_counts(text: str, traces: int) -> tuple[int, ...]:

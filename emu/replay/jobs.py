@@ -317,7 +317,8 @@ def _report(run: _Shared, measured: Measured) -> ReplayReport:
     elements = sum(r.verify_elements for r in results)
     mismatches = sum(r.verify_mismatches for r in results)
     verification = Verification(ok=all(r.verification.ok for r in per_job), elements_checked=elements,
-                                mismatches=mismatches)
+                                mismatches=mismatches, segments=sum(r.payload_segments for r in results),
+                                segments_without_data=sum(r.empty_segments for r in results))
     fallbacks: dict[str, int] = {}
     for r in results:
         for k, v in r.fallbacks.items():

@@ -353,3 +353,20 @@ def test_mesh_on_the_command_line_and_in_a_design(tmp_path: Path, no_children) -
         assert_one_line_error(result, words)
     result = run("replay", "mlp", "--mesh", "dp=4", "--iters", "1")
     assert result.exit_code == 2 and "records no mesh" in result.output
+
+
+def test_a_coarse_payload_scale_says_which_segments_carried_no_data(tmp_path: Path, no_children) -> None:
+    # at 2^22 the mlp's buckets are 2 and 1 real elements: most of a 4-worker ring's chunks are empty
+    report = tmp_path / "r.json"
+    coarse = run("replay", "mlp", "--workers", "4", "--fabric", "ring", "--iters", "1", "--payload-scale",
+                 str(1 << 22), "--report", str(report))
+    assert coarse.exit_code == 0, coarse.output
+    v = json.loads(report.read_text())["verification"]
+    assert v["ok"] and 0 < v["segments_without_data"] < v["segments"]
+    assert f"{v['segments_without_data']:,} segments empty" in coarse.stdout
+    assert "carried no real element at payload scale 4194304" in coarse.stderr
+    fine = run("replay", "mlp", "--workers", "4", "--fabric", "ring", "--iters", "1", "--payload-scale", "64",
+               "--report", str(report))
+    v = json.loads(report.read_text())["verification"]
+    assert fine.exit_code == 0 and v["segments"] > 0 and v["segments_without_data"] == 0
+    assert "segments empty" not in fine.stdout and "no real element" not in fine.stderr

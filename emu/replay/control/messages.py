@@ -101,6 +101,10 @@ class HostResult:
     # collectives its workers completed, by their group's role ("" for a collective without one)
     completed: dict[str, int] = dataclasses.field(default_factory=dict)
     rejected: int = 0  # messages its sockets dropped as unauthenticated (several machines)
+    # point-to-point segments its endpoints sent that stood for payload, and those that carried no
+    # real element (emu.replay.report.model.Verification)
+    payload_segments: int = 0
+    empty_segments: int = 0
 
 
 @dataclass(frozen=True)

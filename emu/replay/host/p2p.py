@@ -74,6 +74,10 @@ class P2PEndpoint:
         self.check = Check()
         self.bytes_sent = 0.0  # on the network's links (NICs), both ways; traffic inside nodes is not counted
         self.delivered = 0  # segments that reached their endpoint
+        # segments that stood for payload on the emulated wire, and those of them with no real
+        # element (a payload scale so coarse that a chunk of the real tensor is empty)
+        self.payload_segments = 0
+        self.empty_segments = 0
         self.algs: dict[tuple[int, int], Algorithm] = {}
         self.runs: dict[tuple[int, int], CollRun] = {}
         # a sub-group collective's members (its algorithm's ranks) and each one's rank among them
@@ -199,6 +203,9 @@ class P2PEndpoint:
 
     def send(self, src: int, seg: Seg, dtype: str) -> None:
         packets, wire_bytes = self._wire(seg.emu_bytes)
+        if seg.emu_bytes > 0:
+            self.payload_segments += 1
+            self.empty_segments += not len(seg.data)
         w = self.wiring
         inside = w.same_node(src, seg.dst)
         if inside:  # through the node's own fabric, never its NICs (emu.replay.host.wiring)

@@ -69,7 +69,8 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
     # aggregate is wrong however intact the bytes
     lanes_ok = compression is None or compression.switch_exact is not False
     verification = Verification(ok=mismatches == 0 and elements > 0 and lanes_ok, elements_checked=elements,
-                                mismatches=mismatches)
+                                mismatches=mismatches, segments=sum(r.payload_segments for r in results),
+                                segments_without_data=sum(r.empty_segments for r in results))
     # the payload's sparsity is reported over the iterations the run was asked for (once, for what
     # was asked and what was sent)
     sparse = replayed_sparse(trace, config, max(1, iters), program)

@@ -55,6 +55,11 @@ class Verification:
     # switch's int32 sums exact)
     payload: str = "generated"
     payload_note: str | None = None  # why a recorded payload was not sent
+    # point-to-point segments that stood for payload on the emulated wire, and those of them that
+    # carried no real element: at a coarse payload scale a chunk of the real tensor (a ring's is
+    # 1/M of it) can be empty, its emulated bytes crossed every link and no value of it was checked
+    segments: int = 0
+    segments_without_data: int = 0
 
 
 @dataclass(frozen=True)

@@ -91,12 +91,15 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
     assert_one_line_error(run("replay", "mlp", "--chrome-trace", str(blocker / "c.json")), "is not a folder")
 
 
-def test_no_progress_stops_with_a_clear_line(no_children) -> None:
-    """At 99% loss no collective completes: the replay stops after a stated number of retransmission
-    timeouts (emulated events, not the 30-minute wall-clock timeout), as a failed run."""
-    result = run("replay", "mlp", "--workers", "4", "--iters", "1", "--fabric", "ring", "--loss", "0.99")
-    assert_one_line_error(result, "no progress: ", "retransmission timeouts since a collective last completed",
-                          "--loss 0.99", code=1)
+@pytest.mark.parametrize("fabric, saw", [("ring", "a packet of a point-to-point segment on link"),
+                                        ("ina", "packet on slot")])
+def test_no_progress_stops_with_a_clear_line(no_children, fabric: str, saw: str) -> None:
+    """At 99% loss a packet is lost again and again: the replay stops once one was resent 48 times
+    in a row (emulated events, not the 30-minute wall-clock timeout), as a failed run that says
+    what it saw and how likely loss alone makes it."""
+    result = run("replay", "mlp", "--workers", "2", "--iters", "1", "--fabric", fabric, "--loss", "0.99",
+                 "--payload-scale", "1", "--slots", "64")
+    assert_one_line_error(result, "no progress: ", saw, "times in a row", "with probability", "--loss 0.99", code=1)
 
 
 def test_full_disk_keeps_the_old_report(tmp_path: Path, no_children) -> None:

@@ -174,6 +174,11 @@ def uniform(seed: int, stream: np.ndarray, counter: np.ndarray) -> np.ndarray:
     return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
+# A packet resent this many times in a row means a replay that cannot finish (loss alone does it
+# with probability loss ** 48: 4e-15 at 50%, 0.6 at 99%): the host stops it, saying so
+# (emu.replay.host.runtime), and a segment's rounds are not drawn past it.
+GIVE_UP_ROUNDS = 48
+
 class Transmitted(NamedTuple):
     """What a batch of rows met on a link, per row in the order given."""
 
@@ -196,6 +201,9 @@ class LinkArray:
         self.rto_us = rto_us
         self.resent_packets = 0
         self.resend_rounds = 0  # point-to-point resend rounds (each a timeout)
+        # the most rounds one segment needed (some packet of it lost that many times in a row), and
+        # on which endpoint's link (what a replay that cannot finish shows: Host._check_progress)
+        self.most_rounds = (0, -1)
         self.endpoints = np.asarray(endpoints, dtype=np.int64)
         n = len(self.endpoints)
         self.free_us = np.zeros(n)
@@ -326,12 +334,16 @@ class LinkArray:
         rng = np.random.default_rng(key)
         lost = int(rng.binomial(packets, self.spec.loss))
         delay = extra = 0.0
-        while lost:
+        rounds = 0
+        while lost and rounds < GIVE_UP_ROUNDS:  # past it the replay stops (Host._check_progress)
+            rounds += 1
             self.resend_rounds += 1
             self.resent_packets += lost
             delay += self.rto_us
             extra += wire_bytes / packets * lost
             lost = int(rng.binomial(lost, self.spec.loss))
+        if rounds > self.most_rounds[0]:
+            self.most_rounds = (rounds, int(self.endpoints[i]))
         return delay, extra
 
     def _check_order(self, i: int, ready_us: float, ser: float) -> None:

@@ -160,6 +160,9 @@ class InaGroup(StreamData):
         self.bases: list[int] = []
         self.end = 0
         self.retransmissions = 0
+        # per worker and slot: its resends since the slot's result last came back (what a stall
+        # would show: one packet resent again and again, ``Host._check_progress``)
+        self.resends = np.zeros((self.m, s), np.int64)
         self.cache = cache or PayloadCache(params.seed, params.workers)
 
     # -- the stream -------------------------------------------------------------------
@@ -221,16 +224,10 @@ class InaGroup(StreamData):
                 part = self._build(self.colls[ci], li[mine], si[mine], chunks[mine], retx=False)
                 if part is not None:
                     parts.append(part)
-        for local, slot, when, lost in retransmit or ():
-            if self.slot_state[local, slot] != SENT:
-                continue
-            chunk = self.slot_chunk[local, slot]
-            coll = self.colls[int(self.locate(np.array([chunk]))[0])]
-            part = self._build(coll, np.array([local]), np.array([slot]), np.array([chunk]), retx=True, at=when)
-            if part is not None:
-                part.emu_packets = np.minimum(part.emu_packets, lost)
-                self.retransmissions += 1
-                parts.append(part)
+        if retransmit:
+            retx = self._retransmissions(retransmit)
+            if retx is not None:
+                parts.append(retx)
         if not parts:
             return None
         fields = ("local", "headers", "payload", "send_us", "emu_packets", "retransmit", "sparse")
@@ -238,8 +235,33 @@ class InaGroup(StreamData):
         order = np.lexsort((pk.send_us, pk.local))  # per worker in time order: its uplink's FIFO
         return Packets(*(getattr(pk, f)[order] for f in fields))
 
+    def _retransmissions(self, retransmit: list[tuple[int, int, float, float]]) -> Packets | None:
+        """The given retransmissions of slots still waiting (built per collective at once), in the
+        order given."""
+        arr = np.asarray(retransmit, np.float64).reshape(-1, 4)
+        li, si = arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
+        keep = np.flatnonzero(self.slot_state[li, si] == SENT)
+        if not len(keep):
+            return None
+        li, si, when, lost = li[keep], si[keep], arr[keep, 2], arr[keep, 3]
+        chunks = self.slot_chunk[li, si]
+        which = self.locate(chunks)
+        parts, rows = [], []
+        for ci in np.unique(which):
+            mine = np.flatnonzero(which == ci)
+            part = self._build(self.colls[ci], li[mine], si[mine], chunks[mine], retx=True, at=when[mine])
+            assert part is not None  # a retransmission is always ready
+            part.emu_packets = np.minimum(part.emu_packets, lost[mine])
+            parts.append(part)
+            rows.append(mine)
+        self.retransmissions += len(li)
+        np.add.at(self.resends, (li, si), 1)
+        order = np.argsort(np.concatenate(rows), kind="stable")  # back to the order given
+        fields = ("local", "headers", "payload", "send_us", "emu_packets", "retransmit", "sparse")
+        return Packets(*(np.concatenate([getattr(p, f) for p in parts])[order] for f in fields))
+
     def _build(self, coll: InaCollective, li: np.ndarray, si: np.ndarray, chunks: np.ndarray, retx: bool,
-               at: float = 0.0) -> Packets | None:
+               at: np.ndarray | float = 0.0) -> Packets | None:
         x, k, s = coll.exp_chunks, self.p.elements, self.p.slots
         local = chunks - coll.base
         is_exp = local < x
@@ -247,7 +269,7 @@ class InaGroup(StreamData):
         start = coll.start_us[li]
         if retx:
             ready = np.ones(len(li), bool)
-            send = np.full(len(li), at)
+            send = np.broadcast_to(np.asarray(at, np.float64), (len(li),)).copy()
         else:
             known = np.where(is_exp | (b >= x), 0.0, coll.exp_known[li, np.minimum(b, max(x - 1, 0))]
                              if x else 0.0)
@@ -440,6 +462,7 @@ class InaGroup(StreamData):
                     coll.finished[local_w] = True
                     finished.append((int(local_w), coll))
         w, s = li[rows], slots[rows]
+        self.resends[w, s] = 0
         self.slot_chunk[w, s] = chunks[rows] + advance
         self.slot_state[w, s] = IDLE
         self.free_at[w, s] = arrival_us[rows]
@@ -487,6 +510,14 @@ class InaGroup(StreamData):
             coll.finished[local_w] = True
             finished.append((int(local_w), coll))
         return s * (1 + skip)
+
+    def most_resent(self) -> tuple[int, int, int, int]:
+        """(resends, worker id, slot, chunk) of the slot resent most times in a row, without its
+        result coming back (0 resends: none)."""
+        if not self.resends.size:
+            return 0, -1, -1, -1
+        li, si = np.unravel_index(int(np.argmax(self.resends)), self.resends.shape)
+        return int(self.resends[li, si]), int(self.wids[li]), int(si), int(self.slot_chunk[li, si])
 
     def pending(self) -> bool:
         return any(not c.finished.all() for c in self.colls)

@@ -150,6 +150,10 @@ class InaEndpoint:
         self.pump_due = True
         return False
 
+    def most_resent(self) -> tuple[int, int, int, int]:
+        """``InaGroup.most_resent``."""
+        return self.group.most_resent()
+
     def timer_fired(self, local: int, slot: int, t: float, lost: float) -> None:
         self.retx_scale[(local, slot)] = lost
         self.retx_due.append((local, slot, t, lost))

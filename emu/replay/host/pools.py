@@ -78,6 +78,9 @@ class InaPools:
     def start(self, worker: int, run: CollRun, real_elements: int) -> bool:
         return self._of(run).start(worker, run, real_elements)
 
+    def most_resent(self) -> tuple[int, int, int, int]:
+        return max(ep.group.most_resent() for ep in self.endpoints.values())
+
     def timer_fired(self, local: int, slot: int, t: float, lost: float) -> None:
         self.endpoints[local >> _POOL_BITS].timer_fired(local & _LOCAL, slot, t, lost)
 

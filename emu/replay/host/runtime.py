@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from emu.emulator.links.spec import GIVE_UP_ROUNDS
 from emu.emulator.mechanisms import choose
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol.transport import AggBatch, Departures, Segment
@@ -44,11 +45,15 @@ from emu.replay.host.worker import CollRun, FakeWorker, WorkerState
 from emu.replay.plan.programs import WorkerProgram, straggling
 
 _RUN, _RETX = 0, 1  # local event kinds, in the order they are handled at equal times
-# No progress (docs/reliability.md): since a collective last completed on this host, more than
-# STALL_TIMEOUTS retransmission timeouts fired, and more than STALL_RATIO per packet or segment
-# delivered. Counted in emulated events, so the outcome does not depend on the machine's load;
-# and timeouts, not time, so that a worker waiting for a straggler's compute never counts (at 10%
-# loss a delivery costs about 0.2 timeouts; the ratio is passed near 96%).
+# No progress (docs/reliability.md), counted in emulated events so that the outcome does not
+# depend on the machine's load. Real rows and segments: one packet resent STALL_RESENDS times in a
+# row without its result coming back, which loss alone does to a packet with probability
+# loss ** STALL_RESENDS (4e-15 at 50% loss). Only lost packets are resent, so the many timeouts
+# of workers whose slots wait for a straggler's compute never count (they did: issue 31's stall
+# was that). Payload scale (emulated packets, drawn per chunk as it completes): since a
+# collective last completed here, more than STALL_TIMEOUTS emulated timeouts and more than
+# STALL_RATIO per emulated packet position delivered.
+STALL_RESENDS = GIVE_UP_ROUNDS
 STALL_TIMEOUTS = 1000
 STALL_RATIO = 50
 _STALL_EVERY = 64  # windows between checks
@@ -112,10 +117,8 @@ class Host:
         self.lag = LagHistogram()
         self.measure_lag = False
         self._advances = 0
-        self._retx_events = 0
-        # timeouts, deliveries, and (payload scale) emulated timeouts and positions when a collective
-        # last completed here
-        self._progress_mark = (0, 0, 0, 0)
+        # payload scale: emulated timeouts and positions when a collective last completed here
+        self._progress_mark = (0, 0)
         endpoints = np.asarray(setup.endpoints, dtype=np.int64)
         index = {int(e): i for i, e in enumerate(endpoints)}
         workers = setup.role == "workers"
@@ -159,20 +162,14 @@ class Host:
         heapq.heappush(self.heap, (t, _RETX, local, slot, lost))
 
     def _completed(self, w: int, run: CollRun, t: float) -> None:
-        self._progress_mark = (self._timeouts(), self._deliveries(), *self._scaled())
+        self._progress_mark = self._scaled()
         self.workers[w].completed(run, t)
-
-    def _timeouts(self) -> int:
-        return self._retx_events + sum(a.resend_rounds for a in self.wiring.all_links())
 
     def _scaled(self) -> tuple[int, int]:
         """Payload scale's emulated timeouts and packet positions: per chunk, the same on every
         host, so their ratio does not depend on how workers are spread over processes."""
         s = self.ina.scaled
         return (s.rounds, s.positions) if s is not None else (0, 0)
-
-    def _deliveries(self) -> int:
-        return self.ina.delivered + self.p2p.delivered
 
     def next_us(self) -> float:
         """The earliest emulated time at which something is left to do here (inf: nothing)."""
@@ -293,6 +290,7 @@ class Host:
         if leaves is not None:  # what the NICs delivered to the leaves before, on up to the spine
             leaves.advance(0, bound, inclusive, self.p2p.outgoing.append, lambda b, _: self.ina.outgoing.append(b))
         self._advances += 1
+        self._check_segments()  # every window: a segment that gave up must not reach a report
         if self._advances % _STALL_EVERY == 0:
             self._check_progress()
 
@@ -311,7 +309,6 @@ class Host:
             if kind == _RUN:
                 self.workers[a].run()
             else:
-                self._retx_events += 1
                 self.ina.timer_fired(a, b, t, lost)
         if lags and self.measure_lag:
             self.lag.add_many(np.asarray(lags))
@@ -342,20 +339,32 @@ class Host:
                 return
 
     def _check_progress(self) -> None:
-        timeouts = self._timeouts() - self._progress_mark[0]
-        delivered = self._deliveries() - self._progress_mark[1]
-        rounds, positions = (a - b for a, b in zip(self._scaled(), self._progress_mark[2:], strict=True))
+        """Stop a replay that cannot finish (``STALL_RESENDS``), saying what was seen."""
+        p = self.cfg.link.loss
+        resends, worker, slot, chunk = self.ina.most_resent()
+        if resends >= STALL_RESENDS:
+            raise NoProgress(f"no progress: worker {worker}'s packet on slot {slot} (chunk {chunk} of the stream) was "
+                             f"resent {resends} times in a row without its result coming back, on host "
+                             f"{self.setup.index} ({self._pending()}); loss alone does that to one packet with "
+                             f"probability {p ** resends:.1e} at --loss {p:g}")
+        rounds, positions = (a - b for a, b in zip(self._scaled(), self._progress_mark, strict=True))
         if rounds > STALL_TIMEOUTS and rounds > STALL_RATIO * max(1, positions):
-            timeouts, delivered = rounds, positions  # payload scale: emulated timeouts per emulated packet
-        elif not (timeouts > STALL_TIMEOUTS and timeouts > STALL_RATIO * max(1, delivered)):
-            return
+            raise NoProgress(f"no progress: {rounds:,} emulated timeouts since a collective last completed on host "
+                             f"{self.setup.index}, for {positions:,} emulated packet positions delivered "
+                             f"({self._pending()}; payload scale {self.r}, --loss {p:g})")
+
+    def _check_segments(self) -> None:
+        rounds, link = max(a.most_rounds for a in self.wiring.all_links())
+        if rounds >= STALL_RESENDS:
+            p = self.cfg.link.loss
+            raise NoProgress(f"no progress: a packet of a point-to-point segment on link {link} was resent {rounds} "
+                             f"times in a row, on host {self.setup.index} ({self._pending()}); loss alone does that to "
+                             f"one packet with probability {p ** rounds:.1e} at --loss {p:g}")
+
+    def _pending(self) -> str:
         pending = sorted([*self.ina.runs.values(), *self.p2p.runs.values()], key=lambda r: r.seq)
-        what = (f"{pending[0].op.kind.value} #{pending[0].seq} ({pending[0].op.bytes / 1e6:.3g} MB) and "
+        return (f"{pending[0].op.kind.value} #{pending[0].seq} ({pending[0].op.bytes / 1e6:.3g} MB) and "
                 f"{len(pending) - 1} more pending" if pending else "nothing pending")
-        raise NoProgress(
-            f"no progress: {timeouts:,} retransmission timeouts since a collective last completed on host "
-            f"{self.setup.index}, for {delivered:,} packets or segments delivered ({what}); the links lose too "
-            f"much (--loss {self.cfg.link.loss:g})")
 
     def finished(self) -> bool:
         return all(fw.s.finished for fw in self.workers.values())

@@ -163,6 +163,14 @@ class Topology:
         """A leaf's links to the spine, each way: its NIC ports' capacity over the oversubscription."""
         return self.leaf_ports * link.bandwidth_bps / self.oversubscription
 
+    def spine_link(self, link: LinkSpec) -> LinkSpec:
+        """A leaf's link to the spine: ``uplink_bps``, and the NICs' bandwidth schedule scaled as
+        their rate is (a network whose bandwidth changes changes it on every hop). Loss and jitter
+        are the NICs' alone."""
+        scale = self.leaf_ports / self.oversubscription
+        return LinkSpec(bandwidth_bps=self.uplink_bps(link), latency_us=self.spine_latency(link),
+                        schedule=tuple((t, b * scale) for t, b in link.schedule))
+
     def spine_latency(self, link: LinkSpec) -> float:
         return link.latency_us if self.spine_latency_us is None else self.spine_latency_us
 

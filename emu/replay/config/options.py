@@ -411,7 +411,7 @@ class ReplayConfig:
         topo = self.topology
         layout = self.layout()
         if topo is not None and layout is not None and layout.leaves > 1:  # a leaf's hop to the spine
-            up = topo.uplink_bps(self.link)
+            up = topo.spine_link(self.link).peak_bps  # scheduled as the NICs are
             least = min(least, topo.spine_latency(self.link) + (0.0 if math.isinf(up) else MIN_WIRE_BYTES * 8e6 / up))
         return least
 

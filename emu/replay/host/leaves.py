@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emu.emulator.links.spec import LinkSpec
+from emu.emulator.links.spec import Capacity, LinkSpec
 from emu.emulator.links.topology import Hierarchy, Layout
 from emu.emulator.protocol.transport import AggBatch, Segment
 from emu.replay.config.options import ReplayConfig
@@ -133,6 +133,7 @@ class LeafStage:
         self._done: dict[tuple[int, int, int], None] = {}  # partial sums sent, recent ones (duplicates pass)
         self.index = {int(leaf): i for i, leaf in enumerate(self.leaves)}
         self.spec = link
+        self.capacity = Capacity(link)  # the NICs' bandwidth schedule, scaled (Topology.spine_link)
         self.free = (np.zeros(len(self.leaves)), np.zeros(len(self.leaves)))  # per direction and leaf
         self.busy_us = (np.zeros(len(self.leaves)), np.zeros(len(self.leaves)))
         self._heaps: tuple[list, list] = ([], [])
@@ -146,7 +147,7 @@ class LeafStage:
         hierarchical aggregation, each job's (``layouts``, in job order) partial sums."""
         topo = cfg.topology
         assert topo is not None
-        spine = LinkSpec(bandwidth_bps=topo.uplink_bps(cfg.link), latency_us=topo.spine_latency(cfg.link))
+        spine = topo.spine_link(cfg.link)
         partial_of = (np.stack([np.bincount(lay.leaf, minlength=lay.leaves)[held] for lay in layouts])
                       if topo.algorithm == Hierarchy.HIERARCHICAL else None)
         return cls(held, spine, cfg.seed, partial_of, cfg.real_slots)
@@ -165,8 +166,17 @@ class LeafStage:
         """Rows sorted by (leaf, first) through the work-conserving links (module docstring): when
         the first and the last packet each row stands for reach the far end."""
         ser = np.asarray(self.spec.serialization_us(wire_bytes), np.float64)
-        np.add.at(self.busy_us[direction], leaf, ser)
-        out_first, out_last = conserve(leaf, first, last, ser, packets, self.free[direction])
+        cap = self.capacity
+        if not cap.active:
+            np.add.at(self.busy_us[direction], leaf, ser)
+            out_first, out_last = conserve(leaf, first, last, ser, packets, self.free[direction])
+        else:  # a bandwidth schedule: the same servers in work coordinates (Capacity), mapped back
+            free = cap.to(self.free[direction])
+            out_first, out_last = conserve(leaf, cap.to(first), cap.to(last), ser, packets, free)
+            out_first, out_last = cap.back(out_first), cap.back(out_last)
+            # each row's share of its link, in time: what its serialization took at the rate then
+            np.add.at(self.busy_us[direction], leaf, out_last - cap.back(cap.to(out_last) - ser))
+            self.free[direction][:] = cap.back(free)
         lat = self.spec.latency_us
         return out_first + lat, out_last + lat
 

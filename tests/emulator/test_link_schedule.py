@@ -94,3 +94,28 @@ def test_a_schedule_reaches_the_leaves_links_to_the_spine(fabric: str, no_childr
     assert scheduled == pytest.approx(const, rel=1e-6)
     spine = [r.fabric.utilisation["leaf to spine"].max for r in runs]
     assert spine[1] == pytest.approx(spine[0], rel=1e-6)
+
+
+def test_point_to_point_segments_get_jitter_both_ways() -> None:
+    """A segment's uplink delays it by a draw in [0, jitter), as its downlink does (the uplink gave
+    none), the same for the same link and count whatever the process."""
+    spec = LinkSpec(bandwidth_bps=1e10, latency_us=5.0, jitter_us=20.0)
+    ser = 1500 * 8e6 / 1e10
+
+    def extras(direction: int) -> list[float]:
+        link = LinkArray(spec, np.arange(2), 7, direction)
+        out = []
+        for k in range(8):
+            t = 1000.0 * k
+            if direction == 0:
+                first, _, _ = link.send_segment(1, t, 1500.0, 1)
+                out.append(first - t - ser - 5.0)
+            else:
+                done, _ = link.receive_segment(1, t, t, 1500.0, 1)
+                out.append(done - t - ser - 5.0)
+        return out
+
+    up, down = extras(0), extras(1)
+    for got in (up, down):
+        assert all(0.0 <= x < 20.0 for x in got) and len(set(np.round(got, 9))) == len(got)
+    assert extras(0) == up  # keyed, not random

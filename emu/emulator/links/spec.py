@@ -363,6 +363,7 @@ class LinkArray:
         delay, extra = self._segment_loss(i, packets, wire_bytes)
         ser = float(self.spec.serialization_us(wire_bytes + extra))
         self._check_order(i, ready_us, ser)
+        lat = self.spec.latency_us + self._segment_jitter(i)
         cap = self.capacity
         if not cap.active:  # the same arithmetic without the maps (identities), for the common case
             start = max(ready_us, float(self.free_us[i]))
@@ -370,7 +371,7 @@ class LinkArray:
             self.free_us[i] = end
             self.busy_us[i] += end - start
             self.counter[i] += packets
-            return start + ser / packets + self.spec.latency_us, end + delay + self.spec.latency_us, extra
+            return start + ser / packets + lat, end + delay + lat, extra
         start = float(cap.to(max(ready_us, self.free_us[i])))
         # the resent packets take their share of the link, but while their timers run the link
         # carries whatever comes next: only the segment's last packet waits for them
@@ -378,8 +379,13 @@ class LinkArray:
         self.free_us[i] = end
         self.busy_us[i] += end - float(cap.back(start))
         self.counter[i] += packets
-        return (float(cap.back(start + ser / packets)) + self.spec.latency_us, end + delay + self.spec.latency_us,
-                extra)
+        return float(cap.back(start + ser / packets)) + lat, end + delay + lat, extra
+
+    def _segment_jitter(self, i: int) -> float:
+        """A segment's jitter on this link (drawn as a packet's: keyed by the link and its count)."""
+        if not self.spec.jitter_us:
+            return 0.0
+        return float(uniform(self.seed, self.stream[i:i + 1] * 2, self.counter[i:i + 1])[0]) * self.spec.jitter_us
 
     def receive_segment(self, i: int, first_us: float, last_us: float, wire_bytes: float,
                         packets: int) -> tuple[float, float]:
@@ -399,8 +405,6 @@ class LinkArray:
         self.free_us[i] = done  # the link is free while the resent packets' timers run
         self.busy_us[i] += busy
         done += delay
-        jitter = 0.0
-        if self.spec.jitter_us:
-            jitter = float(uniform(self.seed, self.stream[i:i + 1] * 2, self.counter[i:i + 1])[0]) * self.spec.jitter_us
+        jitter = self._segment_jitter(i)
         self.counter[i] += packets
         return done + self.spec.latency_us + jitter, extra

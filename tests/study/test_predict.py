@@ -66,11 +66,13 @@ def test_ring_many_segments_is_link_bound() -> None:
     assert coll(CollKind.ALL_REDUCE, 4_000_000, 4, L10) == pytest.approx(24 * s + h)
 
 
-def test_payload_scale_sets_the_segments() -> None:
-    # at R = 4 the same chunks are one real segment each: every step waits for the previous
-    wire = 4_000_000 + 2748 * 82
+@pytest.mark.parametrize("scale", [4, 16, 256])
+def test_payload_scale_keeps_the_segments(scale: int) -> None:
+    # a segment stands for 1 MB of emulated bytes at every R (it was SEG_ELEMENTS real elements:
+    # at R = 4 one segment a chunk, every step waiting for the previous)
+    wire = 1_000_000 + 687 * 82
     s = ser(wire, 10)
-    assert coll(CollKind.ALL_REDUCE, 4_000_000, 4, L10, payload_scale=4) == pytest.approx(6 * (s + s / 2748 + 10))
+    assert coll(CollKind.ALL_REDUCE, 4_000_000, 4, L10, payload_scale=scale) == pytest.approx(24 * s + s / 687 + 10)
 
 
 def test_send_broadcast_all_to_all_barrier_ps() -> None:

@@ -27,7 +27,20 @@ from emu.emulator.payload.generated import Block, block
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.traces.model import Sparsity
 
-SEG_ELEMENTS = 1 << 18  # 1 MB of float32 per message: pipelining without huge messages
+SEG_ELEMENTS = 1 << 18  # real elements a message carries at most
+# Emulated payload bytes a message stands for: 1 MB, pipelining without huge messages; the grain is
+# the same at every payload scale, so a ring's or a parameter server's time is too (a message of
+# SEG_ELEMENTS real elements stood for R MB, and pipelining coarsened with R)
+SEGMENT_BYTES = 1 << 20
+
+
+def segment_elements(real: int, emu_bytes: float, segment_bytes: float = SEGMENT_BYTES) -> int:
+    """Real elements a segment carries so that it stands for ``segment_bytes`` on the emulated
+    wire (at most SEG_ELEMENTS), for a collective of ``real`` real elements and ``emu_bytes``
+    emulated ones."""
+    if real == 0 or emu_bytes <= 0:
+        return SEG_ELEMENTS
+    return int(min(SEG_ELEMENTS, max(1, round(segment_bytes * real / emu_bytes))))
 SHARED_BLOCK = 4096  # elements up to which a payload block is kept for the other workers (at most 1,024 blocks)
 
 
@@ -60,10 +73,12 @@ class Chunks:
         return j * self.real // self.parts, (j + 1) * self.real // self.parts
 
     @staticmethod
-    def shared(real: int, parts: int, emu_bytes: float, seg_elements: int = SEG_ELEMENTS) -> Chunks:
+    def shared(real: int, parts: int, emu_bytes: float, seg_elements: int | None = None) -> Chunks:
         """The layout, one instance for every worker of the collective (its memo is then made
-        once: a ring's M workers each ask for every chunk)."""
-        return _shared_layout(real, parts, emu_bytes, seg_elements)
+        once: a ring's M workers each ask for every chunk); its segments stand for SEGMENT_BYTES
+        each unless ``seg_elements`` says otherwise."""
+        return _shared_layout(real, parts, emu_bytes,
+                              segment_elements(real, emu_bytes) if seg_elements is None else seg_elements)
 
     def segments(self, j: int) -> tuple[tuple[int, int, int], ...]:
         """(segment number, lo, hi) of chunk j; an empty chunk still has one (empty) segment."""

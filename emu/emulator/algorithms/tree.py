@@ -26,7 +26,7 @@ import numpy as np
 
 from emu.emulator import fabric as fabrics
 from emu.emulator import mechanisms as mech
-from emu.emulator.algorithms.p2p import SEG_ELEMENTS, Algorithm, Chunks, Seg
+from emu.emulator.algorithms.p2p import Algorithm, Chunks, Seg, segment_elements
 from emu.emulator.links.spec import LinkSpec
 from emu.emulator.mechanisms import Sent, Setting, Start
 from emu.emulator.physics.forms import expected_rounds
@@ -36,6 +36,11 @@ from emu.traces.model import Coll, CollKind
 # Emulated payload bytes a segment carries (NCCL's Simple protocol moves a 4 MiB buffer in 8
 # steps): the pipeline's grain is the same at every payload scale, so the tree's time is too.
 SEGMENT_BYTES = 512 * 1024
+def tree_segment_elements(real: int, emu_bytes: float) -> int:
+    """``segment_elements`` of the tree's grain (an empty tensor: one element a segment)."""
+    return segment_elements(real, emu_bytes, SEGMENT_BYTES) if real else 1
+
+
 DOWN = 1 << 29  # segment numbers of the broadcast down (the reduction up has the layout's own)
 
 
@@ -114,13 +119,6 @@ def plan(nodes: tuple[int, ...]) -> Trees:
     return Trees(parent=(parents[0], parents[1]), children=(children[0], children[1]))
 
 
-def segment_elements(real: int, emu_bytes: float) -> int:
-    """Real elements a segment carries so that it stands for ``SEGMENT_BYTES`` on the emulated wire."""
-    if real == 0:
-        return 1
-    return int(min(SEG_ELEMENTS, max(1, round(SEGMENT_BYTES * real / emu_bytes))))
-
-
 class DoubleBinaryTree(Algorithm):
     """One member's side: chunk 0 of the tensor goes up and down tree 0, chunk 1 tree 1. A segment
     goes up once its children's partial sums are in (a leaf's at once), the root's sum is the
@@ -185,7 +183,7 @@ class DoubleBinaryTreeMechanism(mech.PointToPoint):
     kinds = frozenset({CollKind.ALL_REDUCE})
 
     def algorithm(self, a: Start) -> Algorithm:
-        layout = Chunks.shared(a.real, 2, a.emu_bytes, segment_elements(a.real, a.emu_bytes))
+        layout = Chunks.shared(a.real, 2, a.emu_bytes, tree_segment_elements(a.real, a.emu_bytes))
         return DoubleBinaryTree(**a.common(), layout=layout, trees=plan(a.member_nodes()))
 
     def alone_us(self, op: Coll, s: Setting) -> float:
@@ -223,7 +221,7 @@ def tree_schedule(count: int, itemsize: int, workers: int, link: LinkSpec, rto_u
     if workers < 2 or count == 0:
         return 0.0, 0.0
     real = -(-count // payload_scale)
-    per = segment_elements(real, count * itemsize)
+    per = tree_segment_elements(real, count * itemsize)
     g = [max(1, -(-(hi - lo) // per)) for lo, hi in ((0, real // 2), (real // 2, real))]
     return _Schedule(plan(tuple(range(workers))), g, count * itemsize / 2, link, rto_us).run()
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from emu.emulator.algorithms.p2p import SEG_ELEMENTS
+from emu.emulator.algorithms.p2p import SEG_ELEMENTS, segment_elements
 from emu.emulator.algorithms.sparse_p2p import index_overhead, worker_fraction
 from emu.emulator.links.spec import LinkSpec
 from emu.emulator.protocol.sparse_ina import packet_union
@@ -193,7 +193,7 @@ class _Segments:
                  payload_scale: int) -> None:
         real = -(-count // payload_scale) if count else 0
         real_chunk = -(-real // parts)  # the largest chunk (Layout.chunk_range)
-        self.g = max(1, -(-real_chunk // SEG_ELEMENTS))
+        self.g = max(1, -(-real_chunk // segment_elements(real, count * itemsize)))
         payload = count * itemsize / parts / self.g
         self._times(payload, link, rto_us)
 

@@ -20,7 +20,8 @@ from emu.traces.mesh import Mesh
 
 # What --payload-scale auto lets the workers really send per iteration. On the synchronized clock
 # nothing is paced, so real bytes cost only their handling (about 10 ms per real MB here:
-# BENCHMARKS.md) and results do not depend on R (ina exactly, ring within 0.3%): 64 MB keeps a
+# BENCHMARKS.md) and results do not depend on R (ina exactly, ring and ps segments of 1 MB emulated
+# at every R: emu.emulator.algorithms.p2p.SEGMENT_BYTES): 64 MB keeps a
 # replay's real traffic near 0.6 s per iteration while every element still crosses and is checked.
 REAL_BYTES_PER_ITERATION = 64e6
 # The pool never needs to exceed the bandwidth-delay product for the stream to be link-bound,

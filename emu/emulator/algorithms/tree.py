@@ -36,11 +36,6 @@ from emu.traces.model import Coll, CollKind
 # Emulated payload bytes a segment carries (NCCL's Simple protocol moves a 4 MiB buffer in 8
 # steps): the pipeline's grain is the same at every payload scale, so the tree's time is too.
 SEGMENT_BYTES = 512 * 1024
-def tree_segment_elements(real: int, emu_bytes: float) -> int:
-    """``segment_elements`` of the tree's grain (an empty tensor: one element a segment)."""
-    return segment_elements(real, emu_bytes, SEGMENT_BYTES) if real else 1
-
-
 DOWN = 1 << 29  # segment numbers of the broadcast down (the reduction up has the layout's own)
 
 
@@ -183,7 +178,7 @@ class DoubleBinaryTreeMechanism(mech.PointToPoint):
     kinds = frozenset({CollKind.ALL_REDUCE})
 
     def algorithm(self, a: Start) -> Algorithm:
-        layout = Chunks.shared(a.real, 2, a.emu_bytes, tree_segment_elements(a.real, a.emu_bytes))
+        layout = Chunks.shared(a.real, 2, a.emu_bytes, segment_elements(a.real, a.emu_bytes, SEGMENT_BYTES))
         return DoubleBinaryTree(**a.common(), layout=layout, trees=plan(a.member_nodes()))
 
     def alone_us(self, op: Coll, s: Setting) -> float:
@@ -221,7 +216,7 @@ def tree_schedule(count: int, itemsize: int, workers: int, link: LinkSpec, rto_u
     if workers < 2 or count == 0:
         return 0.0, 0.0
     real = -(-count // payload_scale)
-    per = tree_segment_elements(real, count * itemsize)
+    per = segment_elements(real, count * itemsize, SEGMENT_BYTES)
     g = [max(1, -(-(hi - lo) // per)) for lo, hi in ((0, real // 2), (real // 2, real))]
     return _Schedule(plan(tuple(range(workers))), g, count * itemsize / 2, link, rto_us).run()
 

@@ -125,7 +125,6 @@ class InaEndpoint:
                        if cfg.scale > 1 and cfg.link.loss > 0 else None)
         self.counters = InaCounters()
         self.check = ResultCheck()
-        self.delivered = 0  # result rows that reached a worker
         self.runs: dict[tuple[int, int], CollRun] = {}
         self.retx_scale: dict[tuple[int, int], float] = {}  # what a pending retransmission stands for
         self.retx_due: list[tuple[int, int, float, float]] = []
@@ -407,7 +406,6 @@ class InaEndpoint:
                 self.timer(sent + rto * max(1.0, math.ceil((float(arrival) - sent) / rto)), int(local),
                            int(slot), float(n))
         keep = ~lost
-        self.delivered += int(keep.sum())
         done = g.on_results(li[keep], rb[keep], batch.headers, batch.payload, first[keep], last[keep], verify,
                             self.check, batch.sparse)
         for local, coll in done:

@@ -73,7 +73,6 @@ class P2PEndpoint:
         self.m = cfg.workers
         self.check = Check()
         self.bytes_sent = 0.0  # on the network's links (NICs), both ways; traffic inside nodes is not counted
-        self.delivered = 0  # segments that reached their endpoint
         # segments that stood for payload on the emulated wire, and those of them with no real
         # element (a payload scale so coarse that a chunk of the real tensor is empty)
         self.payload_segments = 0
@@ -198,11 +197,8 @@ class P2PEndpoint:
         """Every segment due before the bound, in (time, collective, segment, source) order."""
         return self.up_heap.due(bound, inclusive)
 
-    def _wire(self, emu_bytes: float) -> tuple[int, float]:
-        return _wire(emu_bytes)
-
     def send(self, src: int, seg: Seg, dtype: str) -> None:
-        packets, wire_bytes = self._wire(seg.emu_bytes)
+        packets, wire_bytes = _wire(seg.emu_bytes)
         if seg.emu_bytes > 0:
             self.payload_segments += 1
             self.empty_segments += not len(seg.data)
@@ -229,7 +225,7 @@ class P2PEndpoint:
         w = self.wiring
         if w.leaves is not None and dst < self.m and w.crosses(src, dst):
             assert w.layout is not None
-            packets, wire_bytes = self._wire(seg.emu_bytes)
+            packets, wire_bytes = _wire(seg.emu_bytes)
             w.leaves.segment(1, int(w.layout.leaf[dst]), seg, wire_bytes, packets)
         else:
             self.receive(seg)
@@ -262,7 +258,7 @@ class P2PEndpoint:
         src, dst, seq, segno = seg.src, seg.dst, seg.seq, seg.segment
         if dst not in self.index:
             raise FrameError(f"segment for endpoint {dst}, which host {self.host} does not hold")
-        packets, wire_bytes = self._wire(seg.emu_bytes)
+        packets, wire_bytes = _wire(seg.emu_bytes)
         if inside:
             assert self.wiring.intra_down is not None
             t, _ = self.wiring.intra_down.receive_segment(self.index[dst], seg.first_us, seg.last_us, wire_bytes,
@@ -271,7 +267,6 @@ class P2PEndpoint:
             t, resent = self.down.receive_segment(self.wiring.link[dst], seg.first_us, seg.last_us, wire_bytes,
                                                   packets)
             self.bytes_sent += round(wire_bytes + resent)
-        self.delivered += 1
         if dst in self.servers and segno & SPARSE_SEGMENT:
             self._queue(dst, self.sparse_servers[dst].on_segment(dst, seq, seg.values, t), seg.dtype)
             return
@@ -307,9 +302,6 @@ class _Timed:
         self.heap: list[tuple] = []
         self.by_link: dict[int, list[float]] = {}
         self._links_of = links_of
-
-    def __bool__(self) -> bool:
-        return bool(self.heap)
 
     def first(self) -> float:
         return self.heap[0][0] if self.heap else math.inf

@@ -62,10 +62,6 @@ class InaPools:
 
     # -- what the host asks of one endpoint ---------------------------------------------
     @property
-    def delivered(self) -> int:
-        return sum(p.delivered for p in self.endpoints.values())
-
-    @property
     def runs(self) -> dict[tuple[int, int], CollRun]:
         return {(pool << _POOL_BITS | local, seq): run for pool, ep in self.endpoints.items()
                 for (local, seq), run in ep.runs.items()}
@@ -79,7 +75,7 @@ class InaPools:
         return self._of(run).start(worker, run, real_elements)
 
     def most_resent(self) -> tuple[int, int, int, int]:
-        return max(ep.group.most_resent() for ep in self.endpoints.values())
+        return max(ep.most_resent() for ep in self.endpoints.values())
 
     def timer_fired(self, local: int, slot: int, t: float, lost: float) -> None:
         self.endpoints[local >> _POOL_BITS].timer_fired(local & _LOCAL, slot, t, lost)

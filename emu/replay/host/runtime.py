@@ -46,14 +46,13 @@ from emu.replay.plan.programs import WorkerProgram, straggling
 
 _RUN, _RETX = 0, 1  # local event kinds, in the order they are handled at equal times
 # No progress (docs/reliability.md), counted in emulated events so that the outcome does not
-# depend on the machine's load. Real rows and segments: one packet resent STALL_RESENDS times in a
+# depend on the machine's load. Real rows and segments: one packet resent GIVE_UP_ROUNDS times in a
 # row without its result coming back, which loss alone does to a packet with probability
-# loss ** STALL_RESENDS (4e-15 at 50% loss). Only lost packets are resent, so the many timeouts
+# loss ** GIVE_UP_ROUNDS (4e-15 at 50% loss). Only lost packets are resent, so the many timeouts
 # of workers whose slots wait for a straggler's compute never count (they did: issue 31's stall
 # was that). Payload scale (emulated packets, drawn per chunk as it completes): since a
 # collective last completed here, more than STALL_TIMEOUTS emulated timeouts and more than
 # STALL_RATIO per emulated packet position delivered.
-STALL_RESENDS = GIVE_UP_ROUNDS
 STALL_TIMEOUTS = 1000
 STALL_RATIO = 50
 _STALL_EVERY = 64  # windows between checks
@@ -339,10 +338,10 @@ class Host:
                 return
 
     def _check_progress(self) -> None:
-        """Stop a replay that cannot finish (``STALL_RESENDS``), saying what was seen."""
+        """Stop a replay that cannot finish (``GIVE_UP_ROUNDS``), saying what was seen."""
         p = self.cfg.link.loss
         resends, worker, slot, chunk = self.ina.most_resent()
-        if resends >= STALL_RESENDS:
+        if resends >= GIVE_UP_ROUNDS:
             raise NoProgress(f"no progress: worker {worker}'s packet on slot {slot} (chunk {chunk} of the stream) was "
                              f"resent {resends} times in a row without its result coming back, on host "
                              f"{self.setup.index} ({self._pending()}); loss alone does that to one packet with "
@@ -355,7 +354,7 @@ class Host:
 
     def _check_segments(self) -> None:
         rounds, link = max(a.most_rounds for a in self.wiring.all_links())
-        if rounds >= STALL_RESENDS:
+        if rounds >= GIVE_UP_ROUNDS:
             p = self.cfg.link.loss
             raise NoProgress(f"no progress: a packet of a point-to-point segment on link {link} was resent {rounds} "
                              f"times in a row, on host {self.setup.index} ({self._pending()}); loss alone does that to "

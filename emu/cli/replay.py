@@ -16,7 +16,7 @@ from emu.emulator import fabric as fabrics
 from emu.errors import CheckFailed, ConfigError, EmuError
 
 if TYPE_CHECKING:
-    from emu.replay import AdaptiveReport, CompressionReport, ReplayConfig, ReplayReport
+    from emu.replay import AdaptiveReport, CompressionReport, FabricReport, ReplayConfig, ReplayReport, Verification
 
 
 @cli.command()
@@ -335,7 +335,7 @@ def _table(reports, path: Path) -> None:
         else f"{r.summary.throughput_samples_per_s:,.0f} samples/s")
     row("bytes on the wire", lambda r: human_bytes(r.summary.bytes_sent))
     row("verification", lambda r: ("ok" if r.verification.ok else "FAILED")
-        + f" ({r.verification.elements_checked:,} checked"
+        + f" ({_checked(r.verification)}"
         + (", real ranks' tensors" if r.verification.payload == "recorded" else "")
         + (f", {r.verification.segments_without_data:,} segments empty" if r.verification.segments_without_data
            else "") + ")")
@@ -358,7 +358,7 @@ def _table(reports, path: Path) -> None:
     row("busiest link", lambda r: "-" if r.fabric.busiest_link is None else
         f"{r.fabric.busiest_link['name']} ({r.fabric.busiest_link['kind']}): "
         f"{100 * r.fabric.busiest_link['utilisation']:.0f}%")
-    row("packets lost (resent)", lambda r: f"{r.fabric.packets_lost:,}")
+    row("packets lost (resent)", lambda r: _lost(r.fabric))
     row("fallbacks", lambda r: ", ".join(f"{k} x{v}" for k, v in sorted(r.fabric.fallbacks.items())) or "-")
     row("clock", lambda r: r.emulator.clock if r.emulator.tdf is None else f"wall, dilation {r.emulator.tdf:g}")
     row("payload scale", lambda r: str(r.emulator.payload_scale))
@@ -428,6 +428,25 @@ def _nodes(nodes: list[int] | None) -> str:
         else:
             runs.append([n, n])
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _checked(v: Verification) -> str:
+    """Distinct elements checked, and the deliveries where they differ (each worker checks what it
+    receives)."""
+    if v.elements_distinct and v.elements_distinct != v.elements_checked:
+        return f"{v.elements_distinct:,} elements checked, {v.elements_checked:,} deliveries"
+    return f"{v.elements_checked:,} checked"
+
+
+def _lost(f: FabricReport) -> str:
+    """Emulated packets lost, saying which were modelled (drawn and timed, no message dropped)."""
+    if not f.packets_lost:
+        return "0"
+    if f.packets_lost_modelled >= f.packets_lost:
+        return f"{f.packets_lost:,} (modelled)"
+    if f.packets_lost_modelled:
+        return f"{f.packets_lost:,} ({f.packets_lost - f.packets_lost_modelled:,} real, {f.packets_lost_modelled:,} modelled)"
+    return f"{f.packets_lost:,} (real)"
 
 
 def _compression(c: CompressionReport) -> str:

@@ -24,13 +24,20 @@ from emu.replay.orchestrator import replay
 from emu.replay.plan.layout import has_subgroups, parse_mesh, plan_mesh
 from emu.replay.plan.programs import WorkerProgram, plan_programs, programs_for, straggling
 from emu.replay.plan.scale import choose_payload_scale, scale_for
-from emu.replay.report.model import AdaptiveReport, CompressionReport, ReplayReport, write_chrome_trace
+from emu.replay.report.model import (
+    AdaptiveReport,
+    CompressionReport,
+    FabricReport,
+    ReplayReport,
+    Verification,
+    write_chrome_trace,
+)
 
 __all__ = [
     "DESIGN_KEYS", "FLAG_KEYS", "JOIN_TIMEOUT_S", "AdaptiveReport", "Clock", "CollRun", "CompressOption", "CompressionReport",
-    "FakeWorker", "IterationRecord", "WorkerState",
+    "FabricReport", "FakeWorker", "IterationRecord", "WorkerState",
     "Jobs", "NetworkDesign", "ReplayConfig", "ReplayError", "ReplayReport", "SparsityOption", "Straggler",
-    "WorkerProgram", "apply_design", "choose_payload_scale", "from_environment", "has_subgroups", "join", "load_design",
+    "Verification", "WorkerProgram", "apply_design", "choose_payload_scale", "from_environment", "has_subgroups", "join", "load_design",
     "parse_mesh", "parse_packet_rate", "plan_mesh", "plan_programs", "programs_for", "replay", "replay_jobs",
     "scale_for", "spread", "straggling", "topology_from_flags", "union_us", "write_chrome_trace",
 ]

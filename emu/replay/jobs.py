@@ -318,13 +318,15 @@ def _report(run: _Shared, measured: Measured) -> ReplayReport:
     mismatches = sum(r.verify_mismatches for r in results)
     verification = Verification(ok=all(r.verification.ok for r in per_job), elements_checked=elements,
                                 mismatches=mismatches, segments=sum(r.payload_segments for r in results),
-                                segments_without_data=sum(r.empty_segments for r in results))
+                                segments_without_data=sum(r.empty_segments for r in results),
+                                elements_distinct=sum(r.verify_distinct for r in results))
     fallbacks: dict[str, int] = {}
     for r in results:
         for k, v in r.fallbacks.items():
             fallbacks[k] = fallbacks.get(k, 0) + v
     fabric = replace(top.fabric, retransmissions=sum(r.retransmissions for r in results),
                      lost=sum(r.lost for r in results), packets_lost=sum(r.packets_lost for r in results),
+                     packets_lost_modelled=sum(r.packets_lost_modelled for r in results),
                      fallbacks=fallbacks, slots=sum(cfg.real_slots for cfg in configs), slots_emulated=jobs.pool(config),
                      **utilisation(results, records, switch.pipeline_busy_us if config.packet_rate else None))
     emulator = replace(top.emulator, events=sum(r.events for r in results),

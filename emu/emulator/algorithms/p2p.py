@@ -145,13 +145,21 @@ def _segment_map(layout: Chunks) -> dict[int, tuple[int, int, int]]:
 
 @dataclass
 class Check:
-    elements: int = 0
+    elements: int = 0  # element deliveries checked: a result reaching M workers counts M times
     mismatches: int = 0
+    # distinct elements of the results checked: a result every member receives (an all_reduce's,
+    # an all_gather's, a broadcast's) counts at one member of the group (``Algorithm.distinct``),
+    # a part only one member receives (a reduce_scatter's shard, a direct algorithm's message) at it
+    distinct: int = 0
 
-    def compare(self, got: np.ndarray, want: np.ndarray, slack: np.ndarray | None = None) -> None:
+    def compare(self, got: np.ndarray, want: np.ndarray, slack: np.ndarray | None = None,
+                distinct: bool = True) -> None:
         """Count ``got``'s elements and those that are not ``want`` (exactly, or within ``slack``:
-        recorded payload's sums, whose rounding depends on the order they were formed in)."""
+        recorded payload's sums, whose rounding depends on the order they were formed in);
+        ``distinct``: this worker is the one whose checks count as distinct elements."""
         self.elements += len(want)
+        if distinct:
+            self.distinct += len(want)
         bad = got != want if slack is None else np.abs(got - want) > slack
         self.mismatches += int(np.count_nonzero(bad))
 
@@ -169,6 +177,9 @@ class Algorithm:
         self.finished = False
         self.end_us = 0.0
         self._map = layout.segment_map()
+        # a result every member receives is counted as distinct elements at the group's first
+        # member (``Check``); subclasses whose members receive different parts say so
+        self.distinct = rank == 0
 
     def _block(self, lo: int, hi: int, workers: int | None = None):
         if self.recorded is not None:
@@ -190,10 +201,10 @@ class Algorithm:
         """Check a reduced segment against the sum over the workers: exactly for generated
         payload, within the rounding of its dtype for the real ranks' tensors."""
         if self.recorded is None:
-            self.check.compare(got, self.total(lo, hi))
+            self.check.compare(got, self.total(lo, hi), distinct=self.distinct)
             return
         blk = self._block(lo, hi)
-        self.check.compare(got, blk.expected_sum(self.summed_over), blk.slack(self.summed_over))
+        self.check.compare(got, blk.expected_sum(self.summed_over), blk.slack(self.summed_over), self.distinct)
 
     def _sends(self, dst: int, chunk: int, t: float, values) -> list[Seg]:
         return [Seg(dst, self.seq, seg, values(lo, hi), self.layout.seg_emu_bytes(chunk), t)
@@ -202,7 +213,7 @@ class Algorithm:
     def _received(self, src: int, segment: int, data: np.ndarray, t: float) -> list[Seg]:
         """A segment of ``src``'s own data (a direct algorithm's): checked and counted, nothing to send."""
         _, lo, hi = self._map[segment]
-        self.check.compare(data, self.own(lo, hi, worker=src))
+        self.check.compare(data, self.own(lo, hi, worker=src))  # src's message to this worker alone: distinct
         self.got += 1
         self._done(t)
         self.finished = self.got == self.need
@@ -230,6 +241,7 @@ class Ring(Algorithm):
     def __init__(self, *args, reduce: bool, gather: bool, own: int, **kw) -> None:
         super().__init__(*args, **kw)
         self.reduce, self.gather = reduce, gather
+        self.distinct = self.distinct or not gather  # a reduce_scatter's shards: each worker its own
         self.own_chunk = own % self.size
         self.right = (self.rank + 1) % self.size
         self.seen: dict[int, int] = {}
@@ -296,7 +308,10 @@ class Ring(Algorithm):
                 if self.on_final is not None:
                     self.on_final(lo, hi, data)
             else:
-                self.check.compare(data, self.own(lo, hi, worker=chunk))
+                # an all_gather: chunk c is worker c's shard, which every worker but c receives;
+                # rank 0 counts the others' as distinct, rank 1 rank 0's
+                first = chunk != 0 if self.rank == 0 else self.rank == 1 and chunk == 0
+                self.check.compare(data, self.own(lo, hi, worker=chunk), distinct=first)
             if chunk != (o + 2) % m:
                 out.append(Seg(self.right, self.seq, segment, data, seg_bytes, t))
         self.got += 1
@@ -316,6 +331,7 @@ class BinomialBroadcast(Algorithm):
     def __init__(self, *args, root: int, **kw) -> None:
         super().__init__(*args, **kw)
         self.root = root % self.size
+        self.distinct = self.rank == (self.root + 1) % self.size  # the root checks nothing
         v = (self.rank - self.root) % self.size
         self.children = []
         step = 1 << v.bit_length() if v else 1
@@ -340,7 +356,7 @@ class BinomialBroadcast(Algorithm):
 
     def on_segment(self, src: int, segment: int, data: np.ndarray, t: float) -> list[Seg]:
         chunk, lo, hi = self._map[segment]
-        self.check.compare(data, self.own(lo, hi, worker=self.root))
+        self.check.compare(data, self.own(lo, hi, worker=self.root), distinct=self.distinct)
         self.got += 1
         self._done(t)
         self.finished = self.got == self.need

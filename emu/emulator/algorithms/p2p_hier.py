@@ -80,6 +80,7 @@ class HierRing(Algorithm):
                                 recorded=self.recorded, reduce=True, gather=True, own=v, workers=self.size,
                                 partial=self.sum)
         self.ring.on_final = self._final
+        self.ring.distinct = self.distinct  # rank 0 counts distinct elements, leader or not
         out = self._up(self.ring.start(t))
         for src, segment, data, at in self.early:
             out += self.on_segment(src, segment, data, max(at, t))

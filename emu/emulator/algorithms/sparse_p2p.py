@@ -182,7 +182,7 @@ class _Sparse(Algorithm):
         return Seg(dst, self.seq, SPARSE_SEGMENT | segment, msg.pack(), msg.emu_bytes, t, wire_dtype=WIRE_DTYPE)
 
     def _verify(self, got: np.ndarray, t: float) -> None:
-        self.check.compare(got, self.total(0, self.layout.real))
+        self.check.compare(got, self.total(0, self.layout.real), distinct=self.distinct)
         self.finished = True
         self._done(t)
 

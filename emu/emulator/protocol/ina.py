@@ -138,8 +138,9 @@ class Packets:
 
 @dataclass
 class ResultCheck:
-    elements: int = 0
+    elements: int = 0  # element deliveries checked (a result row reaching 4 workers counts 4)
     mismatches: int = 0
+    distinct: int = 0  # distinct elements of the results checked (at the group's first worker)
 
 
 
@@ -454,6 +455,10 @@ class InaGroup(StreamData):
                     if coll.kind == CollKind.ALL_GATHER:  # a lane carries 4 bytes of the tensor
                         real = real * 4 // Dtype(coll.dtype).itemsize
                     check.elements += int(real.sum())
+                    # a reduce_scatter's sums reach their owner alone; other results reach every
+                    # member, and count as distinct at the group's first
+                    first = None if coll.kind == CollKind.REDUCE_SCATTER else self.wids[w[d][carries]] == 0
+                    check.distinct += int(real.sum() if first is None else real[first].sum())
                     check.mismatches += int(verify[msg_rows].sum())
                 np.add.at(coll.done, w[d], 1)
                 np.maximum.at(coll.end_us, w[d], t_last[d])
@@ -500,6 +505,7 @@ class InaGroup(StreamData):
                 self._check(coll, msg_rows[todo], blk[summed][todo], payload, verify)
             real = np.minimum(self.p.elements, coll.real_elements - blk[summed] * self.p.elements)
             check.elements += int(real.sum())
+            check.distinct += int(real[self.wids[w[summed]] == 0].sum())
             check.mismatches += int(verify[msg_rows].sum())
         # a sparse collective is done once every chunk of its range came back or was skipped (the
         # announcements count: with no union block they are all there is)

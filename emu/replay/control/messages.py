@@ -105,6 +105,10 @@ class HostResult:
     # real element (emu.replay.report.model.Verification)
     payload_segments: int = 0
     empty_segments: int = 0
+    verify_distinct: int = 0  # distinct elements of the results checked (verify_elements: deliveries)
+    # of packets_lost, those whose loss and resending were drawn by a model and timed, no real
+    # message dropped: a point-to-point segment's packets, INA's rows at payload scale above 1
+    packets_lost_modelled: int = 0
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,7 @@ class InaCounters:
     bytes_sent: float = 0.0  # emulated wire bytes, both directions
     lost: int = 0  # real rows the links dropped
     packets_lost: int = 0  # emulated packets lost
+    packets_lost_modelled: int = 0  # of those, drawn per row at payload scale above 1 (no real row dropped)
 
 
 class InaEndpoint:
@@ -230,6 +231,7 @@ class InaEndpoint:
         if self.scaled is not None:
             resent = self._scaled_lost(pk.headers["chunk"].astype(np.int64), pk.emu_packets, pk.local, down=False)
             self.counters.packets_lost += int(resent.sum())
+            self.counters.packets_lost_modelled += int(resent.sum())
             packets = packets + resent
         return self.link[pk.local], sizes * packets, packets
 
@@ -372,6 +374,7 @@ class InaEndpoint:
         if self.scaled is not None:
             resent = self._scaled_lost(chunks[rb], per[rb], li, down=True)
             self.counters.packets_lost += int(resent.sum())
+            self.counters.packets_lost_modelled += int(resent.sum())
             scale = scale + resent
             delay = np.zeros(len(chunks))
             slots = batch.headers["slot"].astype(np.int64)

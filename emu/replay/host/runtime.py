@@ -391,6 +391,8 @@ class Host:
             events=self.counters.events, real_bytes=self.counters.real_bytes,
             verify_elements=self.p2p.check.elements + self.ina.check.elements,
             verify_mismatches=self.p2p.check.mismatches + self.ina.check.mismatches,
+            verify_distinct=self.p2p.check.distinct + self.ina.check.distinct,
+            packets_lost_modelled=ina.packets_lost_modelled + sum(a.resent_packets for a in self.wiring.all_links()),
             payload_segments=self.p2p.payload_segments, empty_segments=self.p2p.empty_segments,
             lag=self.lag.to_dict() if self.measure_lag else None,
             completed=_sum_counts(fw.s.completed for fw in self.workers.values()),

@@ -70,7 +70,8 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
     lanes_ok = compression is None or compression.switch_exact is not False
     verification = Verification(ok=mismatches == 0 and elements > 0 and lanes_ok, elements_checked=elements,
                                 mismatches=mismatches, segments=sum(r.payload_segments for r in results),
-                                segments_without_data=sum(r.empty_segments for r in results))
+                                segments_without_data=sum(r.empty_segments for r in results),
+                                elements_distinct=sum(r.verify_distinct for r in results))
     # the payload's sparsity is reported over the iterations the run was asked for (once, for what
     # was asked and what was sent)
     sparse = replayed_sparse(trace, config, max(1, iters), program)
@@ -151,7 +152,8 @@ def _fabric(config: ReplayConfig, measured: Measured, records: dict[int, list[li
         duplicates=int(stats.get("duplicates", 0)), slots=config.real_slots, slots_emulated=config.emulated_slots,
         results=int(stats.get("results", 0)), answered=int(stats.get("answered", 0)),
         dropped=int(stats.get("dropped", 0)), lost=sum(r.lost for r in results),
-        packets_lost=sum(r.packets_lost for r in results), segments=switch.segments, fallbacks=fallbacks,
+        packets_lost=sum(r.packets_lost for r in results),
+        packets_lost_modelled=sum(r.packets_lost_modelled for r in results), segments=switch.segments, fallbacks=fallbacks,
         invalid=int(stats.get("invalid", 0)), malformed=int(stats.get("malformed", 0)),
         stale=int(stats.get("stale", 0)),
         **utilisation(results, records, switch.pipeline_busy_us if config.packet_rate else None))

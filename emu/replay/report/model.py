@@ -23,7 +23,8 @@ from emu.errors import ConfigError
 from emu.files import write_atomic
 
 # 2: trace.sha256, config.stragglers and config.design added (CHANGELOG.md); no meaning changed
-REPORT_VERSION = 2
+# 3: verification.elements_distinct and fabric.packets_lost_modelled added; no meaning changed
+REPORT_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class Summary:
 @dataclass(frozen=True)
 class Verification:
     ok: bool
+    # element deliveries checked: every worker checks what it receives, so a result reaching M
+    # workers counts M times (``elements_distinct``: once)
     elements_checked: int
     mismatches: int
     # what the workers sent: generated (emu.emulator.payload.generated, every sum exact) or recorded (the
@@ -60,6 +63,9 @@ class Verification:
     # 1/M of it) can be empty, its emulated bytes crossed every link and no value of it was checked
     segments: int = 0
     segments_without_data: int = 0
+    # distinct elements of the results checked, each once however many workers checked it (a
+    # result every member receives counts at one member; a reduce_scatter's shard at its owner)
+    elements_distinct: int = 0
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,9 @@ class FabricReport:
     segments: int
     fallbacks: dict[str, int] = field(default_factory=dict)
     packets_lost: int = 0  # emulated packets lost on any link, every kind; each is resent
+    # of those, the ones whose loss and resending a model drew and timed, no real message dropped:
+    # a point-to-point segment's packets always, INA's at payload scale above 1 (docs/reliability.md)
+    packets_lost_modelled: int = 0
     # packets the switch dropped unapplied (docs/protocol.md): always 0 between emu's own workers
     invalid: int = 0
     malformed: int = 0

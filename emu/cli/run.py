@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -12,6 +12,9 @@ from emu.cli import cli
 from emu.cli.options import auto, design_options, network_config
 from emu.cli.output import ProgressBar, err
 from emu.errors import CheckFailed, ConfigError
+
+if TYPE_CHECKING:
+    from emu.run.protocol import Checked
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
@@ -82,7 +85,20 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, iters:
 
         words = argv[1:] if len(argv) > 1 and not argv[0].endswith(".py") else argv
         _table([report], Path(words[1] if words[0] == "-m" and len(words) > 1 else words[0]))
-        err().print(f"real ranks' results checked: {result.elements_checked:,} elements, "
-                    f"{result.mismatches} mismatched", markup=False, highlight=False)
-    if not report.verification.ok or result.mismatches:
-        raise CheckFailed("verification failed: the fabric's or the real ranks' results did not match their sums")
+        err().print(_checked_line(result.checked), markup=False, highlight=False, soft_wrap=True)
+    failed = [*(["the fabric's results did not match their sums"] if not report.verification.ok else []),
+              *([f"{result.checked.mismatches} of the real ranks' results did not match what the real ranks "
+                 "contributed"] if result.checked.mismatches else [])]
+    if failed:
+        raise CheckFailed(f"verification failed: {'; '.join(failed)}")
+
+
+def _checked_line(checked: Checked) -> str:
+    """What the real ranks checked of their results (``emu.run.protocol.Checked``), in one line."""
+    from emu.run.protocol import UNCHECKED
+
+    line = (f"real ranks' results checked in their own processes: {checked.results:,} ({checked.elements:,} "
+            f"elements), {checked.mismatches} mismatched")
+    if checked.unchecked:
+        line += "; not checked: " + ", ".join(f"{n:,} ({UNCHECKED[why]})" for why, n in checked.unchecked)
+    return line

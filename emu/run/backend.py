@@ -9,13 +9,23 @@ and the optimizer's steps are reported too, so the coordinator can record the ra
 Compute is measured on the calling thread's CPU clock by default (``thread``): the real ranks
 and emu share the machine's cores, and CPU time is what the rank's work costs whatever else
 runs; ``wall`` measures wall time instead (for work spread over threads, or on a quiet machine).
+
+The rank checks every result it receives, here in its own process, on the tensors the script now
+holds, against what the real ranks contributed, not against the coordinator's arithmetic: each
+request carries a digest of the rank's own tensor (``digest``), the coordinator relays the K
+ranks' digests with the result, and the rank compares (``verdict``). A sum's digest is its
+projections on seeded random vectors, which are linear: the result's projections must be the
+share of each real rank (``M / K``, or ``1 / K`` for avg) times the sum of the ranks', within a
+rounding bound (``_bound``), or exactly mod 2^bits for integers. A copy's digest is a hash of its
+bytes. What a rank checked goes to the coordinator with each call (``protocol.Checked``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -24,8 +34,11 @@ import torch.distributed as dist
 import zmq
 
 from emu.run import protocol
+from emu.run.protocol import MAX_DIGESTS, PROJECTIONS
 
 NAME = "emu"
+SEED = 0x656D75  # the projections' vectors are drawn from (SEED, the collective's seq, the tensor's index)
+CHUNK = 1 << 16  # elements of the vectors drawn at a time (every rank draws them alike)
 _REDUCE = ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"), (dist.ReduceOp.MAX, "max"),
            (dist.ReduceOp.MIN, "min"), (dist.ReduceOp.PRODUCT, "product"))
 _DTYPE = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.int64: "int64",
@@ -51,6 +64,8 @@ class Channel:
         self.mark = self.clock()
         self.wall_mark = time.perf_counter()
         self.seq = 0
+        self.real = 1  # the real ranks (K): the coordinator's answer to hello
+        self.checked = protocol.Checked()  # what this rank checked of the results it received
         self.outstanding: list[int] = []  # collectives issued and not yet waited for
         self.queued = False  # a wait at the end of the running backward pass is queued
 
@@ -63,18 +78,23 @@ class Channel:
         self.mark = self.clock()
 
     def call(self, head: dict[str, Any], frames: list[bytes] | None = None,
-             compute_us: float | None = None) -> list[bytes]:
-        """Send a request; the reply's frames. ``compute_us``: measured before the request was
-        built (default: now); the caller resumes the clock when it has copied the reply out."""
+             compute_us: float | None = None) -> tuple[dict[str, Any], list[bytes]]:
+        """Send a request, with what the rank has checked so far; the reply's checked header and
+        its frames. ``compute_us``: measured before the request was built (default: now); the
+        caller resumes the clock when it has copied the reply out."""
         head = {"v": protocol.VERSION, "rank": self.rank,
-                "compute_us": self.compute_us() if compute_us is None else compute_us, **head}
+                "compute_us": self.compute_us() if compute_us is None else compute_us,
+                "check": self.checked.header(), **head}
         self.sock.send_multipart(protocol.encode(head, frames))
         try:
             reply = self.sock.recv_multipart()
         except zmq.Again:
             raise RuntimeError(f"emu run: no answer from emu's coordinator within {self.timeout_ms / 1000:.0f} s "
                                "(--timeout)") from None
-        return reply[1:]
+        try:
+            return protocol.reply_of(reply), reply[1:]
+        except protocol.ProtocolError as exc:
+            raise RuntimeError(f"emu run: {exc} (the rank and emu run must be the same emu install)") from None
 
     def wait(self, ids: list[int]) -> None:
         """Tell the coordinator the rank waited here for ``ids``."""
@@ -168,12 +188,16 @@ class EmuProcessGroup(dist.ProcessGroup):
         ch.seq += 1
         head = {"kind": "coll", "seq": seq, "coll": coll, "dtype": _DTYPE[next(iter(dtypes))] if dtypes else "uint8",
                 "shapes": [list(a.shape) for a in arrays], "op": reduce, "root": root}
-        reply = ch.call(head, [a.tobytes() for a in arrays], compute_us=compute)
+        head["digest"] = digest(head, arrays, ch.real)
+        frames = [a.tobytes() for a in arrays]  # copies: an in-place call's arrays become its result
+        answer, reply = ch.call(head, frames, compute_us=compute)
         if len(reply) != len(outputs):
             raise RuntimeError(f"emu run: {coll} came back with {len(reply)} tensors, not {len(outputs)}")
         for out, frame in zip(outputs, reply, strict=True):
             arr = np.frombuffer(frame, dtype=protocol.DTYPES[head["dtype"]]).reshape(tuple(out.shape))
             out.copy_(torch.from_numpy(arr.copy()))
+        if coll != "barrier":
+            self._check(head, frames, outputs, answer.get("digests"))
         ch.outstanding.append(seq)
         if not ch.queued and torch._C._current_autograd_node() is not None:
             # issued from backward (DDP's buckets): the rank waits for it when backward ends
@@ -181,6 +205,17 @@ class EmuProcessGroup(dist.ProcessGroup):
             torch.autograd.Variable._execution_engine.queue_callback(ch.end_of_backward)
         ch.resume()
         return EmuWork(ch, seq, outputs)
+
+    def _check(self, head: dict[str, Any], frames: list[bytes], outputs: list[torch.Tensor],
+               digests: list[dict[str, Any] | None] | None) -> None:
+        """Check the result on the tensors the script now holds, and count it (``verdict``);
+        ``frames``: the rank's own inputs, as sent."""
+        received = [out.detach().numpy() for out in outputs]
+        index = self.rank() if head["coll"] == "reduce_scatter" else 0
+        own = np.frombuffer(frames[index], protocol.DTYPES[head["dtype"]]).reshape(head["shapes"][index])
+        ch = self.channel
+        reason, ok = verdict(head, received, own, digests, self.rank(), ch.real, self.size())
+        ch.checked = ch.checked.record(reason, sum(int(y.size) for y in received), ok)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> EmuWork:
         _one("allreduce", tensors)
@@ -244,8 +279,190 @@ def register(address: str, clock: str, timeout_s: float) -> None:
             raise Unsupported(f"emu run: process groups other than the job's ({size} of its {world} ranks: "
                               "new_group, a device mesh's dimensions) are not supported yet")
         _CHANNEL.append(Channel(address, rank, clock, timeout_s))
-        _CHANNEL[0].call({"kind": "hello", "world_size": size})
+        answer, _ = _CHANNEL[0].call({"kind": "hello", "world_size": size})
+        _CHANNEL[0].real = int(answer["real"])
         _CHANNEL[0].resume()
         return EmuProcessGroup(_CHANNEL[0], rank, size)
 
     dist.Backend.register_backend(NAME, create, devices=["cpu"])
+
+
+# -- the digests of the rank's contribution, and the check of its result ------------------------
+
+
+def digest(head: dict[str, Any], arrays: list[np.ndarray], k: int) -> list[dict[str, Any] | None] | None:
+    """The digest of this rank's contribution to the collective ``head`` (``protocol``'s docstring):
+    per tensor whose result a real rank checks, its projections (a sum) or its hash (a copy); None
+    where no result is checked from digests."""
+    coll, op, dt = head["coll"], head["op"], np.dtype(protocol.DTYPES[head["dtype"]])
+    if coll == "barrier" or k > MAX_DIGESTS:
+        return None
+    if coll in ("broadcast", "all_gather"):
+        return [{"h": _hash(arrays[0])}]
+    if op not in ("sum", "avg") or dt.kind == "b" or (op == "avg" and dt.kind != "f"):
+        return None
+    tensors = arrays[:1] if coll == "all_reduce" else arrays[:k]  # a reduce_scatter: real rank i's input
+    return [_sum_digest(a.ravel(), head["seq"], i) for i, a in enumerate(tensors)]
+
+
+def verdict(head: dict[str, Any], received: list[np.ndarray], own: np.ndarray,
+            digests: list[dict[str, Any] | None] | None, rank: int, k: int, m: int) -> tuple[str | None, bool]:
+    """Why rank ``rank``'s result of collective ``head`` is not checked (``protocol.UNCHECKED``;
+    None: it is), and whether it passed what was checked. ``received``: the result's tensors as
+    the script holds them; ``own``: the rank's own input to it (a reduce_scatter's ``rank``-th);
+    ``digests``: per real rank, its digest of the tensor the result reduces or copies."""
+    coll, op, dt = head["coll"], head["op"], np.dtype(protocol.DTYPES[head["dtype"]])
+    if k > MAX_DIGESTS:
+        return "ranks", True
+    if coll in ("broadcast", "all_gather"):
+        hashes = [(d or {}).get("h") for d in _relayed(head, digests, k)]
+        sources = [int(head["root"] or 0) % k] if coll == "broadcast" else [w % k for w in range(m)]
+        return None, all(_hash(y) == hashes[src] for y, src in zip(received, sources, strict=True))
+    if op == "product":
+        return "product", True
+    if op in ("max", "min"):
+        return _bounded(op, received[0], own, k)
+    if dt.kind == "b":
+        return "bool", True
+    if op == "avg" and dt.kind != "f":
+        return "int_avg", True
+    relayed = _relayed(head, digests, k)
+    entries = [d for d in relayed if d is not None]
+    if len(entries) < k:
+        return "nonfinite", True  # a rank's tensor holds inf or NaN: it sent no projections
+    if any(set(d) != ({"p", "a"} if dt.kind == "f" else {"p"}) for d in entries):
+        raise RuntimeError(f"emu run: {coll} {head['seq']} came back with digests of another kind than a sum "
+                           f"of {dt.name} (the rank and emu run must be the same emu install)")
+    index = rank if coll == "reduce_scatter" else 0
+    flat = received[0].ravel()
+    if dt.kind != "f":
+        return None, _wrapped_ok(flat, entries, m // k, head["seq"], index)
+    share = m / k if op == "sum" else 1.0 / k  # the weight of each real rank's tensor: its workers'
+    return _projected(flat, entries, share, k, head["seq"], index)
+
+
+def _relayed(head: dict[str, Any], digests: list[dict[str, Any] | None] | None,
+             k: int) -> list[dict[str, Any] | None]:
+    """The coordinator's relayed digests, one per real rank."""
+    if digests is None or len(digests) != k:
+        raise RuntimeError(f"emu run: {head['coll']} {head['seq']} came back with {digests and len(digests)} "
+                           f"digests of the {k} real ranks' tensors (the rank and emu run must be the same emu "
+                           "install)")
+    return digests
+
+
+def _bounded(op: str, got: np.ndarray, own: np.ndarray, k: int) -> tuple[str | None, bool]:
+    """A maximum (minimum) of workers that all hold this rank's tensor is that tensor, exactly;
+    of several real ranks' it is at least (most) this rank's, which is all a rank can see."""
+    if got.dtype.kind == "f" and (np.isnan(got).any() or np.isnan(own).any()):
+        return "nonfinite", True
+    if k == 1:
+        return None, bool(np.array_equal(got, own))
+    return "max_min", bool(np.all(got >= own) if op == "max" else np.all(got <= own))
+
+
+def _vectors(seq: int, index: int, n: int, integer: bool) -> Iterator[tuple[slice, np.ndarray]]:
+    """The ``PROJECTIONS`` vectors of tensor ``index`` of collective ``seq``, ``CHUNK`` elements at a
+    time, as every rank draws them: uniform on [-1, 1) for floats (continuous, so that no error is
+    orthogonal to them but with probability 0), uniform 64-bit words for integers."""
+    rng = np.random.default_rng([SEED, seq, index])
+    for start in range(0, n, CHUNK):
+        c = min(CHUNK, n - start)
+        if integer:
+            v = np.frombuffer(rng.bytes(8 * PROJECTIONS * c), dtype="<u8").reshape(PROJECTIONS, c)
+        else:
+            v = rng.random((PROJECTIONS, c))
+            v *= 2.0
+            v -= 1.0
+        yield slice(start, start + c), v
+
+
+def _projections(flat: np.ndarray, seq: int, index: int) -> tuple[np.ndarray, np.ndarray]:
+    """dot(x, v_j) and dot(|x|, |v_j|), in float64."""
+    p, a = np.zeros(PROJECTIONS), np.zeros(PROJECTIONS)
+    with np.errstate(all="ignore"):  # inf or NaN: the caller sees it in the projections
+        for part, v in _vectors(seq, index, flat.size, False):
+            x = flat[part].astype(np.float64)
+            p += v @ x
+            a += np.abs(v) @ np.abs(x)
+    return p, a
+
+
+def _wrapped(flat: np.ndarray, seq: int, index: int) -> list[int]:
+    """dot(x, v_j) mod 2^64, the integers as two's complement words (numpy's uint64 wraps)."""
+    acc = [0] * PROJECTIONS
+    for part, v in _vectors(seq, index, flat.size, True):
+        words = flat[part].astype(np.int64).view(np.uint64)
+        acc = [(a + int(s)) % (1 << 64) for a, s in zip(acc, (v * words).sum(axis=1, dtype=np.uint64), strict=True)]
+    return acc
+
+
+def _sum_digest(flat: np.ndarray, seq: int, index: int) -> dict[str, Any] | None:
+    if flat.dtype.kind != "f":
+        return {"p": _wrapped(flat, seq, index)}
+    p, a = _projections(flat, seq, index)
+    if not (np.isfinite(p).all() and np.isfinite(a).all()):
+        return None  # inf or NaN: no sum of it can be checked
+    return {"p": p.tolist(), "a": a.tolist()}
+
+
+def _wrapped_ok(flat: np.ndarray, digests: list[dict[str, Any]], share: int, seq: int, index: int) -> bool:
+    """An integer sum is exact mod 2^bits, wrapped or not: y = share * sum_r x_r (mod 2^bits)
+    elementwise, so dot(y, v_j) = share * sum_r dot(x_r, v_j) (mod 2^bits), and 2^bits divides
+    2^64, in which the projections are formed."""
+    mod = 1 << (8 * flat.dtype.itemsize)
+    want = [share * sum(d["p"][j] for d in digests) % mod for j in range(PROJECTIONS)]
+    return [g % mod for g in _wrapped(flat, seq, index)] == want
+
+
+def _projected(flat: np.ndarray, digests: list[dict[str, Any]], share: float, k: int, seq: int,
+               index: int) -> tuple[str | None, bool]:
+    if not np.isfinite(flat).all():
+        return "nonfinite", True  # an overflow to inf
+    p, c = _projections(flat, seq, index)
+    want = share * np.sum([d["p"] for d in digests], axis=0)
+    mags = np.sum([d["a"] for d in digests], axis=0)
+    if not (np.isfinite(p).all() and np.isfinite(c).all() and np.isfinite(want).all()):
+        return "nonfinite", True
+    return None, bool(np.all(np.abs(p - want) <= _bound(flat.dtype, flat.size, k, share, mags, c)))
+
+
+def _bound(dt: np.dtype, n: int, k: int, share: float, mags: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """How far a correct result's projections may lie from ``share`` times the sum of the ranks',
+    per projection j, for a result formed as the coordinator forms it: the K tensors summed in
+    float64, times M/K (an avg: then divided by M), rounded once to the dtype. Rigorous, so that a
+    correct result never fails. With u = 2^-53, u_d = eps/2 the dtype's unit roundoff, tiny its
+    smallest subnormal, gamma(i) = i u / (1 - i u) (the bound on the rounding of any sum of i
+    terms, in any order), z = share * sum_r x_r exactly, A_i = sum_r |x_r,i|, B_j = sum_r
+    dot(|x_r|, |v_j|) (``mags``), C_j = dot(|y|, |v_j|) (``c``) and every |v_j,i| <= 1:
+
+    - the result in float64: at most K + 1 roundings (K - 1 additions, the share, an avg's
+      division), so |zhat_i - z_i| <= (K + 1) u share A_i, or below float64's normal range
+      2^-1075 each for the two that are not additions (a sum that is subnormal is exact); its
+      cast to the dtype rounds to nearest, |y_i - zhat_i| <= u_d |zhat_i| + tiny/2, with |zhat_i|
+      within a factor 1 / (1 - u_d) of |y_i|. Projected: (K + 1) u share B_j + u_d C_j + n (tiny/2
+      + 2^-1074);
+    - the projections: dot(y, v_j) in float64 is off by at most gamma(n) C_j, each rank's dot(x_r,
+      v_j) by gamma(n) dot(|x_r|, |v_j|), times the share, and share times their sum by gamma(K)
+      share B_j; products that underflow float64 by 2^-1075 each, n (1 + K share) + 1 of them;
+    - all of it twice, for the second-order terms, for B and C being formed in float64 themselves,
+      and for the bound's own rounding (its absolute terms are at least 2^-1074, so it never
+      underflows to 0).
+
+    So an error is found where its projection is larger: a lost, doubled or wrong tensor, a wrong
+    share; a single element slightly off in a large tensor passes (docs/run.md).
+    """
+    u, sub = 2.0 ** -53, 2.0 ** -1074  # float64's unit roundoff and smallest subnormal
+    info = np.finfo(dt)
+    u_d, tiny = float(info.eps) / 2, float(info.smallest_subnormal)
+
+    def gamma(i: int) -> float:
+        return i * u / (1 - i * u)
+
+    relative = (k + 1) * u * share * mags + u_d * c + gamma(n + 1) * (c + share * mags) + gamma(k + 1) * share * mags
+    absolute = n * tiny / 2 + (n * (3 + k * share) + 1) * sub / 2
+    return 2 * (relative + absolute)
+
+
+def _hash(a: np.ndarray) -> str:
+    return hashlib.blake2b(np.ascontiguousarray(a).reshape(-1).view(np.uint8), digest_size=16).hexdigest()

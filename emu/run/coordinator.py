@@ -6,9 +6,10 @@ every real rank has issued it, with what a job of M workers gives when worker ``
 data of real rank ``w mod K`` (the fake workers mirror the real ones, ``M / K`` each): an
 all_reduce's sum is ``M / K`` times the real ranks' sum, so DDP's average over M is the K real
 ranks' average and training proceeds as a K-rank run would. Each result is computed in float64
-from the ranks' tensors and checked as it leaves, in the dtype it is sent in, against the
-reduction formed apart from the requests (sums within the dtype's rounding, copies and maxima
-exactly): ``Checked``.
+from the ranks' tensors and sent in their dtype. The coordinator does not check it: each rank
+does, in its own process, on what it received, against digests of what every real rank
+contributed (``emu.run.backend``), which the coordinator relays untouched; the ranks' counts
+come back with their calls (``checked``).
 
 The coordinator also keeps each collective's payload vectors (``emu.emulator.payload.recorded``): the
 first elements of what each real rank contributes, as many as a replay at M workers will send
@@ -33,6 +34,7 @@ import zmq
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.errors import RunFailed
 from emu.run import protocol
+from emu.run.protocol import Checked
 from emu.traces.model import Coll, CollKind, Compute, Dtype, Iteration, Op, RankProgram, Wait
 
 POLL_MS = 50
@@ -55,14 +57,6 @@ class _Rank:
     collectives: int = 0
 
 
-@dataclass
-class Checked:
-    """What verification saw: elements of results checked, and those that disagreed."""
-
-    elements: int = 0
-    mismatches: int = 0
-
-
 class Coordinator:
     """Serves the real ranks on ``address`` from a thread of its own (``start``, ``stop``)."""
 
@@ -82,7 +76,7 @@ class Coordinator:
         self.mirror = workers // real  # fake workers (and itself) that hold each real rank's data
         self.ranks = [_Rank() for _ in range(real)]
         self.pending: dict[int, dict[int, tuple[bytes, dict[str, Any], list[np.ndarray]]]] = {}
-        self.checked = Checked()
+        self.reports: dict[int, Checked] = {}  # per real rank, the latest counts of its check
         self.error: BaseException | None = None
         self.done: set[int] = set()
         self._stop = threading.Event()
@@ -103,6 +97,11 @@ class Coordinator:
         """Raise what went wrong in the coordinator's thread, if anything."""
         if self.error is not None:
             raise self.error
+
+    @property
+    def checked(self) -> Checked:
+        """What the real ranks checked of the results they received, as they last reported it."""
+        return sum(self.reports.values(), Checked())
 
     # -- the thread ---------------------------------------------------------------------------
 
@@ -142,13 +141,15 @@ class Coordinator:
         if not 0 <= r < self.k:
             raise RunProtocolFailed(f"a request from rank {r}, not one of the {self.k} real ranks")
         rank = self.ranks[r]
+        if "check" in head:
+            self.reports[r] = head["check"]
         ok = protocol.encode({"v": protocol.VERSION, "ok": True})
         kind = head["kind"]
         if kind == "hello":
             if head.get("world_size") != self.m:
                 raise RunProtocolFailed(f"rank {r} made a process group of {head.get('world_size')} ranks; the job "
                                         f"has {self.m} (the script must use the world size it is given)")
-            return [(ident, ok)]
+            return [(ident, protocol.encode({"v": protocol.VERSION, "ok": True, "real": self.k}))]
         if kind == "done":
             self.done.add(r)
             for seq, got in sorted(self.pending.items()):
@@ -205,14 +206,27 @@ class Coordinator:
         coll = first["coll"]
         data = [got[r][2] for r in range(self.k)]
         results = self._results(coll, first, data)
-        self._verify(coll, first, data, results)
+        digests = self._digests(seq, coll, [got[r][1].get("digest") for r in range(self.k)])
         for r in range(self.k):
             self.ranks[r].ops.append(self._record(seq, first, data[r]))
             self.ranks[r].outstanding.append(seq)
         self._keep(seq, self.ranks[0].ops[-1], data)
-        header = {"v": protocol.VERSION, "ok": True}
-        return [(got[r][0], protocol.encode(header, [np.ascontiguousarray(a).tobytes() for a in results[r]]))
+        return [(got[r][0], protocol.encode({"v": protocol.VERSION, "ok": True, "digests": digests[r]},
+                                            [np.ascontiguousarray(a).tobytes() for a in results[r]]))
                 for r in range(self.k)]
+
+    def _digests(self, seq: int, coll: str, sent: list[list[Any] | None]) -> list[list[Any] | None]:
+        """Per real rank, the digests its result is checked against, relayed as the ranks sent
+        them: each real rank's entry for the tensor that result reduces or copies (a
+        reduce_scatter's r-th input, otherwise the one)."""
+        if all(d is None for d in sent):
+            return [None] * self.k
+        want = self.k if coll == "reduce_scatter" else 1
+        for r, d in enumerate(sent):
+            if d is None or len(d) != want:
+                raise RunProtocolFailed(f"collective {seq} ({coll}): rank {r} sent {'no' if d is None else len(d)} "
+                                        f"digests where the result needs {want} (the ranks must run one emu install)")
+        return [[d[r if coll == "reduce_scatter" else 0] for d in sent] for r in range(self.k)]
 
     def _results(self, coll: str, head: dict[str, Any], data: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
         """Per real rank, the tensors its call returns (all_gather: the M outputs)."""
@@ -251,38 +265,6 @@ class Coordinator:
             total = np.asarray(total).astype(np.int64)
         return np.asarray(total).astype(dt)
 
-    def _verify(self, coll: str, head: dict[str, Any], data: list[list[np.ndarray]],
-                results: list[list[np.ndarray]]) -> None:
-        """Check every result, as it will be sent, against what it must be, formed apart from the
-        request's tensors: a sum against M / K times the real ranks' sum (within the rounding the
-        dtype allows for those magnitudes), a maximum or a copy exactly."""
-        if coll == "barrier":
-            return
-        dt = np.dtype(protocol.DTYPES[head["dtype"]])
-        for r in range(self.k):
-            if coll in ("broadcast", "all_gather"):
-                sources = [int(head.get("root") or 0) % self.k] if coll == "broadcast" else [
-                    w % self.k for w in range(self.m)]
-                for got, src in zip(results[r], sources, strict=True):
-                    self._count(int(np.count_nonzero(got != data[src][0])), got.size)
-                continue
-            xs = [d[0] for d in data] if coll == "all_reduce" else [d[r] for d in data]
-            got = results[r][0]
-            op = head["op"]
-            if op in ("max", "min"):
-                want = (np.maximum if op == "max" else np.minimum).reduce(xs)
-                self._count(int(np.count_nonzero(got != want)), got.size)
-                continue
-            if op == "product":
-                self._count(0, got.size)  # M factors: no independent exact form worth its cost
-                continue
-            stack = np.stack([x.astype(np.float64) for x in xs])
-            share = self.m / self.k if op == "sum" else 1.0 / self.k  # each real rank's workers' weight
-            want, scale = share * stack.sum(axis=0), share * np.abs(stack).sum(axis=0)
-            eps = np.finfo(dt).eps if dt.kind == "f" else 0.0
-            bad = np.abs(got.astype(np.float64) - want) > (self.k + 1) * eps * scale + (0.5 if dt.kind != "f" else 0)
-            self._count(int(np.count_nonzero(bad)), got.size)
-
     def _keep(self, seq: int, op: Op, data: list[list[np.ndarray]]) -> None:
         """Keep collective ``seq``'s payload vectors (module docstring), within the cap."""
         if self.keep is None or self.payload_dropped is not None or not isinstance(op, Coll) \
@@ -297,10 +279,6 @@ class Coordinator:
             return
         self.payloads[seq] = vectors
         self.payload_bytes += vectors.nbytes
-
-    def _count(self, mismatches: int, elements: int) -> None:
-        self.checked.elements += elements
-        self.checked.mismatches += mismatches
 
     def _record(self, seq: int, head: dict[str, Any], tensors: list[np.ndarray]) -> Coll:
         kind = _KIND[head["coll"]]

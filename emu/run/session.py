@@ -32,6 +32,7 @@ from emu.files import write_atomic
 from emu.lifetime import current
 from emu.replay import ReplayConfig, ReplayReport, choose_payload_scale, replay, scale_for
 from emu.run.coordinator import Coordinator
+from emu.run.protocol import Checked
 from emu.traces.io import save_trace
 from emu.traces.model import Source, Trace, TraceMeta
 from emu.traces.validate import validate_trace
@@ -73,8 +74,7 @@ class RunConfig:
 class RunResult:
     trace: Trace
     report: ReplayReport
-    elements_checked: int
-    mismatches: int
+    checked: Checked  # what the real ranks checked of their results, each in its own process
     payload_out: Path | None = None  # the real ranks' tensors, written beside --trace-out
 
 
@@ -135,8 +135,7 @@ def run_job(argv: Sequence[str], config: RunConfig, *, cores: int,
                     payload_path=None if payload_out is None else str(payload_out))
     if coordinator.payload_dropped is not None:
         report = replace(report, verification=replace(report.verification, payload_note=coordinator.payload_dropped))
-    return RunResult(trace=trace, report=report, elements_checked=coordinator.checked.elements,
-                     mismatches=coordinator.checked.mismatches, payload_out=payload_out)
+    return RunResult(trace=trace, report=report, checked=coordinator.checked, payload_out=payload_out)
 
 
 def _kept(config: ReplayConfig) -> Callable[[int, int], int]:

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,9 @@ def test_training_proceeds_as_the_real_ranks_alone_would(tmp_path, monkeypatch, 
         got, want = np.load(emu_out / f"rank{r}.npy"), np.load(gloo_out / f"rank{r}.npy")
         np.testing.assert_allclose(got[:-1], want[:-1], rtol=1e-4, atol=1e-6)
         assert got[-1] == 2 * want[-1] == 2 * (1 + 2)
-    assert result.report.verification.ok and result.mismatches == 0 and result.elements_checked > 0
+    checked = result.checked  # by each rank: DDP's broadcasts, its 5 steps' buckets, the plain all_reduce
+    assert result.report.verification.ok and checked.mismatches == 0 and checked.unchecked == ()
+    assert checked.results >= 2 * (5 + 1) and checked.elements > 0
     trace = result.trace
     assert trace.meta.source == Source.LIVE and trace.meta.world_size == 4 and len(trace.ranks) == 2
     assert trace.iterations == 5 - 2  # the first two optimizer steps warm up
@@ -188,14 +191,195 @@ def test_a_closure_optimizer_records_a_program_that_replays(tmp_path, no_childre
         assert issued and {i for op in it.ops if isinstance(op, Wait) for i in op.ids} == issued
 
 
-def test_the_coordinator_checks_what_it_sends() -> None:
+def _served(coll: str, op: str | None, dtype: str, tensors: list[list[np.ndarray]], m: int,
+            corrupt: Callable[[int, list[np.ndarray]], None] | None = None) -> list[tuple[str | None, bool]]:
+    """Without processes: each real rank's digest, the coordinator's results and relayed digests,
+    the results corrupted as they leave (``corrupt(rank, tensors)``), and each rank's verdict."""
+    from emu.run.backend import digest, verdict
     from emu.run.coordinator import Coordinator
 
-    c = Coordinator("ipc:///nonexistent", 4, 2)
-    a, b = np.array([1.0, 2.0], np.float32), np.array([3.0, 4.0], np.float32)
-    head = {"coll": "all_reduce", "dtype": "float32", "op": "sum", "root": None}
-    good = c._results("all_reduce", head, [[a], [b]])
-    c._verify("all_reduce", head, [[a], [b]], good)
-    assert (c.checked.elements, c.checked.mismatches) == (4, 0)
-    c._verify("all_reduce", head, [[a], [b]], [[np.array([8.0, 12.0], np.float32)], [good[1][0] * 1.01]])
-    assert c.checked.mismatches == 2  # the second rank's reply is 1% off
+    k = len(tensors)
+    c = Coordinator("ipc:///nonexistent", m, k)
+    head = {"coll": coll, "op": op, "dtype": dtype, "seq": 3, "root": 1 if coll == "broadcast" else None}
+    relayed = c._digests(3, coll, [digest(head, xs, k) for xs in tensors])
+    verdicts = []
+    for r, result in enumerate(c._results(coll, head, tensors)):
+        got = [np.array(t) for t in result]
+        if corrupt is not None:
+            corrupt(r, got)
+        own = tensors[r][r if coll == "reduce_scatter" else 0]
+        verdicts.append(verdict(head, got, own, relayed[r], r, k, m))
+    return verdicts
+
+
+def test_a_rank_checks_its_result_against_what_the_ranks_contributed() -> None:
+    """The digests, not the coordinator's arithmetic, decide: a result changed after the
+    coordinator formed it fails, a correct one passes; product is not checked, nor max of
+    several real ranks (bounded only)."""
+    ramp = [[np.arange(3000, dtype=np.float32) * (r + 1)] for r in range(2)]
+    assert _served("all_reduce", "sum", "float32", ramp, 4) == [(None, True)] * 2
+
+    def negate_last(r: int, got: list[np.ndarray]) -> None:
+        if r == 1:
+            got[0][-1] = -got[0][-1]
+
+    def swap(r: int, got: list[np.ndarray]) -> None:
+        got[0][[3, 2000]] = got[0][[2000, 3]]
+
+    def halve(r: int, got: list[np.ndarray]) -> None:  # a share of M/K lost
+        got[0][:] = got[0] / 2
+
+    assert _served("all_reduce", "sum", "float32", ramp, 4, negate_last) == [(None, True), (None, False)]
+    assert _served("all_reduce", "avg", "float32", ramp, 4, swap) == [(None, False)] * 2
+    assert _served("all_reduce", "sum", "float32", ramp, 4, halve) == [(None, False)] * 2
+    scattered = [[np.full(5, float(r + 10 * j), np.float64) for j in range(4)] for r in range(2)]
+    assert _served("reduce_scatter", "sum", "float64", scattered, 4) == [(None, True)] * 2
+    assert _served("reduce_scatter", "sum", "float64", scattered, 4, negate_last) == [(None, True), (None, False)]
+    wraps = [[np.full(7, 2**30, np.int32)] for _ in range(2)]  # 8 * 2^30 wraps to 0 in int32, as torch's would
+
+    def plus_one(r: int, got: list[np.ndarray]) -> None:
+        got[0][4] += 1
+
+    assert _served("all_reduce", "sum", "int32", wraps, 8) == [(None, True)] * 2
+    assert _served("all_reduce", "sum", "int32", wraps, 8, plus_one) == [(None, False)] * 2
+
+    def flip_bit(r: int, got: list[np.ndarray]) -> None:
+        got[-1].view(np.uint8)[5] ^= 1
+
+    assert _served("broadcast", None, "float32", ramp, 4) == [(None, True)] * 2
+    flags = [[np.array([True, False, r == 1])] for r in range(2)]
+
+    def flip_flag(r: int, got: list[np.ndarray]) -> None:
+        got[0][1] = not got[0][1]
+
+    assert _served("broadcast", None, "bool", flags, 4) == [(None, True)] * 2
+    assert _served("broadcast", None, "bool", flags, 4, flip_flag) == [(None, False)] * 2
+    assert _served("all_gather", None, "float32", ramp, 4, flip_bit) == [(None, False)] * 2
+    assert _served("all_reduce", "product", "float32", ramp, 4) == [("product", True)] * 2
+    assert _served("all_reduce", "max", "float32", ramp, 4) == [("max_min", True)] * 2
+    assert _served("all_reduce", "max", "float32", ramp[:1], 4) == [(None, True)]  # 4 copies of one rank: exact
+    def double(r: int, got: list[np.ndarray]) -> None:
+        got[0][:] = got[0] * 2
+
+    # a minimum above rank 0's own tensor is wrong; rank 1's is twice rank 0's, so it cannot tell
+    assert _served("all_reduce", "min", "float32", ramp, 4, double) == [("max_min", False), ("max_min", True)]
+    nan = [[np.array([np.nan, 1.0], np.float32)], [np.ones(2, np.float32)]]
+    assert _served("all_reduce", "sum", "float32", nan, 4) == [("nonfinite", True)] * 2
+
+
+def test_the_rounding_bound_passes_every_correct_sum() -> None:
+    """No false mismatch, whatever the dtype, magnitudes, cancellation or subnormals: the bound is
+    the rounding's worst case (``emu.run.backend._bound``)."""
+    rng = np.random.default_rng(7)
+    for trial in range(240):
+        dtype = ("float16", "float32", "float64")[trial % 3]
+        dt = np.dtype(dtype)
+        k, n = int(rng.integers(1, 5)), int(rng.choice([1, 7, 1000, 20000]))
+        m = k * int(rng.integers(1, 70))
+        base = rng.standard_normal(n) * 10.0 ** rng.uniform(-8, 1)
+        ranks = []
+        for r in range(k):
+            x = (base * (-1) ** r + rng.standard_normal(n) * 1e-3,  # cancellation
+                 rng.standard_normal(n) * float(np.finfo(dt).tiny) * rng.uniform(0, 4),  # subnormal
+                 (1 + rng.integers(0, 4, n) * float(np.finfo(dt).eps) / 2) * (-1) ** r,  # ties
+                 rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 3))[trial // 3 % 4]
+            ranks.append([x.astype(dt)])
+        with np.errstate(over="ignore"):
+            verdicts = _served("all_reduce", ("sum", "avg")[trial // 12 % 2], dtype, ranks, m)
+        assert all(ok and why in (None, "nonfinite") for why, ok in verdicts), (trial, verdicts)
+        assert sum(why is None for why, _ in verdicts) >= (k if dtype != "float16" else 0)
+    for dtype in ("int8", "uint8", "int16", "int32", "int64"):
+        info = np.iinfo(dtype)
+        ranks = [[rng.integers(info.min, info.max, 500, endpoint=True).astype(dtype)] for _ in range(3)]
+        assert _served("all_reduce", "sum", dtype, ranks, 6) == [(None, True)] * 3
+
+
+def test_digests_and_counts_in_headers_are_checked() -> None:
+    """What a rank sends of its check, and the digests either way, are bounded and checked like
+    every other key of a header."""
+    from emu.run.protocol import Checked, ProtocolError, header_of, reply_of
+
+    def request(**extra: object) -> list[bytes]:
+        head = {"v": 2, "rank": 0, "kind": "coll", "coll": "all_reduce", "dtype": "float32", "shapes": [[2]],
+                "op": "sum", "root": None, "seq": 0, **extra}
+        return [json.dumps(head).encode(), bytes(8)]
+
+    counts = Checked().record(None, 2, True).record("product", 5, True).record(None, 3, False)
+    head = header_of(request(digest=[{"p": [1.5, -2.0], "a": [1.5, 2.0]}], check=counts.header()))
+    assert head["check"] == counts == Checked(results=2, elements=5, mismatches=1, unchecked=(("product", 1),))
+    for bad in ([{"p": [1.0], "a": [1.0]}], [{"p": [float("nan"), 0.0], "a": [0.0, 0.0]}], [{"h": "beef"}],
+                [{"p": [2**64, 0]}], [None] * 129, {"p": [0, 0]}):
+        with pytest.raises(ProtocolError, match="digests"):
+            header_of(request(digest=bad))
+    with pytest.raises(ProtocolError, match="unchecked results"):
+        header_of(request(check={**counts.header(), "unchecked": {"because": 1}}))
+    with pytest.raises(ProtocolError, match="is not the counts"):
+        header_of(request(check={**counts.header(), "results": -1}))
+    assert reply_of([json.dumps({"v": 2, "ok": True, "real": 2, "digests": [{"h": "0" * 32}, None]}).encode()])
+    with pytest.raises(ProtocolError, match="64 KiB"):
+        reply_of([json.dumps({"v": 2, "ok": True, "digests": ["x" * (1 << 16)]}).encode()])
+
+
+def _corrupt_replies(monkeypatch: pytest.MonkeyPatch, bad: dict[int, tuple[int, str]]) -> None:
+    """The coordinator's replies changed after it formed (and, before, checked) them: collective
+    ``seq`` to real rank ``r`` (``bad[seq] = (r, dtype)``), its last element negated, or, for
+    a float64, one bit of its first byte flipped."""
+    from emu.run.coordinator import Coordinator
+
+    answer = Coordinator._answer
+
+    def corrupted(self: Coordinator, seq: int, got: dict) -> list:
+        replies = answer(self, seq, got)
+        if seq in bad:
+            r, dtype = bad[seq]
+            ident, parts = replies[r]
+            arr = np.frombuffer(parts[1], dtype).copy()
+            if dtype == "<f8":
+                arr.view(np.uint8)[0] ^= 1
+            else:
+                arr[-1] = -arr[-1]
+            replies[r] = (ident, [parts[0], arr.tobytes(), *parts[2:]])
+        return replies
+
+    monkeypatch.setattr(Coordinator, "_answer", corrupted)
+
+
+def test_a_result_corrupted_on_its_way_fails_the_run(tmp_path, monkeypatch, no_children) -> None:
+    """The ranks check what they received against their own digests: an all_reduce's element
+    negated on its way to rank 1 and a broadcast's bit flipped on its way to rank 0 are 2
+    mismatches, and emu run fails (exit 1). The coordinator's own check, before, saw its
+    results as it formed them and passed these."""
+    _corrupt_replies(monkeypatch, {2: (1, "<f4"), 5: (0, "<f8")})  # step 1's all_reduce, step 2's broadcast
+    res = CliRunner().invoke(cli, ["run", "--workers", "4", "--real", "2", "--fabric", "ring", "--", "python",
+                                   str(KNOWN)])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 1, res.output
+    assert "real ranks' results checked in their own processes: 16 (" in out and "2 mismatched" in out
+    assert "2 of the real ranks' results did not match what the real ranks contributed" in out
+
+
+def test_what_the_ranks_check_and_what_they_do_not(tmp_path, no_children) -> None:
+    """Every collective of 2 real ranks of 4 workers: sums of float32, float16 and int32,
+    a broadcast, an all_gather and a reduce_scatter are checked by each rank; a product is not
+    checked, and a max of 2 real ranks only bounded; a barrier has no result."""
+    script = _script(tmp_path, "every.py", (
+        "w = nn.Parameter(torch.zeros(2))\nopt = torch.optim.SGD([w], lr=0.1)\nn = dist.get_world_size()\n"
+        "t = torch.arange(6, dtype=torch.float32) + rank\ndist.all_reduce(t)\n"
+        "h = torch.linspace(-1, 1, 9, dtype=torch.float16) * (rank + 1)\ndist.all_reduce(h)\n"
+        "i = torch.full((3,), 2**20 + rank, dtype=torch.int32)\ndist.all_reduce(i)\n"
+        "p = torch.full((5,), 1.0 + rank, dtype=torch.float64)\ndist.all_reduce(p, op=dist.ReduceOp.PRODUCT)\n"
+        "mx = torch.arange(4) * (rank + 1)\ndist.all_reduce(mx, op=dist.ReduceOp.MAX)\n"
+        "b = torch.full((3,), float(rank))\ndist.broadcast(b, src=3)\n"
+        "outs = [torch.empty(2) for _ in range(n)]\ndist.all_gather(outs, torch.full((2,), float(rank)))\n"
+        "out = torch.empty(2)\ndist.reduce_scatter(out, [torch.full((2,), float(rank + j)) for j in range(n)])\n"
+        "dist.barrier()\n"
+        "assert t.tolist() == [2 * (2 * x + 1) for x in range(6)] and i.tolist() == [2**22 + 2] * 3\n"
+        "assert p.tolist() == [4.0] * 5 and b.tolist() == [1.0] * 3 and out.tolist() == [2 * (2 * rank + 1)] * 2\n"
+        "w.grad = torch.ones(2)\nopt.step()\n"))
+    result = run_job(["python", str(script)], RunConfig(replay=ReplayConfig(workers=4, fabric="ring"), real=2,
+                                                        warmup=0), cores=2)
+    checked = result.checked
+    assert (checked.results, checked.mismatches) == (2 * 6, 0)
+    assert checked.elements == 2 * (6 + 9 + 3 + 3 + 4 * 2 + 2)
+    assert checked.unchecked == (("max_min", 2), ("product", 2))
+    assert result.report.verification.ok

@@ -24,6 +24,9 @@ Decisions (docs/topology.md says why):
   share one payload scale, so that the shared and alone replays send the same rows.
 - The top of the report is job 0's (its trace, iterations and summary) with the whole fabric's
   utilisation, switch counters, verification and emulator figures; ``jobs`` gives every job.
+- ``--compress adaptive``: every job chooses for itself from what its own buckets got, and the
+  shared run is repeated until every job's choices are those its measurements call for
+  (``_adaptive_shared``); each job alone runs its own passes.
 """
 
 from __future__ import annotations
@@ -44,13 +47,15 @@ from emu.replay.config.options import Clock, ReplayConfig
 from emu.replay.control.plan import Measured, RunPlan
 from emu.replay.control.processes import execute
 from emu.replay.host.runtime import HostSetup
-from emu.replay.orchestrator import run_once
+from emu.replay.orchestrator import replay_adaptive, run_once
+from emu.replay.plan.adaptive import corrected, initial_plan
 from emu.replay.plan.hosts import host_layout, point_to_point
 from emu.replay.plan.layout import has_subgroups
 from emu.replay.plan.programs import WorkerProgram, programs_for
 from emu.replay.plan.scale import check_scale, scale_for, sparse_ps_scale_limit
+from emu.replay.plan.sparsity import with_sparsity
 from emu.replay.report.build import build_report, utilisation
-from emu.replay.report.model import JobReport, ReplayReport, Verification
+from emu.replay.report.model import CompressionReport, JobReport, ReplayReport, Verification
 from emu.replay.switch.daemon import SwitchSetup
 from emu.traces.model import Trace
 
@@ -78,8 +83,6 @@ class Jobs:
         if config.resolved_clock != Clock.SYNC:
             raise ConfigError("several jobs replay on the synchronized clock only (their shared and alone times "
                               f"must be exact to compare): drop --clock wall and --tdf, and use {fabrics.listing(True)}")
-        if config.compress.adaptive:
-            raise ConfigError("--compress adaptive replays one job in passes; with several jobs give a compressor")
         if self.pool(config) // len(self.workers) < 1:
             raise ConfigError(f"--slots {config.emulated_slots}: a static partition among {len(self.workers)} jobs "
                               "needs at least one slot a job")
@@ -198,7 +201,10 @@ def replay_jobs(traces: list[Trace], config: ReplayConfig, jobs: Jobs, trace_pat
             on_status(text)
 
     status(f"{len(traces)} jobs sharing the fabric (payload scale {config.scale})")
-    shared = _shared(traces, paths, config, jobs, configs, on_progress)
+    if config.compress.adaptive:
+        shared = _adaptive_shared(traces, paths, config, jobs, configs, on_progress, status)
+    else:
+        shared = _shared(traces, paths, config, jobs, configs, on_progress)
     assert shared.jobs is not None
     entries = list(shared.jobs)
     wall = shared.emulator.wall_s
@@ -206,7 +212,8 @@ def replay_jobs(traces: list[Trace], config: ReplayConfig, jobs: Jobs, trace_pat
     for j, (t, cfg, path) in enumerate(zip(traces, configs, paths, strict=True)):
         status(f"job {j} alone ({cfg.workers} workers)")
         try:
-            solo, _ = run_once(t, cfg, path, None, None)
+            solo = replay_adaptive(t, cfg, path, None, None, None) if cfg.compress.adaptive else \
+                run_once(t, cfg, path, None, None)[0]
         except (RunFailed, KeyboardInterrupt, Terminated) as exc:
             # the shared run is whole: keep it, with the jobs measured alone so far
             reason = {KeyboardInterrupt: "interrupted", Terminated: "terminated"}.get(type(exc), str(exc))
@@ -234,6 +241,52 @@ def _shared(traces: list[Trace], paths: list[str], config: ReplayConfig, jobs: J
     job, the leaves' links shared (emu.replay.host.jobs)."""
     report, _, _ = execute(_plan(traces, paths, config, jobs, configs), on_progress)
     return report
+
+
+def _adaptive_shared(traces: list[Trace], paths: list[str], config: ReplayConfig, jobs: Jobs,
+                     configs: list[ReplayConfig], on_progress: Callable[[float], None] | None,
+                     status: Callable[[str], None]) -> ReplayReport:
+    """``--compress adaptive`` with several jobs: the shared run pass after pass until every job's
+    choices are those its own measurements call for (emu.replay.plan.adaptive). A job's choice at
+    an iteration's start reads only what happened before it, in every job; so each pass corrects
+    the one job whose first wrong choice came earliest in emulated time (from there on, as one
+    job's passes do), everything before that instant replays identically, and every pass settles
+    at least one more choice."""
+    ranks = [with_sparsity(t, cfg.workers, cfg.sparsity) for t, cfg in zip(traces, configs, strict=True)]
+    plans = [initial_plan(r, cfg, config.iters) for r, cfg in zip(ranks, configs, strict=True)]
+    wall = 0.0
+    for p in range(1, len(traces) * config.iters + 2):
+        cfgs = [replace(cfg, compress=replace(cfg.compress, plan=plan)) for cfg, plan in zip(configs, plans, strict=True)]
+        report = _shared(traces, paths, config, jobs, cfgs, on_progress)
+        wall += report.emulator.wall_s
+        assert report.jobs is not None
+        wrong = []
+        for j, entry in enumerate(report.jobs):
+            assert entry.compression is not None and entry.compression.adaptive is not None
+            steps = entry.compression.adaptive.steps
+            nxt = corrected(plans[j], [s.bandwidth_bps for s in steps], ranks[j], cfgs[j])
+            if nxt is not None:
+                t = next(i for i in range(len(nxt)) if nxt[i] != plans[j][i])
+                wrong.append((steps[t].start_us or 0.0, j, t, nxt))
+        if not wrong:
+            return _with_passes(report, p, wall)
+        _, j, t, plans[j] = min(wrong, key=lambda w: (w[0], w[1]))
+        status(f"adaptive compression: pass {p}: job {j} measured other rates before iteration {t} than its "
+               "choices assumed; replaying again")
+    raise AssertionError("the adaptive passes did not settle: each must fix at least one more choice")
+
+
+def _with_passes(report: ReplayReport, passes: int, wall_s: float) -> ReplayReport:
+    """The last pass's report, saying how many passes it took and their wall time in all."""
+    def counted(c: CompressionReport | None) -> CompressionReport | None:
+        if c is None or c.adaptive is None:
+            return c
+        return replace(c, adaptive=replace(c.adaptive, passes=passes))
+
+    assert report.jobs is not None
+    return replace(report, compression=counted(report.compression),
+                   jobs=tuple(replace(e, compression=counted(e.compression)) for e in report.jobs),
+                   emulator=replace(report.emulator, wall_s=wall_s))
 
 
 def _plan(traces: list[Trace], paths: list[str], config: ReplayConfig, jobs: Jobs,
@@ -348,7 +401,7 @@ def _report(run: _Shared, measured: Measured) -> ReplayReport:
             nodes=None if cfg.topology is None else sorted({int(n) for n in cfg.topology.nodes}),
             slots=cfg.emulated_slots, iterations=r.iterations, summary=r.summary, verification=r.verification,
             overlapped=len(overlapped), shared_us=statistics.median(overlapped) if overlapped else None,
-            alone_us=None, slowdown=None))
+            alone_us=None, slowdown=None, compression=r.compression))
     return replace(top, config=cfg_doc, verification=verification, fabric=fabric, emulator=emulator,
                    jobs=tuple(entries))
 

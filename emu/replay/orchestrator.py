@@ -116,7 +116,7 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     if config.clock == Clock.WALL and config.tdf is None:
         config, calibration = _calibrate(trace, config, trace_path, on_status)
     if config.compress.adaptive:
-        report = _adaptive(trace, config, trace_path, chrome_trace, on_progress, on_status)
+        report = replay_adaptive(trace, config, trace_path, chrome_trace, on_progress, on_status)
     else:
         report, _ = run_once(trace, config, trace_path, chrome_trace, on_progress, payload)
     if payload is not None or payload_note is not None:
@@ -133,7 +133,7 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     return report
 
 
-def _adaptive(trace: Trace, config: ReplayConfig, trace_path: str | None,
+def replay_adaptive(trace: Trace, config: ReplayConfig, trace_path: str | None,
               chrome_trace: str | os.PathLike[str] | None, on_progress: Callable[[float], None] | None,
               on_status: Callable[[str], None] | None) -> ReplayReport:
     """``--compress adaptive``: replay pass after pass until every iteration's choices are those

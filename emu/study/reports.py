@@ -68,8 +68,8 @@ def _from_v1(doc: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def _from_v2(doc: dict[str, Any], path: Path) -> dict[str, Any]:
-    """Version 2 lacks ``verification.elements_distinct`` and ``fabric.packets_lost_modelled``: both
-    stay absent (nothing in the file says what they were)."""
+    """Version 2 lacks ``verification.elements_distinct``, ``fabric.packets_lost_modelled`` and
+    ``jobs[].compression``: they stay absent (nothing in the file says what they were)."""
     return doc
 
 

@@ -119,3 +119,27 @@ def test_point_to_point_segments_get_jitter_both_ways() -> None:
     for got in (up, down):
         assert all(0.0 <= x < 20.0 for x in got) and len(set(np.round(got, 9))) == len(got)
     assert extras(0) == up  # keyed, not random
+
+
+def test_the_leaves_links_to_the_spine_get_jitter_both_ways() -> None:
+    """A leaf's link to the spine delays each row by a draw in [0, jitter), as a NIC does (it gave
+    none: loss and jitter were the NICs' alone), each way, keyed by the link and the row's number."""
+    from emu.emulator.links.topology import Topology
+    from emu.replay.host.leaves import LeafStage
+
+    spine = Topology(workers_per_node=1, leaf_ports=2).spine_link(LinkSpec(bandwidth_bps=1e10, jitter_us=20.0))
+    assert spine.jitter_us == 20.0 and spine.loss == 0.0
+
+    def extras(direction: int) -> list[float]:
+        stage = LeafStage(np.array([0, 3]), spine, seed=7)
+        out = []
+        for k in range(8):
+            t = np.array([1000.0 * k, 1000.0 * k])
+            first, _ = stage._transmit(direction, np.array([0, 1]), t, t, np.array([1500.0, 1500.0]), np.ones(2))
+            out += list(first - t - float(spine.serialization_us(1500.0)) - spine.latency_us)
+        return out
+
+    up, down = extras(0), extras(1)
+    for got in (up, down):
+        assert all(0.0 <= x < 20.0 for x in got) and len(set(np.round(got, 9))) == len(got)
+    assert up != down and extras(0) == up  # each way its own draws; keyed, not random

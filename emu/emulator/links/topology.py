@@ -21,8 +21,8 @@ A ``Topology`` says what the cluster is made of; ``Topology.layout(M)`` places M
 
 ``algorithm = "hierarchical"`` makes INA's leaves aggregate before the spine, and the ring reduce
 inside nodes first (``emu.emulator.algorithms.p2p_hier``); the replay's configuration refuses it on a
-parameter server. Loss and jitter stay on the
-NIC links.
+parameter server. Jitter is on every link, NICs and leaves' links to the spine, both ways;
+loss on the NIC links alone.
 """
 
 from __future__ import annotations
@@ -164,12 +164,13 @@ class Topology:
         return self.leaf_ports * link.bandwidth_bps / self.oversubscription
 
     def spine_link(self, link: LinkSpec) -> LinkSpec:
-        """A leaf's link to the spine: ``uplink_bps``, and the NICs' bandwidth schedule scaled as
-        their rate is (a network whose bandwidth changes changes it on every hop). Loss and jitter
-        are the NICs' alone."""
+        """A leaf's link to the spine: ``uplink_bps``, the NICs' bandwidth schedule scaled as their
+        rate is (a network whose bandwidth changes changes it on every hop), and their jitter, each
+        way. Loss is the NICs' alone: the fabric's core is lossless, as a datacenter's spine with
+        priority flow control is."""
         scale = self.leaf_ports / self.oversubscription
         return LinkSpec(bandwidth_bps=self.uplink_bps(link), latency_us=self.spine_latency(link),
-                        schedule=tuple((t, b * scale) for t, b in link.schedule))
+                        jitter_us=link.jitter_us, schedule=tuple((t, b * scale) for t, b in link.schedule))
 
     def spine_latency(self, link: LinkSpec) -> float:
         return link.latency_us if self.spine_latency_us is None else self.spine_latency_us

@@ -74,6 +74,9 @@ class Failed:
 class WorkerRecord:
     iterations: list[list[float]]  # per iteration: start, end, compute, blocked, comm (emulated us)
     spans: list[list[Any]]  # (category, name, start, end) for the Chrome trace, when asked for
+    # per collective completed: iteration, id, start (when it had its stream), end (emulated us);
+    # where adaptive compression measures the rates its buckets got (emu.replay.plan.adaptive)
+    colls: list[list[float]] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emu.emulator.links.spec import Capacity, LinkSpec
+from emu.emulator.links.spec import Capacity, LinkSpec, uniform
 from emu.emulator.links.topology import Hierarchy, Layout
 from emu.emulator.protocol.transport import AggBatch, Segment
 from emu.replay.config.options import ReplayConfig
@@ -118,6 +118,9 @@ def conserve(link: np.ndarray, first: np.ndarray, last: np.ndarray, ser: np.ndar
     return np.minimum(start + one, np.maximum(first + one, out_last - (last - first))), out_last
 
 
+LEAF_STREAMS = 1 << 40  # the leaves' links draw jitter on streams of their own (a NIC's: endpoint x 2 + direction)
+
+
 class LeafStage:
     """The uplinks and downlinks of the leaves a host holds."""
 
@@ -140,6 +143,8 @@ class LeafStage:
         self._count = 0
         self.bytes_sent = 0.0
         self.bytes_by_job: dict[int, float] = {}  # of bytes_sent, per job (jobs sharing the fabric)
+        self.seed = seed
+        self.sent = (np.zeros(len(self.leaves), np.int64), np.zeros(len(self.leaves), np.int64))  # rows, per link
 
     @classmethod
     def of(cls, held: np.ndarray, cfg: ReplayConfig, *layouts: Layout) -> LeafStage:
@@ -177,8 +182,21 @@ class LeafStage:
             # each row's share of its link, in time: what its serialization took at the rate then
             np.add.at(self.busy_us[direction], leaf, out_last - cap.back(cap.to(out_last) - ser))
             self.free[direction][:] = cap.back(free)
-        lat = self.spec.latency_us
+        lat = self.spec.latency_us + self._jitter(direction, leaf)
         return out_first + lat, out_last + lat
+
+    def _jitter(self, direction: int, leaf: np.ndarray) -> np.ndarray | float:
+        """Each row's jitter on its link (``leaf``: sorted), drawn as a NIC's segment's is: keyed by
+        the link and the row's number on it, so the same whatever the process layout."""
+        count = self.sent[direction]
+        if not self.spec.jitter_us:
+            count += np.bincount(leaf, minlength=len(count))
+            return 0.0
+        rank = np.arange(len(leaf)) - np.searchsorted(leaf, leaf)  # the row's place among its leaf's
+        number = count[leaf] + rank
+        count += np.bincount(leaf, minlength=len(count))
+        stream = LEAF_STREAMS + self.leaves[leaf] * 2 + direction
+        return uniform(self.seed, stream, number) * self.spec.jitter_us
 
     def usage(self) -> dict[str, list]:
         """The leaves' links as ``Wiring.usage`` reports each kind of link."""

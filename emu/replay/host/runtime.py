@@ -145,7 +145,8 @@ class Host:
             factor, sigma = straggling(cfg.stragglers, self.m, cfg.seed)
             for prog in setup.programs:
                 state = WorkerState(program=prog, iters=setup.iters, straggle=float(factor[prog.worker]),
-                                    noise_sigma=float(sigma[prog.worker]), seed=cfg.seed)
+                                    noise_sigma=float(sigma[prog.worker]), seed=cfg.seed,
+                                    timed=cfg.compress.adaptive)
                 self.workers[prog.worker] = FakeWorker(state, self._start_coll, self._resume_at)
 
     def begin(self) -> None:
@@ -375,7 +376,8 @@ class Host:
         workers = {
             str(w): WorkerRecord(
                 iterations=[[r.start_us, r.end_us, r.compute_us, r.blocked_us, r.comm_us] for r in fw.s.records],
-                spans=[list(s) for s in fw.s.spans] if self.setup.spans else [])
+                spans=[list(s) for s in fw.s.spans] if self.setup.spans else [],
+                colls=[list(c) for c in fw.s.coll_times])
             for w, fw in self.workers.items()}
         ina = self.ina.counters
         leaves = self.wiring.leaves

@@ -67,6 +67,8 @@ class WorkerState:
     finished: bool = False
     spans: list[tuple[str, str, float, float]] = field(default_factory=list)  # (cat, name, start, end)
     completed: dict[str, int] = field(default_factory=dict)  # collectives done, by their group's role
+    timed: bool = False  # keep every completed collective's times (``coll_times``)
+    coll_times: list[tuple[int, int, float, float]] = field(default_factory=list)  # iteration, id, start, end
 
     def span(self, cat: str, name: str, start: float, end: float) -> None:
         if len(self.spans) < _SPAN_LIMIT and end >= start:
@@ -172,6 +174,9 @@ class FakeWorker:
         key = run.op.stream or 0
         s.stream_free_us[key] = max(s.stream_free_us.get(key, 0.0), run.end_us)
         s.span("comm", run.op.kind.value, run.start_us or run.issue_us, run.end_us)
+        if s.timed:
+            s.coll_times.append((s.it, run.op.id, run.start_us if run.start_us is not None else run.issue_us,
+                                 run.end_us))
         stream = s.streams[key]
         stream.remove(run)
         if stream:

@@ -10,11 +10,19 @@ time 0 (Kimad's time budget, set by the network the job was tuned for). Where no
 fastest candidate: on a fast link compressing costs more compute than it saves.
 
 Measuring and agreeing. Every collective needs the same size on every worker, so the workers
-must agree. Each worker measures its link's rate at the instant its iteration ends (an ideal NIC
-counter: the link's bandwidth then, ``--bandwidth-schedule``, with no noise); at the start of the
-next iteration they agree on the least of these with a 4-byte all_reduce, which the replay runs
-for its time (a sum standing in for the minimum: the same bytes), and every worker applies the
-same rule to it.
+must agree. Each worker notes, for every bucket of its iteration, when the bucket's collective
+had its stream (its issue, or the end of the collective before it on the stream) and when it
+completed; at the start of the next iteration the workers reduce these to each bucket's last
+start and last end with one all_reduce of two float32 a bucket (which the replay runs for its
+time: a sum standing in for the maximum, the same bytes). A bucket took from its last start to
+its last end: the network's time once every worker had issued it (a worker that issued early
+waits for its peers, which is not the network's doing). Every worker then reads the same number
+(``measured``): the link rate at which the buckets' collectives, in the form they were sent
+(compressed or not), each alone on a flat fabric's links, take that long in all (``rate_bps``,
+through the closed forms). Whatever slowed them shows: a bandwidth schedule, another job on a
+shared spine, oversubscription, loss. Within ``DEAD_BAND`` of the link's configured rate when the
+iteration ended, the measurement reads as that rate (the closed forms' own error is a few
+percent, docs/physics.md, and must not pass for congestion).
 The first iteration uses the link's bandwidth at time 0.
 
 Exact by passes. emu's programs are planned before the run, so the replay runs in passes
@@ -30,6 +38,7 @@ choices are exactly those its own measurements call for.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -43,6 +52,9 @@ from emu.traces.model import Coll, CollKind, Dtype, Iteration, RankProgram, Wait
 
 LADDER = (0.1, 0.03, 0.01, 0.003, 0.001)  # top-k ratios, least to most aggressive
 BUDGET_SLACK = 1e-9  # a candidate at exactly the budget fits, whatever the float rounding
+MIN_RATE_BPS = 1e6  # the least rate a measurement gives (1 Mb/s): anything slower reads as this
+RATE_STEPS = 48  # halvings of the measured rate's log range: far finer than any choice depends on
+DEAD_BAND = 0.05  # a measured rate within 5% of the configured one is the configured one
 
 
 # per replayed iteration, per compressible bucket in program order: the compressor chosen for it
@@ -56,17 +68,25 @@ def candidates(floor: float) -> list[Compressor]:
     return [NoCompression(), *(TopK(param=r) for r in ratios if r < 1)]
 
 
-def predicted_us(op: Coll, comp: Compressor, bandwidth_bps: float, config: ReplayConfig) -> float:
-    """One bucket's time at ``bandwidth_bps`` with ``comp``: compress, the collective alone on the
-    links (the fabric's closed form, with the bucket's sparsity where it stays uncompressed),
-    decompress."""
-    m = members(op, config.workers)
+def wire_us(op: Coll, comp: Compressor, bandwidth_bps: float, config: ReplayConfig) -> float:
+    """One bucket's collective alone on the links at ``bandwidth_bps``, in ``comp``'s form, without
+    the codec's compute (the fabric's closed form, with the bucket's sparsity where it stays
+    uncompressed, as predict times it). On a flat fabric even where the replay has a topology:
+    what the leaves, their spine and other jobs do to the buckets is in the rate measured, which
+    this form reads (and predict's topology forms take dense all_reduces only)."""
     link = LinkSpec(bandwidth_bps=bandwidth_bps, latency_us=config.link.latency_us)
     coll = op if comp.name == "none" else compressed(op, comp, config.workers, config.switch_sums)
-    wire = mechanisms.time_us(coll, replace(config.setting, link=link, workers=m))  # as predict times it
+    flat = replace(config.setting, link=link, workers=members(op, config.workers), topology=None, layout=None)
+    return mechanisms.time_us(coll, flat)
+
+
+def predicted_us(op: Coll, comp: Compressor, bandwidth_bps: float, config: ReplayConfig) -> float:
+    """One bucket's time at ``bandwidth_bps`` with ``comp``: compress, the collective alone on the
+    links (``wire_us``), decompress."""
+    wire = wire_us(op, comp, bandwidth_bps, config)
     if comp.name == "none":
         return wire
-    before, after = cost_us(comp, op.count, m, config.compress.speed)
+    before, after = cost_us(comp, op.count, members(op, config.workers), config.compress.speed)
     return before + wire + after
 
 
@@ -128,20 +148,67 @@ def planned_ranks(ranks: tuple[RankProgram, ...], plan: Plan, workers: int, worl
 
             body = compress_iteration(it, workers, pick, speed, switch_sums)
             agree_id = max((op.id for op in body.colls), default=-1) + 1
-            agree = Coll(id=agree_id, kind=CollKind.ALL_REDUCE, dtype=Dtype.FLOAT32, count=1, bytes=4,
+            # the last start and end of each bucket of the iteration before (a maximum: the same bytes)
+            n = 2 * max(1, len(chosen))
+            agree = Coll(id=agree_id, kind=CollKind.ALL_REDUCE, dtype=Dtype.FLOAT32, count=n, bytes=4 * n,
                          group_size=world_size)
             iterations.append(replace(body, ops=(agree, Wait(ids=(agree_id,)), *body.ops)))
         out.append(replace(r, iterations=tuple(iterations)))
     return tuple(out)
 
 
-def measured(link: LinkSpec, ends_us: dict[int, list[float]], iters: int) -> list[float]:
-    """Per iteration, the bandwidth the workers agree on: the link's at time 0, then the least of
-    every worker's link rate when its previous iteration ended."""
+def rate_bps(work: list[tuple[Coll, Compressor]], took_us: float, config: ReplayConfig, top_bps: float) -> float:
+    """The link rate at which the collectives of ``work`` (each bucket in the form it was sent),
+    each alone on the links, take ``took_us`` in all: bisection of the closed forms' time, which
+    falls as the rate grows, in log rate between ``MIN_RATE_BPS`` and ``top_bps``."""
+    def total(bps: float) -> float:
+        return sum(wire_us(op, comp, bps, config) for op, comp in work)
+
+    if total(top_bps) >= took_us:
+        return top_bps
+    if total(MIN_RATE_BPS) <= took_us:
+        return MIN_RATE_BPS
+    lo, hi = math.log(MIN_RATE_BPS), math.log(top_bps)
+    for _ in range(RATE_STEPS):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if total(math.exp(mid)) > took_us else (lo, mid)
+    return float(f"{math.exp(hi):.6g}")  # six digits: what the choice reads, and the report shows
+
+
+def _work(rank: RankProgram, t: int, labels: tuple[str, ...]) -> list[tuple[Coll, Compressor]]:
+    """Iteration ``t``'s buckets of ``rank`` with the compressor each was sent with."""
+    ops = buckets(rank.iterations[t % len(rank.iterations)])
+    return [(op, NoCompression() if label == "none" else parse_compress(label))
+            for op, label in zip(ops, labels, strict=True)]
+
+
+def measured(ranks: tuple[RankProgram, ...], config: ReplayConfig, plan: Plan,
+             colls: dict[int, list[list[float]]], ends_us: dict[int, list[float]]) -> list[float]:
+    """Per iteration, the rate the workers agree on (module docstring): the link's at time 0, then
+    what the previous iteration's buckets got. ``colls``: per worker, its collectives as
+    ``[iteration, id, start_us, end_us]``; ``ends_us``: when its iterations ended. A bucket's time
+    is from the last member's start to the last member's end: what the network took once every
+    worker had issued it (a worker that issued early waits for its peers, which is not the
+    network's doing)."""
+    link = config.link
+    top = max([link.bandwidth_bps, *(bps for _, bps in link.schedule)])
+    its = ranks[0].iterations
     out = [link.bandwidth_at(0.0)]
-    for t in range(1, iters):
-        rates = [link.bandwidth_at(ends[t - 1]) for ends in ends_us.values() if len(ends) >= t]
-        out.append(min(rates) if rates else out[-1])
+    for t in range(1, len(plan)):
+        ids = {op.id for op in buckets(its[(t - 1) % len(its)])}
+        spans: dict[int, list[float]] = {}
+        for rows in colls.values():
+            for it, i, start, end in rows:
+                if int(it) == t - 1 and int(i) in ids:
+                    span = spans.setdefault(int(i), [start, end])
+                    span[0], span[1] = max(span[0], start), max(span[1], end)
+        done = [w for w, rows in colls.items() if len(ends_us.get(w, ())) >= t]
+        if not ids or len(spans) < len(ids) or len(done) < config.workers:
+            out.append(out[-1])  # the iteration did not finish everywhere (a partial run's last)
+            continue
+        now = min(link.bandwidth_at(ends_us[w][t - 1]) for w in done)  # configured when it ended
+        got = rate_bps(_work(ranks[0], t - 1, plan[t - 1]), sum(e - s for s, e in spans.values()), config, top)
+        out.append(now if got >= now * (1 - DEAD_BAND) else got)
     return out
 
 
@@ -184,7 +251,7 @@ def run_passes(config: ReplayConfig, ranks: tuple[RankProgram, ...], iters: int,
 
 
 def adaptive_report(ranks: tuple[RankProgram, ...], config: ReplayConfig, plan: Plan, ends_us: dict[int, list[float]],
-                    starts_us: list[float]) -> CompressionReport:
+                    starts_us: list[float], colls: dict[int, list[list[float]]]) -> CompressionReport:
     """The report's ``compression`` for an adaptive replay (one pass: the orchestrator sets how
     many it took): bytes and compute are means over the iterations, per worker, of what was
     chosen; each choice's error is what ``--compress topk:R`` reports for it, so none is given."""
@@ -203,7 +270,7 @@ def adaptive_report(ranks: tuple[RankProgram, ...], config: ReplayConfig, plan: 
             b, a = cost_us(c, op.count, members(op, m), config.compress.speed)
             before, after = before + b, after + a
     n = max(1, len(plan))
-    seen = measured(config.link, ends_us, len(plan))
+    seen = measured(ranks, config, plan, colls, ends_us)
     cands = candidates(config.compress.floor)
     return CompressionReport(
         compressor=config.compress.label, aggregation="adaptive", feedback=True, in_switch=False,
@@ -213,6 +280,8 @@ def adaptive_report(ranks: tuple[RankProgram, ...], config: ReplayConfig, plan: 
         error_sample="adaptive: each choice's error is what --compress topk:R reports", error_accumulated=None,
         adaptive=AdaptiveReport(
             floor=config.compress.floor, candidates=[c.label for c in cands], passes=1,
-            agreement="each worker's link rate when its iteration ended; the least, agreed by a 4-byte all_reduce "
-                      "at the start of the next (in the replay's time)",
+            agreement="each bucket's last start and last end over the workers, agreed by an all_reduce of two "
+                      "float32 a bucket at the next iteration's start (in the replay's time); read as the flat link "
+                      "rate at which the buckets, as sent, take that long (within 5% of the configured rate, that "
+                      "rate)",
             steps=steps(plan, seen, starts_us)))

@@ -64,7 +64,8 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
                       bytes_sent=sum(r.bytes_sent for r in results)) if times else None
     elements = sum(r.verify_elements for r in results)
     mismatches = sum(r.verify_mismatches for r in results)
-    compression = _compression(trace, config, records, len(iterations))
+    colls = {int(w): d.colls for r in results for w, d in r.workers.items()}
+    compression = _compression(trace, config, records, len(iterations), colls)
     # a quantizer summed in the switch's lanes must unpack to the exact sums of its levels, or its
     # aggregate is wrong however intact the bytes
     lanes_ok = compression is None or compression.switch_exact is not False
@@ -187,8 +188,9 @@ def _trace_doc(trace: Trace, trace_path: str | None) -> dict[str, Any]:
 
 
 def _compression(trace: Trace, config: ReplayConfig, records: dict[int, list[list[float]]],
-                 iters: int) -> CompressionReport | None:
-    """``iters``: the iterations every worker completed (a partial run's last may be unfinished)."""
+                 iters: int, colls: dict[int, list[list[float]]]) -> CompressionReport | None:
+    """``iters``: the iterations every worker completed (a partial run's last may be unfinished);
+    ``colls``: each worker's collectives' times, where adaptive compression measures them."""
     if not config.compress.active:
         return None
     # which all_reduces compress depends on their sparsity as the job resolved it (a sparse tensor
@@ -198,7 +200,7 @@ def _compression(trace: Trace, config: ReplayConfig, records: dict[int, list[lis
         plan = config.compress.plan
         ends = {w: [row[1] for row in rec[:iters]] for w, rec in records.items()}
         starts = [min(rec[t][0] for rec in records.values()) for t in range(iters)]
-        return adaptive_report(ranks, config, plan, ends, starts)
+        return adaptive_report(ranks, config, plan, ends, starts, colls)
     return compression_report(ranks, config.workers, config.compress.compressor, config.compress.speed, config.seed,
                               switch_sums=config.switch_sums, packet_elements=config.elements)
 

@@ -23,7 +23,8 @@ from emu.errors import ConfigError
 from emu.files import write_atomic
 
 # 2: trace.sha256, config.stragglers and config.design added (CHANGELOG.md); no meaning changed
-# 3: verification.elements_distinct and fabric.packets_lost_modelled added; no meaning changed
+# 3: verification.elements_distinct, fabric.packets_lost_modelled and jobs[].compression added; no
+# meaning changed
 REPORT_VERSION = 3
 
 
@@ -246,6 +247,9 @@ class JobReport:
     shared_us: float | None  # their median (None: none did; give more --iters)
     alone_us: float | None  # the same iterations' median alone on the fabric: the same nodes and share of the pool
     slowdown: float | None  # shared_us over alone_us
+    # --compress: what the job's workers compressed (adaptive: the choices they made sharing the
+    # fabric; the top-level compression is job 0's)
+    compression: CompressionReport | None = None
 
 
 @dataclass(frozen=True)

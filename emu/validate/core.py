@@ -362,6 +362,9 @@ def _emu_run(name: str, model: str, setting: Setting, steps: int, measured: floa
     result = run_job(argv, config, cores=max(2, os.cpu_count() or 1))
     if not result.report.verification.ok or not result.report.emulator.trustworthy:
         raise ReplayError(f"emu run of {model} at {setting.name}: verification or trust failed")
+    if result.checked.mismatches:  # the real ranks' own check of the results they were given
+        raise ReplayError(f"emu run of {model} at {setting.name}: {result.checked.mismatches} of the real ranks' "
+                          "results did not match what the ranks contributed")
     return _case(name, CaseKind.RUN, measured, spread, result.report.summary.iteration_us_median,
                  f"{len(result.trace.ranks[0].iterations)} steps, compute on the thread CPU clock")
 

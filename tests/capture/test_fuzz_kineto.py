@@ -186,13 +186,13 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fuzz-kineto")
 
 
-@settings(FAST, max_examples=120)
+@settings(FAST, max_examples=60)
 @given(files=mutated_jobs())
 def test_mutated_real_traces_import_or_fail_clearly(workdir: Path, files: list[bytes]) -> None:
     assert check_import(workdir, files) in ("trace", "error")
 
 
-@settings(FAST, max_examples=320)
+@settings(FAST, max_examples=160)
 @given(files=random_files())
 def test_random_files_import_or_fail_clearly(workdir: Path, files: list[bytes]) -> None:
     assert check_import(workdir, files) in ("trace", "error")

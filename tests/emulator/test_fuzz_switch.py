@@ -196,7 +196,7 @@ def check_against_reference(cfg: dict[str, int], batches: list[list[Packet]]) ->
             n, ref.invalid, ref.malformed, ref.stale)
 
 
-@settings(FAST, max_examples=500)
+@settings(FAST, max_examples=250)
 @given(case=traffic())
 def test_switch_drops_and_counts_what_the_reference_drops(case) -> None:
     check_against_reference(*case)
@@ -265,7 +265,7 @@ def check_rounds(case: tuple) -> None:
         assert results[c] == (*want, sums)
 
 
-@settings(FAST, max_examples=700)
+@settings(FAST, max_examples=350)
 @given(case=honest_rounds())
 def test_malformed_packets_never_reach_an_aggregate(case) -> None:
     check_rounds(case)
@@ -346,7 +346,7 @@ def check_parse(data: bytes) -> str:
     return "packet"
 
 
-@settings(FAST, max_examples=1000)
+@settings(FAST, max_examples=500)
 @given(data=frames())
 def test_the_parsers_return_a_packet_or_raise_malformed(data: bytes) -> None:
     assert check_parse(data) in ("packet", "malformed")
@@ -420,7 +420,7 @@ def collective_rounds(draw: st.DrawFn) -> tuple[int, int, int, list[list[Packet]
     return slots, workers, k, batches, kinds
 
 
-@settings(FAST, max_examples=400)
+@settings(FAST, max_examples=200)
 @given(case=collective_rounds())
 def test_a_scatter_sum_reaches_its_owner_alone_and_a_gather_block_everyone(case) -> None:
     slots, workers, k, batches, kinds = case

@@ -59,7 +59,8 @@ def test_a_replay_under_a_schedule_lies_between_the_constant_ones(no_children) -
 
 
 # ina's takes 24 s here, and test_clock checks ina's layouts: the default run keeps ring's and ps's
-@pytest.mark.parametrize("fabric", ["ring", "ps", pytest.param("ina", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("fabric", ["ring", pytest.param("ps", marks=pytest.mark.slow),
+                                    pytest.param("ina", marks=pytest.mark.slow)])
 def test_a_schedule_replays_the_same_on_any_process_layout(fabric: str, no_children) -> None:
     from dataclasses import replace
 
@@ -76,7 +77,7 @@ def test_a_schedule_replays_the_same_on_any_process_layout(fabric: str, no_child
     assert first["config"]["bandwidth_schedule"] == [[0.0, 100e9], [20_000.0, 10e9], [60_000.0, 25e9]]
 
 
-@pytest.mark.parametrize("fabric", ["ring", "ina"])
+@pytest.mark.parametrize("fabric", ["ring", pytest.param("ina", marks=pytest.mark.slow)])
 def test_a_schedule_reaches_the_leaves_links_to_the_spine(fabric: str, no_children) -> None:
     """The NICs' schedule, scaled as their rate is, paces the leaf-spine links too: a schedule that
     is at 100 Gb/s from the first microsecond replays as the constant 100 Gb/s (it gave +28% and a

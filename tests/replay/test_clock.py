@@ -34,7 +34,8 @@ def mlp():
     return load_trace(sample_path("mlp"))
 
 
-@pytest.mark.parametrize("fabric", [pytest.param("ina", marks=pytest.mark.slow), "ring", "ps"])
+@pytest.mark.parametrize("fabric", [pytest.param("ina", marks=pytest.mark.slow), "ring",
+                                    pytest.param("ps", marks=pytest.mark.slow)])
 def test_identical_across_process_layouts(mlp, fabric: str, no_children) -> None:
     """Loss, jitter and stragglers on: every random draw is keyed by what it is about, and every
     link sees its packets in emulated-time order, so 1, 2 and 4 host processes agree exactly."""
@@ -128,7 +129,8 @@ def test_heavy_loss_at_payload_scale_is_the_same_on_every_layout(mlp, no_childre
     assert one.verification.ok and exact_part(one) == exact_part(eight)
 
 
-@pytest.mark.parametrize("fabric", ["ina", "ring", "ps"])
+@pytest.mark.parametrize("fabric", ["ina", pytest.param("ring", marks=pytest.mark.slow),
+                                    pytest.param("ps", marks=pytest.mark.slow)])
 def test_windows_past_the_uplinks_queues_change_no_number(mlp, fabric: str, monkeypatch, no_children) -> None:
     """On a slow link the uplinks are busy for a whole pool of packets: the bound that counts their
     queues (emu.replay.switch.daemon.Windows) takes far fewer windows, and every emulated number is

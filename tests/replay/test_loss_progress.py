@@ -23,7 +23,9 @@ def _replay(trace: str, workers: int, fabric: str, loss: float, seed: int, iters
 
 
 def test_the_cnn_on_ina_at_ten_percent_loss_completes_and_verifies(no_children) -> None:
-    r = _replay("cnn", 8, "ina", 0.1, 0)
+    """The default tier's case: the cnn's concurrent small buckets at 10% real loss (2 workers: 6 s
+    here; the 8 workers that stalled, 23 s, are the slow sweep's first case)."""
+    r = _replay("cnn", 2, "ina", 0.1, 0)
     assert r.complete and r.verification.ok and len(r.iterations) == 2
     assert r.fabric.retransmissions > 10_000 and r.fabric.lost > 10_000  # the loss was real, and heavy
 

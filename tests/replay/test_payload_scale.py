@@ -11,7 +11,7 @@ from emu.replay import ReplayConfig, replay
 from emu.traces import load_trace, sample_path
 
 
-@pytest.mark.parametrize("fabric", ["ring", "ps"])
+@pytest.mark.parametrize("fabric", ["ring", pytest.param("ps", marks=pytest.mark.slow)])
 def test_ring_and_ps_give_the_same_iteration_at_every_payload_scale(fabric: str, no_children) -> None:
     mlp = load_trace(sample_path("mlp"))
     times = {r: replay(mlp, ReplayConfig(workers=4, fabric=fabric, iters=1, payload_scale=r, processes=0,

@@ -75,7 +75,7 @@ def test_ina_on_a_topology_meets_its_formula(topo: Topology, no_children) -> Non
 
 
 @pytest.mark.parametrize("topo", [
-    Topology(workers_per_node=4),  # four workers push and pull through each NIC
+    pytest.param(Topology(workers_per_node=4), marks=pytest.mark.slow),  # four workers push and pull through each NIC
     pytest.param(Topology(workers_per_node=4, nics_per_node=2, placement=Placement.SPREAD),  # two a NIC
                  marks=pytest.mark.slow),
     pytest.param(Topology(workers_per_node=2, leaf_ports=1), marks=pytest.mark.slow),  # the shards hang off the spine
@@ -207,7 +207,7 @@ def test_hierarchical_ina_sends_one_partial_sum_a_leaf(no_children) -> None:
 
 
 @pytest.mark.parametrize("topo", [
-    Topology(workers_per_node=4, algorithm=Hierarchy.HIERARCHICAL),
+    pytest.param(Topology(workers_per_node=4, algorithm=Hierarchy.HIERARCHICAL), marks=pytest.mark.slow),
     pytest.param(Topology(workers_per_node=4, placement=Placement.SPREAD, algorithm=Hierarchy.HIERARCHICAL),
                  marks=pytest.mark.slow),
     pytest.param(Topology(workers_per_node=8, algorithm=Hierarchy.HIERARCHICAL), marks=pytest.mark.slow),

@@ -358,6 +358,7 @@ def test_a_result_corrupted_on_its_way_fails_the_run(tmp_path, monkeypatch, no_c
     assert "2 of the real ranks' results did not match what the real ranks contributed" in out
 
 
+@pytest.mark.slow  # the same checks in one process: test_a_rank_checks_its_result_against_what_the_ranks_contributed
 def test_what_the_ranks_check_and_what_they_do_not(tmp_path, no_children) -> None:
     """Every collective of 2 real ranks of 4 workers: sums of float32, float16 and int32,
     a broadcast, an all_gather and a reduce_scatter are checked by each rank; a product is not

@@ -204,19 +204,19 @@ def grammar_files(draw: st.DrawFn) -> bytes:
     return serialize(draw, draw(grammar_docs))
 
 
-@settings(FAST, max_examples=120)
+@settings(FAST, max_examples=60)
 @given(data=mutated_samples())
 def test_mutated_samples_load_or_fail_clearly(workdir: Path, data: bytes) -> None:
     assert check_load(workdir / "trace.json", data) in ("trace", "error")
 
 
-@settings(FAST, max_examples=200)
+@settings(FAST, max_examples=100)
 @given(data=grammar_files())
 def test_generated_documents_load_or_fail_clearly(workdir: Path, data: bytes) -> None:
     assert check_load(workdir / "trace.json", data) in ("trace", "error")
 
 
-@settings(FAST, max_examples=150)
+@settings(FAST, max_examples=75)
 @given(data=st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
 def test_random_bytes_fail_clearly(workdir: Path, data: bytes) -> None:
     assert check_load(workdir / "trace.json", data) == "error"
@@ -228,7 +228,7 @@ def test_the_seeds_load_and_mutations_reach_every_outcome(workdir: Path) -> None
         assert check_load(workdir / f"{name}.json", text.encode()) == "trace"
     seen = set()
 
-    @settings(FAST, max_examples=150)
+    @settings(FAST, max_examples=75)
     @given(data=mutated_samples())
     def outcomes(data: bytes) -> None:
         seen.add(check_load(workdir / "trace.json", data))

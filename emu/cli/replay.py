@@ -434,7 +434,7 @@ def _checked(v: Verification) -> str:
     """Distinct elements checked, and the deliveries where they differ (each worker checks what it
     receives)."""
     if v.elements_distinct and v.elements_distinct != v.elements_checked:
-        return f"{v.elements_distinct:,} elements checked, {v.elements_checked:,} deliveries"
+        return f"{v.elements_distinct:,} elements, {v.elements_checked:,} checks"
     return f"{v.elements_checked:,} checked"
 
 

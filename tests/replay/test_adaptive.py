@@ -110,7 +110,7 @@ def test_an_adaptive_replay_compresses_after_the_drop_and_is_exact(mlp, no_child
     bws = [s.bandwidth_bps for s in a.steps]
     changed = bws.index(1e9)
     # the iteration after the drop's buckets ran uncompressed at 1 Gb/s: read exactly; compressed
-    # ones read lower (small all_gathers, where the closed form is furthest from the replay)
+    # ones read lower (their spans in the iteration exceed their closed forms: docs/compression.md)
     assert 1 <= changed < 4 and all(b == 100e9 for b in bws[:changed]) and all(0.7e9 < b <= 1e9 for b in bws[changed:])
     assert [s.choices for s in a.steps] == [list(choose(buckets(mlp.ranks[0].iterations[0]), b, cfg)) for b in bws]
     assert a.steps[changed].choices == ["topk:0.001", "topk:0.001"] and a.steps[0].choices == ["none", "none"]

@@ -31,6 +31,7 @@ Decisions (docs/topology.md says why):
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -251,7 +252,9 @@ def _adaptive_shared(traces: list[Trace], paths: list[str], config: ReplayConfig
     an iteration's start reads only what happened before it, in every job; so each pass corrects
     the one job whose first wrong choice came earliest in emulated time (from there on, as one
     job's passes do), everything before that instant replays identically, and every pass settles
-    at least one more choice."""
+    at least one more choice. A choice's instant is when its iteration's reading was complete: the
+    last end of the iteration before (``_read_by``); the choice acts only after the agreement that
+    follows, which waits for every worker, so nothing it changes comes before its instant."""
     ranks = [with_sparsity(t, cfg.workers, cfg.sparsity) for t, cfg in zip(traces, configs, strict=True)]
     plans = [initial_plan(r, cfg, config.iters) for r, cfg in zip(ranks, configs, strict=True)]
     wall = 0.0
@@ -267,13 +270,25 @@ def _adaptive_shared(traces: list[Trace], paths: list[str], config: ReplayConfig
             nxt = corrected(plans[j], [s.bandwidth_bps for s in steps], ranks[j], cfgs[j])
             if nxt is not None:
                 t = next(i for i in range(len(nxt)) if nxt[i] != plans[j][i])
-                wrong.append((steps[t].start_us or 0.0, j, t, nxt))
+                wrong.append((_read_by(entry, t), j, t, nxt))
         if not wrong:
             return _with_passes(report, p, wall)
         _, j, t, plans[j] = min(wrong, key=lambda w: (w[0], w[1]))
         status(f"adaptive compression: pass {p}: job {j} measured other rates before iteration {t} than its "
                "choices assumed; replaying again")
     raise AssertionError("the adaptive passes did not settle: each must fix at least one more choice")
+
+
+def _read_by(entry: JobReport, t: int) -> float:
+    """When job ``entry``'s reading for iteration ``t`` was complete: its iteration ``t - 1``'s last
+    end (its earliest worker's start plus its span); 0 for the first, which reads nothing, and
+    never for an iteration that did not end (a partial run's)."""
+    if t == 0:
+        return 0.0
+    if t - 1 >= len(entry.iterations) or entry.compression is None or entry.compression.adaptive is None:
+        return math.inf
+    start = entry.compression.adaptive.steps[t - 1].start_us
+    return math.inf if start is None else start + entry.iterations[t - 1].emulated_us
 
 
 def _with_passes(report: ReplayReport, passes: int, wall_s: float) -> ReplayReport:

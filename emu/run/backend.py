@@ -364,12 +364,14 @@ def _bounded(op: str, got: np.ndarray, own: np.ndarray, k: int) -> tuple[str | N
 def _vectors(seq: int, index: int, n: int, integer: bool) -> Iterator[tuple[slice, np.ndarray]]:
     """The ``PROJECTIONS`` vectors of tensor ``index`` of collective ``seq``, ``CHUNK`` elements at a
     time, as every rank draws them: uniform on [-1, 1) for floats (continuous, so that no error is
-    orthogonal to them but with probability 0), uniform 64-bit words for integers."""
+    orthogonal to them but with probability 0), uniform odd 64-bit words for integers."""
     rng = np.random.default_rng([SEED, seq, index])
     for start in range(0, n, CHUNK):
         c = min(CHUNK, n - start)
         if integer:
-            v = np.frombuffer(rng.bytes(8 * PROJECTIONS * c), dtype="<u8").reshape(PROJECTIONS, c)
+            # odd words: an odd v is invertible mod 2^bits, so an error in one element always moves
+            # the projection (an even v hid a flipped sign bit one time in four)
+            v = np.frombuffer(rng.bytes(8 * PROJECTIONS * c), dtype="<u8").reshape(PROJECTIONS, c) | np.uint64(1)
         else:
             v = rng.random((PROJECTIONS, c))
             v *= 2.0

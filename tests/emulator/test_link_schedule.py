@@ -144,3 +144,18 @@ def test_the_leaves_links_to_the_spine_get_jitter_both_ways() -> None:
     for got in (up, down):
         assert all(0.0 <= x < 20.0 for x in got) and len(set(np.round(got, 9))) == len(got)
     assert up != down and extras(0) == up  # each way its own draws; keyed, not random
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fabric", ["ring", "ina"])
+def test_leaf_jitter_is_the_same_on_any_process_layout(fabric: str, no_children) -> None:
+    from emu.emulator.links.topology import Topology
+    from emu.replay import ReplayConfig, replay
+    from emu.traces import load_trace, sample_path
+
+    mlp = load_trace(sample_path("mlp"))
+    topo = Topology(workers_per_node=1, leaf_ports=2, oversubscription=2)
+    times = [[it.emulated_us for it in replay(mlp, ReplayConfig(
+        workers=8, fabric=fabric, iters=1, processes=p, topology=topo,
+        link=LinkSpec(bandwidth_bps=1e10, jitter_us=2.0))).iterations] for p in (0, 2)]
+    assert times[0] == times[1]

@@ -55,3 +55,32 @@ def test_losses_drawn_by_a_model_are_told_apart_from_rows_really_resent(collecti
     assert real.lost > 0 and real.packets_lost - real.packets_lost_modelled == real.lost
     assert drawn.packets_lost > 0 and drawn.packets_lost_modelled == drawn.packets_lost and drawn.lost == 0
     assert ring.packets_lost > 0 and ring.packets_lost_modelled == ring.packets_lost
+
+
+@pytest.mark.parametrize("fabric", ["ring", "ina", "ps"])
+def test_distinct_elements_of_every_collective_kind(collectives_trace, fabric: str, no_children) -> None:
+    """The real gloo trace's every kind at 4 workers, counted by hand: a result every member gets
+    (all_reduce, broadcast from root 1, all_gather, and a reduce_scatter's shards, one a member)
+    counts its tensor once; an all_to_all's chunks are each worker's own (M - 1 of count / M each);
+    each of the M / 2 send/recv pairs counts its tensor; a barrier carries nothing."""
+    m = 4
+    want = 0
+    for op in collectives_trace.ranks[0].iterations[0].colls:
+        if op.kind == CollKind.ALL_TO_ALL:
+            want += (m - 1) * op.count
+        elif op.kind == CollKind.SEND:
+            want += op.count * m // 2
+        elif op.kind != CollKind.BARRIER:
+            want += op.count
+    r = replay(collectives_trace, ReplayConfig(workers=m, fabric=fabric, iters=1, payload_scale=1, processes=0))
+    assert r.verification.ok and r.verification.elements_distinct == want == 10_174
+
+
+def test_a_hierarchical_ring_counts_what_the_flat_ring_counts(no_children) -> None:
+    from emu.emulator.links.topology import Hierarchy, Topology
+
+    mlp = load_trace(sample_path("mlp"))
+    flat, hier = (replay(mlp, ReplayConfig(workers=8, fabric="ring", iters=1, payload_scale=8, processes=0,
+                                           topology=topo)).verification
+                  for topo in (None, Topology(workers_per_node=4, algorithm=Hierarchy.HIERARCHICAL)))
+    assert flat.ok and hier.ok and hier.elements_distinct == flat.elements_distinct == _real_elements("mlp", 8, 8)

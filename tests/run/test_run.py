@@ -212,6 +212,23 @@ def _served(coll: str, op: str | None, dtype: str, tensors: list[list[np.ndarray
     return verdicts
 
 
+def test_an_integer_sums_projections_move_with_any_one_bit_of_any_element() -> None:
+    """The integer projections' words are odd, so invertible mod 2^bits: flipping any bit of one
+    element changes a projection mod 2^bits, for every collective's vectors (even words hid a
+    flipped sign bit one time in four)."""
+    pytest.importorskip("torch")
+    from emu.run import backend
+
+    x = np.arange(300, dtype=np.int32) * 7919
+    for seq in range(64):
+        base = backend._wrapped(x, seq, 0)
+        for bit in (31, 30, 0):
+            y = x.copy()
+            y.view(np.uint32)[seq % 300] ^= np.uint32(1 << bit)
+            moved = [(b - a) % (1 << 32) for a, b in zip(base, backend._wrapped(y, seq, 0), strict=True)]
+            assert any(moved), (seq, bit)  # compared mod 2^32, as an int32 sum that may wrap is
+
+
 def test_a_rank_checks_its_result_against_what_the_ranks_contributed() -> None:
     """The digests, not the coordinator's arithmetic, decide: a result changed after the
     coordinator formed it fails, a correct one passes; product is not checked, nor max of
@@ -242,6 +259,14 @@ def test_a_rank_checks_its_result_against_what_the_ranks_contributed() -> None:
 
     assert _served("all_reduce", "sum", "int32", wraps, 8) == [(None, True)] * 2
     assert _served("all_reduce", "sum", "int32", wraps, 8, plus_one) == [(None, False)] * 2
+    for bits, dtype in ((8, "int8"), (32, "int32"), (64, "int64")):  # the sign bit, and the one below it
+        for bit in (bits - 1, bits - 2):
+            ints = [[np.arange(7, dtype=dtype) + r] for r in range(2)]
+
+            def high(r: int, got: list[np.ndarray], bit: int = bit) -> None:
+                got[0].view(f"u{got[0].itemsize}")[3] ^= np.array(1 << bit).astype(f"u{got[0].itemsize}")
+
+            assert _served("all_reduce", "sum", dtype, ints, 4, high) == [(None, False)] * 2, (dtype, bit)
 
     def flip_bit(r: int, got: list[np.ndarray]) -> None:
         got[-1].view(np.uint8)[5] ^= 1

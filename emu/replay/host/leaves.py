@@ -118,7 +118,7 @@ def conserve(link: np.ndarray, first: np.ndarray, last: np.ndarray, ser: np.ndar
     return np.minimum(start + one, np.maximum(first + one, out_last - (last - first))), out_last
 
 
-LEAF_STREAMS = 1 << 40  # the leaves' links draw jitter on streams of their own (a NIC's: endpoint x 2 + direction)
+LEAF_STREAMS = 1 << 40  # the leaves' links draw jitter on streams of their own, far above any NIC's
 
 
 class LeafStage:

@@ -21,8 +21,10 @@ waits for its peers, which is not the network's doing). Every worker then reads 
 (compressed or not), each alone on a flat fabric's links, take that long in all (``rate_bps``,
 through the closed forms). Whatever slowed them shows: a bandwidth schedule, another job on a
 shared spine, oversubscription, loss. Within ``DEAD_BAND`` of the link's configured rate when the
-iteration ended, the measurement reads as that rate (the closed forms' own error is a few
-percent, docs/physics.md, and must not pass for congestion).
+iteration ended (above or below), the measurement reads as that rate (the closed forms' own
+error is a few percent, docs/physics.md, and must not pass for congestion); further off, it is
+what was measured, also above the configured rate (a schedule that dropped after the buckets
+ran is seen in the next iteration's reading).
 The first iteration uses the link's bandwidth at time 0.
 
 Exact by passes. emu's programs are planned before the run, so the replay runs in passes
@@ -148,8 +150,9 @@ def planned_ranks(ranks: tuple[RankProgram, ...], plan: Plan, workers: int, worl
 
             body = compress_iteration(it, workers, pick, speed, switch_sums)
             agree_id = max((op.id for op in body.colls), default=-1) + 1
-            # the last start and end of each bucket of the iteration before (a maximum: the same bytes)
-            n = 2 * max(1, len(chosen))
+            # the last start and end of each bucket of the iteration before (a maximum: the same
+            # bytes); iteration 0 has none to agree on, and still agrees, as a barrier
+            n = 2 * max(1, len(buckets(r.iterations[(t - 1) % len(r.iterations)]))) if t else 2
             agree = Coll(id=agree_id, kind=CollKind.ALL_REDUCE, dtype=Dtype.FLOAT32, count=n, bytes=4 * n,
                          group_size=world_size)
             iterations.append(replace(body, ops=(agree, Wait(ids=(agree_id,)), *body.ops)))
@@ -193,22 +196,22 @@ def measured(ranks: tuple[RankProgram, ...], config: ReplayConfig, plan: Plan,
     link = config.link
     top = max([link.bandwidth_bps, *(bps for _, bps in link.schedule)])
     its = ranks[0].iterations
+    spans_of: dict[int, dict[int, list[float]]] = {}  # iteration -> bucket id -> [last start, last end]
+    for rows in colls.values():
+        for it, i, start, end in rows:
+            span = spans_of.setdefault(int(it), {}).setdefault(int(i), [start, end])
+            span[0], span[1] = max(span[0], start), max(span[1], end)
     out = [link.bandwidth_at(0.0)]
     for t in range(1, len(plan)):
         ids = {op.id for op in buckets(its[(t - 1) % len(its)])}
-        spans: dict[int, list[float]] = {}
-        for rows in colls.values():
-            for it, i, start, end in rows:
-                if int(it) == t - 1 and int(i) in ids:
-                    span = spans.setdefault(int(i), [start, end])
-                    span[0], span[1] = max(span[0], start), max(span[1], end)
+        spans = {i: span for i, span in spans_of.get(t - 1, {}).items() if i in ids}
         done = [w for w, rows in colls.items() if len(ends_us.get(w, ())) >= t]
         if not ids or len(spans) < len(ids) or len(done) < config.workers:
             out.append(out[-1])  # the iteration did not finish everywhere (a partial run's last)
             continue
         now = min(link.bandwidth_at(ends_us[w][t - 1]) for w in done)  # configured when it ended
         got = rate_bps(_work(ranks[0], t - 1, plan[t - 1]), sum(e - s for s, e in spans.values()), config, top)
-        out.append(now if got >= now * (1 - DEAD_BAND) else got)
+        out.append(now if abs(got - now) <= DEAD_BAND * now else got)
     return out
 
 
@@ -282,6 +285,6 @@ def adaptive_report(ranks: tuple[RankProgram, ...], config: ReplayConfig, plan: 
             floor=config.compress.floor, candidates=[c.label for c in cands], passes=1,
             agreement="each bucket's last start and last end over the workers, agreed by an all_reduce of two "
                       "float32 a bucket at the next iteration's start (in the replay's time); read as the flat link "
-                      "rate at which the buckets, as sent, take that long (within 5% of the configured rate, that "
-                      "rate)",
+                      "rate at which the buckets, as sent, take that long (within 5% of the configured rate either "
+                      "way, that rate)",
             steps=steps(plan, seen, starts_us)))

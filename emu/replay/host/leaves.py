@@ -188,10 +188,9 @@ class LeafStage:
     def _jitter(self, direction: int, leaf: np.ndarray) -> np.ndarray | float:
         """Each row's jitter on its link (``leaf``: sorted), drawn as a NIC's segment's is: keyed by
         the link and the row's number on it, so the same whatever the process layout."""
-        count = self.sent[direction]
-        if not self.spec.jitter_us:
-            count += np.bincount(leaf, minlength=len(count))
+        if not self.spec.jitter_us:  # the run's constant: no draw, nothing to number
             return 0.0
+        count = self.sent[direction]
         rank = np.arange(len(leaf)) - np.searchsorted(leaf, leaf)  # the row's place among its leaf's
         number = count[leaf] + rank
         count += np.bincount(leaf, minlength=len(count))

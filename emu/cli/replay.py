@@ -304,7 +304,8 @@ def _layout(par) -> str:
     return f"{par.mesh or 'as traced'}{scaled}; {done}"
 
 
-def _table(reports, path: Path) -> None:
+def _table(reports, path: Path, columns: list[str] | None = None) -> None:
+    """The reports side by side, each column named by its fabric (or ``columns``)."""
     from rich.table import Table
 
     first = reports[0]
@@ -320,8 +321,8 @@ def _table(reports, path: Path) -> None:
     t = Table(title=f"{path.name}: {who}{where}, {bandwidth}, "
                     f"{first.config['latency_us']:g} us")
     t.add_column("")
-    for r in reports:
-        t.add_column(r.config["fabric"], justify="right")
+    for i, r in enumerate(reports):
+        t.add_column(r.config["fabric"] if columns is None else f"{columns[i]} ({r.config['fabric']})", justify="right")
 
     def row(name: str, fn) -> None:
         t.add_row(name, *[fn(r) for r in reports])

@@ -15,6 +15,7 @@ from emu.errors import CheckFailed, ConfigError
 
 if TYPE_CHECKING:
     from emu.run.protocol import Checked
+    from emu.run.training import TrainingReport
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
@@ -31,6 +32,14 @@ if TYPE_CHECKING:
 @click.option("--payload-scale", default="auto", show_default=True,
               help="Packets on the emulated wire per packet really sent, or auto.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of payload, loss and jitter.")
+@click.option("--compress", default="none", show_default=True,
+              help="Compress the real ranks' gradients for real (docs/compression.md): topk[:R], fp16, qsgd[:S], ...; "
+                   "the script also runs uncompressed for the loss beside it.")
+@click.option("--compress-speed", type=float, default=1.0, show_default=True,
+              help="The device compresses and decompresses this many times faster than the real ranks measured.")
+@click.option("--no-baseline", is_flag=True, help="With --compress: skip the uncompressed run.")
+@click.option("--target-loss", type=float,
+              help="The loss whose emulated time to reach is reported (default: the uncompressed run's last).")
 @click.option("--timeout", type=float, default=3600.0, show_default=True, help="Seconds the script may run.")
 @click.option("--trace-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the real ranks' program as an emu trace, to replay later without the script.")
@@ -41,19 +50,21 @@ if TYPE_CHECKING:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def run(ctx: click.Context, workers: int, real: int, network: str | None, iters: int | None, warmup: int,
-        compute_clock: str, stragglers: tuple[str, ...], payload_scale: str, seed: int, timeout: float,
-        trace_out: Path | None, report_path: Path | None, as_json: bool, args: tuple[str, ...], **flags: Any) -> None:
+        compute_clock: str, stragglers: tuple[str, ...], payload_scale: str, seed: int, compress: str,
+        compress_speed: float, no_baseline: bool, target_loss: float | None, timeout: float, trace_out: Path | None,
+        report_path: Path | None, as_json: bool, args: tuple[str, ...], **flags: Any) -> None:
     """Run K real ranks of a script inside a job of M workers; the rest is emulated.
 
     \b
       emu run --workers 64 -- python examples/ddp_train.py --steps 8
       emu run --workers 8 --real 2 --fabric ring --bandwidth 10Gbps -- python train.py
+      emu run --workers 8 --compress topk:0.01 -- python examples/ddp_learn.py
     """
     import json
 
-    from emu.files import check_writable
+    from emu.files import check_writable, write_atomic
     from emu.replay import ReplayConfig, Straggler
-    from emu.run.session import RunConfig, run_job
+    from emu.run.session import RunConfig, train_and_compare
 
     argv = list(args[1:] if args[:1] == ("--",) else args)
     if not argv:
@@ -65,32 +76,79 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, iters:
                         payload_scale=auto(payload_scale, int, "--payload-scale"),
                         stragglers=tuple(Straggler.parse(x) for x in stragglers))
     config = network_config(ctx, flags, "run", base, network)
-    run_config = RunConfig(replay=config, real=real, clock=compute_clock, warmup=warmup, timeout_s=timeout)
+    run_config = RunConfig(replay=config, real=real, clock=compute_clock, warmup=warmup, timeout_s=timeout,
+                           compress=compress, compress_speed=compress_speed)
     with ProgressBar(f"run {real} of {workers}") as bar:
-        result = run_job(argv, run_config, cores=os.cpu_count() or 1, on_status=bar.status, on_progress=bar.update,
-                         trace_out=trace_out)
+        result, baseline, training = train_and_compare(
+            argv, run_config, cores=os.cpu_count() or 1, baseline=not no_baseline, target_loss=target_loss,
+            on_status=bar.status, on_progress=bar.update, trace_out=trace_out)
     report = result.report
+    doc = report.to_dict() if training is None else {**report.to_dict(), "training": training.to_dict()}
     if trace_out is not None:
         err().print(f"wrote {trace_out}", markup=False, highlight=False)
     if result.payload_out is not None:
         err().print(f"wrote {result.payload_out} (the real ranks' tensors: emu replay {trace_out} --payload "
                     f"{result.payload_out})", markup=False, highlight=False, soft_wrap=True)
     if report_path is not None:
-        report.save(report_path)
+        write_atomic(report_path, json.dumps(doc, indent=2) + "\n", "the report")
         err().print(f"wrote {report_path}", markup=False, highlight=False)
+    results = [result, *([baseline] if baseline is not None else [])]
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        click.echo(json.dumps(doc, indent=2))
     else:
         from emu.cli.replay import _table
 
         words = argv[1:] if len(argv) > 1 and not argv[0].endswith(".py") else argv
-        _table([report], Path(words[1] if words[0] == "-m" and len(words) > 1 else words[0]))
-        err().print(_checked_line(result.checked), markup=False, highlight=False, soft_wrap=True)
-    failed = [*(["the fabric's results did not match their sums"] if not report.verification.ok else []),
-              *([f"{result.checked.mismatches} of the real ranks' results did not match what the real ranks "
-                 "contributed"] if result.checked.mismatches else [])]
+        name = Path(words[1] if words[0] == "-m" and len(words) > 1 else words[0])
+        _table([r.report for r in results], name, None if baseline is None else [r.compress for r in results])
+        if training is not None:
+            _training(training)
+        for r in results:
+            err().print(_checked_line(r.checked), markup=False, highlight=False, soft_wrap=True)
+    failed = [f"{r.compress}: {why}" if baseline is not None else why for r in results for why in (
+        *(["the fabric's results did not match their sums"] if not r.report.verification.ok else []),
+        *([f"{r.checked.mismatches} of the real ranks' results did not match what the real ranks contributed"]
+          if r.checked.mismatches else []))]
     if failed:
         raise CheckFailed(f"verification failed: {'; '.join(failed)}")
+
+
+ROWS = 12  # loss points printed at most, besides the last and the target's
+
+
+def _training(training: TrainingReport) -> None:
+    """The loss curves beside each other, and when each reached the target."""
+    from rich.table import Table
+
+    from emu.cli.output import out
+
+    t = Table(title="the script's loss (emu.run.report_loss) against emulated time")
+    t.add_column("steps", justify="right")
+    for c in training.curves:
+        t.add_column(f"{c.compressor}: time", justify="right")
+        t.add_column(f"{c.compressor}: loss", justify="right")
+    steps = sorted({p.steps for c in training.curves for p in c.points})
+    if len(steps) > ROWS:  # every n-th, the last, and where each run reached the target (the JSON has all)
+        hits = {h.steps for c in training.curves if training.target_loss is not None
+                for h in [c.reached(training.target_loss)] if h is not None}
+        steps = sorted({*steps[::-(-len(steps) // ROWS)], steps[-1], *hits})
+    by = [{p.steps: p for p in c.points} for c in training.curves]
+    for s in steps:
+        cells = [(f"{by[i][s].emulated_us / 1000:,.1f} ms", f"{by[i][s].loss:.4f}") if s in by[i] else ("-", "-")
+                 for i in range(len(by))]
+        t.add_row(str(s), *[x for pair in cells for x in pair])
+    out().print(t)
+    if training.target_loss is None:
+        return
+    parts = []
+    for c in training.curves:
+        hit = c.reached(training.target_loss)
+        parts.append(f"{c.compressor}: not reached in {c.points[-1].steps if c.points else 0} steps" if hit is None
+                     else f"{c.compressor}: {hit.emulated_us / 1000:,.1f} ms ({hit.steps} steps)")
+    charged = max((p.charged_mean for c in training.curves for p in c.points), default=0)
+    note = f"; the first {charged} steps (not replayed) at the replayed mean" if charged else ""
+    out().print(f"time to loss {training.target_loss:.4f} ({training.target_from}): {'; '.join(parts)}{note}",
+                markup=False, highlight=False, soft_wrap=True)
 
 
 def _checked_line(checked: Checked) -> str:

@@ -34,6 +34,7 @@ import torch.distributed as dist
 import zmq
 
 from emu.run import protocol
+from emu.run.compress import RankCompressor, live_compressor
 from emu.run.protocol import MAX_DIGESTS, PROJECTIONS
 
 NAME = "emu"
@@ -68,6 +69,8 @@ class Channel:
         self.checked = protocol.Checked()  # what this rank checked of the results it received
         self.outstanding: list[int] = []  # collectives issued and not yet waited for
         self.queued = False  # a wait at the end of the running backward pass is queued
+        self.compressor: RankCompressor | None = None  # emu run --compress
+        self.decompress_us: dict[int, float] = {}  # per compressed collective, its decompression, due at its wait
 
     def compute_us(self) -> float:
         """The rank's compute since its previous call into the backend returned."""
@@ -96,13 +99,18 @@ class Channel:
         except protocol.ProtocolError as exc:
             raise RuntimeError(f"emu run: {exc} (the rank and emu run must be the same emu install)") from None
 
+    def _due(self, ids: list[int]) -> dict[str, float]:
+        """The decompression of compressed collectives among ``ids``: compute after their wait."""
+        due = sum(self.decompress_us.pop(i, 0.0) for i in ids)
+        return {"decompress_us": due} if due else {}
+
     def wait(self, ids: list[int]) -> None:
         """Tell the coordinator the rank waited here for ``ids``."""
         ids = [i for i in ids if i in self.outstanding]
         if ids:
             compute = self.compute_us()
             self.outstanding = [i for i in self.outstanding if i not in ids]
-            self.call({"kind": "wait", "ids": ids}, compute_us=compute)
+            self.call({"kind": "wait", "ids": ids, **self._due(ids)}, compute_us=compute)
             self.resume()
 
     def end_of_backward(self) -> None:
@@ -115,11 +123,19 @@ class Channel:
         compute = self.compute_us()
         now = time.perf_counter()
         extra = {"wall_us": (now - self.wall_mark) * 1e6} if phase == "post" else {}
-        if phase == "pre":  # whatever backward left unwaited, the optimizer needs now
-            self.outstanding = []
+        extra.update(self._due(self.outstanding))  # whatever backward left unwaited, the optimizer needs now
+        self.outstanding = []
         self.call({"kind": "step", "phase": phase, **extra}, compute_us=compute)
         if phase == "post":
             self.wall_mark = time.perf_counter()
+            if self.compressor is not None:
+                self.compressor.next_iteration()
+        self.resume()
+
+    def loss(self, value: float) -> None:
+        """Tell the coordinator the script's loss now (``emu.run.report_loss``)."""
+        compute = self.compute_us()
+        self.call({"kind": "loss", "value": value}, compute_us=compute)
         self.resume()
 
 
@@ -164,7 +180,8 @@ class EmuProcessGroup(dist.ProcessGroup):
         return NAME
 
     def _issue(self, coll: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
-               op: object = None, root: int | None = None) -> EmuWork:
+               op: object = None, root: int | None = None, compute: float | None = None,
+               extra: dict[str, Any] | None = None) -> EmuWork:
         dtypes = {t.dtype for t in inputs}
         if len(dtypes) > 1 or (dtypes and next(iter(dtypes)) not in _DTYPE):
             raise Unsupported(f"emu run: {coll} of {sorted(map(str, dtypes))} is not supported "
@@ -180,14 +197,15 @@ class EmuProcessGroup(dist.ProcessGroup):
                 raise Unsupported(f"emu run: the reduction {getattr(op, 'op', op)} is not supported (sum, avg, max, "
                                   "min, product)")
         ch = self.channel
-        compute = ch.compute_us()  # before the copies: they are emu's work, not the script's
+        if compute is None:
+            compute = ch.compute_us()  # before the copies: they are emu's work, not the script's
         arrays = [t.detach().contiguous().numpy() for t in inputs]
         if sum(a.nbytes for a in arrays) > protocol.MAX_FRAME:
             raise Unsupported(f"emu run: a {coll} of {sum(a.nbytes for a in arrays)} bytes, more than 4 GiB")
         seq = ch.seq
         ch.seq += 1
         head = {"kind": "coll", "seq": seq, "coll": coll, "dtype": _DTYPE[next(iter(dtypes))] if dtypes else "uint8",
-                "shapes": [list(a.shape) for a in arrays], "op": reduce, "root": root}
+                "shapes": [list(a.shape) for a in arrays], "op": reduce, "root": root, **(extra or {})}
         head["digest"] = digest(head, arrays, ch.real)
         frames = [a.tobytes() for a in arrays]  # copies: an in-place call's arrays become its result
         answer, reply = ch.call(head, frames, compute_us=compute)
@@ -219,7 +237,41 @@ class EmuProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> EmuWork:
         _one("allreduce", tensors)
+        comp = self.channel.compressor
+        if comp is not None and tensors[0].dtype in _DTYPE and tensors[0].device.type == "cpu":
+            op = next((name for kind, name in _REDUCE if opts.reduceOp == kind), None)
+            if comp.takes(np.dtype(protocol.DTYPES[_DTYPE[tensors[0].dtype]]), tensors[0].numel(), op):
+                return self._compressed(tensors[0], op == "avg")
         return self._issue("all_reduce", tensors, tensors, opts.reduceOp)
+
+    def _compressed(self, tensor: torch.Tensor, avg: bool) -> EmuWork:
+        """A gradient's all_reduce, compressed (``emu.run.compress``): the rank's message crosses
+        as the collective it needs, and the tensor ends with the decompressed aggregate. The
+        compression is compute before the collective, the decompression after its wait."""
+        ch = self.channel
+        comp = ch.compressor
+        assert comp is not None
+        compute = ch.compute_us()
+        start = ch.clock()
+        x = tensor.detach().reshape(-1).numpy().astype(np.float32)
+        message = torch.from_numpy(comp.encode(x, ch.seq).copy())
+        extra = {"compress_us": (ch.clock() - start) * 1e6}
+        seq = ch.seq
+        if comp.gathers:
+            outs = [torch.empty_like(message) for _ in range(self.size())]
+            work = self._issue("all_gather", [message], outs, compute=compute, extra=extra)
+        else:
+            outs = [message]
+            work = self._issue("all_reduce", [message], outs, dist.ReduceOp.SUM, compute=compute, extra=extra)
+        start = ch.clock()
+        total = comp.decode([o.numpy() for o in outs], x.size, seq)
+        if avg:
+            total /= self.size()
+        tensor.copy_(torch.from_numpy(total.reshape(tuple(tensor.shape))).to(tensor.dtype))
+        spent = (ch.clock() - start) * 1e6  # K messages decompressed; a worker decompresses M
+        ch.decompress_us[seq] = spent * (self.size() // ch.real if comp.gathers else 1)
+        ch.resume()
+        return EmuWork(ch, work.seq, [tensor])  # DDP copies the future's tensors into its bucket
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> EmuWork:
         _one("broadcast", tensors)
@@ -270,8 +322,9 @@ def channel() -> Channel | None:
     return _CHANNEL[0] if _CHANNEL else None
 
 
-def register(address: str, clock: str, timeout_s: float) -> None:
-    """Register the ``emu`` backend, which connects to the coordinator at ``address``."""
+def register(address: str, clock: str, timeout_s: float, compress: str | None = None) -> None:
+    """Register the ``emu`` backend, which connects to the coordinator at ``address``;
+    ``compress``: the compressor of the rank's gradients (``emu run --compress``)."""
 
     def create(store: object, rank: int, size: int, timeout: object) -> EmuProcessGroup:
         world = int(os.environ.get("WORLD_SIZE", "0"))
@@ -281,6 +334,8 @@ def register(address: str, clock: str, timeout_s: float) -> None:
         _CHANNEL.append(Channel(address, rank, clock, timeout_s))
         answer, _ = _CHANNEL[0].call({"kind": "hello", "world_size": size})
         _CHANNEL[0].real = int(answer["real"])
+        if compress is not None:
+            _CHANNEL[0].compressor = RankCompressor(live_compressor(compress), rank, _CHANNEL[0].real, size)
         _CHANNEL[0].resume()
         return EmuProcessGroup(_CHANNEL[0], rank, size)
 

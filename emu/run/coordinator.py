@@ -55,17 +55,20 @@ class _Rank:
     outstanding: list[int] = field(default_factory=list)  # collectives not yet waited for
     iterations: list[Iteration] = field(default_factory=list)
     collectives: int = 0
+    losses: list[tuple[int, float]] = field(default_factory=list)  # (optimizer steps completed, the loss reported)
 
 
 class Coordinator:
     """Serves the real ranks on ``address`` from a thread of its own (``start``, ``stop``)."""
 
     def __init__(self, address: str, workers: int, real: int,
-                 keep: Callable[[int, int], int] | None = None, warmup: int = 0) -> None:
+                 keep: Callable[[int, int], int] | None = None, warmup: int = 0, compress_speed: float = 1.0) -> None:
         """``keep(count, itemsize)``: the elements of a collective's payload vectors to keep (None:
         none kept), from the end of the ``warmup``-th optimizer step (what comes before is never
-        replayed)."""
+        replayed); ``compress_speed``: the device compresses and decompresses this many times
+        faster than the real ranks measured (``emu run --compress-speed``)."""
         self.warmup = warmup
+        self.compress_speed = compress_speed
         if workers % real:
             raise ValueError("the workers must be a multiple of the real ranks")
         self.address, self.m, self.k = address, workers, real
@@ -160,21 +163,22 @@ class Coordinator:
                                             "not issue the same collectives")
             return [(ident, ok)]
         rank.ops.append(Compute(name="compute", dur_us=float(head["compute_us"])))
+        if kind == "loss":
+            rank.losses.append((len(rank.iterations), float(head["value"])))
+            return [(ident, ok)]
         if kind == "wait":
             ids = tuple(int(i) for i in head.get("ids", ()) if int(i) in rank.outstanding)
             if ids:
                 rank.ops.append(Wait(ids=ids))
                 rank.outstanding = [i for i in rank.outstanding if i not in ids]
+            self._decompress(rank, head)
             return [(ident, ok)]
         if kind == "step":
-            if head.get("phase") == "pre":  # the optimizer steps once every gradient is reduced
-                if rank.outstanding:
-                    rank.ops.append(Wait(ids=tuple(rank.outstanding)))
-                    rank.outstanding = []
-            else:
-                if rank.outstanding:  # the iteration ends when all its collectives have
-                    rank.ops.append(Wait(ids=tuple(rank.outstanding)))
-                    rank.outstanding = []
+            if rank.outstanding:  # the optimizer steps once every gradient is reduced (pre); the iteration ends
+                rank.ops.append(Wait(ids=tuple(rank.outstanding)))
+                rank.outstanding = []
+            self._decompress(rank, head)
+            if head.get("phase") != "pre":
                 rank.iterations.append(Iteration(step=len(rank.iterations), measured_us=float(head.get("wall_us", 0.0)),
                                                  ops=tuple(op for op in rank.ops if not _empty(op))))
                 rank.ops = []
@@ -183,6 +187,8 @@ class Coordinator:
         if seq != rank.collectives:
             raise RunProtocolFailed(f"rank {r} issued collective {seq!r}, expected {rank.collectives}")
         rank.collectives += 1
+        if head.get("compress_us"):  # the rank compressed the gradient this collective carries
+            rank.ops.append(Compute(name="compress", dur_us=float(head["compress_us"]) / self.compress_speed))
         got = self.pending.setdefault(seq, {})
         got[r] = (ident, head, protocol.arrays(head, body))
         gone = sorted(self.done - set(got))
@@ -299,6 +305,20 @@ class Coordinator:
         return RecordedPayload(real_ranks=self.k, per_iteration=per_iteration,
                                dtypes=tuple(op.dtype.value for op in colls),
                                tensors=tuple(self.payloads.get(op.id) for op in colls))
+
+    def _decompress(self, rank: _Rank, head: dict[str, Any]) -> None:
+        """The rank decompressed what it waited for: compute after the wait."""
+        if head.get("decompress_us"):
+            rank.ops.append(Compute(name="decompress", dur_us=float(head["decompress_us"]) / self.compress_speed))
+
+    def losses(self) -> tuple[tuple[int, float], ...]:
+        """The script's loss curve: per count of optimizer steps completed, the mean over the real
+        ranks that reported a loss there of the last each reported (``emu.run.report_loss``)."""
+        by_step: dict[int, dict[int, float]] = {}
+        for r, rank in enumerate(self.ranks):
+            for steps, value in rank.losses:
+                by_step.setdefault(steps, {})[r] = value
+        return tuple((steps, float(np.mean(list(v.values())))) for steps, v in sorted(by_step.items()))
 
     def programs(self, warmup: int) -> tuple[RankProgram, ...]:
         """Each real rank's recorded iterations after the first ``warmup`` (DDP builds, then

@@ -6,11 +6,15 @@ result's frames. Nothing is pickled; every header and frame is bounded and check
 what the header declares; a request that fails a check ends the run, which reports why.
 
 Header keys: ``v`` (the protocol version), ``rank``, ``kind`` (``hello``, ``coll``, ``wait``,
-``step``, ``done``), ``compute_us`` (the rank's compute since its previous call returned),
+``step``, ``loss``, ``done``), ``compute_us`` (the rank's compute since its previous call returned),
 ``check`` (what the rank has checked of the results it received so far: ``Checked``), and
 for a collective ``seq`` (its number in the rank's stream), ``coll`` (all_reduce, broadcast,
 all_gather, reduce_scatter, barrier), ``dtype``, ``shapes`` (per tensor frame), ``op`` (the
-reduction: sum, avg, max, min, product), ``root`` and ``digest``; for a wait, ``ids``.
+reduction: sum, avg, max, min, product), ``root``, ``digest`` and, under ``--compress``,
+``compress_us`` (the rank's time compressing the gradient this collective carries); for a wait
+or a step, ``ids`` and ``decompress_us`` (the rank's time decompressing what it waits for, the
+K distinct messages' times M / K for an all_gather: ``emu.run.compress``); for a loss, ``value``
+(what the script reported, ``emu.run.report_loss``; NaN and inf are kept as they are).
 
 ``digest``: what the rank's own contribution must give, per tensor the real ranks receive a
 result of (one; a reduce_scatter's first K inputs), small enough for a header, or null where
@@ -33,11 +37,11 @@ from typing import Any
 
 import numpy as np
 
-VERSION = 2  # 2: digests of the ranks' contributions, the ranks' own check
+VERSION = 3  # 2: digests of the ranks' contributions, the ranks' own check; 3: compression's times, losses
 MAX_HEADER = 1 << 16
 MAX_FRAME = 1 << 32  # bytes of one tensor
 MAX_FRAMES = 1 << 12  # tensors of one request (an all_gather's outputs: one per worker)
-KINDS = ("hello", "coll", "wait", "step", "done")
+KINDS = ("hello", "coll", "wait", "step", "loss", "done")
 COLLS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier")
 OPS = ("sum", "avg", "max", "min", "product")
 DTYPES = {"float32": "<f4", "float64": "<f8", "float16": "<f2", "int64": "<i8", "int32": "<i4",
@@ -133,9 +137,12 @@ def header_of(parts: list[bytes]) -> dict[str, Any]:
         raise ProtocolError(f"a request's header is not an emu run v{VERSION} header (another emu version?)")
     if head.get("kind") not in KINDS or not isinstance(head.get("rank"), int):
         raise ProtocolError(f"a request has kind {head.get('kind')!r} and rank {head.get('rank')!r}")
-    compute = head.get("compute_us", 0.0)
-    if not isinstance(compute, (int, float)) or not math.isfinite(compute) or compute < 0:
-        raise ProtocolError(f"rank {head['rank']}: compute_us is {compute!r}, not a time")
+    for key in ("compute_us", "compress_us", "decompress_us"):
+        value = head.get(key, 0.0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            raise ProtocolError(f"rank {head['rank']}: {key} is {value!r}, not a time")
+    if head["kind"] == "loss" and (not isinstance(head.get("value"), (int, float)) or isinstance(head["value"], bool)):
+        raise ProtocolError(f"rank {head['rank']}: a loss of {head.get('value')!r}, not a number")
     if head["kind"] == "coll":
         if head.get("coll") not in COLLS or head.get("dtype") not in DTYPES or head.get("op") not in (*OPS, None):
             raise ProtocolError(f"rank {head['rank']}: unknown collective {head.get('coll')!r}, dtype "

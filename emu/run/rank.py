@@ -12,9 +12,10 @@ from emu.capture.inject import _run_target
 from emu.run import backend
 
 
-def run(address: str, clock: str, timeout_s: float, target: list[str]) -> int:
-    """Run ``target`` with emu's backend in place of the one it asks for; its exit status."""
-    backend.register(address, clock, timeout_s)
+def run(address: str, clock: str, timeout_s: float, target: list[str], compress: str | None = None) -> int:
+    """Run ``target`` with emu's backend in place of the one it asks for (its gradients
+    compressed by ``compress``, where given); its exit status."""
+    backend.register(address, clock, timeout_s, compress)
     original = dist.init_process_group
 
     @functools.wraps(original)

@@ -31,8 +31,10 @@ from emu.errors import ConfigError, EmuError, RunFailed, TraceError
 from emu.files import write_atomic
 from emu.lifetime import current
 from emu.replay import ReplayConfig, ReplayReport, choose_payload_scale, replay, scale_for
+from emu.run.compress import live_compressor
 from emu.run.coordinator import Coordinator
 from emu.run.protocol import Checked
+from emu.run.training import Curve, TrainingReport, curve, training_report
 from emu.traces.io import save_trace
 from emu.traces.model import Source, Trace, TraceMeta
 from emu.traces.validate import validate_trace
@@ -50,6 +52,8 @@ class RunConfig:
     clock: str = "thread"  # thread: each rank's thread CPU time; wall: wall time
     warmup: int = DEFAULT_WARMUP
     timeout_s: float = 3600.0
+    compress: str = "none"  # the compressor of the real ranks' gradients (emu.run.compress)
+    compress_speed: float = 1.0  # the device compresses this many times faster than the real ranks measured
 
     def check(self, cores: int) -> None:
         m = self.replay.workers
@@ -67,6 +71,13 @@ class RunConfig:
             raise ConfigError(f"--compute-clock {self.clock!r}: thread or wall")
         if self.warmup < 0:
             raise ConfigError(f"--warmup must be 0 or more, got {self.warmup}")
+        live_compressor(self.compress)
+        if not 1e-6 <= self.compress_speed <= 1e6:
+            raise ConfigError(f"--compress-speed must be in [1e-6, 1e6] (times the real ranks' measured speed), got "
+                              f"{self.compress_speed}")
+        if self.replay.compress.active:
+            raise ConfigError("emu run compresses in the real ranks (RunConfig.compress), not in its replay: the "
+                              "replay's config must not compress")
         self.replay.check()
 
 
@@ -76,6 +87,14 @@ class RunResult:
     report: ReplayReport
     checked: Checked  # what the real ranks checked of their results, each in its own process
     payload_out: Path | None = None  # the real ranks' tensors, written beside --trace-out
+    losses: tuple[tuple[int, float], ...] = ()  # what the script reported (Coordinator.losses)
+    compress: str = "none"  # the compressor the real ranks' gradients went through
+
+    def curve(self, warmup: int) -> Curve:
+        """The script's loss against the replay's emulated time (``emu.run.training``)."""
+        summary = self.report.summary
+        return curve(self.compress, self.losses, [it.emulated_us for it in self.report.iterations],
+                     None if summary is None else summary.iteration_us_median, warmup)
 
 
 def payload_path(trace_out: Path) -> Path:
@@ -110,7 +129,7 @@ def run_job(argv: Sequence[str], config: RunConfig, *, cores: int,
                      captured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                      command=shlex.join(argv), gaps=(
                          f"compute measured live on each real rank's {clock} clock between its calls into emu's "
-                         f"backend ({k} of {m} ranks real; the rest mirror them)",))
+                         f"backend ({k} of {m} ranks real; the rest mirror them)", *_compressed_gap(config)))
     trace = Trace(meta=meta, ranks=programs)
     try:
         validate_trace(trace, "the recorded program")
@@ -135,7 +154,34 @@ def run_job(argv: Sequence[str], config: RunConfig, *, cores: int,
                     payload_path=None if payload_out is None else str(payload_out))
     if coordinator.payload_dropped is not None:
         report = replace(report, verification=replace(report.verification, payload_note=coordinator.payload_dropped))
-    return RunResult(trace=trace, report=report, checked=coordinator.checked, payload_out=payload_out)
+    return RunResult(trace=trace, report=report, checked=coordinator.checked, payload_out=payload_out,
+                     losses=coordinator.losses(), compress=live_compressor(config.compress).label)
+
+
+def _compressed_gap(config: RunConfig) -> tuple[str, ...]:
+    comp = live_compressor(config.compress)
+    if comp.name == "none":
+        return ()
+    return (f"gradients compressed by the real ranks with {comp.label} (emu run --compress): the float "
+            "all_reduces are the collectives of its output, compress and decompress are compute measured live"
+            + (f", {config.compress_speed:g} times faster (--compress-speed)" if config.compress_speed != 1 else ""),)
+
+
+def train_and_compare(argv: Sequence[str], config: RunConfig, *, cores: int, baseline: bool = True,
+                      target_loss: float | None = None, on_status: Callable[[str], None] | None = None,
+                      on_progress: Callable[[float], None] | None = None,
+                      trace_out: Path | None = None) -> tuple[RunResult, RunResult | None, TrainingReport | None]:
+    """``run_job``, then (``baseline``, where ``config`` compresses) the same command again
+    uncompressed; both results and their loss curves (``emu.run.training``)."""
+    first = run_job(argv, config, cores=cores, on_status=on_status, on_progress=on_progress, trace_out=trace_out)
+    second = None
+    if baseline and live_compressor(config.compress).name != "none":
+        if on_status is not None:
+            on_status("the same command again, uncompressed (--no-baseline skips it)")
+        second = run_job(argv, replace(config, compress="none"), cores=cores, on_status=on_status,
+                         on_progress=on_progress)
+    curves = tuple(r.curve(config.warmup) for r in (first, second) if r is not None)
+    return first, second, training_report(curves, target_loss)
 
 
 def _kept(config: ReplayConfig) -> Callable[[int, int], int]:
@@ -166,7 +212,8 @@ def _record(interpreter: str, target: list[str], config: RunConfig,
     record = current()
     if record is not None:
         record.add_folder(str(workdir))
-    coordinator = Coordinator(f"ipc://{workdir}/run", m, k, keep=_kept(config.replay), warmup=config.warmup)
+    coordinator = Coordinator(f"ipc://{workdir}/run", m, k, keep=_kept(config.replay), warmup=config.warmup,
+                              compress_speed=config.compress_speed)
     keep = False
     store = None
     try:
@@ -177,8 +224,9 @@ def _record(interpreter: str, target: list[str], config: RunConfig,
             on_status(f"running {k} real rank{'s' if k > 1 else ''} of {m} workers")
         # torchrun's agent hosts the store; a barrier after init would wait for M ranks
         env = {**os.environ, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCH_DIST_INIT_BARRIER": "0"}
+        compress = [] if live_compressor(config.compress).name == "none" else ["--compress", config.compress]
         argv = [interpreter, "-m", "emu.run", "--address", coordinator.address, "--clock", config.clock,
-                "--timeout", str(config.timeout_s), "--", *target]
+                "--timeout", str(config.timeout_s), *compress, "--", *target]
         try:
             run_ranks(argv, m, workdir, timeout_s=config.timeout_s, env=env, on_tick=lambda _: coordinator.check(),
                       processes=k, port=port, run_id="emu-run", timeout_hint="raise --timeout or run fewer steps")

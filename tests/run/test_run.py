@@ -322,10 +322,11 @@ def test_the_rounding_bound_passes_every_correct_sum() -> None:
 def test_digests_and_counts_in_headers_are_checked() -> None:
     """What a rank sends of its check, and the digests either way, are bounded and checked like
     every other key of a header."""
+    from emu.run import protocol
     from emu.run.protocol import Checked, ProtocolError, header_of, reply_of
 
     def request(**extra: object) -> list[bytes]:
-        head = {"v": 2, "rank": 0, "kind": "coll", "coll": "all_reduce", "dtype": "float32", "shapes": [[2]],
+        head = {"v": protocol.VERSION, "rank": 0, "kind": "coll", "coll": "all_reduce", "dtype": "float32", "shapes": [[2]],
                 "op": "sum", "root": None, "seq": 0, **extra}
         return [json.dumps(head).encode(), bytes(8)]
 
@@ -340,9 +341,9 @@ def test_digests_and_counts_in_headers_are_checked() -> None:
         header_of(request(check={**counts.header(), "unchecked": {"because": 1}}))
     with pytest.raises(ProtocolError, match="is not the counts"):
         header_of(request(check={**counts.header(), "results": -1}))
-    assert reply_of([json.dumps({"v": 2, "ok": True, "real": 2, "digests": [{"h": "0" * 32}, None]}).encode()])
+    assert reply_of([json.dumps({"v": protocol.VERSION, "ok": True, "real": 2, "digests": [{"h": "0" * 32}, None]}).encode()])
     with pytest.raises(ProtocolError, match="64 KiB"):
-        reply_of([json.dumps({"v": 2, "ok": True, "digests": ["x" * (1 << 16)]}).encode()])
+        reply_of([json.dumps({"v": protocol.VERSION, "ok": True, "digests": ["x" * (1 << 16)]}).encode()])
 
 
 def _corrupt_replies(monkeypatch: pytest.MonkeyPatch, bad: dict[int, tuple[int, str]]) -> None:

@@ -23,6 +23,7 @@ import enum
 import functools
 import json
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -82,6 +83,7 @@ class Compressor:
     name: ClassVar[str]
     aggregation: ClassVar[Aggregation]
     feedback: ClassVar[bool] = False  # error feedback (GRACE's residual memory)
+    vote: ClassVar[bool] = False  # ``combine`` is a majority vote, not a sum (signsgd)
     default: ClassVar[float | None] = None
     param: float | None = None
 
@@ -103,6 +105,12 @@ class Compressor:
     def combine(self, parts: list[np.ndarray]) -> np.ndarray:
         """The aggregate of the workers' decompressed gradients (a sum; sign methods vote)."""
         return np.sum(parts, axis=0, dtype=np.float64).astype(np.float32)
+
+    def takes(self, is_float: bool, itemsize: int, count: int) -> bool:
+        """Whether this compressor compresses an all_reduce of ``count`` elements of a dtype
+        (the one rule of replay's ``--compress`` and emu run's): floats only, and fp16 leaves
+        16-bit tensors alone (nothing to gain)."""
+        return is_float and count > 0 and not (self.name == "fp16" and itemsize <= 2)
 
     @property
     def label(self) -> str:
@@ -283,7 +291,7 @@ class TernGrad(Compressor):
 class SignSgd(Compressor):
     """signSGD with majority vote: one bit per element; the aggregate is the sign of the votes."""
 
-    name, aggregation = "signsgd", Aggregation.ALL_GATHER
+    name, aggregation, vote = "signsgd", Aggregation.ALL_GATHER, True
 
     def compress(self, x: np.ndarray, seed: int) -> np.ndarray:
         return np.packbits(x >= 0)
@@ -302,7 +310,7 @@ class SignSgd(Compressor):
 class EfSignSgd(SignSgd):
     """EF-signSGD: one bit per element scaled by the mean magnitude (float32), error feedback."""
 
-    name, feedback = "efsignsgd", True
+    name, feedback, vote = "efsignsgd", True, False
 
     def compress(self, x: np.ndarray, seed: int) -> np.ndarray:
         scale = np.float32(np.abs(x).mean()) if len(x) else np.float32(0)
@@ -472,10 +480,11 @@ class ErrorFeedback:
 
     def __init__(self, comp: Compressor) -> None:
         self.comp = comp
-        self.residual: dict[tuple[int, int], np.ndarray] = {}
+        self.residual: dict[tuple[int, Hashable], np.ndarray] = {}
 
-    def step(self, worker: int, position: int, x: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """The bytes worker sends for gradient ``x``, and what they decompress to."""
+    def step(self, worker: int, position: Hashable, x: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """The bytes worker sends for gradient ``x``, and what they decompress to; ``position``
+        names the tensor the residual belongs to (a collective's place in the iteration)."""
         if self.comp.feedback:
             x = x + self.residual.get((worker, position), 0.0)
         data = self.comp.compress(x, seed)

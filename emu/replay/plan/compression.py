@@ -37,9 +37,9 @@ def compressible(op: Op, comp: Compressor) -> bool:
     """A float all_reduce of a dense tensor (a gradient bucket). The framework's own sparse
     all_reduce stays as it is (DDP's hooks do not take sparse gradients), and fp16 leaves 16-bit
     tensors alone (nothing to gain)."""
-    return (isinstance(op, Coll) and op.kind == CollKind.ALL_REDUCE and op.dtype.is_float and op.count > 0
-            and not (op.sparsity is not None and op.sparsity.sparse_tensor)
-            and not (comp.name == "fp16" and op.dtype.itemsize <= 2))
+    return (isinstance(op, Coll) and op.kind == CollKind.ALL_REDUCE
+            and comp.takes(op.dtype.is_float, op.dtype.itemsize, op.count)
+            and not (op.sparsity is not None and op.sparsity.sparse_tensor))
 
 
 def members(op: Coll, workers: int) -> int:

@@ -173,3 +173,27 @@ def test_the_shared_scale_is_the_streams_block_exponent() -> None:
     grads = [np.array([1.0, 0.25, 0.0, 0.0], np.float32), np.array([-0.5, 0.75, 0.0, 0.0], np.float32)]
     assert list(shared_scale(grads, 2)) == [1.0, 1.0, 1.0, 1.0]
     assert list(shared_scale([np.array([0.3, 3.0], np.float32)], 1)) == [0.5, 4.0]
+
+
+def test_the_cost_model_follows_the_compressors_parameter() -> None:
+    """Each compressor is charged at its own parameter: the measured rate where it was measured,
+    between the two around it elsewhere (linear in the parameter's logarithm, in seconds an
+    element), the nearest measured beyond them; PowerSGD's rank and top-k's ratio change what
+    a bucket costs (one rate per name charged them all alike)."""
+    from emu.emulator.compression.compressors import _speeds, cost_us, rates
+
+    table = _speeds()
+    for name in ("topk", "randomk", "dgc", "qsgd", "powersgd"):
+        rows = sorted(table[name], key=lambda r: r["param"])
+        assert len(rows) >= 4
+        for row in rows:
+            assert rates(parse_compress(f"{name}:{row['param']:g}")) == pytest.approx((row["compress"], row["decompress"]))
+        lo, hi = rows[0], rows[1]
+        mid = (lo["param"] * hi["param"]) ** 0.5 if name != "qsgd" else None
+        if mid is not None:  # halfway in the logarithm: the mean of the seconds an element
+            got = rates(parse_compress(f"{name}:{mid!r}"))[0]
+            assert got == pytest.approx(1 / (0.5 / lo["compress"] + 0.5 / hi["compress"]))
+    assert rates(parse_compress("powersgd:1024")) == rates(parse_compress("powersgd:64"))  # beyond: the nearest
+    one, four = cost_us(parse_compress("powersgd:1"), 1 << 20, 8), cost_us(parse_compress("powersgd:4"), 1 << 20, 8)
+    assert four != one
+    assert cost_us(parse_compress("topk:0.1"), 1 << 20, 8)[1] > cost_us(parse_compress("topk:0.01"), 1 << 20, 8)[1]

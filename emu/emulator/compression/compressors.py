@@ -498,16 +498,36 @@ _SPEED_FILE = Path(__file__).with_name("speed.json")  # benchmarks/compress_spee
 
 
 @functools.lru_cache(maxsize=1)
-def _speeds() -> dict[str, dict[str, float]]:
-    return json.loads(_SPEED_FILE.read_text())["elements_per_s"]
+def _speeds() -> dict[str, list[dict[str, float | None]]]:
+    doc = json.loads(_SPEED_FILE.read_text())
+    if doc.get("version") != 2:
+        raise ConfigError(f"{_SPEED_FILE}: not a version 2 speed file (one row per parameter measured); run "
+                          "benchmarks/compress_speed.py again")
+    return doc["elements_per_s"]
+
+
+def rates(comp: Compressor) -> tuple[float, float]:
+    """(compress, decompress) elements a second at ``comp``'s parameter: the seconds an element
+    measured at the parameters either side, interpolated linearly in the parameter's logarithm,
+    the nearest measured parameter outside the range measured (``speed.json``)."""
+    rows = [r for r in _speeds()[comp.name]]
+    if comp.param is None or rows[0]["param"] is None or len(rows) == 1:
+        return float(rows[0]["compress"]), float(rows[0]["decompress"])  # type: ignore[arg-type]
+    rows.sort(key=lambda r: float(r["param"]))  # type: ignore[arg-type]
+    at = math.log(comp.param)
+    logs = [math.log(float(r["param"])) for r in rows]  # type: ignore[arg-type]
+    j = min(max(1, sum(1 for g in logs if g <= at)), len(rows) - 1)
+    t = min(1.0, max(0.0, (at - logs[j - 1]) / (logs[j] - logs[j - 1])))
+    return tuple(1.0 / ((1 - t) / float(rows[j - 1][k]) + t / float(rows[j][k]))  # type: ignore[return-value, arg-type]
+                 for k in ("compress", "decompress"))
 
 
 def cost_us(comp: Compressor, n: int, workers: int, speed: float = 1.0,
             summed: bool = False) -> tuple[float, float]:
     """(compress, decompress) time of one worker for ``n`` elements, from the throughputs measured
-    on the build machine (``speed.json`` beside it), ``speed`` times faster. Decompressing an
-    all_gather's output is ``workers`` messages (and their sum); an all_reduce's, or what a switch
-    ``summed``, one."""
-    rate = _speeds()[comp.name]
+    on the build machine at the compressor's parameter (``rates``), ``speed`` times faster.
+    Decompressing an all_gather's output is ``workers`` messages (and their sum); an all_reduce's,
+    or what a switch ``summed``, one."""
+    compress, decompress = rates(comp)
     messages = workers if comp.aggregation == Aggregation.ALL_GATHER and not summed else 1
-    return 1e6 * n / rate["compress"] / speed, 1e6 * n * messages / rate["decompress"] / speed
+    return 1e6 * n / compress / speed, 1e6 * n * messages / decompress / speed

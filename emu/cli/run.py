@@ -69,6 +69,7 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, iters:
     argv = list(args[1:] if args[:1] == ("--",) else args)
     if not argv:
         raise ConfigError("give the training command after --, e.g. 'emu run --workers 8 -- python train.py'")
+    _check_training_options(compress, compress_speed, no_baseline, target_loss)
     for path, option in ((trace_out, "--trace-out"), (report_path, "--report")):
         if path is not None:
             check_writable(path, option)
@@ -84,6 +85,9 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, iters:
             on_status=bar.status, on_progress=bar.update, trace_out=trace_out)
     report = result.report
     doc = report.to_dict() if training is None else {**report.to_dict(), "training": training.to_dict()}
+    if training is None and target_loss is not None:
+        err().print("the script reported no loss (emu.run.report_loss): --target-loss has nothing to reach",
+                    markup=False, highlight=False, soft_wrap=True)
     if trace_out is not None:
         err().print(f"wrote {trace_out}", markup=False, highlight=False)
     if result.payload_out is not None:
@@ -116,6 +120,17 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, iters:
 ROWS = 12  # loss points printed at most, besides the last and the target's
 
 
+def _check_training_options(compress: str, speed: float, no_baseline: bool, target_loss: float | None) -> None:
+    import math
+
+    plain = compress.strip().lower() == "none"
+    for given, option in ((speed != 1.0, "--compress-speed"), (no_baseline, "--no-baseline")):
+        if given and plain:
+            raise ConfigError(f"{option} applies to --compress, which is none: give --compress NAME, e.g. topk:0.01")
+    if target_loss is not None and not math.isfinite(target_loss):
+        raise ConfigError(f"--target-loss must be a finite number, got {target_loss}")
+
+
 def _training(training: TrainingReport) -> None:
     """The loss curves beside each other, and when each reached the target."""
     from rich.table import Table
@@ -146,7 +161,8 @@ def _training(training: TrainingReport) -> None:
         parts.append(f"{c.compressor}: not reached in {c.points[-1].steps if c.points else 0} steps" if hit is None
                      else f"{c.compressor}: {hit.emulated_us / 1000:,.1f} ms ({hit.steps} steps)")
     charged = max((p.charged_mean for c in training.curves for p in c.points), default=0)
-    note = f"; the first {charged} steps (not replayed) at the replayed mean" if charged else ""
+    note = (f"; {charged} of the steps (the warm-up's, and any past the replayed iterations) at the replayed "
+            "iterations' mean" if charged else "")
     out().print(f"time to loss {training.target_loss:.4f} ({training.target_from}): {'; '.join(parts)}{note}",
                 markup=False, highlight=False, soft_wrap=True)
 

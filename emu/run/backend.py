@@ -117,6 +117,8 @@ class Channel:
         """Queued into autograd's engine when backward issued collectives: DDP waits for its
         buckets as backward ends (its own callback, queued first, runs first)."""
         self.queued = False
+        if self.compressor is not None:  # the next backward's buckets start again at the first
+            self.compressor.next_iteration()
         self.wait(list(self.outstanding))
 
     def step(self, phase: str) -> None:
@@ -238,7 +240,9 @@ class EmuProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> EmuWork:
         _one("allreduce", tensors)
         comp = self.channel.compressor
-        if comp is not None and tensors[0].dtype in _DTYPE and tensors[0].device.type == "cpu":
+        # a gradient: issued from backward (DDP's buckets); a loss or a metric reduced elsewhere stays exact
+        if comp is not None and tensors[0].dtype in _DTYPE and tensors[0].device.type == "cpu" \
+                and torch._C._current_autograd_node() is not None:
             op = next((name for kind, name in _REDUCE if opts.reduceOp == kind), None)
             if comp.takes(np.dtype(protocol.DTYPES[_DTYPE[tensors[0].dtype]]), tensors[0].numel(), op):
                 return self._compressed(tensors[0], op == "avg")
@@ -265,7 +269,7 @@ class EmuProcessGroup(dist.ProcessGroup):
             work = self._issue("all_reduce", [message], outs, dist.ReduceOp.SUM, compute=compute, extra=extra)
         start = ch.clock()
         total = comp.decode([o.numpy() for o in outs], x.size, seq)
-        if avg:
+        if avg and not comp.comp.vote:  # a vote is a direction, not a sum to average
             total /= self.size()
         tensor.copy_(torch.from_numpy(total.reshape(tuple(tensor.shape))).to(tensor.dtype))
         spent = (ch.clock() - start) * 1e6  # K messages decompressed; a worker decompresses M

@@ -11,10 +11,13 @@ verifies those bytes:
 - an all_reduce of the compressed form where it can be summed: fp16's float16 values, randomk's
   values at indices drawn from a seed every rank shares (the collective's number).
 
-The aggregate the script gets is the decompressed one: the workers' decompressed messages
-combined (a sum; signsgd's majority vote), divided by M for an avg. Error feedback is per rank
-and tensor (its place among the compressed all_reduces of the iteration, and its length), as
-GRACE's residual memory. A fake worker mirrors its real rank's tensor (docs/run.md), so it
+Only all_reduces issued from backward are compressed (DDP's buckets): a loss or a metric the
+script reduces elsewhere stays exact. A float64 gradient is compressed as float32 (what the
+compressors take) and its aggregate cast back. The aggregate the script gets is the
+decompressed one: the workers' decompressed messages combined (a sum; signsgd's majority vote),
+divided by M for an avg (not a vote: it stays +1 or -1). Error feedback is per rank and tensor
+(its place among the compressed all_reduces of the backward pass, and its length), as GRACE's
+residual memory. A fake worker mirrors its real rank's tensor (docs/run.md), so it
 mirrors its message too: worker ``w`` sends real rank ``w mod K``'s bytes, and the K distinct
 messages are what a rank decompresses (each stands for ``M / K`` workers).
 
@@ -68,6 +71,7 @@ class RankCompressor:
         return op in ("sum", "avg") and self.comp.takes(dtype.kind == "f", dtype.itemsize, count)
 
     def next_iteration(self) -> None:
+        """A new backward pass (or optimizer step): its first compressed all_reduce is position 0."""
         self.position = 0
 
     def _seed(self, seq: int, rank: int) -> int:
@@ -79,7 +83,11 @@ class RankCompressor:
     def encode(self, x: np.ndarray, seq: int) -> np.ndarray:
         """The rank's message for float32 gradient ``x``: uint8 bytes to all-gather, or the values
         to all-reduce (float16 for fp16, float32 for randomk)."""
-        data, _ = self.memory.step(self.rank, (self.position, x.size), x, self._seed(seq, self.rank))
+        seed = self._seed(seq, self.rank)
+        if self.comp.feedback:  # the residual is what the message decompresses to, subtracted
+            data, _ = self.memory.step(self.rank, (self.position, x.size), x, seed)
+        else:
+            data = self.comp.compress(x, seed)
         self.position += 1
         if self.gathers:
             return data

@@ -11,10 +11,10 @@ Header keys: ``v`` (the protocol version), ``rank``, ``kind`` (``hello``, ``coll
 for a collective ``seq`` (its number in the rank's stream), ``coll`` (all_reduce, broadcast,
 all_gather, reduce_scatter, barrier), ``dtype``, ``shapes`` (per tensor frame), ``op`` (the
 reduction: sum, avg, max, min, product), ``root``, ``digest`` and, under ``--compress``,
-``compress_us`` (the rank's time compressing the gradient this collective carries); for a wait
-or a step, ``ids`` and ``decompress_us`` (the rank's time decompressing what it waits for, the
-K distinct messages' times M / K for an all_gather: ``emu.run.compress``); for a loss, ``value``
-(what the script reported, ``emu.run.report_loss``; NaN and inf are kept as they are).
+``compress_us`` (the rank's time compressing the gradient this collective carries); for a wait,
+``ids``; for a wait or a step, ``decompress_us`` (the rank's time decompressing what it waits
+for, the K distinct messages' times M / K for an all_gather: ``emu.run.compress``); for a loss,
+``value`` (what the script reported, ``emu.run.report_loss``; inf or NaN arrives as NaN).
 
 ``digest``: what the rank's own contribution must give, per tensor the real ranks receive a
 result of (one; a reduce_scatter's first K inputs), small enough for a header, or null where

@@ -16,6 +16,7 @@ it. The target is ``--target-loss``, else the uncompressed run's last loss.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -53,7 +54,8 @@ class TrainingReport:
         doc: dict[str, Any] = {"target_loss": self.target_loss, "target_from": self.target_from, "curves": []}
         for c in self.curves:
             hit = c.reached(self.target_loss) if self.target_loss is not None else None
-            doc["curves"].append({**asdict(c), "points": [asdict(p) for p in c.points],
+            points = [{**asdict(p), "loss": p.loss if math.isfinite(p.loss) else None} for p in c.points]  # JSON
+            doc["curves"].append({**asdict(c), "points": points,
                                   "time_to_target_us": None if hit is None else hit.emulated_us,
                                   "steps_to_target": None if hit is None else hit.steps})
         return doc

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from emu.cli import cli
 from emu.emulator.compression.compressors import parse_compress
 from emu.emulator.payload.recorded import load_payload
+from emu.emulator.protocol.wire import p2p_wire_bytes
 from emu.errors import ConfigError
 from emu.replay import CompressOption, ReplayConfig
 from emu.run import protocol, report_loss
@@ -21,7 +22,7 @@ from emu.run.compress import RankCompressor, live_compressor
 from emu.run.session import RunConfig
 from emu.run.training import curve, training_report
 from emu.traces.io import load_trace
-from emu.traces.model import CollKind, Compute, Dtype
+from emu.traces.model import Coll, CollKind, Compute, Dtype, Wait
 
 LEARN = Path(__file__).resolve().parents[2] / "examples" / "ddp_learn.py"
 
@@ -56,6 +57,9 @@ def test_a_rank_sends_its_compressors_output_and_gets_the_decompressed_aggregate
     half = fp16.encode(xs[0], seq=0)
     assert half.dtype == np.float16 and np.array_equal(half, xs[0].astype(np.float16))
     np.testing.assert_array_equal(fp16.decode([half * 4], 1000, 0), (half * 4).astype(np.float64))
+    plain = RankCompressor(parse_compress("qsgd"), 0, 1, 4)  # no error feedback: compressed, not decoded too
+    assert np.array_equal(plain.encode(xs[0], 3), plain.comp.compress(xs[0], plain._seed(3, 0)))
+    assert plain.memory.residual == {}
     vote = RankCompressor(parse_compress("signsgd"), 0, 1, 4)
     assert set(np.unique(vote.decode([vote.encode(xs[0], 0)] * 4, 1000, 0))) <= {-1.0, 1.0}  # a vote, not a sum
 
@@ -100,8 +104,9 @@ def test_a_loss_report_is_a_number_and_nothing_outside_emu_run() -> None:
 def test_emu_run_compresses_for_real_and_reports_both_loss_curves(tmp_path, no_children) -> None:
     """examples/ddp_learn.py at 4 workers under topk:0.1: the trace's gradients are all_gathers of
     the messages the rank made (their bytes, recorded beside the trace, decompress to k values
-    each), replayed and verified through the fabric; compression and decompression are measured
-    compute; the loss curves of the compressed and the uncompressed run start alike and part."""
+    each), replayed and verified through the fabric, which counted exactly their bytes;
+    compression and decompression are measured compute; the loss curves of the compressed and
+    the uncompressed run start alike, both fall, and part."""
     out, report = tmp_path / "live.json.gz", tmp_path / "r.json"
     res = CliRunner().invoke(cli, ["run", "--workers", "4", "--fabric", "ring", "--bandwidth", "1Gbps", "--compress",
                                    "topk:0.1", "--target-loss", "2.2", "--payload-scale", "1", "--trace-out", str(out),
@@ -113,7 +118,11 @@ def test_emu_run_compresses_for_real_and_reports_both_loss_curves(tmp_path, no_c
     assert [c["compressor"] for c in curves] == ["topk:0.1", "none"]
     losses = [[p["loss"] for p in c["points"]] for c in curves]
     assert all([p["steps"] for p in c["points"]] == list(range(6)) for c in curves)
-    assert losses[0][0] == losses[1][0] and losses[1][-1] < losses[1][0] and losses[0][-1] != losses[1][-1]
+    assert losses[0][0] == losses[1][0] and losses[0][-1] != losses[1][-1]
+    assert losses[0][-1] < losses[0][0] and losses[1][-1] < losses[1][0]  # both learn, each its own way
+    for c in curves:
+        hit = next((p for p in c["points"] if p["loss"] <= 2.2), None)
+        assert c["time_to_target_us"] == (None if hit is None else hit["emulated_us"])
     times = [p["emulated_us"] for p in curves[0]["points"]]
     assert times == sorted(times) and times[0] == 0.0 and times[-1] > 0
     assert doc["verification"]["ok"] and doc["verification"]["payload"] == "recorded"
@@ -123,8 +132,16 @@ def test_emu_run_compresses_for_real_and_reports_both_loss_curves(tmp_path, no_c
     topk = parse_compress("topk:0.1")
     it = trace.ranks[0].iterations[0]
     assert it.colls and all(c.kind == CollKind.ALL_GATHER and c.dtype == Dtype.UINT8 for c in it.colls)
-    names = [op.name for op in it.ops if isinstance(op, Compute) and op.dur_us > 0]
-    assert names.count("compress") == names.count("decompress") == len(it.colls)
+    ops = list(it.ops)
+    for i, op in enumerate(ops):  # compression right before each collective, decompression right after its wait
+        if isinstance(op, Coll):
+            assert isinstance(ops[i - 1], Compute) and ops[i - 1].name == "compress" and ops[i - 1].dur_us > 0
+        if isinstance(op, Wait):
+            assert isinstance(ops[i + 1], Compute) and ops[i + 1].name == "decompress" and ops[i + 1].dur_us > 0
+    # the bytes the fabric counted are the messages' (each L bytes, from the rank's real output): a
+    # ring all_gather sends M - 1 segments from each of M workers, counted on the uplink and the downlink
+    lengths = [c.count // 4 for c in it.colls]
+    assert doc["summary"]["bytes_sent"] == len(doc["iterations"]) * sum(2 * 4 * 3 * p2p_wire_bytes(n) for n in lengths)
     payload = load_payload(tmp_path / "live.payload.npz")
     params = [64 * 256 + 256, 256 * 256 + 256, 256 * 10 + 10]
     for coll, vectors in zip(it.colls, payload.tensors, strict=False):
@@ -133,3 +150,11 @@ def test_emu_run_compresses_for_real_and_reports_both_loss_curves(tmp_path, no_c
                  topk.wire_bytes(n) == size)  # which of the bucket splits the message's length is
         message = vectors[0][:size].astype(np.uint8)
         assert np.count_nonzero(topk.decompress(message, n, 0)) == topk._k(n)
+
+
+def test_options_that_need_compression_or_a_number_are_refused(no_children) -> None:
+    for args, message in ((["--compress-speed", "10"], "--compress-speed applies to --compress"),
+                          (["--no-baseline"], "--no-baseline applies to --compress"),
+                          (["--compress", "topk", "--target-loss", "nan"], "--target-loss must be a finite number")):
+        res = CliRunner().invoke(cli, ["run", "--workers", "2", *args, "--", "python", str(LEARN)])
+        assert res.exit_code == 2 and message in res.output, res.output

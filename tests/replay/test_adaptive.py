@@ -230,6 +230,7 @@ def _leaves(over: float):
     return Topology(workers_per_node=1, leaf_ports=2, oversubscription=over)
 
 
+@pytest.mark.slow  # make test measures a second job on the spine (the same reading, the other cause)
 def test_oversubscription_is_measured_and_compressed_for(mlp, no_children) -> None:
     """A constant 10 Gb/s with the spine at 4:1: the workers' buckets get about half the NICs'
     rate, which the configured rate never said (issue 31: the measurement read the schedule)."""

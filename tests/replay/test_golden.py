@@ -33,7 +33,8 @@ def test_volatile_fields_are_stripped_at_any_depth() -> None:
     assert golden.strip(report) == {"emulator": {"clock": "sync"}, "jobs": [{"emulator": {}}]}
 
 
-@pytest.mark.parametrize("name", ["ring", "jobs-ring", pytest.param("ina", marks=pytest.mark.slow),
+@pytest.mark.parametrize("name", ["ring", pytest.param("jobs-ring", marks=pytest.mark.slow),
+                                  pytest.param("ina", marks=pytest.mark.slow),
                                   pytest.param("mesh-tp-ina", marks=pytest.mark.slow),
                                   pytest.param("sparse-ina", marks=pytest.mark.slow)])
 def test_one_process_gives_the_golden_reports(name: str) -> None:

@@ -109,7 +109,7 @@ def test_emu_run_compresses_for_real_and_reports_both_loss_curves(tmp_path, no_c
     the uncompressed run start alike, both fall, and part."""
     out, report = tmp_path / "live.json.gz", tmp_path / "r.json"
     res = CliRunner().invoke(cli, ["run", "--workers", "4", "--fabric", "ring", "--bandwidth", "1Gbps", "--compress",
-                                   "topk:0.1", "--target-loss", "2.2", "--payload-scale", "1", "--trace-out", str(out),
+                                   "topk:0.1", "--target-loss", "2.2", "--payload-scale", "1", "--trace-out", str(out), "--straggler", "3:2",
                                    "--report", str(report), "--", "python", str(LEARN), "--steps", "5"])
     assert res.exit_code == 0, res.output
     assert "time to loss 2.2000 (--target-loss)" in res.output
@@ -126,9 +126,11 @@ def test_emu_run_compresses_for_real_and_reports_both_loss_curves(tmp_path, no_c
     times = [p["emulated_us"] for p in curves[0]["points"]]
     assert times == sorted(times) and times[0] == 0.0 and times[-1] > 0
     assert doc["verification"]["ok"] and doc["verification"]["payload"] == "recorded"
+    assert doc["trace"]["source"] == "live" and doc["trace"]["path"] == str(out) and doc["config"]["stragglers"] == ["3:2.0"]
 
     trace = load_trace(out)
-    assert any("compressed by the real ranks with topk:0.1" in g for g in trace.meta.gaps)
+    assert "thread CPU" in trace.meta.gaps[0] and any("compressed by the real ranks with topk:0.1" in g
+                                                      for g in trace.meta.gaps)
     topk = parse_compress("topk:0.1")
     it = trace.ranks[0].iterations[0]
     assert it.colls and all(c.kind == CollKind.ALL_GATHER and c.dtype == Dtype.UINT8 for c in it.colls)

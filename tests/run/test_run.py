@@ -67,6 +67,7 @@ def test_training_proceeds_as_the_real_ranks_alone_would(tmp_path, monkeypatch, 
     assert [len(r.iterations[0].colls) for r in trace.ranks] == [len(colls)] * 2
 
 
+@pytest.mark.slow  # make test runs the CLI with --trace-out, --report and --straggler in test_compress.py
 def test_the_cli_runs_the_script_and_writes_the_trace(tmp_path, no_children) -> None:
     out, report = tmp_path / "live.json.gz", tmp_path / "r.json"
     res = CliRunner().invoke(cli, ["run", "--workers", "8", "--fabric", "ina", "--trace-out", str(out),

@@ -112,7 +112,7 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     if config.payload_scale is None:
         config = replace(config, payload_scale=choose_payload_scale(trace, config))
     config = replace(config, clock=config.resolved_clock)
-    payload, payload_note = recorded_payload(trace, config, payload, payload_path or "the payload")
+    payload, payload_note, real_error = recorded_payload(trace, config, payload, payload_path or "the payload")
     if config.clock == Clock.WALL and config.tdf is None:
         config, calibration = _calibrate(trace, config, trace_path, on_status)
     if config.compress.adaptive:
@@ -122,6 +122,10 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     if payload is not None or payload_note is not None:
         report = replace(report, verification=replace(
             report.verification, payload="recorded" if payload is not None else "generated", payload_note=payload_note))
+    if real_error is not None and report.compression is not None:  # measured on the messages the fabric moved
+        report = replace(report, compression=replace(
+            report.compression, data="recorded", error=real_error.error, cosine=real_error.cosine,
+            error_sample=real_error.sample, error_accumulated=real_error.accumulated, switch_exact=None))
     if calibration is not None:
         report = replace(report, emulator=replace(report.emulator, calibration=calibration))
     limit = sparse_ps_scale_limit(trace, config)

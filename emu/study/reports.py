@@ -74,13 +74,19 @@ def _from_v2(doc: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def _from_v3(doc: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Version 4 added ``compression.data`` (its default, generated, is what version 3 did)."""
+    return doc
+
+
+def _from_v4(doc: dict[str, Any], path: Path) -> dict[str, Any]:
     """The current version."""
     return doc
 
 
 # report_version -> the loader that returns the report in the current version's shape (CHANGELOG.md
 # lists what each version added). A new version adds a row and moves the older loaders forward.
-LOADERS: dict[int, Callable[[dict[str, Any], Path], dict[str, Any]]] = {1: _from_v1, 2: _from_v2, 3: _from_v3}
+LOADERS: dict[int, Callable[[dict[str, Any], Path], dict[str, Any]]] = {1: _from_v1, 2: _from_v2, 3: _from_v3,
+                                                                      4: _from_v4}
 CURRENT_VERSION = max(LOADERS)
 
 

@@ -11,11 +11,13 @@ import pytest
 from click.testing import CliRunner
 
 from emu.cli import cli
+from emu.emulator.compression.compressors import ErrorFeedback, parse_compress
 from emu.emulator.payload import recorded
 from emu.emulator.payload.recorded import RecordedPayload, load_payload, payload_arrays
 from emu.errors import ConfigError, TraceError
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import CompressOption
+from emu.replay.plan.compressed_payload import compressed_payload
 from emu.traces.io import save_trace
 from emu.traces.model import (
     Coll,
@@ -150,11 +152,60 @@ def test_the_payload_must_belong_to_the_trace(trace) -> None:
     assert report.verification.ok and report.verification.payload == "recorded"
 
 
-def test_compression_sends_generated_payload_and_says_so(trace, no_children) -> None:
-    report = replay(trace, ReplayConfig(workers=M, fabric="ring", iters=1, compress=CompressOption("topk:0.1")),
-                    payload=_payload())
+def test_compression_sends_the_real_ranks_messages_and_measures_their_error(trace, no_children) -> None:
+    """Under --compress the workers send each real rank's tensor compressed for real (top-k with
+    error feedback over the iterations): the payload of each all_gather is the rank's message, the
+    fabric checks those bytes, and the error is that of the aggregate of those messages against the
+    exact sum of the recorded tensors, found here from the compressor alone."""
+    payload = _payload()
+    config = ReplayConfig(workers=M, fabric="ring", iters=2, payload_scale=1, compress=CompressOption("topk:0.1"))
+    report = replay(trace, config, payload=payload)
+    assert report.verification.ok and report.verification.payload == "recorded"
+    c = report.compression
+    assert c.data == "recorded" and "real ranks' tensors" in c.error_sample
+    topk = parse_compress("topk:0.1")
+    memory = ErrorFeedback(topk)
+    got, want = [], []
+    for i, (kind, *_) in enumerate(COLLS * ITERATIONS):
+        if kind != CollKind.ALL_REDUCE:
+            continue
+        rows = payload.tensors[i].astype(np.float32)
+        position = [j for j, c_ in enumerate(COLLS) if c_[0] == CollKind.ALL_REDUCE].index(i % len(COLLS))
+        parts = [memory.step(r, position, rows[r], 0)[1] for r in range(K)]  # top-k draws nothing
+        got.append(topk.combine(parts).astype(np.float64) * (M // K))
+        want.append((M // K) * rows.astype(np.float64).sum(axis=0))
+    got, want = np.concatenate(got), np.concatenate(want)
+    assert c.error == pytest.approx(np.linalg.norm(got - want) / np.linalg.norm(want), rel=1e-9)
+    assert len(c.error_accumulated) == ITERATIONS and 0 < c.error < 1
+
+    real, _, why = compressed_payload(trace, config, payload)
+    assert why is None
+    first = payload.tensors[0].astype(np.float32)  # iteration 0's all_reduce: nothing carried over yet
+    length = topk.wire_bytes(COLLS[0][1])
+    assert real.dtypes[0] == "uint8" and real.tensors[0].shape == (K, length * M)
+    for r in range(K):
+        assert np.array_equal(real.tensors[0][r], np.tile(topk.compress(first[r], 0), M))
+
+
+@pytest.mark.parametrize(("compress", "fabric", "cut", "why"), [
+    ("dgc", "ring", False, "message length differs per worker"),
+    ("qsgd", "ina", False, "the switch sums qsgd:64's levels in int32 lanes"),
+    ("topk:0.1", "ring", True, "compressing a part is not compressing the tensor"),
+])
+def test_where_compression_cannot_use_the_real_tensors_the_report_says_why(trace, compress, fabric, cut, why,
+                                                                            no_children) -> None:
+    payload = _payload()
+    if cut:  # recorded at payload scale 2
+        payload = payload.trimmed([c[1] for c in COLLS] * ITERATIONS, 2)
+    report = replay(trace, ReplayConfig(workers=M, fabric=fabric, iters=1, payload_scale=2 if cut else 1,
+                                        compress=CompressOption(compress)), payload=payload)
     assert report.verification.ok and report.verification.payload == "generated"
-    assert "not the real ranks' tensors" in report.verification.payload_note
+    assert why in report.verification.payload_note and report.compression.data == "generated"
+
+
+def test_powersgd_keeps_generated_payload(trace) -> None:
+    config = ReplayConfig(workers=M, fabric="ring", compress=CompressOption("powersgd:2"))
+    assert compressed_payload(trace, config, _payload())[2] == "PowerSGD's second all_reduce needs the first's sum"
 
 
 def _write(payload: RecordedPayload, path) -> None:

@@ -9,22 +9,45 @@ from emu.emulator.mechanisms import choose
 from emu.emulator.payload.recorded import RecordedPayload, checkable
 from emu.errors import ConfigError
 from emu.replay.config.options import ReplayConfig
+from emu.replay.plan.compressed_payload import RealError, compressed_payload
 from emu.traces.model import CollKind, Trace
 
 
 def recorded_payload(trace: Trace, config: ReplayConfig, payload: RecordedPayload | None,
-                     path: str) -> tuple[RecordedPayload | None, str | None]:
+                     path: str) -> tuple[RecordedPayload | None, str | None, RealError | None]:
     """``payload`` where the replay can send it, or None and why not (a note for the report);
-    a ConfigError where it does not belong to ``trace`` or holds too few elements at the replay's
-    payload scale (``config.scale``)."""
+    under ``--compress``, the real ranks' messages in place of their compressed tensors and the
+    error of what they aggregate to (``plan.compressed_payload``); a ConfigError where it does not
+    belong to ``trace`` or holds too few elements at the replay's payload scale (``config.scale``)."""
     if payload is None:
-        return None, None
-    if config.compress.active:
-        return None, (f"--compress {config.compress.label} changes what crosses the fabric: the workers sent "
-                      "generated payload of the compressed sizes, not the real ranks' tensors")
+        return None, None, None
     if config.sparsity.source == "option":
         return None, ("--sparsity draws which blocks each worker holds: the workers sent generated sparse "
-                      "payload, not the real ranks' tensors")
+                      "payload, not the real ranks' tensors"), None
+    checked, note = _checked(trace, config, payload, path)
+    if checked is None or not config.compress.active:
+        return checked, note, None
+    real, error, why = compressed_payload(trace, config, checked)
+    if real is None:
+        return None, (f"--compress {config.compress.label}: {why}, so the workers sent generated payload of the "
+                      "compressed sizes, not the real ranks' messages"), None
+    scaled = real.trimmed([op.count for it in programs_of(trace, config) for op in it.colls], config.scale)
+    return scaled, None, error
+
+
+def programs_of(trace: Trace, config: ReplayConfig) -> list:
+    """The first rank program's iterations as the replay runs them (compressed)."""
+    from emu.replay.plan.compression import with_compression
+
+    ranks = with_compression(trace.ranks[:1], config.workers, config.compress.compressor, config.compress.speed,
+                             config.switch_sums)
+    return list(ranks[0].iterations)
+
+
+def _checked(trace: Trace, config: ReplayConfig, payload: RecordedPayload,
+             path: str) -> tuple[RecordedPayload | None, str | None]:
+    """``payload`` checked against ``trace`` (ConfigError where it does not belong to it), or None
+    and why the replay cannot send it."""
     k = payload.real_ranks
     if k != len(trace.ranks):
         raise ConfigError(f"{path}: holds {k} real ranks' tensors; the trace has {len(trace.ranks)} ranks: give "
@@ -54,8 +77,10 @@ def recorded_payload(trace: Trace, config: ReplayConfig, payload: RecordedPayloa
     if bad is not None:  # inf and NaN have no fixed point, and NaN equals nothing: nothing to check
         return None, (f"the real ranks' tensors hold inf or NaN (collective {colls[bad].id}, as after an overflow): "
                       "the workers sent generated payload, whose every sum can be checked")
-    # sums formed point to point (the switch's are exact integers; copies are compared exactly)
-    summed = [op for op in colls if op.kind in (CollKind.REDUCE_SCATTER, CollKind.ALL_REDUCE)
+    # sums formed point to point (the switch's are exact integers; copies are compared exactly),
+    # of the collectives as they run (compressed: fp16's float16 values, randomk's)
+    ran = [op for it in programs_of(trace, config) for op in it.colls] if config.compress.active else colls
+    summed = [op for op in ran if op.kind in (CollKind.REDUCE_SCATTER, CollKind.ALL_REDUCE)
               and not choose(op, config.setting).stream]
     loose = sorted({op.dtype.value for op in summed if not checkable(op.dtype.value, config.workers)})
     if loose:

@@ -25,7 +25,8 @@ from emu.files import write_atomic
 # 2: trace.sha256, config.stragglers and config.design added (CHANGELOG.md); no meaning changed
 # 3: verification.elements_distinct, fabric.packets_lost_modelled and jobs[].compression added; no
 # meaning changed
-REPORT_VERSION = 3
+# 4: compression.data added; no meaning changed
+REPORT_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,10 @@ class CompressionReport:
     # (on the error's sample); None where nothing was summed in lanes
     switch_exact: bool | None = None
     adaptive: AdaptiveReport | None = None  # --compress adaptive: the choices over time
+    # what the error was measured on and the fabric carried: "recorded" (the real ranks' tensors of
+    # --payload, compressed for real, their messages on the wire), "generated" (a sample apart, and
+    # generated payload of the compressed sizes)
+    data: str = "generated"
 
 
 @dataclass(frozen=True)

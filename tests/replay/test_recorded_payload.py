@@ -203,6 +203,21 @@ def test_where_compression_cannot_use_the_real_tensors_the_report_says_why(trace
     assert why in report.verification.payload_note and report.compression.data == "generated"
 
 
+def test_the_messages_are_cut_to_what_the_replay_runs_and_never_overflow(trace, no_children) -> None:
+    """At 6 workers the all_gather and reduce_scatter are padded to whole shards, and at payload
+    scale 2 every entry is cut to what the padded collectives send; fp16 values whose sum over 8
+    workers overflows float16 are refused (generated payload, and why), not sent as inf."""
+    report = replay(trace, ReplayConfig(workers=6, fabric="ring", iters=1, payload_scale=2,
+                                        compress=CompressOption("topk:0.1")), payload=_payload())
+    assert report.verification.ok and report.compression.data == "recorded"
+    p = _payload()
+    big = RecordedPayload(K, p.per_iteration, p.dtypes, tuple(None if t is None else t * 3e4 for t in p.tensors))
+    report = replay(trace, ReplayConfig(workers=M, fabric="ring", iters=1, payload_scale=1,
+                                        compress=CompressOption("fp16")), payload=big)
+    assert report.verification.ok and report.verification.payload == "generated"
+    assert "overflows their dtype" in report.verification.payload_note
+
+
 def test_powersgd_keeps_generated_payload(trace) -> None:
     config = ReplayConfig(workers=M, fabric="ring", compress=CompressOption("powersgd:2"))
     assert compressed_payload(trace, config, _payload())[2] == "PowerSGD's second all_reduce needs the first's sum"

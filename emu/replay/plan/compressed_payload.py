@@ -4,7 +4,7 @@
 
 Each real rank's recorded tensor of every compressible all_reduce (``plan.compression.compressible``)
 is compressed as a worker would compress it: iteration by iteration, with error feedback per rank
-and bucket (its place among the iteration's compressible all_reduces). The compressor's output
+and bucket (its place among the iteration's compressible all_reduces, and its length). The compressor's output
 becomes that collective's payload vector (``emu.emulator.payload.recorded``): an all_gather's
 is the rank's message repeated over the output, so chunk ``w`` holds worker ``w``'s message
 (real rank ``w mod K``'s); an all_reduce of fp16's or randomk's values holds those values. The
@@ -16,9 +16,12 @@ replay's own data, every compressed all_reduce of every recorded iteration.
 Where this cannot be done, the replay sends generated payload of the compressed sizes and the
 report says why (``compression.data`` is then ``generated``): PowerSGD (its second all_reduce
 needs the first's sum) and dgc (its length varies per worker), adaptive compression, the
-quantizers the switch sums in int32 lanes on ``ina``, and a payload that holds only a part of
-each tensor (recorded at a payload scale above 1: compressing a part is not compressing the
-tensor).
+quantizers the switch sums in int32 lanes on ``ina``, a payload that holds only a part of each
+tensor (recorded at a payload scale above 1: compressing a part is not compressing the tensor),
+and fp16 or randomk values whose sum over the workers would overflow their dtype.
+
+The M / K workers of a real rank send its message, random draws included, as they send its
+tensor: a stochastic quantizer's error here is that of K independent workers, not M.
 """
 
 from __future__ import annotations
@@ -86,11 +89,15 @@ def _compress_all(colls: list[Coll], comp: Compressor, config: ReplayConfig, pay
             rows = np.asarray(payload.tensors[i], dtype=np.float32)
             shared = comp.aggregation == Aggregation.ALL_REDUCE  # randomk's indices agree across the workers
             seeds = [(config.seed * 1_000_003 + i * 4099 + (0 if shared else r)) % (1 << 63) for r in range(k)]
-            messages = [_message(memory, comp, r, position, rows[r], seeds[r]) for r in range(k)]
+            with np.errstate(over="ignore"):  # fp16 of a large value is inf: _summable refuses it below
+                messages = [_message(memory, comp, r, (position, op.count), rows[r], seeds[r]) for r in range(k)]
             target = compressed(op, comp, m, config.switch_sums)
             entry = _entry(comp, messages, target, members(op, m))
             if entry is None:
                 return None, None, f"{comp.label}'s message of collective {op.id} is not the size the plan gives"
+            if not _summable(comp, entry, m // k):
+                return None, None, (f"the sum of {m} workers' {comp.label} values of collective {op.id} overflows "
+                                    "their dtype")
             tensors[i], dtypes[i] = entry, target.dtype.value
             got = _aggregate(comp, messages, op.count, seeds, m // k)
             want = (m // k) * rows.astype(np.float64).sum(axis=0)
@@ -110,11 +117,22 @@ def _compress_all(colls: list[Coll], comp: Compressor, config: ReplayConfig, pay
                       accumulated=accumulated,
                       sample=f"the real ranks' tensors (--payload): every compressed all_reduce of the "
                              f"{payload.iterations} recorded iterations, with error feedback, {k} real ranks for {m} "
-                             "workers")
+                             f"workers (the {m // k} workers of a real rank send its message, its random draws "
+                             "included: a stochastic quantizer's error does not average down with M here)")
     return RecordedPayload(k, payload.per_iteration, tuple(dtypes), tuple(tensors)), error, None
 
 
-def _message(memory: ErrorFeedback, comp: Compressor, rank: int, position: int, x: np.ndarray,
+def _summable(comp: Compressor, entry: np.ndarray, mirror: int) -> bool:
+    """An all_reduce of compressed values (fp16's, randomk's) whose every sum, in any order, stays
+    finite in its dtype: at most ``mirror`` times the real ranks' magnitudes summed."""
+    if comp.aggregation == Aggregation.ALL_GATHER:
+        return True
+    wide = entry.astype(np.float64)
+    return bool(np.isfinite(wide).all() and (mirror * np.abs(wide).sum(axis=0)).max(initial=0.0)
+                <= float(np.finfo(entry.dtype).max))
+
+
+def _message(memory: ErrorFeedback, comp: Compressor, rank: int, position: tuple[int, int], x: np.ndarray,
              seed: int) -> np.ndarray:
     if comp.feedback:
         return memory.step(rank, position, x, seed)[0]

@@ -36,12 +36,11 @@ def recorded_payload(trace: Trace, config: ReplayConfig, payload: RecordedPayloa
 
 
 def programs_of(trace: Trace, config: ReplayConfig) -> list:
-    """The first rank program's iterations as the replay runs them (compressed)."""
-    from emu.replay.plan.compression import with_compression
+    """Worker 0's iterations as the replay runs them: compressed, and with all_gathers and
+    reduce_scatters padded to whole shards (``plan.programs``)."""
+    from emu.replay.plan.programs import programs_for
 
-    ranks = with_compression(trace.ranks[:1], config.workers, config.compress.compressor, config.compress.speed,
-                             config.switch_sums)
-    return list(ranks[0].iterations)
+    return list(programs_for(trace, config, first=1)[0].iterations)
 
 
 def _checked(trace: Trace, config: ReplayConfig, payload: RecordedPayload,

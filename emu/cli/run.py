@@ -123,7 +123,9 @@ ROWS = 12  # loss points printed at most, besides the last and the target's
 def _check_training_options(compress: str, speed: float, no_baseline: bool, target_loss: float | None) -> None:
     import math
 
-    plain = compress.strip().lower() == "none"
+    from emu.run.compress import live_compressor
+
+    plain = live_compressor(compress).name == "none"
     for given, option in ((speed != 1.0, "--compress-speed"), (no_baseline, "--no-baseline")):
         if given and plain:
             raise ConfigError(f"{option} applies to --compress, which is none: give --compress NAME, e.g. topk:0.01")

@@ -30,7 +30,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from emu.emulator.compression.compressors import Aggregation, Compressor, ErrorFeedback, parse_compress
+from emu.emulator.compression.compressors import (
+    Aggregation,
+    Compressor,
+    ErrorFeedback,
+    message_seed,
+    mirrored,
+    parse_compress,
+)
 from emu.errors import ConfigError
 
 SEED = 0x636F6D70  # stochastic rounding and randomk's indices: from (SEED, the collective's number)
@@ -74,24 +81,12 @@ class RankCompressor:
         """A new backward pass (or optimizer step): its first compressed all_reduce is position 0."""
         self.position = 0
 
-    def _seed(self, seq: int, rank: int) -> int:
-        """Real rank ``rank``'s draws for collective ``seq``: randomk's indices must agree across
-        the ranks, every other draw is the rank's own."""
-        shared = self.comp.aggregation == Aggregation.ALL_REDUCE
-        return (SEED * 1_000_003 + seq * 4099 + (0 if shared else rank)) % (1 << 63)
-
     def encode(self, x: np.ndarray, seq: int) -> np.ndarray:
         """The rank's message for float32 gradient ``x``: uint8 bytes to all-gather, or the values
         to all-reduce (float16 for fp16, float32 for randomk)."""
-        seed = self._seed(seq, self.rank)
-        if self.comp.feedback:  # the residual is what the message decompresses to, subtracted
-            data, _ = self.memory.step(self.rank, (self.position, x.size), x, seed)
-        else:
-            data = self.comp.compress(x, seed)
+        data = self.memory.message(self.rank, (self.position, x.size), x, message_seed(self.comp, SEED, seq, self.rank))
         self.position += 1
-        if self.gathers:
-            return data
-        return data.view("<f2" if self.comp.name == "fp16" else "<f4")
+        return data if self.gathers else data.view(np.dtype(self.comp.values).newbyteorder("<"))
 
     def decode(self, received: list[np.ndarray], n: int, seq: int) -> np.ndarray:
         """The aggregate over the M workers (float64) of what their messages decompress to: their
@@ -100,8 +95,7 @@ class RankCompressor:
         each standing for ``M / K`` workers), or the all_reduce's one result."""
         if not self.gathers:
             raw = np.ascontiguousarray(received[0]).view(np.uint8)
-            return self.comp.decompress(raw, n, self._seed(seq, 0)).astype(np.float64)
-        parts = [self.comp.decompress(np.asarray(received[w]).view(np.uint8), n, self._seed(seq, w))
+            return self.comp.decompress(raw, n, message_seed(self.comp, SEED, seq, 0)).astype(np.float64)
+        parts = [self.comp.decompress(np.asarray(received[w]).view(np.uint8), n, message_seed(self.comp, SEED, seq, w))
                  for w in range(self.real)]
-        combined = self.comp.combine(parts).astype(np.float64)
-        return combined if self.comp.vote else combined * (self.workers // self.real)
+        return mirrored(self.comp, parts, self.workers // self.real)

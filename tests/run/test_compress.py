@@ -12,13 +12,13 @@ import pytest
 from click.testing import CliRunner
 
 from emu.cli import cli
-from emu.emulator.compression.compressors import parse_compress
+from emu.emulator.compression.compressors import message_seed, parse_compress
 from emu.emulator.payload.recorded import load_payload
 from emu.emulator.protocol.wire import p2p_wire_bytes
 from emu.errors import ConfigError
 from emu.replay import CompressOption, ReplayConfig
 from emu.run import protocol, report_loss
-from emu.run.compress import RankCompressor, live_compressor
+from emu.run.compress import SEED, RankCompressor, live_compressor
 from emu.run.session import RunConfig
 from emu.run.training import curve, training_report
 from emu.traces.io import load_trace
@@ -58,7 +58,7 @@ def test_a_rank_sends_its_compressors_output_and_gets_the_decompressed_aggregate
     assert half.dtype == np.float16 and np.array_equal(half, xs[0].astype(np.float16))
     np.testing.assert_array_equal(fp16.decode([half * 4], 1000, 0), (half * 4).astype(np.float64))
     plain = RankCompressor(parse_compress("qsgd"), 0, 1, 4)  # no error feedback: compressed, not decoded too
-    assert np.array_equal(plain.encode(xs[0], 3), plain.comp.compress(xs[0], plain._seed(3, 0)))
+    assert np.array_equal(plain.encode(xs[0], 3), plain.comp.compress(xs[0], message_seed(plain.comp, SEED, 3, 0)))
     assert plain.memory.residual == {}
     vote = RankCompressor(parse_compress("signsgd"), 0, 1, 4)
     assert set(np.unique(vote.decode([vote.encode(xs[0], 0)] * 4, 1000, 0))) <= {-1.0, 1.0}  # a vote, not a sum

@@ -84,6 +84,7 @@ class Compressor:
     aggregation: ClassVar[Aggregation]
     feedback: ClassVar[bool] = False  # error feedback (GRACE's residual memory)
     vote: ClassVar[bool] = False  # ``combine`` is a majority vote, not a sum (signsgd)
+    values: ClassVar[str] = "float32"  # an ALL_REDUCE compressor's summed values (fp16: float16)
     default: ClassVar[float | None] = None
     param: float | None = None
 
@@ -110,7 +111,7 @@ class Compressor:
         """Whether this compressor compresses an all_reduce of ``count`` elements of a dtype
         (the one rule of replay's ``--compress`` and emu run's): floats only, and fp16 leaves
         16-bit tensors alone (nothing to gain)."""
-        return is_float and count > 0 and not (self.name == "fp16" and itemsize <= 2)
+        return is_float and count > 0 and not (self.values == "float16" and itemsize <= 2)
 
     @property
     def label(self) -> str:
@@ -140,7 +141,7 @@ class NoCompression(Compressor):
 
 
 class Fp16(Compressor):
-    name, aggregation = "fp16", Aggregation.ALL_REDUCE
+    name, aggregation, values = "fp16", Aggregation.ALL_REDUCE, "float16"
 
     def compress(self, x: np.ndarray, seed: int) -> np.ndarray:
         return np.frombuffer(np.asarray(x, "<f2").tobytes(), np.uint8)
@@ -475,6 +476,21 @@ def aggregate(comp: Compressor, grads: list[np.ndarray], seed: int) -> np.ndarra
                          for s, g in ((seed if shared else seed + w, g) for w, g in enumerate(grads))])
 
 
+def message_seed(comp: Compressor, base: int, index: int, worker: int) -> int:
+    """Worker ``worker``'s draws for collective ``index`` (from ``base``, a run's seed): the
+    indices of a compressor whose forms are summed (randomk's) agree across the workers, every
+    other draw is the worker's own."""
+    shared = comp.aggregation == Aggregation.ALL_REDUCE
+    return (base * 1_000_003 + index * 4099 + (0 if shared else worker)) % (1 << 63)
+
+
+def mirrored(comp: Compressor, parts: list[np.ndarray], mirror: int) -> np.ndarray:
+    """The aggregate (float64) of workers that each send one of ``parts`` (decompressed), ``mirror``
+    workers a part: ``mirror`` times their sum, a vote as it is."""
+    combined = comp.combine(parts).astype(np.float64)
+    return combined if comp.vote else combined * mirror
+
+
 class ErrorFeedback:
     """Per worker and collective position, what compression dropped, added to the next gradient."""
 
@@ -493,27 +509,35 @@ class ErrorFeedback:
             self.residual[(worker, position)] = (x - back).astype(np.float32)
         return data, back
 
+    def message(self, worker: int, position: Hashable, x: np.ndarray, seed: int) -> np.ndarray:
+        """The bytes worker sends for ``x`` (``step``'s), without decompressing them where the
+        compressor keeps no residual (its time is compress time only)."""
+        if self.comp.feedback:
+            return self.step(worker, position, x, seed)[0]
+        return self.comp.compress(x, seed)
+
 
 _SPEED_FILE = Path(__file__).with_name("speed.json")  # benchmarks/compress_speed.py writes it
 
 
 @functools.lru_cache(maxsize=1)
 def _speeds() -> dict[str, list[dict[str, float | None]]]:
+    """Per compressor, its measured rows, by parameter (None: it takes none)."""
     doc = json.loads(_SPEED_FILE.read_text())
     if doc.get("version") != 2:
         raise ConfigError(f"{_SPEED_FILE}: not a version 2 speed file (one row per parameter measured); run "
                           "benchmarks/compress_speed.py again")
-    return doc["elements_per_s"]
+    return {name: sorted(rows, key=lambda r: -math.inf if r["param"] is None else float(r["param"]))
+            for name, rows in doc["elements_per_s"].items()}
 
 
 def rates(comp: Compressor) -> tuple[float, float]:
     """(compress, decompress) elements a second at ``comp``'s parameter: the seconds an element
     measured at the parameters either side, interpolated linearly in the parameter's logarithm,
     the nearest measured parameter outside the range measured (``speed.json``)."""
-    rows = [r for r in _speeds()[comp.name]]
+    rows = _speeds()[comp.name]
     if comp.param is None or rows[0]["param"] is None or len(rows) == 1:
         return float(rows[0]["compress"]), float(rows[0]["decompress"])  # type: ignore[arg-type]
-    rows.sort(key=lambda r: float(r["param"]))  # type: ignore[arg-type]
     at = math.log(comp.param)
     logs = [math.log(float(r["param"])) for r in rows]  # type: ignore[arg-type]
     j = min(max(1, sum(1 for g in logs if g <= at)), len(rows) - 1)

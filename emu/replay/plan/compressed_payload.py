@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emu.emulator.compression.compressors import Aggregation, Compressor, ErrorFeedback
+from emu.emulator.compression.compressors import Aggregation, Compressor, ErrorFeedback, message_seed, mirrored
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.replay.config.options import ReplayConfig
 from emu.replay.plan.compression import compressed, compressible, members, summed_in_switch
@@ -87,10 +87,9 @@ def _compress_all(colls: list[Coll], comp: Compressor, config: ReplayConfig, pay
             position = 0
         if compressible(op, comp):
             rows = np.asarray(payload.tensors[i], dtype=np.float32)
-            shared = comp.aggregation == Aggregation.ALL_REDUCE  # randomk's indices agree across the workers
-            seeds = [(config.seed * 1_000_003 + i * 4099 + (0 if shared else r)) % (1 << 63) for r in range(k)]
+            seeds = [message_seed(comp, config.seed, i, r) for r in range(k)]
             with np.errstate(over="ignore"):  # fp16 of a large value is inf: _summable refuses it below
-                messages = [_message(memory, comp, r, (position, op.count), rows[r], seeds[r]) for r in range(k)]
+                messages = [memory.message(r, (position, op.count), rows[r], seeds[r]) for r in range(k)]
             target = compressed(op, comp, m, config.switch_sums)
             entry = _entry(comp, messages, target, members(op, m))
             if entry is None:
@@ -132,21 +131,13 @@ def _summable(comp: Compressor, entry: np.ndarray, mirror: int) -> bool:
                 <= float(np.finfo(entry.dtype).max))
 
 
-def _message(memory: ErrorFeedback, comp: Compressor, rank: int, position: tuple[int, int], x: np.ndarray,
-             seed: int) -> np.ndarray:
-    if comp.feedback:
-        return memory.step(rank, position, x, seed)[0]
-    return comp.compress(x, seed)
-
-
 def _entry(comp: Compressor, messages: list[np.ndarray], target: Coll, group: int) -> np.ndarray | None:
     """The (K, elements) payload vectors of the compressed collective ``target``."""
     if comp.aggregation == Aggregation.ALL_GATHER:
         if any(len(msg) * group != target.count for msg in messages):
             return None
         return np.stack([np.tile(msg, group) for msg in messages])
-    dtype = np.float16 if target.dtype.itemsize == 2 else np.float32
-    values = [np.asarray(msg, np.uint8).view(dtype) for msg in messages]
+    values = [np.asarray(msg, np.uint8).view(comp.values) for msg in messages]
     if any(len(v) != target.count for v in values):
         return None
     return np.stack(values)
@@ -156,12 +147,11 @@ def _aggregate(comp: Compressor, messages: list[np.ndarray], n: int, seeds: list
     """What every worker ends with (float64): the messages decompressed and combined, ``mirror``
     workers a real rank; an all_reduce's sum of the compressed forms, decompressed."""
     if comp.aggregation == Aggregation.ALL_REDUCE:
-        dtype = np.float16 if comp.name == "fp16" else np.float32
-        total = mirror * np.sum([np.asarray(msg, np.uint8).view(dtype).astype(np.float64) for msg in messages], axis=0)
-        raw = np.ascontiguousarray(total.astype(dtype)).view(np.uint8)
+        total = mirror * np.sum([np.asarray(msg, np.uint8).view(comp.values).astype(np.float64) for msg in messages],
+                                axis=0)
+        raw = np.ascontiguousarray(total.astype(comp.values)).view(np.uint8)
         return comp.decompress(raw, n, seeds[0]).astype(np.float64)
-    combined = comp.combine([comp.decompress(msg, n, s) for msg, s in zip(messages, seeds, strict=True)])
-    return combined.astype(np.float64) * (1 if comp.vote else mirror)
+    return mirrored(comp, [comp.decompress(msg, n, s) for msg, s in zip(messages, seeds, strict=True)], mirror)
 
 
 def _relative(got: np.ndarray, want: np.ndarray) -> float:

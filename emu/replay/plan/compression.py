@@ -73,7 +73,7 @@ def compressed(op: Coll, comp: Compressor, workers: int, switch_sums: bool = Fal
     if comp.aggregation == Aggregation.ALL_GATHER:
         return replace(op, kind=CollKind.ALL_GATHER, dtype=Dtype.UINT8, count=size * group,
                        bytes=size * group, sparsity=None, tensors=None)
-    dtype = Dtype.FLOAT16 if comp.name == "fp16" else Dtype.FLOAT32
+    dtype = Dtype(comp.values)
     count = -(-size // dtype.itemsize)
     return replace(op, dtype=dtype, count=count, bytes=count * dtype.itemsize, sparsity=None, tensors=None)
 

@@ -10,7 +10,7 @@ from emu.emulator.payload.recorded import RecordedPayload, checkable
 from emu.errors import ConfigError
 from emu.replay.config.options import ReplayConfig
 from emu.replay.plan.compressed_payload import RealError, compressed_payload
-from emu.traces.model import CollKind, Trace
+from emu.traces.model import Coll, CollKind, Trace
 
 
 def recorded_payload(trace: Trace, config: ReplayConfig, payload: RecordedPayload | None,
@@ -24,29 +24,29 @@ def recorded_payload(trace: Trace, config: ReplayConfig, payload: RecordedPayloa
     if config.sparsity.source == "option":
         return None, ("--sparsity draws which blocks each worker holds: the workers sent generated sparse "
                       "payload, not the real ranks' tensors"), None
-    checked, note = _checked(trace, config, payload, path)
-    if checked is None or not config.compress.active:
+    ran = _ran(trace, config) if config.compress.active else None
+    checked, note = _checked(trace, config, payload, path, ran)
+    if checked is None or ran is None:
         return checked, note, None
     real, error, why = compressed_payload(trace, config, checked)
     if real is None:
         return None, (f"--compress {config.compress.label}: {why}, so the workers sent generated payload of the "
                       "compressed sizes, not the real ranks' messages"), None
-    scaled = real.trimmed([op.count for it in programs_of(trace, config) for op in it.colls], config.scale)
-    return scaled, None, error
+    return real.trimmed([op.count for op in ran], config.scale), None, error
 
 
-def programs_of(trace: Trace, config: ReplayConfig) -> list:
-    """Worker 0's iterations as the replay runs them: compressed, and with all_gathers and
+def _ran(trace: Trace, config: ReplayConfig) -> list[Coll]:
+    """Worker 0's collectives as the replay runs them: compressed, and all_gathers and
     reduce_scatters padded to whole shards (``plan.programs``)."""
     from emu.replay.plan.programs import programs_for
 
-    return list(programs_for(trace, config, first=1)[0].iterations)
+    return [op for it in programs_for(trace, config, first=1)[0].iterations for op in it.colls]
 
 
-def _checked(trace: Trace, config: ReplayConfig, payload: RecordedPayload,
-             path: str) -> tuple[RecordedPayload | None, str | None]:
+def _checked(trace: Trace, config: ReplayConfig, payload: RecordedPayload, path: str,
+             ran: list[Coll] | None) -> tuple[RecordedPayload | None, str | None]:
     """``payload`` checked against ``trace`` (ConfigError where it does not belong to it), or None
-    and why the replay cannot send it."""
+    and why the replay cannot send it; ``ran``: the collectives as a compressed replay runs them."""
     k = payload.real_ranks
     if k != len(trace.ranks):
         raise ConfigError(f"{path}: holds {k} real ranks' tensors; the trace has {len(trace.ranks)} ranks: give "
@@ -78,8 +78,7 @@ def _checked(trace: Trace, config: ReplayConfig, payload: RecordedPayload,
                       "the workers sent generated payload, whose every sum can be checked")
     # sums formed point to point (the switch's are exact integers; copies are compared exactly),
     # of the collectives as they run (compressed: fp16's float16 values, randomk's)
-    ran = [op for it in programs_of(trace, config) for op in it.colls] if config.compress.active else colls
-    summed = [op for op in ran if op.kind in (CollKind.REDUCE_SCATTER, CollKind.ALL_REDUCE)
+    summed = [op for op in (ran or colls) if op.kind in (CollKind.REDUCE_SCATTER, CollKind.ALL_REDUCE)
               and not choose(op, config.setting).stream]
     loose = sorted({op.dtype.value for op in summed if not checkable(op.dtype.value, config.workers)})
     if loose:

@@ -348,7 +348,8 @@ def _table(reports, path: Path, columns: list[str] | None = None) -> None:
     if any(r.sparsity is not None for r in reports):
         row("non-zero blocks", lambda r: "dense" if r.sparsity is None else
             f"{100 * r.sparsity.nonzero_fraction:.1f}% per worker, {100 * r.sparsity.union_fraction:.1f}% on some "
-            f"(sent {100 * r.sparsity.sent_fraction:.0f}% of the dense values and indices, headers not counted)")
+            f"(sent {100 * r.sparsity.sent_fraction:.0f}% of the dense values as values and indices, counted on "
+            f"the links; headers {human_bytes(r.sparsity.header_bytes)} more)")
     if any(r.compression is not None for r in reports):
         row("compression", lambda r: "none" if r.compression is None else _compression(r.compression))
         if any(r.compression is not None and r.compression.adaptive is not None for r in reports):

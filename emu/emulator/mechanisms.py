@@ -135,11 +135,14 @@ class Start:
 
 @dataclass(frozen=True)
 class Sent:
-    """A float all_reduce's payload bytes over every link, as the report's sparsity counts them."""
+    """A sparse float all_reduce's payload bytes (values and indices) over the links, each message
+    once where it was sent. The report counts what crossed the wire (``HostResult.carried``); this
+    is the same from the hashes that made the payload, which at payload scale 1 equals the count
+    (tests/replay/test_sent_bytes.py)."""
 
-    sent: float  # what the mechanism sent
-    dense: float  # what its dense algorithm would have sent
-    sparse: bool  # it ran a sparse algorithm
+    sent: float  # what the mechanism sends, from the hashes: real bytes (of ceil(count / R) elements)
+    dense: float  # what its dense algorithm sends: emulated bytes (of the collective's count)
+    sparse: bool  # it runs a sparse algorithm
 
 
 class Mechanism:
@@ -277,11 +280,11 @@ class Stream(Mechanism):
     def sent(self, op: Coll, s: Setting, seq: int, sparsity: Sparsity) -> Sent:
         """int32 values in packets of k (emu.emulator.protocol.sparse_ina)."""
         real, k, m = _real(op, s), s.elements, s.workers
+        dense = 2.0 * m * -(-op.count // k) * 4 * k
         if s.fabric.sparse_stream and streams_sparse(sparsity, op.dtype.value, real, k, s.real_slots):
-            got, dense = stream_bytes(s.seed, seq, real, k, s.real_slots, m, sparsity, op.dtype.value)
+            got, _ = stream_bytes(s.seed, seq, real, k, s.real_slots, m, sparsity, op.dtype.value)
             return Sent(got, dense, True)
-        dense = 2.0 * m * -(-real // k) * 4 * k
-        return Sent(dense, dense, False)
+        return Sent(2.0 * m * -(-real // k) * 4 * k, dense, False)
 
 
 # -- point to point ----------------------------------------------------------------------------------
@@ -324,8 +327,8 @@ class RingAlgorithm(PointToPoint):
         return topology_ring_us(op.count, op.dtype.itemsize, s.link, s.topology, s.layout, payload_scale=s.payload_scale)
 
     def sent(self, op: Coll, s: Setting, seq: int, sparsity: Sparsity) -> Sent:
-        dense = _real(op, s) * op.dtype.itemsize * 2 * (s.workers - 1)  # 2 (M-1)/M S per worker
-        return Sent(dense, dense, False)
+        per_element = op.dtype.itemsize * 2 * (s.workers - 1)  # 2 (M-1)/M S per worker
+        return Sent(_real(op, s) * per_element, op.count * per_element, False)
 
 
 class HierarchicalRing(RingAlgorithm):
@@ -407,8 +410,8 @@ class ParameterServerAlgorithm(PointToPoint):
                                         s.payload_scale)
 
     def sent(self, op: Coll, s: Setting, seq: int, sparsity: Sparsity) -> Sent:
-        dense = _real(op, s) * op.dtype.itemsize * 2 * s.workers  # push and pull of S per worker
-        return Sent(dense, dense, False)
+        per_element = op.dtype.itemsize * 2 * s.workers  # push and pull of S per worker
+        return Sent(_real(op, s) * per_element, op.count * per_element, False)
 
 
 class SparseParameterServer(ParameterServerAlgorithm):

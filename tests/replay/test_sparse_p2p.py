@@ -109,7 +109,7 @@ def test_ring_goes_dense_where_sparse_costs_more(dlrm, no_children) -> None:
     half, dense = replay(dlrm, cfg), replay(dlrm, replace(cfg, sparsity=DENSE))
     s = half.sparsity
     assert half.verification.ok and s is not None
-    assert (s.sparse_collectives, s.dense_collectives, s.sent_fraction) == (0, 1, 1.0)
+    assert (s.sparse_collectives, s.dense_collectives) == (0, 1) and s.sent_fraction == pytest.approx(1.0, abs=1e-9)
     assert half.summary.bytes_sent == dense.summary.bytes_sent
     assert half.summary.iteration_us_median == dense.summary.iteration_us_median
     # the parameter server still goes sparse: (f + u) (1 + o) < 2

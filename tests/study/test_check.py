@@ -197,7 +197,7 @@ def test_duplicate_points_exit_2(tmp_path: Path, real: dict[str, Any]) -> None:
     (lambda d: d.pop("config"), ("config: expected an object",)),
     (lambda d: d.update(report_version="2"), ("report_version: expected an integer",)),
     (lambda d: d.update(report_version=99), ("report_version 99 is not supported (written by a newer emu",
-                                             "this emu reads report_version 1, 2, 3, 4")),
+                                             "this emu reads report_version 1, 2, 3, 4, 5")),
     (lambda d: d.update(report_version=0), ("report_version 0 is not supported",)),
 ])
 def test_malformed_reports_exit_2(tmp_path: Path, real: dict[str, Any], edit, fragments: tuple[str, ...]) -> None:

@@ -191,8 +191,8 @@ class DoubleBinaryTreeMechanism(mech.PointToPoint):
 
     def sent(self, op: Coll, s: Setting, seq: int, sparsity) -> Sent:
         # every member but the root sends its chunk up each tree and gets it back: 2 (M-1) halves a tree
-        dense = -(-op.count // s.payload_scale) * op.dtype.itemsize * 2 * (s.workers - 1)
-        return Sent(dense, dense, False)
+        per_element = op.dtype.itemsize * 2 * (s.workers - 1)
+        return Sent(-(-op.count // s.payload_scale) * per_element, op.count * per_element, False)
 
 
 def tree_all_reduce_us(count: int, itemsize: int, workers: int, link: LinkSpec, rto_us: float = 0.0,

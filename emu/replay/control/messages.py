@@ -20,6 +20,7 @@ import zmq
 from emu.emulator.protocol.transport import FrameError
 from emu.errors import EmuError
 
+CARRIED_UNIT = 1 << 10  # HostResult.carried's parts of a byte
 MAX_CONTROL = 64 << 20  # a host's result carries every worker's iteration records and spans
 
 Who = int | str  # a host's index, or "switch"
@@ -112,6 +113,11 @@ class HostResult:
     # of packets_lost, those whose loss and resending were drawn by a model and timed, no real
     # message dropped: a point-to-point segment's packets, INA's rows at payload scale above 1
     packets_lost_modelled: int = 0
+    # per collective (its seq in the job): the payload bytes (values and a sparse message's indices)
+    # and the header and framing bytes its messages took on the links, once where each was sent (a
+    # stream's result once for each worker it reached), resends aside; in CARRIED_UNIT parts of a
+    # byte (a segment's emulated bytes are fractional; integers sum exactly in any order)
+    carried: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from emu.emulator.protocol.ina import SENT, InaGroup, InaParams, Packets, Payloa
 from emu.emulator.protocol.switch import MULTICAST
 from emu.emulator.protocol.transport import AggBatch
 from emu.replay.config.options import ReplayConfig
+from emu.replay.control.messages import CARRIED_UNIT
 from emu.replay.host.wiring import Wiring
 from emu.replay.host.worker import CollRun
 
@@ -125,6 +126,9 @@ class InaEndpoint:
                                   -(-pool.emulated_slots // pool.real_slots), cfg.timeout_rto_us)
                        if cfg.scale > 1 and cfg.link.loss > 0 else None)
         self.counters = InaCounters()
+        # per collective (its seq): payload bytes (values, the sparse stream's block and next) and
+        # header and framing bytes of every packet, contributions and results, resends aside
+        self.carried: dict[int, list[int]] = {}  # in CARRIED_UNIT parts of a byte
         self.check = ResultCheck()
         self.runs: dict[tuple[int, int], CollRun] = {}
         self.retx_scale: dict[tuple[int, int], float] = {}  # what a pending retransmission stands for
@@ -239,6 +243,8 @@ class InaEndpoint:
         """What the uplinks did with contributions (``offer``'s): on to the switch, or lost."""
         arrival = np.stack([sent.first_us, sent.last_us], axis=1)
         self.counters.bytes_sent += float(np.rint(wire_bytes).sum())  # whole bytes: exact in any order
+        fresh = ~np.asarray(pk.retransmit, bool)
+        self._carry(pk.headers[fresh], np.asarray(pk.emu_packets, np.float64)[fresh])
         lost = sent.lost
         if lost.any():
             self.counters.lost += int(lost.sum())
@@ -361,15 +367,17 @@ class InaEndpoint:
             return None
         li, rb = np.concatenate(li_parts), np.concatenate(rb_parts)
         scale = per[rb]
+        fresh = np.ones(len(rb), bool)  # what crossed for the first time (``carried``)
         if len(uni):  # an answer to a retransmission stands for the packets that were resent
             n_uni = len(uni)
             scale = scale.copy()
-            scale[-n_uni:] = [min(scale[-n_uni + i], self.retx_scale.get(
-                (int(li[-n_uni + i]), int(batch.headers["slot"][uni[i]])), 1.0)) for i in range(n_uni)]
+            keys = [(int(li[-n_uni + i]), int(batch.headers["slot"][uni[i]])) for i in range(n_uni)]
+            scale[-n_uni:] = [min(scale[-n_uni + i], self.retx_scale.get(key, 1.0)) for i, key in enumerate(keys)]
+            fresh[-n_uni:] = [key not in self.retx_scale for key in keys]
         if (len(uni) and len(multi)) or self.shared:
             # each downlink in the message's (stamp) order; a NIC's workers' rows interleaved by it
             order = np.lexsort((li, rb, self.link[li]))
-            li, rb, scale = li[order], rb[order], scale[order]
+            li, rb, scale, fresh = li[order], rb[order], scale[order], fresh[order]
         delay = None
         if self.scaled is not None:
             resent = self._scaled_lost(chunks[rb], per[rb], li, down=True)
@@ -386,8 +394,27 @@ class InaEndpoint:
                 last = (int(batch.sparse[i, 1]) == wire.BLOCK_NONE if coll.stream is not None
                         else int(chunks[i]) >= coll.base + coll.chunks - g.p.slots)
                 delay[i] = self.scaled.delay(int(chunks[i]), int(slots[i]), int(which[i]), float(per[i]), last)
+        self._carry(batch.headers[rb[fresh]], per[rb[fresh]])
         row_bytes = sizes[rb] / per[rb] * scale
         return Deliveries(li, rb, self.link[li], batch.stamps[rb, 0], batch.stamps[rb, 1], row_bytes, scale, delay)
+
+    def _carry(self, headers: np.ndarray, packets: np.ndarray) -> None:
+        """Into ``carried``, per collective: these packets' payload (``k`` int32 values where one has
+        data, the sparse stream's 8 bytes of block and next) and header bytes, ``packets`` emulated
+        ones a row."""
+        if not len(headers):
+            return
+        kind = headers["msg_type"]
+        sparse = (kind == wire.MsgType.SPARSE_CONTRIB) | (kind == wire.MsgType.SPARSE_RESULT)
+        payload = np.rint((np.where(headers["size"] > 0, 4 * self.k, 0) + np.where(sparse, wire.SPARSE_EXTRA, 0))
+                          * packets)
+        header = np.rint(_wire_sizes(headers, self.k) * packets) - payload
+        which = self.group.locate(headers["chunk"].astype(np.int64))
+        for i in np.unique(which):
+            sel = which == i
+            got = self.carried.setdefault(self.group.colls[int(i)].seq, [0, 0])
+            got[0] += int(payload[sel].sum()) * CARRIED_UNIT
+            got[1] += int(header[sel].sum()) * CARRIED_UNIT
 
     def delivered_rows(self, rows: Deliveries, got: Transmitted, batch: AggBatch, verify: np.ndarray) -> None:
         """What the downlinks did with results (``deliveries``'): to the workers, or lost."""

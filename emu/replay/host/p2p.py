@@ -28,6 +28,7 @@ from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol import wire
 from emu.emulator.protocol.transport import FrameError, Segment
 from emu.replay.config.options import ReplayConfig
+from emu.replay.control.messages import CARRIED_UNIT
 from emu.replay.host.wiring import Wiring
 from emu.replay.host.worker import CollRun
 from emu.traces.model import CollKind
@@ -77,6 +78,10 @@ class P2PEndpoint:
         # element (a payload scale so coarse that a chunk of the real tensor is empty)
         self.payload_segments = 0
         self.empty_segments = 0
+        # per collective (its seq): the payload bytes (values, and a sparse message's indices) and the
+        # header and framing bytes of every segment sent, once where it was sent, resends aside, in
+        # CARRIED_UNIT parts of a byte: what crossed the wire (the report's sparsity.sent_bytes)
+        self.carried: dict[int, list[int]] = {}
         self.algs: dict[tuple[int, int], Algorithm] = {}
         self.runs: dict[tuple[int, int], CollRun] = {}
         # a sub-group collective's members (its algorithm's ranks) and each one's rank among them
@@ -202,6 +207,12 @@ class P2PEndpoint:
         if seg.emu_bytes > 0:
             self.payload_segments += 1
             self.empty_segments += not len(seg.data)
+        carried = self.carried.get(seg.seq)
+        if carried is None:
+            carried = self.carried[seg.seq] = [0, 0]
+        payload = round(seg.emu_bytes * CARRIED_UNIT)
+        carried[0] += payload
+        carried[1] += round(wire_bytes * CARRIED_UNIT) - payload
         w = self.wiring
         inside = w.same_node(src, seg.dst)
         if inside:  # through the node's own fabric, never its NICs (emu.replay.host.wiring)

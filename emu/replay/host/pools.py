@@ -51,6 +51,11 @@ class InaPools:
         self.check = _Sum(pools, "check")
         self.group = _Sum(pools, "group")
 
+    @property
+    def carried(self) -> dict[int, list[int]]:
+        """Every pool's bytes per collective (``InaEndpoint.carried``; a collective streams in one pool)."""
+        return {seq: got for p in self.order for seq, got in self.endpoints[p].carried.items()}
+
     @staticmethod
     def timer_for(pool: int, timer: Callable[[float, int, int, float], None]) -> Callable[[float, int, int, float], None]:
         """The host's timer, as a pool's endpoint calls it: the pool in the local number's high bits."""

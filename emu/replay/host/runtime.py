@@ -396,10 +396,22 @@ class Host:
             verify_distinct=self.p2p.check.distinct + self.ina.check.distinct,
             packets_lost_modelled=ina.packets_lost_modelled + sum(a.resent_packets for a in self.wiring.all_links()),
             payload_segments=self.p2p.payload_segments, empty_segments=self.p2p.empty_segments,
+            carried=_carried(self.p2p.carried, self.ina.carried),
             lag=self.lag.to_dict() if self.measure_lag else None,
             completed=_sum_counts(fw.s.completed for fw in self.workers.values()),
             links=self.wiring.usage(np.asarray(self.setup.endpoints, np.int64), self.setup.role == "workers",
                                     leaves=self.own_leaves))
+
+
+def _carried(*parts: dict[int, list[int]]) -> dict[str, list[int]]:
+    """Per collective (its seq, as a string for the message), its payload and header bytes summed."""
+    out: dict[str, list[int]] = {}
+    for part in parts:
+        for seq, (payload, header) in part.items():
+            got = out.setdefault(str(seq), [0, 0])
+            got[0] += payload
+            got[1] += header
+    return out
 
 
 def _sum_counts(counts) -> dict[str, int]:

@@ -22,7 +22,7 @@ from emu.emulator.mechanisms import choose
 from emu.emulator.protocol.wire import agg_wire_bytes
 from emu.replay.config.design import resolved_design
 from emu.replay.config.options import Clock, ReplayConfig
-from emu.replay.control.messages import HostResult
+from emu.replay.control.messages import CARRIED_UNIT, HostResult
 from emu.replay.control.plan import Measured
 from emu.replay.host.lag import LagHistogram
 from emu.replay.plan.adaptive import adaptive_report
@@ -80,7 +80,7 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
                         config=_config_doc(trace, config, len(iterations), sparse), trace=_trace_doc(trace, trace_path),
                         iterations=tuple(iterations), summary=summary, verification=verification,
                         emulator=_emulator(config, measured, median), fabric=_fabric(config, measured, records),
-                        sparsity=_sent(config, sparse), compression=compression)
+                        sparsity=_sent(config, sparse, results), compression=compression)
 
 
 def _iterations(records: dict[int, list[list[float]]], workers: int, iters: int) -> list[IterationReport]:
@@ -205,23 +205,30 @@ def _compression(trace: Trace, config: ReplayConfig, records: dict[int, list[lis
                               switch_sums=config.switch_sums, packet_elements=config.elements)
 
 
-def _sent(config: ReplayConfig, replayed: Replayed) -> SparsityReport | None:
+def _sent(config: ReplayConfig, replayed: Replayed, results: list[HostResult]) -> SparsityReport | None:
     """The realized sparsity, with what the fabric sent of the sparse all_reduces (docs/sparse.md):
-    which ran sparse (each mechanism's own choice) and the bytes of blocks, values and indices, that
-    crossed the links over those of the dense algorithm (``Mechanism.sent``: from the same hashes
-    that made the payload, so the same on every process layout)."""
+    which ran sparse (each mechanism's own choice), and the bytes of blocks, values and indices,
+    and of headers that crossed the links (``HostResult.carried``, counted where they were sent),
+    against the values the dense algorithm sends (``Mechanism.sent``'s ``dense``)."""
     report = realized_report(config, replayed)
     if report is None:
         return None
+    carried: dict[str, list[int]] = {}
+    for r in results:
+        for seq, (payload, header) in r.carried.items():
+            got = carried.setdefault(seq, [0, 0])
+            got[0] += payload
+            got[1] += header
     setting = config.setting
     sparse = dense = 0
-    sent = full = 0.0
+    sent = headers = full = 0.0
     for seq, op, s in replayed:
         got = choose(op, setting).sent(op, setting, seq, s)
         sparse, dense = sparse + got.sparse, dense + (not got.sparse)
-        sent, full = sent + got.sent, full + got.dense
+        payload, header = carried.get(str(seq), (0, 0))
+        sent, headers, full = sent + payload / CARRIED_UNIT, headers + header / CARRIED_UNIT, full + got.dense
     return dataclasses.replace(report, sent_fraction=sent / full if full else 1.0, sparse_collectives=sparse,
-                               dense_collectives=dense)
+                               dense_collectives=dense, sent_bytes=sent, header_bytes=headers, dense_bytes=full)
 
 
 def utilisation(results: list[HostResult], records: dict[Any, list[list[float]]],

@@ -26,7 +26,7 @@ from emu.files import write_atomic
 # 3: verification.elements_distinct, fabric.packets_lost_modelled and jobs[].compression added; no
 # meaning changed
 # 4: compression.data added; no meaning changed
-REPORT_VERSION = 4
+REPORT_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -137,10 +137,14 @@ class FabricReport:
 class SparsityReport:
     """What the payload of the replayed sparse all_reduces held (docs/sparse.md), counted from the
     hashes that made it: of their blocks, the fraction non-zero on some worker (``union_fraction``)
-    and the mean fraction non-zero on a worker (``nonzero_fraction``). ``sent_fraction``: the
-    bytes of blocks (values and block indices) the fabric sent for them, over what its dense
-    algorithm sends; ``sparse_collectives`` ran a sparse algorithm (``ring``, ``ps``: where cheaper
-    than dense; ``ina``: the sparse stream, where it applies), ``dense_collectives`` sent every block."""
+    and the mean fraction non-zero on a worker (``nonzero_fraction``). What crossed the links for
+    them is counted where each message was sent (a stream's results once per worker reached),
+    resends aside: ``sent_bytes``, their values and block indices, and ``header_bytes``, the
+    headers and framing of the same packets; ``dense_bytes`` is what the dense algorithm sends in
+    values (a formula: it did not run), and ``sent_fraction`` is ``sent_bytes / dense_bytes``. All
+    three are emulated bytes (a payload scale's real messages stand for R times theirs).
+    ``sparse_collectives`` ran a sparse algorithm (``ring``, ``ps``: where cheaper than dense;
+    ``ina``: the sparse stream, where it applies), ``dense_collectives`` sent every block."""
 
     collectives: int  # sparse all_reduces replayed (every iteration's)
     blocks: int  # their blocks of real elements (with payload scale R, ceil(count / R) each)
@@ -149,6 +153,9 @@ class SparsityReport:
     sent_fraction: float = 1.0
     sparse_collectives: int = 0
     dense_collectives: int = 0
+    sent_bytes: float = 0.0
+    header_bytes: float = 0.0
+    dense_bytes: float = 0.0
 
 
 @dataclass(frozen=True)

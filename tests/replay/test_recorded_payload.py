@@ -17,7 +17,7 @@ from emu.emulator.payload.recorded import RecordedPayload, load_payload, payload
 from emu.errors import ConfigError, TraceError
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import CompressOption
-from emu.replay.plan.compressed_payload import compressed_payload
+from emu.replay.plan.compressed_payload import compressed_payload, derived
 from emu.traces.io import save_trace
 from emu.traces.model import (
     Coll,
@@ -152,17 +152,18 @@ def test_the_payload_must_belong_to_the_trace(trace) -> None:
     assert report.verification.ok and report.verification.payload == "recorded"
 
 
-def test_compression_sends_the_real_ranks_messages_and_measures_their_error(trace, no_children) -> None:
-    """Under --compress the workers send each real rank's tensor compressed for real (top-k with
-    error feedback over the iterations): the payload of each all_gather is the rank's message, the
+def test_compression_sends_every_workers_message_and_measures_their_error(trace, no_children) -> None:
+    """Under --compress each of the M workers compresses its own gradient for real (the real ranks'
+    tensors for the first K, derived ones for the others; top-k with error feedback over the
+    iterations): the payload of each all_gather holds every worker's message at its own chunk, the
     fabric checks those bytes, and the error is that of the aggregate of those messages against the
-    exact sum of the recorded tensors, found here from the compressor alone."""
+    exact sum of the workers' gradients, found here from the compressor alone."""
     payload = _payload()
     config = ReplayConfig(workers=M, fabric="ring", iters=2, payload_scale=1, compress=CompressOption("topk:0.1"))
     report = replay(trace, config, payload=payload)
     assert report.verification.ok and report.verification.payload == "recorded"
     c = report.compression
-    assert c.data == "recorded" and "real ranks' tensors" in c.error_sample
+    assert c.data == "recorded" and f"{M} workers' own gradients" in c.error_sample
     topk = parse_compress("topk:0.1")
     memory = ErrorFeedback(topk)
     got, want = [], []
@@ -171,9 +172,10 @@ def test_compression_sends_the_real_ranks_messages_and_measures_their_error(trac
             continue
         rows = payload.tensors[i].astype(np.float32)
         position = [j for j, c_ in enumerate(COLLS) if c_[0] == CollKind.ALL_REDUCE].index(i % len(COLLS))
-        parts = [memory.step(r, position, rows[r], 0)[1] for r in range(K)]  # top-k draws nothing
-        got.append(topk.combine(parts).astype(np.float64) * (M // K))
-        want.append((M // K) * rows.astype(np.float64).sum(axis=0))
+        grads = [derived(rows, w, config.seed, i) for w in range(M)]
+        parts = [memory.step(w, position, grads[w], 0)[1] for w in range(M)]  # top-k draws nothing
+        got.append(topk.combine(parts).astype(np.float64))
+        want.append(np.sum(grads, axis=0, dtype=np.float64))
     got, want = np.concatenate(got), np.concatenate(want)
     assert c.error == pytest.approx(np.linalg.norm(got - want) / np.linalg.norm(want), rel=1e-9)
     assert len(c.error_accumulated) == ITERATIONS and 0 < c.error < 1
@@ -182,9 +184,36 @@ def test_compression_sends_the_real_ranks_messages_and_measures_their_error(trac
     assert why is None
     first = payload.tensors[0].astype(np.float32)  # iteration 0's all_reduce: nothing carried over yet
     length = topk.wire_bytes(COLLS[0][1])
-    assert real.dtypes[0] == "uint8" and real.tensors[0].shape == (K, length * M)
-    for r in range(K):
-        assert np.array_equal(real.tensors[0][r], np.tile(topk.compress(first[r], 0), M))
+    assert real.dtypes[0] == "uint8" and real.tensors[0].shape == (1, length * M)
+    for w in range(M):
+        want_msg = topk.compress(derived(first, w, config.seed, 0), 0)
+        assert np.array_equal(real.tensors[0][0, w * length:(w + 1) * length], want_msg)
+    assert np.array_equal(real.tensors[0][0, :length], topk.compress(first[0], 0))  # worker 0: real rank 0
+
+
+def test_derived_gradients_resample_the_ranks_spread() -> None:
+    """The first K workers are the real ranks; every other is the ranks' mean plus one of their
+    residuals per element with a random sign: the same mean, the same spread, its own draws."""
+    rows = np.random.default_rng(3).standard_normal((3, 20000)).astype(np.float32)
+    mean = rows.mean(axis=0, dtype=np.float64)
+    assert all(np.array_equal(derived(rows, r, 0, 5), rows[r]) for r in range(3))
+    grads = np.stack([derived(rows, w, 0, 5) for w in range(3, 40)]).astype(np.float64)
+    residuals = np.abs(rows - mean)  # each derived element is mean +- one rank's residual
+    off = np.abs(grads - mean)
+    assert np.all(np.min(np.abs(off[:, None, :] - residuals[None, :, :]), axis=1) < 1e-5)
+    assert np.abs(grads.mean(axis=0) - mean).mean() < 0.2 * residuals.mean()
+    assert grads.std(axis=0).mean() == pytest.approx(np.sqrt(((rows - mean) ** 2).mean(axis=0)).mean(), rel=0.05)
+    assert not np.array_equal(derived(rows, 3, 0, 5), derived(rows, 4, 0, 5))
+    assert np.array_equal(derived(rows, 7, 0, 5), derived(rows, 7, 0, 5))  # seeded
+
+
+def test_a_payload_scale_mirrors_the_real_ranks_and_says_so(trace, no_children) -> None:
+    """At payload scale 2 a message's part is all a worker sends: the M / K workers of a real rank
+    send its message, as the error's sample says."""
+    config = ReplayConfig(workers=M, fabric="ring", iters=1, payload_scale=2, compress=CompressOption("topk:0.1"))
+    real, error, why = compressed_payload(trace, config, _payload())
+    assert why is None and error is not None and "payload scale 2" in error.sample
+    assert real.tensors[0].shape[0] == K
 
 
 @pytest.mark.parametrize(("compress", "fabric", "cut", "why"), [

@@ -73,7 +73,12 @@ class RecordedPayload:
     """The payload vectors of a trace's collectives: ``tensors[i * per_iteration + c]`` is
     collective c of recorded iteration i, a (K, kept) array in the collective's dtype (None for a
     barrier, which carries nothing). A replay reuses iterations cyclically, as it does the
-    trace's, so collective ``seq`` of a replay is entry ``seq mod len(tensors)``."""
+    trace's, so collective ``seq`` of a replay is entry ``seq mod len(tensors)``.
+
+    An entry's rows are the distinct payload vectors its workers send, worker ``w`` row ``w mod
+    rows``: K as recorded (real rank ``w mod K``'s); a compressed replay's entries may hold M (each
+    worker's own message, ``emu.replay.plan.compressed_payload``) or one (an all_gather's output
+    with every worker's message in its place), and every sum is ``M / rows`` times the rows'."""
 
     real_ranks: int
     per_iteration: int
@@ -112,7 +117,7 @@ class RecordedPayload:
         """float64 rows of ``k`` elements (zero padded past the tensor): block ``blocks[i]`` of
         worker ``workers[i]``, which holds real rank ``workers[i] mod K``'s values."""
         padded = _padded(self, seq % len(self.tensors), k)
-        return padded[np.asarray(workers) % self.real_ranks, np.asarray(blocks)]
+        return padded[np.asarray(workers) % len(padded), np.asarray(blocks)]
 
     def rank_rows(self, seq: int, blocks: np.ndarray, k: int) -> np.ndarray:
         """(K, len(blocks), k): every real rank's rows of ``blocks``."""
@@ -123,8 +128,8 @@ class RecordedPayload:
         """A reduce_scatter's rows on the stream (``emu.emulator.protocol.ina``): float64 rows of ``k``, shard
         ``s``'s elements ``[s lanes, (s+1) lanes)`` cut into blocks of its own and zero padded; block
         ``blocks[i]`` of worker ``workers[i]`` (real rank ``workers[i] mod K``'s values)."""
-        return _sharded(self, seq % len(self.tensors), k, shards, lanes, False)[np.asarray(workers) % self.real_ranks,
-                                                                               np.asarray(blocks)]
+        sharded = _sharded(self, seq % len(self.tensors), k, shards, lanes, False)
+        return sharded[np.asarray(workers) % len(sharded), np.asarray(blocks)]
 
     def rank_shard_rows(self, seq: int, blocks: np.ndarray, k: int, shards: int, lanes: int) -> np.ndarray:
         """(K, len(blocks), k): ``shard_rows`` of every real rank."""
@@ -136,7 +141,7 @@ class RecordedPayload:
         ``s``'s ``ceil(n / shards)`` elements (real rank ``s mod K``'s, as the owner of shard ``s``
         holds) in ``lanes`` lanes, cut into blocks of its own; block ``blocks[i]`` of its owner."""
         sharded = _sharded(self, seq % len(self.tensors), k, shards, lanes, True)
-        return sharded[np.asarray(owners) % self.real_ranks, np.asarray(blocks)]
+        return sharded[np.asarray(owners) % len(sharded), np.asarray(blocks)]
 
     def trimmed(self, counts: list[int], scale: int) -> RecordedPayload:
         """Each entry cut to the ``ceil(count / scale)`` elements a replay at payload scale

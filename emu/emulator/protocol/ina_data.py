@@ -155,12 +155,12 @@ class StreamData:
     def expected_sums(self, coll: InaCollective, blocks: np.ndarray) -> np.ndarray:
         """The exact int32 sums the switch must return for data blocks (rows, zero padded)."""
         n = self.p.workers
-        if coll.recorded is not None:  # every worker quantizes its real rank's rows: n / K of each
+        if coll.recorded is not None:  # every worker quantizes its row's values: n / rows of each
             ranks = (coll.recorded.rank_shard_rows(coll.seq, blocks, self.p.elements, n, coll.shard_lanes)
                      if coll.kind == CollKind.REDUCE_SCATTER else coll.recorded.rank_rows(coll.seq, blocks, self.p.elements))
             agreed = coll.agreed[blocks]
             q = np.stack([fixedpoint.quantize(r, agreed, n).astype(np.int64) for r in ranks])
-            return (n // coll.recorded.real_ranks) * q.sum(axis=0)
+            return (n // len(ranks)) * q.sum(axis=0)
         uniq, inv = np.unique(blocks, return_inverse=True)  # gathered once each, page by page
         common = self._rows(coll, uniq, "common", np.int64)
         own = self._rows(coll, uniq, "own", np.int64)

@@ -2,16 +2,26 @@
 (``emu replay live.json.gz --payload live.payload.npz --compress NAME``; docs/compression.md,
 "On the real ranks' tensors").
 
-Each real rank's recorded tensor of every compressible all_reduce (``plan.compression.compressible``)
-is compressed as a worker would compress it: iteration by iteration, with error feedback per rank
-and bucket (its place among the iteration's compressible all_reduces, and its length). The compressor's output
-becomes that collective's payload vector (``emu.emulator.payload.recorded``): an all_gather's
-is the rank's message repeated over the output, so chunk ``w`` holds worker ``w``'s message
-(real rank ``w mod K``'s); an all_reduce of fp16's or randomk's values holds those values. The
-fabric then moves those bytes and checks each where it arrives. Every worker's aggregate is
-what the messages decompress to, combined (``M / K`` workers a real rank), and its error against
-the exact sum of the recorded tensors is the report's ``compression.error``: measured on the
-replay's own data, every compressed all_reduce of every recorded iteration.
+M workers need M gradients while K ranks were recorded: the first K workers take the real ranks'
+tensors, and every other one a gradient ``derived`` from them, the ranks' mean plus, element by
+element, one of their residuals from it drawn at random with a random sign (seeded by the run,
+the collective and the worker), so the spread between the recorded ranks is resampled, not copied.
+Every worker compresses its own gradient of every compressible all_reduce
+(``plan.compression.compressible``) as it would: iteration by iteration, with its own error
+feedback per bucket (its place among the iteration's compressible all_reduces, and its length) and
+its own random draws. The compressor's output becomes that collective's payload vector
+(``emu.emulator.payload.recorded``): an all_gather's output with each worker's message at its own
+chunk, an all_reduce's fp16 or randomk values one row a worker. The fabric moves those bytes and
+checks each where it arrives. Every worker's aggregate is what the messages decompress to,
+combined, and its error against the exact sum of the workers' gradients is the report's
+``compression.error``: measured on the replay's own data, every compressed all_reduce of every
+recorded iteration.
+
+Where M distinct messages cannot be held or made (``_mirrors``: one real rank, a payload scale
+above 1, a sub-group's all_gather, more than ``DERIVED_ELEMENTS`` to compress or ``DERIVED_BYTES``
+to hold), the M / K workers of a real rank send its message, random draws included, as they send
+its tensor: a stochastic quantizer's error is then that of K independent workers, not M, and the
+report's ``error_sample`` says so and why.
 
 Where this cannot be done, the replay sends generated payload of the compressed sizes and the
 report says why (``compression.data`` is then ``generated``): PowerSGD (its second all_reduce
@@ -20,8 +30,6 @@ quantizers the switch sums in int32 lanes on ``ina``, a payload that holds only 
 tensor (recorded at a payload scale above 1: compressing a part is not compressing the tensor),
 and fp16 or randomk values whose sum over the workers would overflow their dtype.
 
-The M / K workers of a real rank send its message, random draws included, as they send its
-tensor: a stochastic quantizer's error here is that of K independent workers, not M.
 """
 
 from __future__ import annotations
@@ -73,9 +81,84 @@ def compressed_payload(trace: Trace, config: ReplayConfig, payload: RecordedPayl
     return _compress_all(colls, comp, config, payload)
 
 
+DERIVED_ELEMENTS = 1 << 28  # M workers' gradients compressed before the replay, at most (a few seconds of numpy)
+DERIVED_BYTES = 1 << 28  # the M workers' messages held for the replay, at most
+
+
+def _mirrors(colls: list[Coll], comp: Compressor, config: ReplayConfig, payload: RecordedPayload) -> str | None:
+    """Why the M workers send their real ranks' messages (M / K a rank) instead of M distinct
+    gradients derived from them (``derived``); None where they derive them."""
+    k, m = payload.real_ranks, config.workers
+    if k == m:
+        return None
+    if k == 1:
+        return "one real rank recorded, no spread between ranks to resample"
+    if config.scale > 1:
+        return f"payload scale {config.scale} keeps a part of each message (derived at payload scale 1 only)"
+    ops = [op for op in colls if compressible(op, comp)]
+    if comp.aggregation == Aggregation.ALL_GATHER and any(op.group is not None for op in ops):
+        return "a sub-group's all_gather holds every member's message in every row: M rows of M messages"
+    work = m * sum(op.count for op in ops)
+    if work > DERIVED_ELEMENTS:
+        return f"{m} workers' gradients are {work:,} elements to compress, more than {DERIVED_ELEMENTS:,}"
+    held = sum(compressed(op, comp, m).bytes * (1 if comp.aggregation == Aggregation.ALL_GATHER else m) for op in ops)
+    if held > DERIVED_BYTES:
+        return f"{m} workers' messages are {held:,} bytes, more than {DERIVED_BYTES:,}"
+    return None
+
+
+def derived(rows: np.ndarray, worker: int, seed: int, index: int) -> np.ndarray:
+    """Worker ``worker``'s gradient (float32) of collective ``index`` from the K real ranks' ``rows``
+    (K, n): a real rank's own for the first K workers; for every other, the ranks' mean plus,
+    element by element, one of their residuals from it, drawn at random with a random sign (seeded
+    by the run, the collective and the worker): the recorded spread resampled."""
+    k, n = rows.shape
+    if worker < k:
+        return rows[worker]
+    rng = np.random.default_rng([seed, index, worker])
+    mean = rows.mean(axis=0, dtype=np.float64)
+    pick = rng.integers(0, k, n)
+    sign = rng.integers(0, 2, n) * 2 - 1
+    return (mean + sign * (rows[pick, np.arange(n)] - mean)).astype(np.float32)
+
+
+@dataclass
+class _Bucket:
+    """One compressible all_reduce compressed on every sender: its messages and sums."""
+
+    messages: list[np.ndarray]
+    seeds: list[int]
+    total: np.ndarray  # the senders' decompressed messages summed (an all_reduce's: their values), float64
+    exact: np.ndarray  # the senders' gradients summed, float64
+
+
+def _bucket(comp: Compressor, memory: ErrorFeedback, rows: np.ndarray, senders: int, seed: int, index: int,
+            position: int) -> _Bucket:
+    """``senders`` workers compress their gradients of collective ``index`` (``derived`` from the
+    real ranks' ``rows``) with their error feedback, one worker at a time."""
+    n = rows.shape[1]
+    messages, seeds = [], []
+    total, exact = np.zeros(n), np.zeros(n)
+    for w in range(senders):
+        x = derived(rows, w, seed, index)
+        s = message_seed(comp, seed, index, w)
+        with np.errstate(over="ignore"):  # fp16 of a large value is inf: _summable refuses it
+            msg = memory.message(w, (position, n), x, s)
+        if comp.aggregation == Aggregation.ALL_REDUCE:
+            total += np.asarray(msg, np.uint8).view(comp.values).astype(np.float64)
+        else:
+            total += comp.decompress(msg, n, s)
+        exact += x
+        messages.append(msg)
+        seeds.append(s)
+    return _Bucket(messages, seeds, total, exact)
+
+
 def _compress_all(colls: list[Coll], comp: Compressor, config: ReplayConfig, payload: RecordedPayload,
                   ) -> tuple[RecordedPayload | None, RealError | None, str | None]:
     k, m = payload.real_ranks, config.workers
+    mirrors = _mirrors(colls, comp, config, payload)
+    senders, mirror = (k, m // k) if mirrors else (m, 1)
     memory = ErrorFeedback(comp)
     tensors, dtypes = list(payload.tensors), list(payload.dtypes)
     got_all, want_all, accumulated = [], [], []
@@ -87,19 +170,16 @@ def _compress_all(colls: list[Coll], comp: Compressor, config: ReplayConfig, pay
             position = 0
         if compressible(op, comp):
             rows = np.asarray(payload.tensors[i], dtype=np.float32)
-            seeds = [message_seed(comp, config.seed, i, r) for r in range(k)]
-            with np.errstate(over="ignore"):  # fp16 of a large value is inf: _summable refuses it below
-                messages = [memory.message(r, (position, op.count), rows[r], seeds[r]) for r in range(k)]
+            b = _bucket(comp, memory, rows, senders, config.seed, i, position)
             target = compressed(op, comp, m, config.switch_sums)
-            entry = _entry(comp, messages, target, members(op, m))
+            entry = _entry(comp, b.messages, target, members(op, m), in_place=senders == m and op.group is None)
             if entry is None:
                 return None, None, f"{comp.label}'s message of collective {op.id} is not the size the plan gives"
-            if not _summable(comp, entry, m // k):
+            if not _summable(comp, entry, mirror):
                 return None, None, (f"the sum of {m} workers' {comp.label} values of collective {op.id} overflows "
                                     "their dtype")
             tensors[i], dtypes[i] = entry, target.dtype.value
-            got = _aggregate(comp, messages, op.count, seeds, m // k)
-            want = (m // k) * rows.astype(np.float64).sum(axis=0)
+            got, want = _aggregate(comp, b, op.count, mirror), mirror * b.exact
             got_all.append(got)
             want_all.append(want)
             acc_got[position] = acc_got.get(position, 0.0) + got
@@ -113,12 +193,20 @@ def _compress_all(colls: list[Coll], comp: Compressor, config: ReplayConfig, pay
     got, want = np.concatenate(got_all), np.concatenate(want_all)
     norm = float(np.linalg.norm(want) * np.linalg.norm(got))
     error = RealError(error=_relative(got, want), cosine=float(got @ want) / norm if norm else 0.0,
-                      accumulated=accumulated,
-                      sample=f"the real ranks' tensors (--payload): every compressed all_reduce of the "
-                             f"{payload.iterations} recorded iterations, with error feedback, {k} real ranks for {m} "
-                             f"workers (the {m // k} workers of a real rank send its message, its random draws "
-                             "included: a stochastic quantizer's error does not average down with M here)")
+                      accumulated=accumulated, sample=_sample(payload, k, m, mirrors))
     return RecordedPayload(k, payload.per_iteration, tuple(dtypes), tuple(tensors)), error, None
+
+
+def _sample(payload: RecordedPayload, k: int, m: int, mirrors: str | None) -> str:
+    """What the error was measured on (the report's ``error_sample``)."""
+    head = (f"the real ranks' tensors (--payload): every compressed all_reduce of the {payload.iterations} recorded "
+            "iterations, with error feedback, ")
+    if mirrors is None:
+        return head + (f"{m} workers' own gradients: the {k} real ranks' for the first {k}, for every other their "
+                       "mean plus a residual of theirs drawn per element with a random sign (docs/compression.md), "
+                       "each worker compressing its own with its own draws")
+    return head + (f"{k} real ranks for {m} workers (the {m // k} workers of a real rank send its message, its random "
+                   f"draws included: a stochastic quantizer's error does not average down with M here; {mirrors})")
 
 
 def _summable(comp: Compressor, entry: np.ndarray, mirror: int) -> bool:
@@ -131,11 +219,17 @@ def _summable(comp: Compressor, entry: np.ndarray, mirror: int) -> bool:
                 <= float(np.finfo(entry.dtype).max))
 
 
-def _entry(comp: Compressor, messages: list[np.ndarray], target: Coll, group: int) -> np.ndarray | None:
-    """The (K, elements) payload vectors of the compressed collective ``target``."""
+def _entry(comp: Compressor, messages: list[np.ndarray], target: Coll, group: int, in_place: bool,
+           ) -> np.ndarray | None:
+    """The payload vectors of the compressed collective ``target``: an all_gather's, one row a
+    sender with its message over every chunk, or (``in_place``: every worker of the job sends its
+    own) one row with each worker's message at its own chunk; an all_reduce's, one row of values a
+    sender."""
     if comp.aggregation == Aggregation.ALL_GATHER:
         if any(len(msg) * group != target.count for msg in messages):
             return None
+        if in_place:
+            return np.concatenate(messages)[None, :]
         return np.stack([np.tile(msg, group) for msg in messages])
     values = [np.asarray(msg, np.uint8).view(comp.values) for msg in messages]
     if any(len(v) != target.count for v in values):
@@ -143,15 +237,13 @@ def _entry(comp: Compressor, messages: list[np.ndarray], target: Coll, group: in
     return np.stack(values)
 
 
-def _aggregate(comp: Compressor, messages: list[np.ndarray], n: int, seeds: list[int], mirror: int) -> np.ndarray:
-    """What every worker ends with (float64): the messages decompressed and combined, ``mirror``
-    workers a real rank; an all_reduce's sum of the compressed forms, decompressed."""
+def _aggregate(comp: Compressor, b: _Bucket, n: int, mirror: int) -> np.ndarray:
+    """What every worker ends with (float64): the senders' messages decompressed and combined,
+    ``mirror`` workers a sender; an all_reduce's sum of the compressed forms, decompressed."""
     if comp.aggregation == Aggregation.ALL_REDUCE:
-        total = mirror * np.sum([np.asarray(msg, np.uint8).view(comp.values).astype(np.float64) for msg in messages],
-                                axis=0)
-        raw = np.ascontiguousarray(total.astype(comp.values)).view(np.uint8)
-        return comp.decompress(raw, n, seeds[0]).astype(np.float64)
-    return mirrored(comp, [comp.decompress(msg, n, s) for msg, s in zip(messages, seeds, strict=True)], mirror)
+        raw = np.ascontiguousarray((mirror * b.total).astype(comp.values)).view(np.uint8)
+        return comp.decompress(raw, n, b.seeds[0]).astype(np.float64)
+    return mirrored(comp, [b.total], mirror)
 
 
 def _relative(got: np.ndarray, want: np.ndarray) -> float:

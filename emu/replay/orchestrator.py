@@ -125,7 +125,10 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     if real_error is not None and report.compression is not None:  # measured on the messages the fabric moved
         report = replace(report, compression=replace(
             report.compression, data="recorded", error=real_error.error, cosine=real_error.cosine,
-            error_sample=real_error.sample, error_accumulated=real_error.accumulated, switch_exact=None))
+            error_sample=real_error.sample, error_accumulated=real_error.accumulated,
+            switch_exact=real_error.switch_exact))
+        if real_error.switch_exact is False:  # the lanes the workers sent would not sum to their levels' sums
+            report = replace(report, verification=replace(report.verification, ok=False))
     if calibration is not None:
         report = replace(report, emulator=replace(report.emulator, calibration=calibration))
     limit = sparse_ps_scale_limit(trace, config)

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from emu.cli import cli
-from emu.emulator.compression.compressors import ErrorFeedback, parse_compress
+from emu.emulator.compression.compressors import ErrorFeedback, message_seed, parse_compress
+from emu.emulator.compression.in_switch import switch_aggregate
 from emu.emulator.payload import recorded
 from emu.emulator.payload.recorded import RecordedPayload, load_payload, payload_arrays
 from emu.errors import ConfigError, TraceError
@@ -218,7 +219,6 @@ def test_a_payload_scale_mirrors_the_real_ranks_and_says_so(trace, no_children) 
 
 @pytest.mark.parametrize(("compress", "fabric", "cut", "why"), [
     ("dgc", "ring", False, "message length differs per worker"),
-    ("qsgd", "ina", False, "the switch sums qsgd:64's levels in int32 lanes"),
     ("topk:0.1", "ring", True, "compressing a part is not compressing the tensor"),
 ])
 def test_where_compression_cannot_use_the_real_tensors_the_report_says_why(trace, compress, fabric, cut, why,
@@ -232,6 +232,35 @@ def test_where_compression_cannot_use_the_real_tensors_the_report_says_why(trace
     assert why in report.verification.payload_note and report.compression.data == "generated"
 
 
+def test_the_switch_sums_the_real_levels_in_its_lanes(trace, no_children) -> None:
+    """On ina, qsgd's levels of every worker's real (or derived) gradient cross as int32 lanes the
+    switch adds; the fabric checks their sums exactly, and the aggregate is what the sample's own
+    path (``in_switch.switch_aggregate``, with the same draws) makes of the same gradients."""
+    config = ReplayConfig(workers=M, fabric="ina", iters=2, payload_scale=1, compress=CompressOption("qsgd"))
+    payload = _payload()
+    report = replay(trace, config, payload=payload)
+    c = report.compression
+    assert report.verification.ok and report.verification.payload == "recorded"
+    assert c.data == "recorded" and c.in_switch and c.switch_exact is True
+    qsgd = parse_compress("qsgd")
+    got, want = [], []
+    for i, (kind, *_) in enumerate(COLLS * ITERATIONS):
+        if kind != CollKind.ALL_REDUCE:
+            continue
+        grads = [derived(payload.tensors[i].astype(np.float32), w, config.seed, i) for w in range(M)]
+        s = switch_aggregate(qsgd, grads, message_seed(qsgd, config.seed, i, 0), config.elements, M)
+        assert s.exact
+        got.append(s.aggregate.astype(np.float64))
+        want.append(np.sum(grads, axis=0, dtype=np.float64))
+    got, want = np.concatenate(got), np.concatenate(want)
+    assert c.error == pytest.approx(np.linalg.norm(got - want) / np.linalg.norm(want), rel=1e-6)
+    # at 6 workers qsgd:4's lanes would need the stream's headroom bit: generated, and why
+    report = replay(trace, ReplayConfig(workers=6, fabric="ina", iters=1, payload_scale=1,
+                                        compress=CompressOption("qsgd:4")), payload=payload)
+    assert report.verification.ok and report.compression.data == "generated"
+    assert "fixed point at 6 workers would round qsgd:4's int32 lanes" in report.verification.payload_note
+
+
 def test_the_messages_are_cut_to_what_the_replay_runs_and_never_overflow(trace, no_children) -> None:
     """At 6 workers the all_gather and reduce_scatter are padded to whole shards, and at payload
     scale 2 every entry is cut to what the padded collectives send; fp16 values whose sum over 8
@@ -239,6 +268,9 @@ def test_the_messages_are_cut_to_what_the_replay_runs_and_never_overflow(trace, 
     report = replay(trace, ReplayConfig(workers=6, fabric="ring", iters=1, payload_scale=2,
                                         compress=CompressOption("topk:0.1")), payload=_payload())
     assert report.verification.ok and report.compression.data == "recorded"
+    # uncompressed at payload scale 1 too: the shards' padding is zeros every worker sends
+    report = replay(trace, ReplayConfig(workers=6, fabric="ring", iters=1, payload_scale=1), payload=_payload())
+    assert report.verification.ok and report.verification.payload == "recorded"
     p = _payload()
     big = RecordedPayload(K, p.per_iteration, p.dtypes, tuple(None if t is None else t * 3e4 for t in p.tensors))
     report = replay(trace, ReplayConfig(workers=M, fabric="ring", iters=1, payload_scale=1,

@@ -80,18 +80,48 @@ def _value(comp: Compressor, total: np.ndarray, scale: np.ndarray) -> np.ndarray
     return total * scale / s
 
 
+def agreed_exponents(g: np.ndarray, block: int, agreed: np.ndarray | None = None) -> np.ndarray:
+    """Per packet of ``block`` values: the largest of ``agreed`` (the workers' so far; None: none
+    yet) and worker values ``g``'s ``fixedpoint.block_exponents`` there (int64)."""
+    n = len(g)
+    blocks = -(-n // block)
+    padded = np.zeros(blocks * block)
+    padded[:n] = g
+    mine = block_exponents(padded.reshape(blocks, block)).astype(np.int64)
+    return mine if agreed is None else np.maximum(agreed, mine)
+
+
+def scale_of(agreed: np.ndarray, block: int, n: int) -> np.ndarray:
+    """Per value: ``2**E`` of its packet's agreed exponent (``agreed_exponents``); 1 for a packet of zeros."""
+    return np.repeat(np.where(agreed == EXP_NONE, 1.0, np.ldexp(1.0, agreed)), block)[:n]
+
+
 def shared_scale(grads: list[np.ndarray], block: int) -> np.ndarray:
     """Per value: ``2**E``, with ``E`` the exponent the stream negotiates for the value's packet
     (``fixedpoint.block_exponents`` of each worker's values there, the largest over the workers),
     so every magnitude is at most the scale; 1 for a packet of zeros."""
-    n = len(grads[0])
-    blocks = -(-n // block)
-    agreed = np.full(blocks, EXP_NONE, np.int64)
+    agreed = None
     for g in grads:
-        padded = np.zeros(blocks * block)
-        padded[:n] = g
-        agreed = np.maximum(agreed, block_exponents(padded.reshape(blocks, block)).astype(np.int64))
-    return np.repeat(np.where(agreed == EXP_NONE, 1.0, np.ldexp(1.0, agreed)), block)[:n]
+        agreed = agreed_exponents(g, block, agreed)
+    assert agreed is not None
+    return scale_of(agreed, block, len(grads[0]))
+
+
+def worker_lanes(comp: Compressor, x: np.ndarray, scale: np.ndarray, seed: int, workers: int) -> np.ndarray:
+    """The int32 lanes one worker sends for gradient ``x`` against the shared ``scale``: its levels,
+    each plus S, packed ``fields_per_lane`` to a lane at ``workers``'s field width."""
+    s = levels_of(comp)
+    assert s is not None
+    return pack_lanes(_levels(comp, x, scale, seed) + s, field_bits(s, workers), fields_per_lane(comp, workers))
+
+
+def lanes_value(comp: Compressor, summed: np.ndarray, scale: np.ndarray, workers: int, n: int) -> np.ndarray:
+    """What the switch's sum of ``workers``' lanes (int64, as the workers get it) stands for: the
+    fields unpacked, less ``workers S``, the levels' sums, as values (float64)."""
+    s = levels_of(comp)
+    assert s is not None
+    total = unpack_lanes(summed, field_bits(s, workers), fields_per_lane(comp, workers), n) - workers * s
+    return _value(comp, total, scale).astype(np.float64)
 
 
 def pack_lanes(fields: np.ndarray, width: int, per_lane: int) -> np.ndarray:

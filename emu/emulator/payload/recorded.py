@@ -143,6 +143,14 @@ class RecordedPayload:
         sharded = _sharded(self, seq % len(self.tensors), k, shards, lanes, True)
         return sharded[np.asarray(owners) % len(sharded), np.asarray(blocks)]
 
+    def padded(self, counts: list[int]) -> RecordedPayload:
+        """Each entry zero padded to at least ``counts[i]`` elements: an all_gather's or
+        reduce_scatter's padding to whole shards at the replay's M workers, which the K real ranks'
+        tensors never held (zeros: every worker sends them, and every check expects them)."""
+        return RecordedPayload(self.real_ranks, self.per_iteration, self.dtypes, tuple(
+            t if t is None or t.shape[1] >= n else np.pad(t, ((0, 0), (0, n - t.shape[1])))
+            for t, n in zip(self.tensors, counts, strict=True)))
+
     def trimmed(self, counts: list[int], scale: int) -> RecordedPayload:
         """Each entry cut to the ``ceil(count / scale)`` elements a replay at payload scale
         ``scale`` sends (``counts``: per entry)."""

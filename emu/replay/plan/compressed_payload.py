@@ -25,8 +25,9 @@ report's ``error_sample`` says so and why.
 
 Where this cannot be done, the replay sends generated payload of the compressed sizes and the
 report says why (``compression.data`` is then ``generated``): PowerSGD (its second all_reduce
-needs the first's sum) and dgc (its length varies per worker), adaptive compression, the
-quantizers the switch sums in int32 lanes on ``ina``, a payload that holds only a part of each
+needs the first's sum) and dgc (its length varies per worker), adaptive compression, a
+quantizer's int32 lanes on ``ina`` that the stream's fixed point would round or a sub-group's
+(``_switch_bucket``: elsewhere the switch sums the workers' real lanes), a payload that holds only a part of each
 tensor (recorded at a payload scale above 1: compressing a part is not compressing the tensor),
 and fp16 or randomk values whose sum over the workers would overflow their dtype.
 
@@ -39,7 +40,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from emu.emulator.compression.compressors import Aggregation, Compressor, ErrorFeedback, message_seed, mirrored
+from emu.emulator.compression.in_switch import (
+    agreed_exponents,
+    field_bits,
+    fields_per_lane,
+    lanes_value,
+    levels_of,
+    scale_of,
+    unpack_lanes,
+    worker_lanes,
+)
 from emu.emulator.payload.recorded import RecordedPayload
+from emu.emulator.protocol import fixedpoint
 from emu.replay.config.options import ReplayConfig
 from emu.replay.plan.compression import compressed, compressible, members, summed_in_switch
 from emu.traces.model import Coll, Trace
@@ -57,6 +69,7 @@ class RealError:
     cosine: float
     accumulated: list[float]  # after each iteration, the summed aggregates' error against the summed exact sums
     sample: str
+    switch_exact: bool | None = None  # summed in the switch's lanes: they held exactly the sums of the levels
 
 
 def compressed_payload(trace: Trace, config: ReplayConfig, payload: RecordedPayload,
@@ -69,11 +82,11 @@ def compressed_payload(trace: Trace, config: ReplayConfig, payload: RecordedPayl
     if comp.name in GENERATED_ONLY:
         return None, None, GENERATED_ONLY[comp.name]
     colls = [op for it in trace.ranks[0].iterations for op in it.colls]
-    m = config.workers
     for i, op in enumerate(colls):
         if compressible(op, comp):
-            if summed_in_switch(op, comp, m, config.switch_sums) and comp.aggregation == Aggregation.ALL_GATHER:
-                return None, None, f"the switch sums {comp.label}'s levels in int32 lanes"
+            if _in_lanes(op, comp, config) and op.group is not None:
+                return None, None, (f"the switch sums {comp.label}'s levels in int32 lanes, and a sub-group's "
+                                    "lanes may be summed point to point, in float32")
             if payload.kept(i) < op.count:
                 return None, None, (f"the payload holds {payload.kept(i):,} of collective {op.id}'s {op.count:,} "
                                     "elements (recorded at a payload scale above 1); compressing a part is not "
@@ -101,10 +114,20 @@ def _mirrors(colls: list[Coll], comp: Compressor, config: ReplayConfig, payload:
     work = m * sum(op.count for op in ops)
     if work > DERIVED_ELEMENTS:
         return f"{m} workers' gradients are {work:,} elements to compress, more than {DERIVED_ELEMENTS:,}"
-    held = sum(compressed(op, comp, m).bytes * (1 if comp.aggregation == Aggregation.ALL_GATHER else m) for op in ops)
+    held = sum(_held_bytes(op, comp, config) for op in ops)
     if held > DERIVED_BYTES:
         return f"{m} workers' messages are {held:,} bytes, more than {DERIVED_BYTES:,}"
     return None
+
+
+def _held_bytes(op: Coll, comp: Compressor, config: ReplayConfig) -> int:
+    """The bytes M distinct messages of ``op`` take in the payload: an all_gather's output once,
+    an all_reduce's values once a worker (a switch's lanes held as float64, twice their bytes)."""
+    m = config.workers
+    target = compressed(op, comp, m, config.switch_sums)
+    if _in_lanes(op, comp, config):
+        return 2 * m * target.bytes
+    return target.bytes * (1 if comp.aggregation == Aggregation.ALL_GATHER else m)
 
 
 def derived(rows: np.ndarray, worker: int, seed: int, index: int) -> np.ndarray:
@@ -160,6 +183,7 @@ def _compress_all(colls: list[Coll], comp: Compressor, config: ReplayConfig, pay
     mirrors = _mirrors(colls, comp, config, payload)
     senders, mirror = (k, m // k) if mirrors else (m, 1)
     memory = ErrorFeedback(comp)
+    exact: bool = True  # the switch's lanes unpack to the exact sums of the levels (where it sums them)
     tensors, dtypes = list(payload.tensors), list(payload.dtypes)
     got_all, want_all, accumulated = [], [], []
     acc_got: dict[int, np.ndarray] = {}  # per bucket, the aggregates so far (the model's accumulated update)
@@ -170,16 +194,23 @@ def _compress_all(colls: list[Coll], comp: Compressor, config: ReplayConfig, pay
             position = 0
         if compressible(op, comp):
             rows = np.asarray(payload.tensors[i], dtype=np.float32)
-            b = _bucket(comp, memory, rows, senders, config.seed, i, position)
             target = compressed(op, comp, m, config.switch_sums)
-            entry = _entry(comp, b.messages, target, members(op, m), in_place=senders == m and op.group is None)
-            if entry is None:
-                return None, None, f"{comp.label}'s message of collective {op.id} is not the size the plan gives"
-            if not _summable(comp, entry, mirror):
-                return None, None, (f"the sum of {m} workers' {comp.label} values of collective {op.id} overflows "
-                                    "their dtype")
+            if _in_lanes(op, comp, config):
+                lanes = _switch_bucket(comp, rows, senders, mirror, config, i)
+                if isinstance(lanes, str):
+                    return None, None, f"collective {op.id}: {lanes}"
+                entry, got, want = lanes.entry, lanes.got, lanes.want
+                exact = exact and lanes.exact
+            else:
+                b = _bucket(comp, memory, rows, senders, config.seed, i, position)
+                entry = _entry(comp, b.messages, target, members(op, m), in_place=senders == m and op.group is None)
+                if entry is None:
+                    return None, None, f"{comp.label}'s message of collective {op.id} is not the size the plan gives"
+                if not _summable(comp, entry, mirror):
+                    return None, None, (f"the sum of {m} workers' {comp.label} values of collective {op.id} "
+                                        "overflows their dtype")
+                got, want = _aggregate(comp, b, op.count, mirror), mirror * b.exact
             tensors[i], dtypes[i] = entry, target.dtype.value
-            got, want = _aggregate(comp, b, op.count, mirror), mirror * b.exact
             got_all.append(got)
             want_all.append(want)
             acc_got[position] = acc_got.get(position, 0.0) + got
@@ -193,7 +224,8 @@ def _compress_all(colls: list[Coll], comp: Compressor, config: ReplayConfig, pay
     got, want = np.concatenate(got_all), np.concatenate(want_all)
     norm = float(np.linalg.norm(want) * np.linalg.norm(got))
     error = RealError(error=_relative(got, want), cosine=float(got @ want) / norm if norm else 0.0,
-                      accumulated=accumulated, sample=_sample(payload, k, m, mirrors))
+                      accumulated=accumulated, sample=_sample(payload, k, m, mirrors),
+                      switch_exact=exact if any(_in_lanes(op, comp, config) for op in colls) else None)
     return RecordedPayload(k, payload.per_iteration, tuple(dtypes), tuple(tensors)), error, None
 
 
@@ -207,6 +239,56 @@ def _sample(payload: RecordedPayload, k: int, m: int, mirrors: str | None) -> st
                        "each worker compressing its own with its own draws")
     return head + (f"{k} real ranks for {m} workers (the {m // k} workers of a real rank send its message, its random "
                    f"draws included: a stochastic quantizer's error does not average down with M here; {mirrors})")
+
+
+def _in_lanes(op: Coll, comp: Compressor, config: ReplayConfig) -> bool:
+    """A quantizer whose levels the switch sums in int32 lanes (``plan.compression.summed_in_switch``)."""
+    return comp.aggregation == Aggregation.ALL_GATHER and summed_in_switch(op, comp, config.workers,
+                                                                            config.switch_sums)
+
+
+@dataclass(frozen=True)
+class _Lanes:
+    """One all_reduce of a quantizer's levels in the switch's lanes: the payload, the aggregate."""
+
+    entry: np.ndarray  # (senders, lanes) float64: every lane an integer, exact in float64
+    got: np.ndarray  # what the workers' summed lanes stand for (float64)
+    want: np.ndarray  # the exact sum of the workers' gradients
+    exact: bool  # the unpacked fields are exactly the sums of the levels
+
+
+def _switch_bucket(comp: Compressor, rows: np.ndarray, senders: int, mirror: int, config: ReplayConfig,
+                   index: int) -> _Lanes | str:
+    """The senders' lanes of collective ``index``: their levels against the scale the stream
+    negotiates per packet (the largest exponent of any worker's values there,
+    ``in_switch.agreed_exponents``), packed; or why the stream could not carry them exactly (its
+    fixed point would shift a lane's low bits out)."""
+    m, n = config.workers, rows.shape[1]
+    f, width = fields_per_lane(comp, m), field_bits(levels_of(comp) or 1, m)
+    block = config.elements * f
+    agreed = None
+    for w in range(senders):  # the negotiation: every worker's exponents, before any sends
+        agreed = agreed_exponents(derived(rows, w, config.seed, index), block, agreed)
+    assert agreed is not None
+    scale = scale_of(agreed, block, n)
+    entry, want = [], np.zeros(n)
+    summed = np.zeros(-(-n // f), np.int64)  # the lanes as the switch adds them
+    fields = np.zeros(n, np.int64)  # the fields as they were sent, summed apart
+    top = None  # per packet, the largest exponent of any worker's lanes: the stream's fixed point
+    for w in range(senders):
+        x = derived(rows, w, config.seed, index)
+        lanes = worker_lanes(comp, x, scale, message_seed(comp, config.seed, index, w), m)
+        top = agreed_exponents(lanes.astype(np.float64), config.elements, top)
+        entry.append(lanes.astype(np.float64))
+        summed += mirror * lanes.astype(np.int64)
+        fields += mirror * unpack_lanes(lanes, width, f, n)
+        want += mirror * x.astype(np.float64)
+    assert top is not None
+    if (fixedpoint.scale_shift(top[top != fixedpoint.EXP_NONE], m) < 0).any():
+        return (f"the stream's fixed point at {m} workers would round {comp.label}'s int32 lanes (a lane uses "
+                "its 31st bit)")
+    exact = bool(np.array_equal(unpack_lanes(summed, width, f, n), fields))
+    return _Lanes(np.stack(entry), lanes_value(comp, summed, scale, m, n), want, exact)
 
 
 def _summable(comp: Compressor, entry: np.ndarray, mirror: int) -> bool:

@@ -24,20 +24,23 @@ def recorded_payload(trace: Trace, config: ReplayConfig, payload: RecordedPayloa
     if config.sparsity.source == "option":
         return None, ("--sparsity draws which blocks each worker holds: the workers sent generated sparse "
                       "payload, not the real ranks' tensors"), None
-    ran = _ran(trace, config) if config.compress.active else None
-    checked, note = _checked(trace, config, payload, path, ran)
-    if checked is None or ran is None:
-        return checked, note, None
+    ran = _ran(trace, config)
+    checked, note = _checked(trace, config, payload, path, ran if config.compress.active else None)
+    if checked is None:
+        return None, note, None
+    counts = [op.count for op in ran]
+    if not config.compress.active:
+        return checked.padded([-(-n // config.scale) for n in counts]), note, None
     real, error, why = compressed_payload(trace, config, checked)
     if real is None:
         return None, (f"--compress {config.compress.label}: {why}, so the workers sent generated payload of the "
                       "compressed sizes, not the real ranks' messages"), None
-    return real.trimmed([op.count for op in ran], config.scale), None, error
+    return real.trimmed(counts, config.scale).padded([-(-n // config.scale) for n in counts]), None, error
 
 
 def _ran(trace: Trace, config: ReplayConfig) -> list[Coll]:
-    """Worker 0's collectives as the replay runs them: compressed, and all_gathers and
-    reduce_scatters padded to whole shards (``plan.programs``)."""
+    """Worker 0's collectives as the replay runs them: compressed (under ``--compress``), and
+    all_gathers and reduce_scatters padded to whole shards (``plan.programs``)."""
     from emu.replay.plan.programs import programs_for
 
     return [op for it in programs_for(trace, config, first=1)[0].iterations for op in it.colls]

@@ -92,7 +92,7 @@ def test_on_a_topology_the_chains_stay_inside_nodes(no_children) -> None:
 
 
 @pytest.mark.parametrize(("workers", "gbps"), [
-    pytest.param(16, 10, marks=pytest.mark.slow), (16, 100),
+    pytest.param(16, 10, marks=pytest.mark.slow), pytest.param(16, 100, marks=pytest.mark.slow),  # 9 s each
     pytest.param(64, 10, marks=pytest.mark.slow), pytest.param(64, 100, marks=pytest.mark.slow),
     pytest.param(256, 10, marks=pytest.mark.slow), pytest.param(256, 100, marks=pytest.mark.slow)])
 def test_predict_follows_the_mlp_replay(workers: int, gbps: int, no_children) -> None:

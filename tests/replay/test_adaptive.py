@@ -244,6 +244,7 @@ def test_oversubscription_is_measured_and_compressed_for(mlp, no_children) -> No
     assert [s.bandwidth_bps for s in flat.compression.adaptive.steps] == [10e9] * 3
 
 
+@pytest.mark.slow  # 13 s; make test keeps the drop's reaction (test_an_adaptive_replay_compresses_after_the_drop_and_is_exact)
 def test_a_second_job_on_the_spine_is_measured_and_compressed_for(mlp, no_children) -> None:
     """Two jobs of 4 workers, their nodes interleaved so that every leaf holds one of each, the
     spine at 2:1: alone a job has its leaf's uplink to itself and compresses nothing; together

@@ -33,8 +33,9 @@ def _accounted(report, roles: set[str]) -> None:
     assert all(g.completed == g.expected > 0 for g in par.groups)
 
 
+# slow: 8 s each; make test keeps the golden mesh-tp cases
 @pytest.mark.parametrize("fabric", [pytest.param("ring", marks=pytest.mark.slow), pytest.param("ps", marks=pytest.mark.slow),
-                                    "ina"])
+                                    pytest.param("ina", marks=pytest.mark.slow)])
 def test_dp_x_tp_at_a_larger_data_parallel_size(no_children, fabric: str) -> None:
     tp = load_trace(sample_path("tp"))
     report = replay(tp, ReplayConfig(workers=8, fabric=fabric, iters=2, mesh=parse_mesh("dp=4,tp=2")))
@@ -47,7 +48,8 @@ def test_dp_x_tp_at_a_larger_data_parallel_size(no_children, fabric: str) -> Non
     assert groups["tp"].collectives == 3 and groups["dp"].collectives == 1
 
 
-@pytest.mark.parametrize("fabric", [pytest.param("ring", marks=pytest.mark.slow), "ina"])
+# slow: 9 s each; make test keeps the golden mesh-fsdp-ina case (fsdp=8 on ina)
+@pytest.mark.parametrize("fabric", [pytest.param("ring", marks=pytest.mark.slow), pytest.param("ina", marks=pytest.mark.slow)])
 def test_fsdp_at_eight_shards(no_children, fabric: str) -> None:
     fsdp = load_trace(sample_path("fsdp"))
     report = replay(fsdp, ReplayConfig(workers=8, fabric=fabric, iters=2))

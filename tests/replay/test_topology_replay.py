@@ -100,6 +100,7 @@ def test_one_worker_a_node_is_the_one_switch(no_children) -> None:
         assert noded == flat.iterations[0].emulated_us
 
 
+@pytest.mark.slow  # 5 s; make test keeps the topology formulas and the layout identity
 def test_packing_keeps_the_ring_off_the_nics(no_children) -> None:
     """Packed, only the hops between nodes cross NICs: a quarter of the flat ring's bytes there,
     and spread, every hop and four times the load on each NIC."""

@@ -35,6 +35,7 @@ def _private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
 
 
+@pytest.mark.slow  # 9 s; make test keeps the real ranks' tensors crossing the fabric and the CLI runs
 def test_training_proceeds_as_the_real_ranks_alone_would(tmp_path, monkeypatch, no_children) -> None:
     """2 real ranks of a job of 4 end with the parameters a real 2-rank gloo run reaches: the fake
     workers mirror the real ones, so DDP's average over 4 is the 2 ranks' average. A plain

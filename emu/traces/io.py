@@ -9,6 +9,7 @@ Cross-record rules (ids, waits, matching across ranks) live in ``validate``.
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import os
@@ -27,6 +28,7 @@ from emu.traces.model import (
     CollKind,
     Compute,
     Dtype,
+    GradientSample,
     GroupRole,
     Iteration,
     Op,
@@ -43,6 +45,7 @@ SCHEMA_VERSION = 1
 # Far above any real trace (a 1000-rank, 100-iteration program is ~50 MB) and
 # far below what would exhaust memory when a wrong file is passed.
 MAX_TRACE_BYTES = 1 << 30
+MAX_GRADIENT_SAMPLE = 1 << 16  # values of one gradient sample
 MAX_BLOCK_ELEMENTS = 1 << 20  # a sparsity block; OmniReduce uses 256
 
 
@@ -269,7 +272,29 @@ def _load_v1(doc: dict[str, Any], where: _Where) -> Trace:
             iterations.append(Iteration(step=step, measured_us=_non_negative(raw_it, "measured_us", iwhere),
                                         ops=ops))
         ranks.append(RankProgram(rank=rank, iterations=tuple(iterations)))
-    return Trace(meta=meta, ranks=tuple(ranks))
+    return Trace(meta=meta, ranks=tuple(ranks), gradient_samples=_load_samples(doc, where))
+
+
+def _load_samples(doc: dict[str, Any], where: _Where) -> tuple[GradientSample, ...]:
+    """``gradient_samples``: per rank, iteration and all_reduce, float32 values in base64."""
+    raw = _get(doc, "gradient_samples", where, list, optional=True) or []
+    out = []
+    for i, item in enumerate(raw):
+        fld = f"gradient_samples[{i}]"
+        if not isinstance(item, dict):
+            raise where.fail(fld, "must be an object of rank, iteration, coll and values")
+        ints = [item.get(key) for key in ("rank", "iteration", "coll")]
+        if not all(_is_count(v) for v in ints):
+            raise where.fail(fld, "needs rank, iteration and coll, integers >= 0")
+        try:
+            values = base64.b64decode(item.get("values", ""), validate=True)
+        except (ValueError, TypeError):
+            raise where.fail(f"{fld}.values", "is not base64; give float32 values, little-endian, in base64") from None
+        if len(values) % 4 or len(values) > 4 * MAX_GRADIENT_SAMPLE:
+            raise where.fail(f"{fld}.values", f"holds {len(values)} bytes; give at most {MAX_GRADIENT_SAMPLE} "
+                             "float32 values (4 bytes each)")
+        out.append(GradientSample(rank=ints[0], iteration=ints[1], coll=ints[2], values=values))
+    return tuple(out)
 
 
 # The one table from schema version to loader. A new version adds a row; the
@@ -320,12 +345,16 @@ def trace_to_dict(trace: Trace) -> dict[str, Any]:
     for key in ("cpu_cores", "threads_per_rank"):
         if getattr(meta, key) is not None:
             meta_doc[key] = getattr(meta, key)
-    return {
+    doc = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "meta": meta_doc,
         "ranks": [{"rank": r.rank, "iterations": [
             {"step": it.step, "measured_us": _us(it.measured_us), "ops": [_op_to_dict(op) for op in it.ops]}
             for it in r.iterations]} for r in trace.ranks],
     }
+    if trace.gradient_samples:
+        doc["gradient_samples"] = [{"rank": g.rank, "iteration": g.iteration, "coll": g.coll,
+                                    "values": base64.b64encode(g.values).decode()} for g in trace.gradient_samples]
+    return doc
 
 
 def trace_digest(trace: Trace) -> str:

@@ -224,11 +224,31 @@ class TraceMeta:
 
 
 @dataclass(frozen=True)
+class GradientSample:
+    """Values of one gradient bucket on one rank as the capture's hook saw them, before the
+    all_reduce summed them, at ``values`` positions of the bucket the capture drew (the same on
+    every rank of the job, so the ranks' samples pair element by element): what a replay's
+    compressors are measured on (``emu.capture.sparsity``, docs/compression.md)."""
+
+    rank: int
+    iteration: int  # index into the rank's iterations
+    coll: int  # the all_reduce's id there
+    values: bytes  # float32, little-endian
+
+    def array(self):  # -> numpy.ndarray (numpy is imported only here: the model is plain data)
+        import numpy as np
+
+        return np.frombuffer(self.values, "<f4")
+
+
+@dataclass(frozen=True)
 class Trace:
-    """A whole emu trace: provenance and the programs of some or all ranks."""
+    """A whole emu trace: provenance and the programs of some or all ranks; ``gradient_samples``,
+    where a capture recorded them (a built-in workload with sparsity on)."""
 
     meta: TraceMeta
     ranks: tuple[RankProgram, ...]
+    gradient_samples: tuple[GradientSample, ...] = ()
 
     @property
     def iterations(self) -> int:

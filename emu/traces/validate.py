@@ -250,3 +250,20 @@ def validate_trace(trace: Trace, path: str) -> None:
                         f"{path}: rank {program.rank}: iteration {index} (step {b.step}): field 'ops' "
                         f"issues collectives that do not match rank {first.rank}'s in the same group "
                         "(kind, dtype and count must agree in issue order)")
+    _check_samples(trace, path)
+
+
+def _check_samples(trace: Trace, path: str) -> None:
+    """Every gradient sample names a float all_reduce of its rank and iteration, once."""
+    ops = {(p.rank, t, op.id): op for p in trace.ranks for t, it in enumerate(p.iterations) for op in it.colls}
+    seen = set()
+    for i, g in enumerate(trace.gradient_samples):
+        key = (g.rank, g.iteration, g.coll)
+        op = ops.get(key)
+        if op is None or op.kind != CollKind.ALL_REDUCE or not op.dtype.is_float:
+            raise TraceError(f"{path}: gradient_samples[{i}]: rank {g.rank}, iteration {g.iteration}, coll {g.coll} "
+                             "is not a float all_reduce of the trace: drop the sample or fix its keys")
+        if key in seen:
+            raise TraceError(f"{path}: gradient_samples[{i}]: rank {g.rank}, iteration {g.iteration}, coll {g.coll} "
+                             "has a sample already: keep one")
+        seen.add(key)

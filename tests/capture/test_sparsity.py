@@ -10,11 +10,13 @@ import pytest
 
 from emu.capture.sparsity import (
     BLOCK_ELEMENTS,
+    SAMPLE_ELEMENTS,
     BucketMask,
     attach_sparsity,
     block_count,
     mask_path,
     read_masks,
+    sample_positions,
     write_masks,
 )
 from emu.errors import CaptureError
@@ -112,6 +114,13 @@ def test_recorder_file_roundtrip(tmp_path: Path) -> None:
     assert got.masks[(4, 0)].elements == 600 and got.masks[(4, 0)].nonzero_blocks(256) == 1
     assert np.unpackbits(got.masks[(3, 0)].bits, count=3).tolist() == [1, 0, 0]
     assert len(rec.cost_us) == 4 and all(c >= 0 for c in rec.cost_us)
+    # the gradient's values at the positions every rank samples (all of a bucket this small)
+    assert np.array_equal(got.masks[(4, 0)].sample, np.eye(1, 600, 4, dtype=np.float32)[0])
+    big = torch.arange(10_000, dtype=torch.float32)
+    rec.observe(big)
+    at = sample_positions(10_000)
+    assert len(at) == SAMPLE_ELEMENTS == len(set(at.tolist())) and np.array_equal(at, sample_positions(10_000))
+    assert np.array_equal(rec.masks[-1].sample, at.astype(np.float32))
 
 
 def test_damaged_or_missing_mask_file(tmp_path: Path) -> None:

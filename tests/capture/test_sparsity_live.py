@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from emu.capture import CaptureConfig, capture_model
 from emu.capture.run import _run
-from emu.capture.sparsity import mask_path, read_masks
+from emu.capture.sparsity import mask_path, read_masks, sample_positions
 from emu.cli import cli
 from emu.traces import CollKind, load_trace
 
@@ -69,6 +69,15 @@ def test_tiny_sparse_model_gives_exact_sparsity_per_step(no_leftovers: Path) -> 
             assert op.count == 64 * 8 * 32 and op.sparsity is not None
             assert (op.sparsity.block_elements, op.sparsity.nonzero, op.sparsity.union) == (
                 256, (s + 1) / 64, (2 * s + 1) / 64)
+    # each rank's gradient at the positions every rank samples: ones on the rows it looked up
+    at = sample_positions(64 * 8 * 32)
+    assert len(trace.gradient_samples) == 4
+    for g in trace.gradient_samples:
+        s = trace.rank(g.rank).iterations[g.iteration].step
+        rows = [8 * b + g.rank for b in (range(0, s + 1) if g.rank == 0 else range(s, 2 * s + 1))]
+        want = np.zeros((64 * 8, 32), np.float32)
+        want[rows] = 1.0
+        assert np.array_equal(g.array(), want.reshape(-1)[at])
 
 
 @pytest.mark.slow

@@ -248,3 +248,35 @@ def test_powersgd_issues_its_two_all_reduces_back_to_back(mlp, no_children) -> N
     r = run(mlp, "ring", "powersgd:2")
     assert r.verification.ok and r.compression.bytes_compressed == sum(
         4 * sum(replace(comp, shapes=op.tensors).sizes(op.count)) for op in buckets)
+
+
+def test_a_captured_sample_is_what_the_error_is_measured_on(no_children) -> None:
+    """A trace whose capture sampled its gradients (``gradient_samples``, heavy-tailed here) has the
+    compressors' error measured on them, the workers derived from the ranks' samples, and the
+    report says so (``compression.data`` is ``sampled``); the same trace without them keeps the
+    Gaussian sample."""
+    import numpy as np
+
+    from emu.emulator.compression.compressors import aggregate
+    from emu.replay.plan.compression import derived
+    from emu.traces.model import GradientSample
+
+    trace = load_trace(sample_path("mlp"))
+    rng = np.random.default_rng(0)
+    samples = tuple(GradientSample(p.rank, i, op.id, (rng.standard_t(2, 4096) * 1e-3).astype("<f4").tobytes())
+                    for p in trace.ranks for i, it in enumerate(p.iterations) for op in it.colls
+                    if op.kind == CollKind.ALL_REDUCE and op.dtype.is_float)
+    config = ReplayConfig(workers=8, fabric="ring", iters=1, compress=CompressOption("topk:0.01"))
+    sampled = replay(replace(trace, gradient_samples=samples), config).compression
+    plain = replay(trace, config).compression
+    assert (sampled.data, plain.data) == ("sampled", "generated") and "sampled at capture" in sampled.error_sample
+    largest = max((op for op in trace.ranks[0].iterations[0].colls if op.kind == CollKind.ALL_REDUCE),
+                  key=lambda op: op.count)
+    rows = np.stack([next(g for g in samples if (g.rank, g.iteration, g.coll) == (r, 0, largest.id)).array()
+                     for r in (0, 1)])
+    grads = [derived(rows, w, config.seed, 0) for w in range(8)]
+    exact = np.sum(grads, axis=0, dtype=np.float64)
+    got = aggregate(parse_compress("topk:0.01"), grads, config.seed).astype(np.float64)
+    assert sampled.error == pytest.approx(np.linalg.norm(got - exact) / np.linalg.norm(exact), rel=1e-6)
+    assert sampled.error < 0.7 * plain.error  # a heavy tail keeps more of its norm in the top 1%
+    assert len(sampled.error_accumulated) == len(plain.error_accumulated)

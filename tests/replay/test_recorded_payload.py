@@ -18,7 +18,8 @@ from emu.emulator.payload.recorded import RecordedPayload, load_payload, payload
 from emu.errors import ConfigError, TraceError
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import CompressOption
-from emu.replay.plan.compressed_payload import compressed_payload, derived
+from emu.replay.plan.compressed_payload import compressed_payload
+from emu.replay.plan.compression import derived
 from emu.traces.io import save_trace
 from emu.traces.model import (
     Coll,

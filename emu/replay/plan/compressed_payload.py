@@ -53,7 +53,7 @@ from emu.emulator.compression.in_switch import (
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol import fixedpoint
 from emu.replay.config.options import ReplayConfig
-from emu.replay.plan.compression import compressed, compressible, members, summed_in_switch
+from emu.replay.plan.compression import compressed, compressible, derived, members, summed_in_switch
 from emu.traces.model import Coll, Trace
 
 GENERATED_ONLY = {"powersgd": "PowerSGD's second all_reduce needs the first's sum",
@@ -128,21 +128,6 @@ def _held_bytes(op: Coll, comp: Compressor, config: ReplayConfig) -> int:
     if _in_lanes(op, comp, config):
         return 2 * m * target.bytes
     return target.bytes * (1 if comp.aggregation == Aggregation.ALL_GATHER else m)
-
-
-def derived(rows: np.ndarray, worker: int, seed: int, index: int) -> np.ndarray:
-    """Worker ``worker``'s gradient (float32) of collective ``index`` from the K real ranks' ``rows``
-    (K, n): a real rank's own for the first K workers; for every other, the ranks' mean plus,
-    element by element, one of their residuals from it, drawn at random with a random sign (seeded
-    by the run, the collective and the worker): the recorded spread resampled."""
-    k, n = rows.shape
-    if worker < k:
-        return rows[worker]
-    rng = np.random.default_rng([seed, index, worker])
-    mean = rows.mean(axis=0, dtype=np.float64)
-    pick = rng.integers(0, k, n)
-    sign = rng.integers(0, 2, n) * 2 - 1
-    return (mean + sign * (rows[pick, np.arange(n)] - mean)).astype(np.float32)
 
 
 @dataclass

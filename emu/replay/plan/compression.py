@@ -26,7 +26,7 @@ import numpy as np
 from emu.emulator.compression.compressors import Aggregation, Compressor, ErrorFeedback, PowerSgd, aggregate, cost_us
 from emu.emulator.compression.in_switch import lanes, switch_aggregate
 from emu.replay.report.model import CompressionReport
-from emu.traces.model import Coll, CollKind, Compute, Dtype, Iteration, Op, RankProgram, Wait
+from emu.traces.model import Coll, CollKind, Compute, Dtype, GradientSample, Iteration, Op, RankProgram, Wait
 
 ERROR_ELEMENTS = 1 << 16  # the sample of the gradient the error is measured on
 ERROR_WORKERS = 16
@@ -144,6 +144,21 @@ def gradients(seed: int, n: int, workers: int) -> list[np.ndarray]:
     return [((shared + rng.standard_normal(n)) * 2.0**-8).astype(np.float32) for _ in range(workers)]
 
 
+def derived(rows: np.ndarray, worker: int, seed: int, index: int) -> np.ndarray:
+    """Worker ``worker``'s gradient (float32) of collective ``index`` from the K real ranks' ``rows``
+    (K, n): a real rank's own for the first K workers; for every other, the ranks' mean plus,
+    element by element, one of their residuals from it, drawn at random with a random sign (seeded
+    by the run, the collective and the worker): the recorded spread resampled."""
+    k, n = rows.shape
+    if worker < k:
+        return rows[worker]
+    rng = np.random.default_rng([seed, index, worker])
+    mean = rows.mean(axis=0, dtype=np.float64)
+    pick = rng.integers(0, k, n)
+    sign = rng.integers(0, 2, n) * 2 - 1
+    return (mean + sign * (rows[pick, np.arange(n)] - mean)).astype(np.float32)
+
+
 @dataclass(frozen=True)
 class StepError:
     """One step's aggregate against the exact sum (``error_of``)."""
@@ -166,39 +181,65 @@ def _combined(c: Compressor, grads: list[np.ndarray], seed: int, packet_lanes: i
     return aggregate(c, grads, seed), None
 
 
-def error_of(comp: Compressor, op: Coll, workers: int, seed: int, packet_lanes: int = 0) -> StepError:
+def error_of(comp: Compressor, op: Coll, workers: int, seed: int, packet_lanes: int = 0,
+             sampled: list[np.ndarray] | None = None) -> StepError:
     """One step's relative L2 error of the compressed aggregate against the exact sum, and their
     cosine similarity, on the first ``ERROR_ELEMENTS`` of the gradient (PowerSGD: its first tensors)
-    of ``ERROR_WORKERS`` at most; ``packet_lanes``: summed in the switch where it can be."""
+    of ``ERROR_WORKERS`` at most; ``packet_lanes``: summed in the switch where it can be;
+    ``sampled``: the ranks' values of ``op`` sampled at capture, per iteration (``sampled_rows``),
+    the workers' gradients ``derived`` from the first (PowerSGD keeps its matrices' generated ones)."""
     c, n, w = _sample(comp, op, workers)
-    grads = gradients(seed, n, w)
+    real = sampled is not None and not isinstance(c, PowerSgd)
+    if real:
+        assert sampled is not None
+        n = sampled[0].shape[1]
+        grads = [derived(sampled[0], i, seed, 0) for i in range(w)]
+    else:
+        grads = gradients(seed, n, w)
     exact = np.sum(grads, axis=0, dtype=np.float64)
     combined, lanes_exact = _combined(c, grads, seed, packet_lanes, members(op, workers))
     got = combined.astype(np.float64)
     norm, got_norm = float(np.linalg.norm(exact)), float(np.linalg.norm(got))
     error = float(np.linalg.norm(got - exact)) / norm if norm else 0.0
     cosine = float(got @ exact) / (norm * got_norm) if norm and got_norm else 0.0
-    what = "its matrices' first rows" if isinstance(c, PowerSgd) else "the first elements"
     where = ", summed in the switch's int32 lanes" if lanes_exact is not None else ""
+    if real:
+        assert sampled is not None
+        k = sampled[0].shape[0]
+        return StepError(error, cosine, f"{n} values of the largest compressed all_reduce's gradient sampled at "
+                         f"capture on each of {k} ranks (the same positions on every rank), {w} workers (the ranks' "
+                         f"own, the others derived from them: docs/compression.md){where}, one step without error "
+                         "feedback's memory", lanes_exact)
+    what = "its matrices' first rows" if isinstance(c, PowerSgd) else "the first elements"
     return StepError(error, cosine, f"{n} elements ({what}) of the largest compressed all_reduce, {w} workers{where}, "
                      "one step without error feedback's memory, Gaussian gradients (a shared part and each "
                      "worker's own)", lanes_exact)
 
 
 def accumulated_error(comp: Compressor, op: Coll, workers: int, seed: int,
-                      steps: int = ERROR_STEPS, packet_lanes: int = 0) -> list[float]:
+                      steps: int = ERROR_STEPS, packet_lanes: int = 0,
+                      sampled: list[np.ndarray] | None = None) -> list[float]:
     """After each of ``steps`` steps (new gradients each), the relative L2 error of the sum of the
     compressed aggregates so far against the sum of the exact ones: the error in the model's
     accumulated update, which error feedback keeps bounded (what one step drops is sent later)
-    and an unbiased compressor averages down. The sample of ``error_of``; PowerSGD without its
-    memory."""
+    and an unbiased compressor averages down. The sample of ``error_of`` (``sampled``: the captured
+    iterations in turn); PowerSGD without its memory."""
     c, n, w = _sample(comp, op, workers)
+    real = sampled is not None and not isinstance(c, PowerSgd)
+    if real:
+        assert sampled is not None
+        n = min(rows.shape[1] for rows in sampled)
     memory = ErrorFeedback(c)
     got = np.zeros(n)
     exact = np.zeros(n)
     out = []
     for t in range(steps):
-        grads = gradients(seed + 7919 * (t + 1), n, w)
+        if real:
+            assert sampled is not None
+            rows = sampled[t % len(sampled)][:, :n]
+            grads = [derived(rows, i, seed + 7919 * (t + 1), t) for i in range(w)]
+        else:
+            grads = gradients(seed + 7919 * (t + 1), n, w)
         if isinstance(c, PowerSgd):
             step = c.aggregate(grads, seed + t)
         elif not c.feedback:  # the quantizers: nothing carried over, maybe summed in the switch
@@ -244,8 +285,25 @@ def _powersgd_sample(comp: PowerSgd) -> tuple[PowerSgd, int]:
     return replace(comp, shapes=tuple(shapes)), sum(a * b for a, b in shapes)
 
 
+def sampled_rows(samples: tuple[GradientSample, ...], ranks: tuple[RankProgram, ...], op: Coll,
+                 ) -> list[np.ndarray] | None:
+    """Per iteration where every rank's program has a capture's sample of ``op`` (by its id), the
+    ranks' samples (K, n) float32; None where there is none (an imported trace, a user's script)."""
+    by = {(g.rank, g.iteration, g.coll): g for g in samples}
+    out = []
+    for t in range(min((len(r.iterations) for r in ranks), default=0)):
+        got = [by.get((r.rank, t, op.id)) for r in ranks]
+        if all(g is not None for g in got):
+            arrays = [g.array() for g in got if g is not None]
+            n = min(len(a) for a in arrays)
+            if n:
+                out.append(np.stack([a[:n] for a in arrays]).astype(np.float32))
+    return out or None
+
+
 def report(ranks: tuple[RankProgram, ...], workers: int, comp: Compressor, speed: float,
-           seed: int, switch_sums: bool = False, packet_elements: int = 64) -> CompressionReport | None:
+           seed: int, switch_sums: bool = False, packet_elements: int = 64,
+           samples: tuple[GradientSample, ...] = ()) -> CompressionReport | None:
     """The report's ``compression`` for the rank programs before compression (None for ``none``).
     ``switch_sums``: the fabric aggregates all_reduces in a switch whose packets carry int32 (INA)
     of ``packet_elements`` a packet, so an all_reduce's bytes are 4 a value whatever the dtype,
@@ -267,8 +325,10 @@ def report(ranks: tuple[RankProgram, ...], workers: int, comp: Compressor, speed
         before, after = before + b, after + a
     largest = max(ops, key=lambda o: o.count) if ops else None
     lanes_ = packet_elements if in_switch else 0
-    step = error_of(comp, largest, workers, seed, lanes_) if largest else None
-    drift = accumulated_error(comp, largest, workers, seed, packet_lanes=lanes_) if largest else None
+    sampled = (sampled_rows(samples, ranks, largest)
+               if largest and not isinstance(for_op(comp, largest), PowerSgd) else None)
+    step = error_of(comp, largest, workers, seed, lanes_, sampled) if largest else None
+    drift = accumulated_error(comp, largest, workers, seed, packet_lanes=lanes_, sampled=sampled) if largest else None
     aggregation = comp.aggregation.value if not in_switch else Aggregation.ALL_REDUCE.value
     return CompressionReport(
         compressor=comp.label, aggregation=aggregation, feedback=comp.feedback, in_switch=in_switch,
@@ -277,4 +337,4 @@ def report(ranks: tuple[RankProgram, ...], workers: int, comp: Compressor, speed
         ratio=dense / compressed_bytes if compressed_bytes else 1.0, compress_us=before, decompress_us=after,
         speed=speed, error=step.error if step else None, cosine=step.cosine if step else None,
         error_sample=step.sample if step else None, error_accumulated=drift,
-        switch_exact=step.exact if step else None)
+        switch_exact=step.exact if step else None, data="sampled" if sampled else "generated")

@@ -202,7 +202,8 @@ def _compression(trace: Trace, config: ReplayConfig, records: dict[int, list[lis
         starts = [min(rec[t][0] for rec in records.values()) for t in range(iters)]
         return adaptive_report(ranks, config, plan, ends, starts, colls)
     return compression_report(ranks, config.workers, config.compress.compressor, config.compress.speed, config.seed,
-                              switch_sums=config.switch_sums, packet_elements=config.elements)
+                              switch_sums=config.switch_sums, packet_elements=config.elements,
+                              samples=trace.gradient_samples)
 
 
 def _sent(config: ReplayConfig, replayed: Replayed, results: list[HostResult]) -> SparsityReport | None:

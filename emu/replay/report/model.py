@@ -207,8 +207,9 @@ class CompressionReport:
     switch_exact: bool | None = None
     adaptive: AdaptiveReport | None = None  # --compress adaptive: the choices over time
     # what the error was measured on and the fabric carried: "recorded" (the real ranks' tensors of
-    # --payload, compressed for real, their messages on the wire), "generated" (a sample apart, and
-    # generated payload of the compressed sizes)
+    # --payload, compressed for real, their messages on the wire), "sampled" (the error on the
+    # gradients a capture sampled, the trace's gradient_samples; generated payload of the compressed
+    # sizes), "generated" (a generated sample apart, and generated payload of the compressed sizes)
     data: str = "generated"
 
 

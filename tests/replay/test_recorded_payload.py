@@ -318,7 +318,7 @@ def test_a_payload_file_reads_back_and_bad_ones_are_trace_errors(tmp_path) -> No
 def test_replay_cli_sends_the_payload(trace, tmp_path, no_children) -> None:
     save_trace(trace, tmp_path / "live.json.gz")
     _write(_payload(), tmp_path / "live.payload.npz")
-    runner = CliRunner()
+    runner = CliRunner(env={"NO_COLOR": "1", "COLUMNS": "160"})
     args = ["replay", str(tmp_path / "live.json.gz"), "--workers", "4", "--fabric", "ring", "--iters", "1"]
     result = runner.invoke(cli, [*args, "--payload", str(tmp_path / "live.payload.npz")])
     assert result.exit_code == 0, result.output

@@ -25,8 +25,12 @@ from emu.p4.entries import plan
 from emu.p4.generate import PROGRAM
 
 TOOLS = ("p4c-bm2-ss", "simple_switch_grpc")
-INSTALL_HINT = ("install the p4lang packages (p4c and behavioral-model, e.g. from the p4lang OBS repository: "
-                "apt install p4lang-p4c p4lang-bmv2) and finsy (pip install 'emu[p4]')")
+INSTALL_HINT = ("build p4c (p4c-bm2-ss) and behavioral-model with PI (simple_switch_grpc) from p4lang's "
+                "sources on GitHub and put them on PATH (docs/p4.md), and install finsy (pip install 'emu[p4]')")
+# The P4Runtime device id: simple_switch_grpc is started with it and finsy asks for it
+# (finsy's SwitchOptions default is 1, simple_switch_grpc's 0: a mismatch fails
+# SetForwardingPipelineConfig with "Error when trying to assign device").
+DEVICE_ID = 0
 GRPC_START_S = 30.0
 
 
@@ -86,6 +90,7 @@ class Bmv2Switch:
         self.proc: subprocess.Popen | None = None
         self.created: list[str] = []
         self.address = ""
+        self.keep = False
 
     def __enter__(self) -> Bmv2Switch:
         try:
@@ -99,14 +104,17 @@ class Bmv2Switch:
             self.address = f"127.0.0.1:{port}"
             ifaces = [arg for w in range(self.workers) for arg in ("-i", f"{w + 1}@emu-s{w}")]
             log = open(self.dir / "simple_switch.log", "wb")
-            self.proc = subprocess.Popen(["simple_switch_grpc", "--no-p4", *ifaces, "--",
-                                          "--grpc-server-addr", self.address],
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(switch_command(ifaces, self.address), stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
             _wait_port(port, GRPC_START_S, self.proc)
             from emu.p4.control import push
 
-            push(self.plan, self.address, compiled.p4info, compiled.bmv2_json)
+            push(self.plan, self.address, compiled, self.dir / "simple_switch.log")
             return self
+        except ConfigError:
+            self.keep = True  # the message names the switch's log in self.dir
+            self.__exit__(None, None, None)
+            raise
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -122,7 +130,14 @@ class Bmv2Switch:
         for name in self.created:
             subprocess.run(["ip", "link", "del", name], capture_output=True, timeout=30)
         self.created = []
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if not self.keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def switch_command(ifaces: list[str], address: str) -> list[str]:
+    """simple_switch_grpc without a program (P4Runtime sets it), at DEVICE_ID, gRPC at address."""
+    return ["simple_switch_grpc", "--no-p4", "--device-id", str(DEVICE_ID), *ifaces, "--",
+            "--grpc-server-addr", address]
 
 
 def _free_port() -> int:

@@ -11,13 +11,17 @@ import asyncio
 from pathlib import Path
 
 from emu.errors import ConfigError
+from emu.p4.bmv2 import DEVICE_ID, Compiled
 from emu.p4.entries import SwitchPlan
 
 CONNECT_TIMEOUT_S = 30.0
 
 
-def push(plan: SwitchPlan, address: str, p4info: Path, bmv2_json: Path) -> None:
-    """Set the forwarding pipeline and write the job's entries; returns when they are in."""
+def push(plan: SwitchPlan, address: str, compiled: Compiled, log: Path) -> None:
+    """Set the forwarding pipeline and write the job's entries; returns when they are in.
+
+    A refusal from the switch is one ConfigError naming its cause and the switch's log.
+    """
     try:
         import finsy as fy
     except ImportError:
@@ -36,12 +40,22 @@ def push(plan: SwitchPlan, address: str, p4info: Path, bmv2_json: Path) -> None:
     done = asyncio.Event()
 
     async def main() -> None:
-        options = fy.SwitchOptions(p4info=p4info, p4blob=bmv2_json, ready_handler=ready)
-        sw = fy.Switch("emu", address, options)
+        sw = fy.Switch("emu", address, switch_options(fy, compiled, ready))
         async with sw:
             await asyncio.wait_for(done.wait(), CONNECT_TIMEOUT_S)
 
     try:
         asyncio.run(main())
     except TimeoutError:
-        raise ConfigError(f"BMv2 at {address} did not accept the pipeline within {CONNECT_TIMEOUT_S:.0f} s") from None
+        raise ConfigError(f"BMv2 at {address} did not accept the pipeline within {CONNECT_TIMEOUT_S:.0f} s; "
+                          f"its log: {log}") from None
+    except (fy.P4ClientError, asyncio.CancelledError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"BMv2 at {address} refused the pipeline or its entries: {first}; "
+                          f"its log: {log}") from None
+
+
+def switch_options(fy: object, compiled: Compiled, ready: object) -> object:
+    """finsy's options for BMv2: the compiled program and the device id it was started with."""
+    return fy.SwitchOptions(p4info=compiled.p4info, p4blob=compiled.bmv2_json,  # type: ignore[attr-defined]
+                            device_id=DEVICE_ID, ready_handler=ready)

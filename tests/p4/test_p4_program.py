@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -64,5 +65,18 @@ def test_entries_plan() -> None:
 
 def test_bmv2_missing_says_what_to_install(monkeypatch) -> None:
     monkeypatch.setattr(bmv2.shutil, "which", lambda name: None)
-    with pytest.raises(ConfigError, match="p4c-bm2-ss and simple_switch_grpc, not found on PATH; install"):
+    with pytest.raises(ConfigError, match="p4c-bm2-ss and simple_switch_grpc, not found on PATH; build p4c"):
         bmv2.check_available()
+
+
+def test_bmv2_is_started_at_the_device_id_p4runtime_asks_for() -> None:
+    """finsy's default device id is 1, simple_switch_grpc's 0: the pipeline was refused
+    ("Error when trying to assign device") until both were given bmv2.DEVICE_ID."""
+    cmd = bmv2.switch_command(["-i", "1@emu-s0"], "127.0.0.1:9559")
+    at = cmd.index("--device-id")
+    assert int(cmd[at + 1]) == bmv2.DEVICE_ID and at < cmd.index("--")
+    fy = pytest.importorskip("finsy", reason="finsy is not installed (pip install 'emu[p4]')")
+    from emu.p4 import control
+
+    compiled = bmv2.Compiled(bmv2_json=Path("emu_agg.json"), p4info=Path("emu_agg.p4info.txtpb"))
+    assert control.switch_options(fy, compiled, None).device_id == bmv2.DEVICE_ID

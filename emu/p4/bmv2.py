@@ -106,13 +106,13 @@ class Bmv2Switch:
             log = open(self.dir / "simple_switch.log", "wb")
             self.proc = subprocess.Popen(switch_command(ifaces, self.address), stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
-            _wait_port(port, GRPC_START_S, self.proc)
+            _wait_port(port, GRPC_START_S, self.proc, self.dir / "simple_switch.log")
             from emu.p4.control import push
 
             push(self.plan, self.address, compiled, self.dir / "simple_switch.log")
             return self
         except ConfigError:
-            self.keep = True  # the message names the switch's log in self.dir
+            self.keep = self.proc is not None  # then the message names the switch's log in self.dir
             self.__exit__(None, None, None)
             raise
         except BaseException:
@@ -146,13 +146,13 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_port(port: int, timeout_s: float, proc: subprocess.Popen) -> None:
+def _wait_port(port: int, timeout_s: float, proc: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise ConfigError(f"simple_switch_grpc exited with code {proc.returncode} at start")
+            raise ConfigError(f"simple_switch_grpc exited with code {proc.returncode} at start; its log: {log}")
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.1)
-    raise ConfigError(f"simple_switch_grpc did not open its gRPC port within {timeout_s:.0f} s")
+    raise ConfigError(f"simple_switch_grpc did not open its gRPC port within {timeout_s:.0f} s; its log: {log}")

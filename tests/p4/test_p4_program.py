@@ -80,3 +80,13 @@ def test_bmv2_is_started_at_the_device_id_p4runtime_asks_for() -> None:
 
     compiled = bmv2.Compiled(bmv2_json=Path("emu_agg.json"), p4info=Path("emu_agg.p4info.txtpb"))
     assert control.switch_options(fy, compiled, None).device_id == bmv2.DEVICE_ID
+
+
+def test_a_switch_that_dies_at_start_is_one_line_naming_its_log(tmp_path) -> None:
+    log = tmp_path / "simple_switch.log"
+    with open(log, "wb") as out:
+        proc = bmv2.subprocess.Popen(["sh", "-c", "echo 'Error when trying to assign device'; exit 3"],
+                                     stdout=out, stderr=bmv2.subprocess.STDOUT)
+        with pytest.raises(ConfigError, match=f"exited with code 3 at start; its log: {re.escape(str(log))}"):
+            bmv2._wait_port(bmv2._free_port(), 5.0, proc, log)
+    assert "assign device" in log.read_text()

@@ -103,13 +103,14 @@ class Bmv2Switch:
             port = _free_port()
             self.address = f"127.0.0.1:{port}"
             ifaces = [arg for w in range(self.workers) for arg in ("-i", f"{w + 1}@emu-s{w}")]
-            log = open(self.dir / "simple_switch.log", "wb")
+            log_path = self.dir / "simple_switch.log"
+            log = open(log_path, "wb")
             self.proc = subprocess.Popen(switch_command(ifaces, self.address), stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
-            _wait_port(port, GRPC_START_S, self.proc, self.dir / "simple_switch.log")
+            _wait_port(port, GRPC_START_S, self.proc, log_path)
             from emu.p4.control import push
 
-            push(self.plan, self.address, compiled, self.dir / "simple_switch.log")
+            push(self.plan, self.address, compiled, log_path)
             return self
         except ConfigError:
             self.keep = self.proc is not None  # then the message names the switch's log in self.dir

@@ -187,11 +187,10 @@ def error_of(comp: Compressor, op: Coll, workers: int, seed: int, packet_lanes: 
     cosine similarity, on the first ``ERROR_ELEMENTS`` of the gradient (PowerSGD: its first tensors)
     of ``ERROR_WORKERS`` at most; ``packet_lanes``: summed in the switch where it can be;
     ``sampled``: the ranks' values of ``op`` sampled at capture, per iteration (``sampled_rows``),
-    the workers' gradients ``derived`` from the first (PowerSGD keeps its matrices' generated ones)."""
+    the workers' gradients ``derived`` from the first (never for PowerSGD, whose matrices' first rows
+    are generated: ``report`` passes none)."""
     c, n, w = _sample(comp, op, workers)
-    real = sampled is not None and not isinstance(c, PowerSgd)
-    if real:
-        assert sampled is not None
+    if sampled is not None:
         n = sampled[0].shape[1]
         grads = [derived(sampled[0], i, seed, 0) for i in range(w)]
     else:
@@ -203,8 +202,7 @@ def error_of(comp: Compressor, op: Coll, workers: int, seed: int, packet_lanes: 
     error = float(np.linalg.norm(got - exact)) / norm if norm else 0.0
     cosine = float(got @ exact) / (norm * got_norm) if norm and got_norm else 0.0
     where = ", summed in the switch's int32 lanes" if lanes_exact is not None else ""
-    if real:
-        assert sampled is not None
+    if sampled is not None:
         k = sampled[0].shape[0]
         return StepError(error, cosine, f"{n} values of the largest compressed all_reduce's gradient sampled at "
                          f"capture on each of {k} ranks (the same positions on every rank), {w} workers (the ranks' "
@@ -225,17 +223,14 @@ def accumulated_error(comp: Compressor, op: Coll, workers: int, seed: int,
     and an unbiased compressor averages down. The sample of ``error_of`` (``sampled``: the captured
     iterations in turn); PowerSGD without its memory."""
     c, n, w = _sample(comp, op, workers)
-    real = sampled is not None and not isinstance(c, PowerSgd)
-    if real:
-        assert sampled is not None
+    if sampled is not None:
         n = min(rows.shape[1] for rows in sampled)
     memory = ErrorFeedback(c)
     got = np.zeros(n)
     exact = np.zeros(n)
     out = []
     for t in range(steps):
-        if real:
-            assert sampled is not None
+        if sampled is not None:
             rows = sampled[t % len(sampled)][:, :n]
             grads = [derived(rows, i, seed + 7919 * (t + 1), t) for i in range(w)]
         else:

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
               help="Fake workers; with several traces (jobs sharing the fabric) one count a trace, 64,32.")
 @click.option("--iters", type=int, help="Iterations to replay (default: the trace's).")
 @click.option("--clock", type=click.Choice(["sync", "wall"]), default=None,
-              help=f"sync: synchronized emulated clock, exact and unpaced (default for {fabrics.listing(True)}); "
-                   f"wall: paced by the wall clock with time dilation (default for {fabrics.listing(False)}).")
+              help="sync: synchronized emulated clock, exact and unpaced (the default, BMv2 included); "
+                   "wall: paced by the wall clock with time dilation (for a switch that keeps no emulated time).")
 @click.option("--tdf", default=None,
               help="Time dilation of the wall clock (wall seconds per emulated second), or auto: "
                    "calibrated (the default there); implies --clock wall.")
@@ -362,6 +362,8 @@ def _table(reports, path: Path, columns: list[str] | None = None) -> None:
         f"{100 * r.fabric.busiest_link['utilisation']:.0f}%")
     row("packets lost (resent)", lambda r: _lost(r.fabric))
     row("fallbacks", lambda r: ", ".join(f"{k} x{v}" for k, v in sorted(r.fabric.fallbacks.items())) or "-")
+    if any(r.fabric.bridge is not None for r in reports):
+        row("switch outside emu", lambda r: "-" if r.fabric.bridge is None else _bridge(r.fabric.bridge))
     row("clock", lambda r: r.emulator.clock if r.emulator.tdf is None else f"wall, dilation {r.emulator.tdf:g}")
     row("payload scale", lambda r: str(r.emulator.payload_scale))
     if any(r.emulator.lag_us_p99 is not None for r in reports):
@@ -382,6 +384,12 @@ def _table(reports, path: Path, columns: list[str] | None = None) -> None:
                         f"carried no real element at payload scale {r.emulator.payload_scale} (a chunk of the real "
                         "tensor is empty): their bytes crossed the emulated links, no value of theirs was checked; "
                         "a smaller --payload-scale checks more", markup=False, highlight=False, soft_wrap=True)
+
+
+def _bridge(b) -> str:
+    agrees = "every result as the protocol's" if b.differs == 0 else f"{b.differs:,} RESULTS DIFFER from the protocol's"
+    return (f"{b.frames:,} frames in, {b.results:,} out, {agrees}; {b.resent:,} resent for real drops"
+            + (f", {b.barrier_resends:,} barriers again" if b.barrier_resends else ""))
 
 
 def _worker_counts(text: str, traces: int) -> tuple[int, ...]:

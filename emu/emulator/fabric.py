@@ -15,27 +15,30 @@ such a plugin is in docs/design.md ("Fabrics").
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from importlib import metadata
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+import numpy as np
 
 from emu.emulator import mechanisms as mech
 from emu.emulator.mechanisms import Mechanism
-from emu.emulator.protocol.transport import AggBatch
+from emu.emulator.protocol.switch import AggregationSwitch, Results
 from emu.errors import ConfigError
 
+if TYPE_CHECKING:
+    from emu.emulator.mechanisms import Setting
+    from emu.traces.model import Coll
 
-class SwitchPorts(Protocol):
-    """A switch outside emu, as the switch process sees it: contributions go in, results come out."""
 
-    def fileno_map(self) -> dict[int, int]: ...
+class Pool(Protocol):
+    """One pool of the switch as the switch process drives it: ``AggregationSwitch``'s interface
+    (emu's software switch, or a bridge to a switch outside emu that aggregates for it)."""
 
-    def submit(self, batch: AggBatch) -> None: ...
+    stats: object  # with as_dict() -> dict[str, int]
 
-    def drain(self) -> AggBatch | None: ...
-
-    def route(self, batch: AggBatch, worker_hosts: tuple[tuple[int, int], ...]) -> dict[int, AggBatch]: ...
-
-    def close(self) -> None: ...
+    def process(self, headers: np.ndarray, payload: np.ndarray, stamps: np.ndarray | None = None,
+                sparse: np.ndarray | None = None) -> Results: ...
 
 
 class Fabric:
@@ -46,7 +49,12 @@ class Fabric:
     # the mechanisms that run its collectives, in order of preference: each collective takes the
     # first that takes it (emu.emulator.mechanisms.choose)
     mechanisms: ClassVar[tuple[Mechanism, ...]]
-    sums_in_switch_process: ClassVar[bool] = False  # the software switch aggregates (else it forwards)
+    sums_in_switch_process: ClassVar[bool] = False  # the switch process aggregates (else it forwards)
+    # what the switch's data plane runs besides a whole job's float all_reduces: a pool for each
+    # sub-group that aggregates (emu.replay.host.pools), and reduce_scatter and all_gather rounds
+    group_pools: ClassVar[bool] = False
+    scatter_gather: ClassVar[bool] = False
+    topologies: ClassVar[bool] = True  # runs on a topology of nodes, NICs and leaves (docs/topology.md)
     # the switch runs the sparse stream (emu.emulator.protocol.sparse_ina): a sparse all_reduce sends only the
     # blocks some worker holds; a switch without it (the P4 program) aggregates every block
     sparse_stream: ClassVar[bool] = False
@@ -69,9 +77,19 @@ class Fabric:
         """A switch outside emu, running for the replay's lifetime (none for the software fabrics)."""
         return contextlib.nullcontext()
 
-    def switch_ports(self, workers: int, elements: int) -> SwitchPorts | None:
-        """Called in the switch process: the ports of the external switch, or None."""
-        return None
+    def pool(self, slots: int, workers: int, elements: int, job: int) -> Pool:
+        """Called where the switch runs (its process, or the one process of the replay): one pool of
+        ``slots`` for ``workers``; emu's software switch unless the fabric's switch is outside emu."""
+        return AggregationSwitch(slots, workers, elements, job=job)
+
+    def check_collectives(self, ops: Iterable[Coll], s: Setting) -> None:
+        """Refuse, with ConfigError, collectives of a replay this fabric cannot run as the design says
+        (before any process starts)."""
+
+    @property
+    def external(self) -> bool:
+        """Whether its switch runs outside emu (``external_switch``): one switch, one machine, one job."""
+        return type(self).external_switch is not Fabric.external_switch
 
     @property
     def aggregates(self) -> bool:
@@ -96,6 +114,8 @@ class InaFabric(Fabric):
     mechanisms = (mech.STREAM, mech.RING, *mech.COMMON)
     sums_in_switch_process = True
     sparse_stream = True
+    group_pools = True
+    scatter_gather = True
 
 
 # A real ring or parameter server sends 2 M (M-1) segments per collective. On the synchronized clock
@@ -153,10 +173,10 @@ def _load_plugins() -> None:
 
 
 def names() -> tuple[str, ...]:
-    """Every fabric's name: those that join the synchronized clock first, each group in the order
-    they registered (the built-in ones, then those of installed packages)."""
+    """Every fabric's name: emu's own (software) first, then those whose switch runs outside emu, each
+    group in the order they registered (the built-in ones, then those of installed packages)."""
     _load_plugins()
-    return tuple(sorted(_REGISTRY, key=lambda n: not _REGISTRY[n].synchronizable))
+    return tuple(sorted(_REGISTRY, key=lambda n: _REGISTRY[n]().external))
 
 
 def get(name: str) -> Fabric:
@@ -172,8 +192,8 @@ def get(name: str) -> Fabric:
     return cls()
 
 
-def listing(synchronizable: bool | None = None) -> str:
-    """The fabrics' names for a sentence ("ina, ring, ps, tree or bmv2"); ``synchronizable``: only
-    those that join the synchronized clock (True) or only those that do not (False)."""
-    chosen = [n for n in names() if synchronizable is None or _REGISTRY[n].synchronizable == synchronizable]
+def listing(software: bool | None = None) -> str:
+    """The fabrics' names for a sentence ("ina, ring, ps, tree or bmv2"); ``software``: only emu's own
+    (True) or only those whose switch runs outside emu (False)."""
+    chosen = [n for n in names() if software is None or _REGISTRY[n]().external != software]
     return chosen[0] if len(chosen) == 1 else ", ".join(chosen[:-1]) + " or " + chosen[-1]

@@ -212,15 +212,16 @@ class Stream(Mechanism):
 
     def takes(self, op: Coll, s: Setting) -> bool:
         """A float all_reduce of the whole job, or of a sub-group that leaves its node (one inside a
-        node sums over the node's own links, as NVLink does) where the software switch aggregates
-        (it keeps a pool for each: emu.replay.host.pools); and, where the software switch runs it, a
-        float reduce_scatter (the sum to each shard's owner) or an all_gather of any dtype (each
+        node sums over the node's own links, as NVLink does) where the switch keeps a pool for each
+        (``Fabric.group_pools``: emu.replay.host.pools); and, where the switch runs them
+        (``Fabric.scatter_gather``), a float reduce_scatter (the sum to each shard's owner) or an all_gather of any dtype (each
         shard multicast), but not on hierarchical INA over several leaves, whose leaves keep one
         partial sum an all_reduce's chunk (docs/protocol.md)."""
-        software = s.fabric.sums_in_switch_process
         if op.kind == CollKind.ALL_REDUCE:
-            return op.dtype.is_float and (op.group is None or (software and not s.inside_a_node(op.group)))
-        if op.kind not in (CollKind.REDUCE_SCATTER, CollKind.ALL_GATHER) or not software:
+            return op.dtype.is_float and (op.group is None or (s.fabric.group_pools and not s.inside_a_node(op.group)))
+        if op.kind not in (CollKind.REDUCE_SCATTER, CollKind.ALL_GATHER) or not s.fabric.scatter_gather:
+            return False
+        if op.group is not None and not s.fabric.group_pools:
             return False
         if op.kind == CollKind.REDUCE_SCATTER and not op.dtype.is_float:
             return False
@@ -246,7 +247,7 @@ class Stream(Mechanism):
 
     def _all_reduce_us(self, op: Coll, s: Setting) -> float:
         m, link = s.group_size(op), s.link
-        sparse = self._streams_sparse(op, s)
+        sparse = self.streams_sparse(op, s)
         if sparse:
             assert op.sparsity is not None
             t = physics.sparse_ina_us(op.count, op.sparsity, link, s.elements, s.slots)
@@ -263,7 +264,8 @@ class Stream(Mechanism):
             t = max(t, physics.pipeline_bound_us(op.count, link, s.elements, s.slots, m, s.packet_rate))
         return t
 
-    def _streams_sparse(self, op: Coll, s: Setting) -> bool:
+    def streams_sparse(self, op: Coll, s: Setting) -> bool:
+        """Whether a sparse all_reduce streams sparse (only the blocks some worker holds) in ``s``."""
         # any float dtype: the choice depends on the dtype only through whether it is a float
         return (s.fabric.sparse_stream and op.sparsity is not None
                 and streams_sparse(op.sparsity, "float32", _real(op, s), s.elements,

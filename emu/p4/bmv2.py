@@ -32,6 +32,14 @@ INSTALL_HINT = ("build p4c (p4c-bm2-ss) and behavioral-model with PI (simple_swi
 # SetForwardingPipelineConfig with "Error when trying to assign device").
 DEVICE_ID = 0
 GRPC_START_S = 30.0
+# the running switch's log, for the bridge's messages: set while a Bmv2Switch runs; the replay's
+# processes are forked from the one that started it (emu.replay.control.children), so they see it
+_LOG: Path | None = None
+
+
+def where_log() -> str:
+    """Where BMv2's log is, for a message (the folder is kept when a run fails)."""
+    return f"BMv2's log: {_LOG}" if _LOG is not None else "BMv2's log is in its emu-bmv2-* temporary folder"
 
 
 def missing_tools() -> list[str]:
@@ -71,6 +79,12 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
+def _sysctl(key: str, value: str) -> None:
+    path = Path("/proc/sys") / key.replace(".", "/")
+    if path.exists():
+        path.write_text(value)
+
+
 def host_interface(worker: int) -> str:
     return f"emu-h{worker}"
 
@@ -99,18 +113,23 @@ class Bmv2Switch:
                 _ip("link", "add", host_interface(w), "type", "veth", "peer", "name", f"emu-s{w}")
                 self.created.append(host_interface(w))
                 for name in (host_interface(w), f"emu-s{w}"):
+                    # no IPv6 on the ports: the kernel would send its own frames (MLD, neighbour
+                    # solicitations) into BMv2
+                    _sysctl(f"net.ipv6.conf.{name}.disable_ipv6", "1")
                     _ip("link", "set", name, "up")
             port = _free_port()
             self.address = f"127.0.0.1:{port}"
             ifaces = [arg for w in range(self.workers) for arg in ("-i", f"{w + 1}@emu-s{w}")]
             log_path = self.dir / "simple_switch.log"
-            log = open(log_path, "wb")
-            self.proc = subprocess.Popen(switch_command(ifaces, self.address), stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            with open(log_path, "wb") as log:
+                self.proc = subprocess.Popen(switch_command(ifaces, self.address), stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
             _wait_port(port, GRPC_START_S, self.proc, log_path)
             from emu.p4.control import push
 
             push(self.plan, self.address, compiled, log_path)
+            global _LOG
+            _LOG = log_path
             return self
         except ConfigError:
             self.keep = self.proc is not None  # then the message names the switch's log in self.dir
@@ -121,6 +140,10 @@ class Bmv2Switch:
             raise
 
     def __exit__(self, *exc: object) -> None:
+        global _LOG
+        _LOG = None
+        if exc and exc[0] is not None and self.proc is not None:
+            self.keep = True  # the run failed with the switch running: its log is named in the message
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:

@@ -15,7 +15,11 @@
  * free for the round after next: no control-plane reset is ever needed (BMv2 cannot
  * write registers over P4Runtime anyway). A retransmission (bit already set) of a
  * complete copy is answered with the stored result to that worker alone; of an
- * incomplete copy, it is dropped.
+ * incomplete copy, it is dropped. As emu's software switch, a packet that does not
+ * belong to the round its copy holds (another chunk or size) is dropped unapplied, and
+ * so is a stale one: a late copy of the round the copy completed, after its sender
+ * moved on (it would open a round no other worker joins). A FLUSH from emu's bridge
+ * comes back on every port as FLUSHED, behind everything processed before it.
  *
  * Each register read-modify-write sits in one action, as BMv2 (and a Tofino stage)
  * require. Up to MAX_WORKERS workers per switch; more need a hierarchy of switches.
@@ -30,7 +34,9 @@ const bit<16> UDP_PORT = 0xBEE0;
 const bit<32> SLOTS = EMU_SLOTS;
 const bit<8>  MSG_CONTRIB = 1;
 const bit<8>  MSG_RESULT = 2;
-const bit<8>  EXP_NONE = 0x80;  /* -128 as int8: any real exponent is larger */
+const bit<8>  MSG_FLUSH = 7;    /* the bridge's barrier (emu/p4/bridge.py) */
+const bit<8>  MSG_FLUSHED = 8;  /* the barrier, back on every port */
+const bit<16> FLUSH_GROUP = 0x0FFF;  /* every worker's port */
 
 header ethernet_t {
     bit<48> dst;
@@ -154,6 +160,9 @@ struct metadata_t {
     bit<32> other;      /* the other copy of the same slot */
     bit<32> mybit;      /* 1 << worker */
     bit<32> bitmap;     /* this copy's bitmap before the packet */
+    bit<8>  held;       /* this copy's count before the packet */
+    bit<8>  held_size;  /* the size of the round this copy holds */
+    bit<32> held_chunk; /* the chunk of the round this copy holds */
     bit<8>  count;      /* this copy's count after the packet */
     bit<1>  job_ok;     /* the job table knows this job and worker count */
     bit<8>  workers;    /* the job's worker count (from the job table) */
@@ -293,20 +302,26 @@ control EmuIngress(inout headers_t hdr, inout metadata_t meta, inout standard_me
         size = 64;
     }
 
-    /* Clear my bit in the other copy (it frees that copy for the round after next),
-       and read this copy's bitmap. */
-    action touch_bitmaps() {
+    /* What this copy holds, read before anything is written: a packet that does not belong
+       to the copy's round is dropped without any effect. */
+    action inspect() {
+        bitmap_reg.read(meta.bitmap, meta.idx);
+        count_reg.read(meta.held, meta.idx);
+        size_reg.read(meta.held_size, meta.idx);
+        chunk_reg.read(meta.held_chunk, meta.idx);
+    }
+
+    /* Clear my bit in the other copy: it frees that copy for the round after next. */
+    action clear_other() {
         bit<32> other_bm;
         bitmap_reg.read(other_bm, meta.other);
         bitmap_reg.write(meta.other, other_bm & ~meta.mybit);
-        bitmap_reg.read(meta.bitmap, meta.idx);
     }
 
     /* A new contribution: set my bit; count it, restarting at 1 for a new round. */
     action count_contribution() {
         bitmap_reg.write(meta.idx, meta.bitmap | meta.mybit);
-        bit<8> c;
-        count_reg.read(c, meta.idx);
+        bit<8> c = meta.held;
         meta.fresh = (c == 0 || c == meta.workers) ? (bit<1>)1 : (bit<1>)0;
         c = (meta.fresh == 1) ? (bit<8>)1 : c + 1;
         count_reg.write(meta.idx, c);
@@ -484,7 +499,17 @@ control EmuIngress(inout headers_t hdr, inout metadata_t meta, inout standard_me
     action get63() { acc63.read(hdr.payload.v63, meta.idx); }
 
     apply {
-        if (!hdr.emu.isValid() || hdr.emu.msg_type != MSG_CONTRIB) {
+        if (!hdr.emu.isValid()) {
+            drop();
+            return;
+        }
+        if (hdr.emu.msg_type == MSG_FLUSH) {
+            /* the bridge's barrier: a copy on every port, behind all that came before it */
+            hdr.emu.msg_type = MSG_FLUSHED;
+            std.mcast_grp = FLUSH_GROUP;
+            return;
+        }
+        if (hdr.emu.msg_type != MSG_CONTRIB) {
             drop();
             return;
         }
@@ -497,12 +522,22 @@ control EmuIngress(inout headers_t hdr, inout metadata_t meta, inout standard_me
         meta.idx = (bit<32>)hdr.emu.slot * 2 + (bit<32>)(hdr.emu.flags & 1);
         meta.other = (bit<32>)hdr.emu.slot * 2 + (bit<32>)((hdr.emu.flags & 1) ^ 1);
         meta.mybit = (bit<32>)1 << (bit<8>)hdr.emu.worker;
-        touch_bitmaps();
-        if ((meta.bitmap & meta.mybit) != 0) {
+        inspect();
+        bool mine = (meta.bitmap & meta.mybit) != 0;
+        /* a copy in progress, or complete with my packet in it, holds its round's chunk and size */
+        bool pinned = meta.held != 0 && (meta.held != meta.workers || mine);
+        if (pinned && (hdr.emu.chunk != meta.held_chunk || hdr.emu.size != meta.held_size)) {
+            drop();  /* not the round this copy holds: summing it would corrupt that round */
+            return;
+        }
+        if (!pinned && meta.held == meta.workers && hdr.emu.chunk == meta.held_chunk) {
+            drop();  /* stale: a late copy of the round this copy completed, its sender gone on */
+            return;
+        }
+        clear_other();
+        if (mine) {
             /* a retransmission: answer it if the copy is complete, else drop it */
-            bit<8> c;
-            count_reg.read(c, meta.idx);
-            if (c != meta.workers) {
+            if (meta.held != meta.workers) {
                 drop();
                 return;
             }

@@ -3,7 +3,8 @@
 For a job: one entry in the ``job`` table (job id and worker count -> the worker count
 the program compares against and the job's multicast group), and one multicast group
 whose replicas send a copy to each worker's port with the worker id as replica id
-(the program's egress writes it into the result's ``worker`` field). The P4Runtime
+(the program's egress writes it into the result's ``worker`` field), and the group of the
+bridge's barrier (``FLUSH_GROUP``: the same ports). The P4Runtime
 encoding of these records is ``emu.p4.control``'s business.
 """
 
@@ -15,6 +16,10 @@ from dataclasses import dataclass
 from emu.errors import ConfigError
 
 MAX_WORKERS = 32  # one 32-bit bitmap per slot copy, as SwitchML
+# the multicast group of the bridge's barrier (wire.MsgType.FLUSH): every worker's port, replica id the
+# worker; job groups are job + 1, below it. BMv2's replication engine holds group ids 0..4095
+# (simple_pre.h: DEFAULT_MGID_TABLE_SIZE)
+FLUSH_GROUP = 4095
 
 
 @dataclass(frozen=True)
@@ -50,9 +55,10 @@ def plan(job: int, ports: Sequence[int]) -> SwitchPlan:
                           "more need a hierarchy of switches")
     if len(set(ports)) != workers or min(ports) < 0:
         raise ConfigError(f"each worker needs its own switch port, got {list(ports)}")
-    if not 0 <= job < 0xFFFF:
-        raise ConfigError(f"job ids are 16 bits, got {job}")
+    if not 0 <= job < FLUSH_GROUP - 1:
+        raise ConfigError(f"job ids are 0 to {FLUSH_GROUP - 2} (BMv2's multicast groups), got {job}")
     group = job + 1  # 0 means "no multicast" in v1model
+    replicas = tuple(Replica(port=p, rid=w) for w, p in enumerate(ports))
     return SwitchPlan(jobs=(JobEntry(job=job, num_workers=workers, mcast_grp=group),),
-                      groups=(MulticastGroup(group=group, replicas=tuple(Replica(port=p, rid=w)
-                                                                        for w, p in enumerate(ports))),))
+                      groups=(MulticastGroup(group=group, replicas=replicas),
+                              MulticastGroup(group=FLUSH_GROUP, replicas=replicas)))

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from emu.emulator.protocol.wire import AGG_FIELDS, ELEMENTS_DEFAULT, UDP_PORT
+from emu.emulator.protocol.wire import AGG_FIELDS, ELEMENTS_DEFAULT, UDP_PORT, MsgType
+from emu.p4.entries import FLUSH_GROUP
 
 PROGRAM = Path(__file__).with_name("emu_agg.p4")
 SLOTS = 4096  # slots per copy (the pool); must match emu's default --slots for BMv2 runs
@@ -35,7 +36,11 @@ TEMPLATE = r"""/* emu in-network aggregation, P4_16 for v1model (BMv2 simple_swi
  * free for the round after next: no control-plane reset is ever needed (BMv2 cannot
  * write registers over P4Runtime anyway). A retransmission (bit already set) of a
  * complete copy is answered with the stored result to that worker alone; of an
- * incomplete copy, it is dropped.
+ * incomplete copy, it is dropped. As emu's software switch, a packet that does not
+ * belong to the round its copy holds (another chunk or size) is dropped unapplied, and
+ * so is a stale one: a late copy of the round the copy completed, after its sender
+ * moved on (it would open a round no other worker joins). A FLUSH from emu's bridge
+ * comes back on every port as FLUSHED, behind everything processed before it.
  *
  * Each register read-modify-write sits in one action, as BMv2 (and a Tofino stage)
  * require. Up to MAX_WORKERS workers per switch; more need a hierarchy of switches.
@@ -48,9 +53,11 @@ TEMPLATE = r"""/* emu in-network aggregation, P4_16 for v1model (BMv2 simple_swi
 #endif
 const bit<16> UDP_PORT = {udp_port};
 const bit<32> SLOTS = EMU_SLOTS;
-const bit<8>  MSG_CONTRIB = 1;
-const bit<8>  MSG_RESULT = 2;
-const bit<8>  EXP_NONE = 0x80;  /* -128 as int8: any real exponent is larger */
+const bit<8>  MSG_CONTRIB = {contrib};
+const bit<8>  MSG_RESULT = {result};
+const bit<8>  MSG_FLUSH = {flush};    /* the bridge's barrier (emu/p4/bridge.py) */
+const bit<8>  MSG_FLUSHED = {flushed};  /* the barrier, back on every port */
+const bit<16> FLUSH_GROUP = {flush_group};  /* every worker's port */
 
 header ethernet_t {{
     bit<48> dst;
@@ -103,6 +110,9 @@ struct metadata_t {{
     bit<32> other;      /* the other copy of the same slot */
     bit<32> mybit;      /* 1 << worker */
     bit<32> bitmap;     /* this copy's bitmap before the packet */
+    bit<8>  held;       /* this copy's count before the packet */
+    bit<8>  held_size;  /* the size of the round this copy holds */
+    bit<32> held_chunk; /* the chunk of the round this copy holds */
     bit<8>  count;      /* this copy's count after the packet */
     bit<1>  job_ok;     /* the job table knows this job and worker count */
     bit<8>  workers;    /* the job's worker count (from the job table) */
@@ -179,20 +189,26 @@ control EmuIngress(inout headers_t hdr, inout metadata_t meta, inout standard_me
         size = 64;
     }}
 
-    /* Clear my bit in the other copy (it frees that copy for the round after next),
-       and read this copy's bitmap. */
-    action touch_bitmaps() {{
+    /* What this copy holds, read before anything is written: a packet that does not belong
+       to the copy's round is dropped without any effect. */
+    action inspect() {{
+        bitmap_reg.read(meta.bitmap, meta.idx);
+        count_reg.read(meta.held, meta.idx);
+        size_reg.read(meta.held_size, meta.idx);
+        chunk_reg.read(meta.held_chunk, meta.idx);
+    }}
+
+    /* Clear my bit in the other copy: it frees that copy for the round after next. */
+    action clear_other() {{
         bit<32> other_bm;
         bitmap_reg.read(other_bm, meta.other);
         bitmap_reg.write(meta.other, other_bm & ~meta.mybit);
-        bitmap_reg.read(meta.bitmap, meta.idx);
     }}
 
     /* A new contribution: set my bit; count it, restarting at 1 for a new round. */
     action count_contribution() {{
         bitmap_reg.write(meta.idx, meta.bitmap | meta.mybit);
-        bit<8> c;
-        count_reg.read(c, meta.idx);
+        bit<8> c = meta.held;
         meta.fresh = (c == 0 || c == meta.workers) ? (bit<1>)1 : (bit<1>)0;
         c = (meta.fresh == 1) ? (bit<8>)1 : c + 1;
         count_reg.write(meta.idx, c);
@@ -244,7 +260,17 @@ control EmuIngress(inout headers_t hdr, inout metadata_t meta, inout standard_me
 {read_actions}
 
     apply {{
-        if (!hdr.emu.isValid() || hdr.emu.msg_type != MSG_CONTRIB) {{
+        if (!hdr.emu.isValid()) {{
+            drop();
+            return;
+        }}
+        if (hdr.emu.msg_type == MSG_FLUSH) {{
+            /* the bridge's barrier: a copy on every port, behind all that came before it */
+            hdr.emu.msg_type = MSG_FLUSHED;
+            std.mcast_grp = FLUSH_GROUP;
+            return;
+        }}
+        if (hdr.emu.msg_type != MSG_CONTRIB) {{
             drop();
             return;
         }}
@@ -257,12 +283,22 @@ control EmuIngress(inout headers_t hdr, inout metadata_t meta, inout standard_me
         meta.idx = (bit<32>)hdr.emu.slot * 2 + (bit<32>)(hdr.emu.flags & 1);
         meta.other = (bit<32>)hdr.emu.slot * 2 + (bit<32>)((hdr.emu.flags & 1) ^ 1);
         meta.mybit = (bit<32>)1 << (bit<8>)hdr.emu.worker;
-        touch_bitmaps();
-        if ((meta.bitmap & meta.mybit) != 0) {{
+        inspect();
+        bool mine = (meta.bitmap & meta.mybit) != 0;
+        /* a copy in progress, or complete with my packet in it, holds its round's chunk and size */
+        bool pinned = meta.held != 0 && (meta.held != meta.workers || mine);
+        if (pinned && (hdr.emu.chunk != meta.held_chunk || hdr.emu.size != meta.held_size)) {{
+            drop();  /* not the round this copy holds: summing it would corrupt that round */
+            return;
+        }}
+        if (!pinned && meta.held == meta.workers && hdr.emu.chunk == meta.held_chunk) {{
+            drop();  /* stale: a late copy of the round this copy completed, its sender gone on */
+            return;
+        }}
+        clear_other();
+        if (mine) {{
             /* a retransmission: answer it if the copy is complete, else drop it */
-            bit<8> c;
-            count_reg.read(c, meta.idx);
-            if (c != meta.workers) {{
+            if (meta.held != meta.workers) {{
                 drop();
                 return;
             }}
@@ -331,7 +367,9 @@ def render() -> str:
         f"    action get{i}() {{ acc{i}.read(hdr.payload.v{i}, meta.idx); }}" for i in range(K))
     acc_calls = "\n".join(f"            add{i}();" for i in range(K))
     read_calls = "\n".join(f"                get{i}();" for i in range(K))
-    return TEMPLATE.format(udp_port=f"0x{UDP_PORT:04X}", slots=SLOTS, emu_fields=emu_fields,
+    return TEMPLATE.format(udp_port=f"0x{UDP_PORT:04X}", slots=SLOTS, contrib=int(MsgType.CONTRIB),
+                           result=int(MsgType.RESULT), flush=int(MsgType.FLUSH), flushed=int(MsgType.FLUSHED),
+                           flush_group=f"0x{FLUSH_GROUP:04X}", emu_fields=emu_fields,
                            payload_fields=payload_fields, acc_registers=acc_registers,
                            acc_actions=acc_actions, read_actions=read_actions, acc_calls=acc_calls,
                            read_calls=read_calls)

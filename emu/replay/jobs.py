@@ -81,6 +81,9 @@ class Jobs:
         if sum(self.workers) + shards > MAX_WORKERS_SOFTWARE:
             raise ConfigError(f"--workers {','.join(map(str, self.workers))}: the jobs' workers (and parameter-"
                               f"server shards) together must be at most {MAX_WORKERS_SOFTWARE}")
+        if config.network.external:
+            raise ConfigError(f"--fabric {config.fabric}: several jobs share a software fabric "
+                              f"({fabrics.listing(True)}); the P4 program's job table holds one job")
         if config.resolved_clock != Clock.SYNC:
             raise ConfigError("several jobs replay on the synchronized clock only (their shared and alone times "
                               f"must be exact to compare): drop --clock wall and --tdf, and use {fabrics.listing(True)}")

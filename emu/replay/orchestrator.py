@@ -19,7 +19,7 @@ from emu.replay.host.runtime import HostSetup
 from emu.replay.machines import cluster as machines
 from emu.replay.machines.remote import check_spreadable
 from emu.replay.plan.adaptive import run_passes
-from emu.replay.plan.hosts import host_layout, ina_pools, point_to_point
+from emu.replay.plan.hosts import distinct_colls, host_layout, ina_pools, point_to_point
 from emu.replay.plan.layout import MeshPlan, plan_mesh
 from emu.replay.plan.payloads import recorded_payload
 from emu.replay.plan.programs import WorkerProgram, group_table, programs_for
@@ -188,6 +188,7 @@ def plan_run(trace: Trace, config: ReplayConfig, trace_path: str | None, spans: 
     path = trace_path or "trace"
     programs = programs_for(trace, config, path)
     groups = group_table(programs)
+    config.network.check_collectives(distinct_colls(programs), config.setting)
     pools, pool_slots = ina_pools(programs, config)
     shape = config.layout()
     if payload is not None and any(op.group is not None for prog in programs for it in prog.iterations[:1]

@@ -69,7 +69,7 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
     assert_one_line_error(run("replay", "mlp", "--loss", "1.5"), "--loss 1.5", "[0, 1)")
     assert_one_line_error(run("replay", "mlp", "--tdf", "fast"), "--tdf 'fast': give a number or auto")
     assert_one_line_error(run("replay", "mlp", "--clock", "sync", "--tdf", "2"), "--tdf paces the wall clock")
-    assert_one_line_error(run("replay", "mlp", "--clock", "sync", "--fabric", "bmv2"), "use --clock wall")
+    assert_one_line_error(run("replay", "mlp", "--fabric", "bmv2", "--workers", "33"), "up to 32 workers")
     assert_one_line_error(run("replay", "mlp", "--straggler", "slow"), "--straggler 'slow'")
     assert_one_line_error(run("replay", "mlp", "--straggler", "9:2", "--workers", "4"), "not in 0..3")
     assert_one_line_error(run("replay", "mlp", "--fabric", "ring", "--workers", "5000"), "analytic estimate")

@@ -10,7 +10,7 @@ import pytest
 from emu.emulator.protocol import wire
 from emu.errors import ConfigError
 from emu.p4 import bmv2, generate
-from emu.p4.entries import MAX_WORKERS, JobEntry, MulticastGroup, Replica, plan
+from emu.p4.entries import FLUSH_GROUP, MAX_WORKERS, JobEntry, MulticastGroup, Replica, plan
 from emu.replay.config.options import MIN_POOL
 
 SOURCE = generate.PROGRAM.read_text()
@@ -56,7 +56,8 @@ def test_every_register_update_is_one_action() -> None:
 def test_entries_plan() -> None:
     p = plan(3, [1, 2, 5])
     assert p.jobs == (JobEntry(job=3, num_workers=3, mcast_grp=4),)
-    assert p.groups == (MulticastGroup(group=4, replicas=(Replica(1, 0), Replica(2, 1), Replica(5, 2))),)
+    replicas = (Replica(1, 0), Replica(2, 1), Replica(5, 2))
+    assert p.groups == (MulticastGroup(group=4, replicas=replicas), MulticastGroup(group=FLUSH_GROUP, replicas=replicas))
     with pytest.raises(ConfigError, match="1 to 32 workers"):
         plan(0, list(range(MAX_WORKERS + 1)))
     with pytest.raises(ConfigError, match="its own switch port"):

@@ -47,6 +47,10 @@ class MsgType(IntEnum):
     # a reduce_scatter round's completion, header only, for every worker of the pool but ``worker``
     # (the owner of the round's shard, which gets the RESULT with the sum)
     SCATTER_DONE = 6
+    # a bridge's barrier to an external switch (emu.p4.bridge): the P4 program sends it back on every
+    # port as FLUSHED, after everything it processed before it, and touches no state; no worker sends it
+    FLUSH = 7
+    FLUSHED = 8
 
 
 FLAG_COPY = 0x01  # which of the slot's two copies

@@ -349,8 +349,9 @@ class ReplayConfig:
                 have = ", ".join(n for n in fabrics.names() if fabrics.get(n).hierarchical)
                 raise ConfigError(f'topology.algorithm = "hierarchical" on --fabric {self.fabric}: it has no '
                                   f'hierarchical variant ({have} do; docs/topology.md); give "flat"')
-            if not net.synchronizable:
-                raise ConfigError(f"--fabric {self.fabric}: a topology runs on the software fabrics ({fabrics.listing(True)}); "
+            if not net.topologies:
+                have = ", ".join(n for n in fabrics.names() if fabrics.get(n).topologies)
+                raise ConfigError(f"--fabric {self.fabric}: a topology runs on the software fabrics ({have}); "
                                   "an external switch is one switch with one port per worker")
         if self.mesh is not None:
             if not isinstance(self.mesh, Mesh):

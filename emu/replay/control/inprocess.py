@@ -37,8 +37,9 @@ TIMEOUT_CHECK_EVERY = 64  # windows between looks at the wall clock
 
 
 def fits_in_process(plan: RunPlan) -> bool:
-    """Whether ``plan`` can run in one process: the synchronized clock, and no switch outside emu."""
-    return plan.config.resolved_clock == Clock.SYNC  # which a switch outside emu cannot join
+    """Whether ``plan`` can run in one process: the synchronized clock (a switch outside emu, BMv2,
+    takes part in it through its bridge, in this process)."""
+    return plan.config.resolved_clock == Clock.SYNC
 
 
 def _cpu_s() -> float:
@@ -124,8 +125,19 @@ def execute_in_process(plan: RunPlan, on_progress: Callable[[float], None] | Non
     """Run ``plan`` in this process (module docstring); as ``emu.replay.control.processes.execute``,
     the report (partial, on the exception, after a failure or an interrupt), the run's seconds and
     the hosts' results."""
+    with contextlib.ExitStack() as stack:
+        if plan.external:  # a switch outside emu (BMv2) runs for the replay's lifetime
+            sw = plan.at("", "")[1]
+            stack.enter_context(plan.config.network.external_switch(sw.workers, sw.slots))
+        return _execute(plan, on_progress, stack)
+
+
+def _execute(plan: RunPlan, on_progress: Callable[[float], None] | None,
+             stack: contextlib.ExitStack) -> tuple[ReplayReport, float, list[HostResult]]:
     wall0, cpu0 = time.monotonic(), _cpu_s()
     run = _InProcess(plan)
+    if run.pools is not None:
+        stack.callback(run.pools.close)
     try:
         run.run(on_progress)
     except (RunFailed, KeyboardInterrupt, lifetime.Terminated) as exc:

@@ -28,7 +28,6 @@ from zmq.utils.monitor import recv_monitor_message
 
 from emu import lifetime
 from emu.emulator import fabric as fabrics
-from emu.emulator.fabric import Fabric
 from emu.errors import ConfigError
 from emu.replay.config.options import Clock, ReplayConfig
 from emu.replay.control.children import start_processes, stop_processes
@@ -52,7 +51,7 @@ def check_spreadable(config: ReplayConfig) -> None:
         raise ConfigError("--clock wall paces every process by its machine's wall clock, which machines do not "
                           "share: a replay over several machines runs on the synchronized clock (drop --clock wall "
                           "and --tdf)")
-    if type(config.network).external_switch is not Fabric.external_switch:
+    if config.network.external:
         raise ConfigError(f"--fabric {config.fabric} drives a switch on this machine: a replay over several machines "
                           f"runs on {fabrics.listing(True)}")
 

@@ -49,6 +49,16 @@ def on_stream(op: Coll, config: ReplayConfig) -> bool:
     return choose(op, config.setting).stream
 
 
+def distinct_colls(programs: list[WorkerProgram]) -> list[Coll]:
+    """Every collective of the programs once (by id, group and sparsity)."""
+    seen: dict[tuple, Coll] = {}
+    for prog in programs:
+        for it in prog.iterations:
+            for op in it.colls:
+                seen.setdefault((op.id, op.group, op.kind, op.sparsity), op)
+    return list(seen.values())
+
+
 def ina_pools(programs: list[WorkerProgram], config: ReplayConfig) -> tuple[tuple[tuple[int, ...], ...],
                                                                             tuple[tuple[int, int], ...]]:
     """The sub-groups the switch aggregates for, each a pool of its own, and every pool's (real,

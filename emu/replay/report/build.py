@@ -31,6 +31,7 @@ from emu.replay.plan.programs import WorkerProgram
 from emu.replay.plan.sparsity import Replayed, config_summary, realized_report, replayed_sparse, with_sparsity
 from emu.replay.report.model import (
     REPORT_VERSION,
+    BridgeReport,
     CompressionReport,
     EmulatorReport,
     FabricReport,
@@ -69,7 +70,9 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
     # a quantizer summed in the switch's lanes must unpack to the exact sums of its levels, or its
     # aggregate is wrong however intact the bytes
     lanes_ok = compression is None or compression.switch_exact is not False
-    verification = Verification(ok=mismatches == 0 and elements > 0 and lanes_ok, elements_checked=elements,
+    # a switch outside emu whose results differ from the protocol's (emu.p4.bridge) fails the run
+    agrees = int(measured.switch.stats.get("bridge_differs", 0)) == 0
+    verification = Verification(ok=mismatches == 0 and elements > 0 and lanes_ok and agrees, elements_checked=elements,
                                 mismatches=mismatches, segments=sum(r.payload_segments for r in results),
                                 segments_without_data=sum(r.empty_segments for r in results),
                                 elements_distinct=sum(r.verify_distinct for r in results))
@@ -156,8 +159,15 @@ def _fabric(config: ReplayConfig, measured: Measured, records: dict[int, list[li
         packets_lost=sum(r.packets_lost for r in results),
         packets_lost_modelled=sum(r.packets_lost_modelled for r in results), segments=switch.segments, fallbacks=fallbacks,
         invalid=int(stats.get("invalid", 0)), malformed=int(stats.get("malformed", 0)),
-        stale=int(stats.get("stale", 0)),
+        stale=int(stats.get("stale", 0)), bridge=_bridge(stats),
         **utilisation(results, records, switch.pipeline_busy_us if config.packet_rate else None))
+
+
+def _bridge(stats: dict[str, int]) -> BridgeReport | None:
+    """The bridge's counters (emu.p4.bridge.BridgeStats: ``bridge_*``), where the switch is outside emu."""
+    if "bridge_frames" not in stats:
+        return None
+    return BridgeReport(**{f.name: int(stats.get(f"bridge_{f.name}", 0)) for f in dataclasses.fields(BridgeReport)})
 
 
 def _config_doc(trace: Trace, config: ReplayConfig, iters: int, sparse: Replayed) -> dict[str, Any]:

@@ -104,6 +104,20 @@ class LinkUsage:
 
 
 @dataclass(frozen=True)
+class BridgeReport:
+    """A switch outside emu behind its bridge (``--fabric bmv2``: emu/p4/bridge.py), counted by the
+    bridge. The fabric's other counters (packets, results, duplicates, ...) are then those of emu's
+    protocol model fed the same packets in the same order: the P4 program counts nothing."""
+
+    frames: int  # contribution frames sent to the switch, resends included
+    results: int  # result frames it sent back (every port's copy of a multicast)
+    barriers: int  # the bridge's FLUSH barriers (docs/p4.md)
+    barrier_resends: int  # barriers sent again: one had not come back on every port in time
+    resent: int  # contributions sent again for results the switch lost (real drops)
+    differs: int  # results whose header or sum differs from the protocol model's (0: the program agrees)
+
+
+@dataclass(frozen=True)
 class FabricReport:
     """Real messages and emulated packets are counted apart (docs/design.md, "Report")."""
 
@@ -131,6 +145,7 @@ class FabricReport:
     # to spine and spine to leaf): its utilisation; and the busiest link of all (docs/topology.md)
     utilisation: dict[str, LinkUsage] = field(default_factory=dict)
     busiest_link: dict[str, Any] | None = None
+    bridge: BridgeReport | None = None  # a switch outside emu (bmv2): what crossed to it and back
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ import numpy as np
 import zmq
 
 from emu.emulator import fabric as fabrics
-from emu.emulator.fabric import SwitchPorts
-from emu.emulator.protocol.switch import MULTICAST, AggregationSwitch
+from emu.emulator.fabric import Pool
+from emu.emulator.protocol.switch import MULTICAST
 from emu.emulator.protocol.transport import (
     AGG,
     DONE,
@@ -88,8 +88,14 @@ class _Pools:
             slots = tuple(real for real, _ in setup.pool_slots)
             members += [np.asarray(g, np.int64) for g in setup.pools]
             workers = tuple(len(g) for g in members)
-        self.switches = [AggregationSwitch(s, m, setup.elements, job=j)
-                         for j, (m, s) in enumerate(zip(workers, slots, strict=True))] if aggregates else []
+        net = fabrics.get(setup.fabric)
+        self.switches: list[Pool] = []
+        try:
+            for j, (m, s) in enumerate(zip(workers, slots, strict=True)) if aggregates else ():
+                self.switches.append(net.pool(s, m, setup.elements, j))
+        except BaseException:
+            self.close()
+            raise
         self.base = np.asarray(setup.job_base, np.int64)
         self.members = members
         self.endpoint_host = np.asarray(setup.endpoint_host, np.int64)
@@ -119,9 +125,16 @@ class _Pools:
     def stats(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for sw in self.switches:
-            for k, v in sw.stats.as_dict().items():
+            for k, v in sw.stats.as_dict().items():  # type: ignore[attr-defined]
                 out[k] = out.get(k, 0) + v
         return out
+
+    def close(self) -> None:
+        """Close what a pool holds (a bridge's ports); the software switch's hold nothing."""
+        for sw in self.switches:
+            close = getattr(sw, "close", None)
+            if close is not None:
+                close()
 
 
 def _wait_for_hosts(router: zmq.Socket, idents: list[bytes]) -> None:
@@ -140,48 +153,34 @@ def _wait_for_hosts(router: zmq.Socket, idents: list[bytes]) -> None:
 
 
 def _serve_wall(setup: SwitchSetup, ctrl: zmq.Socket, router: zmq.Socket, switch: _Pools | None,
-                ports: SwitchPorts | None, idents: list[bytes], forwarded: list[int]) -> None:
-    """The wall clock: handle what arrives as it arrives, until the orchestrator says stop; an
-    external switch's results are drained from its ports as they come back."""
+                idents: list[bytes], forwarded: list[int]) -> None:
+    """The wall clock: handle what arrives as it arrives, until the orchestrator says stop."""
     route = switch or _Pools(setup, aggregates=False)  # where the endpoints are
     poller = zmq.Poller()
     poller.register(ctrl, zmq.POLLIN)
     poller.register(router, zmq.POLLIN)
-    if ports is not None:
-        for fd in ports.fileno_map():
-            poller.register(fd, zmq.POLLIN)
     while True:
-        events = poller.poll(200 if ports is None else 1)
-        if ports is not None:
-            results = ports.drain()
-            if results is not None:
-                for h, part in ports.route(results, setup.worker_hosts).items():
-                    router.send_multipart([idents[h], *part.frames(RESULTS)], copy=False)
-        for sock, _ in events:
-            if not isinstance(sock, zmq.Socket):
-                continue  # a BMv2 port: drained above
+        for sock, _ in poller.poll(200):
             if sock is ctrl:
                 if isinstance(_control(ctrl), Stop):
                     stats = switch.stats() if switch else {}
                     ctrl.send(encode(SwitchResult(stats, forwarded[0], rejected=sealed.rejected(router, ctrl))))
                     return
                 continue
-            _arrivals(router, switch, ports, route, idents, forwarded)
+            _arrivals(router, switch, route, idents, forwarded)
 
 
-def _arrivals(router: zmq.Socket, switch: _Pools | None, ports: SwitchPorts | None, route: _Pools,
-              idents: list[bytes], forwarded: list[int]) -> None:
-    """Everything the hosts sent that is waiting: contributions aggregated (or handed to the external
-    switch), segments forwarded to the host of their destination."""
+def _arrivals(router: zmq.Socket, switch: _Pools | None, route: _Pools, idents: list[bytes],
+              forwarded: list[int]) -> None:
+    """Everything the hosts sent that is waiting: contributions aggregated, segments forwarded to
+    the host of their destination."""
     while True:
         try:
             frames = [f.buffer for f in router.recv_multipart(zmq.NOBLOCK, copy=False)]
         except zmq.Again:
             return
         kind = bytes(frames[1])
-        if kind == AGG and ports is not None:
-            ports.submit(AggBatch.parse(frames[1:]))
-        elif kind == AGG and switch is not None:
+        if kind == AGG and switch is not None:
             _aggregate(router, switch, AggBatch.parse(frames[1:]), idents)
         elif kind == SEG:
             forwarded[0] += _forward(router, route, idents, SegmentBatch.parse(frames[1:]))
@@ -212,7 +211,6 @@ def switch_main(setup: SwitchSetup) -> None:
     router.bind(setup.address)
     net = fabrics.get(setup.fabric)
     switch = _Pools(setup) if net.sums_in_switch_process else None
-    ports = net.switch_ports(setup.workers, setup.elements)
     idents = [f"h{i}".encode() for i in range(max(setup.endpoint_host) + 1)]
     forwarded = [0]  # segments (a list: the coordinator counts into it too)
     try:
@@ -221,7 +219,7 @@ def switch_main(setup: SwitchSetup) -> None:
         if setup.sync:
             _Coordinator(setup, ctrl, router, switch, idents, forwarded).serve()
         else:
-            _serve_wall(setup, ctrl, router, switch, ports, idents, forwarded)
+            _serve_wall(setup, ctrl, router, switch, idents, forwarded)
     except Exception as exc:
         if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
             # ROUTER_MANDATORY: a host's connection closed under the switch (over TCP: its machine stopped)
@@ -235,8 +233,8 @@ def switch_main(setup: SwitchSetup) -> None:
         raise
     finally:
         try:
-            if ports is not None:
-                ports.close()
+            if switch is not None:
+                switch.close()
         finally:  # every socket closed, whatever interrupts this (a term with one open would wait forever)
             ctx.destroy(linger=0)
 

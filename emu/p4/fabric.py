@@ -53,12 +53,12 @@ class Bmv2Fabric(Fabric):
             sparse = op.sparsity is not None and mech.STREAM.streams_sparse(op, ina)
             if mech.choose(op, s).stream and not sparse:
                 continue
-            what = ("a sparse all_reduce" if sparse else
-                    f"a {op.kind.value}" + (f" of a sub-group of {len(op.group)}" if op.group is not None else ""))
-            hint = " or replay it dense (--sparsity none)" if sparse else ""
-            raise ConfigError(f"--fabric bmv2: collective {op.id}, {what}, aggregates on the switch under --fabric "
-                              "ina, and emu's P4 program runs a whole job's dense float all_reduces only (docs/p4.md, "
-                              f"'What it does not do'): replay it on --fabric ina{hint}")
+            what = ("a sparse all_reduce" if sparse else f"an {op.kind.value}"
+                    + (f" of a sub-group of {len(op.group)}" if op.group is not None else ""))
+            hint = ", or dense (--sparsity none)" if sparse else ""
+            raise ConfigError(f"--fabric {self.name}: collective {op.id}, {what}, aggregates on the switch under "
+                              "--fabric ina, and emu's P4 program runs a whole job's dense float all_reduces only "
+                              f"(docs/p4.md, 'What it does not do'): replay it on --fabric ina{hint}")
 
     def external_switch(self, workers: int, slots: int) -> contextlib.AbstractContextManager[object]:
         from emu.p4.bmv2 import Bmv2Switch

@@ -14,10 +14,10 @@ from emu.p4 import bmv2
 
 HERE = Path(__file__).parent
 needs = [t for t in (*bmv2.TOOLS, "ptf") if shutil.which(t) is None]
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.p4, pytest.mark.skipif(
     bool(needs) or os.geteuid() != 0,
     reason=(f"BMv2 conformance needs {', '.join(needs)} on PATH ({bmv2.INSTALL_HINT}, and pip install ptf)"
-            if needs else "BMv2 conformance needs root for its veth ports"))
+            if needs else "BMv2 conformance needs root for its veth ports"))]
 
 
 def test_vectors_on_bmv2(tmp_path: Path) -> None:

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from emu.emulator import fabric as fabrics
+from emu.emulator.links.topology import Hierarchy, Topology
 from emu.emulator.protocol import wire
 from emu.emulator.protocol.switch import AggregationSwitch
-from emu.errors import RunFailed
+from emu.errors import ConfigError, RunFailed
 from emu.p4 import bridge
 from emu.p4.bridge import Bmv2Pool
 from emu.p4.fabric import Bmv2Fabric
@@ -128,3 +129,21 @@ def test_replay_through_the_bridge_gives_inas_numbers(no_children) -> None:
     bridge = fake.fabric.bridge
     assert ina.fabric.bridge is None and bridge is not None
     assert bridge.frames == fake.fabric.packets + bridge.resent and bridge.resent > 0 and bridge.differs == 0
+
+
+@pytest.mark.parametrize("sample, refused", [
+    ("fsdp", "collective 0, an all_gather, aggregates on the switch under --fabric ina"),
+    ("tp", "an all_reduce of a sub-group of 2"),
+    ("dlrm", "a sparse all_reduce, .*, or dense \\(--sparsity none\\)"),
+])
+def test_what_the_program_cannot_run_is_refused_by_name(sample: str, refused: str) -> None:
+    """On ina these aggregate on the switch; bmv2 once ran them silently as rings (or dense)."""
+    fabrics.register(_FakeFabric)
+    with pytest.raises(ConfigError, match=refused):
+        replay(load_trace(sample_path(sample)), ReplayConfig(workers=8, fabric=_FakeFabric.name, iters=1))
+
+
+def test_a_topology_is_refused_on_bmv2() -> None:
+    topo = Topology(workers_per_node=2, leaf_ports=2, algorithm=Hierarchy.HIERARCHICAL)
+    with pytest.raises(ConfigError, match="a topology runs on the software fabrics .*one port per worker"):
+        ReplayConfig(workers=8, fabric="bmv2", topology=topo).check()

@@ -129,6 +129,10 @@ def test_replay_through_the_bridge_gives_inas_numbers(no_children) -> None:
     bridge = fake.fabric.bridge
     assert ina.fabric.bridge is None and bridge is not None
     assert bridge.frames == fake.fabric.packets + bridge.resent and bridge.resent > 0 and bridge.differs == 0
+    # in one process (--processes 0), the bridge in the orchestrator's: the same numbers
+    one = replay(mlp, ReplayConfig(workers=4, fabric=_FakeFabric.name, iters=1, payload_scale=256, processes=0))
+    assert [it.emulated_us for it in one.iterations] == [it.emulated_us for it in ina.iterations]
+    assert one.verification.ok and one.fabric.bridge is not None and one.fabric.bridge.resent == bridge.resent
 
 
 @pytest.mark.parametrize("sample, refused", [

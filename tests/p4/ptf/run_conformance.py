@@ -20,6 +20,7 @@ VECTORS = Path(__file__).resolve().parents[2] / "data" / "conformance"
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--ptf", default="ptf", help="the ptf command")
     args = parser.parse_args()
     failed = 0
     for path in sorted(VECTORS.glob("*.json")):
@@ -30,7 +31,7 @@ def main() -> int:
         with Bmv2Switch(cfg["workers"], cfg["slots"], job=cfg["job"]):
             ifaces = [arg for w in range(cfg["workers"]) for arg in ("--interface", f"{w + 1}@emu-h{w}")]
             env = {**os.environ, "EMU_VECTOR": str(path)}
-            result = subprocess.run(["ptf", "--test-dir", str(Path(__file__).parent), *ifaces,
+            result = subprocess.run([args.ptf, "--test-dir", str(Path(__file__).parent), *ifaces,
                                      "--log-file", str(args.out / f"{path.stem}.log"), "conformance"],
                                     env=env, timeout=600)
             print(f"{path.stem}: {'ok' if result.returncode == 0 else 'FAILED'}")

@@ -10,10 +10,13 @@ on every path; its names all start with ``emu-``.
 
 from __future__ import annotations
 
+import array
+import fcntl
 import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -37,9 +40,19 @@ GRPC_START_S = 30.0
 _LOG: Path | None = None
 
 
+KEEP = "keep"  # a file in the switch's folder: a failure named its log, so the folder stays
+
+
 def where_log() -> str:
-    """Where BMv2's log is, for a message (the folder is kept when a run fails)."""
-    return f"BMv2's log: {_LOG}" if _LOG is not None else "BMv2's log is in its emu-bmv2-* temporary folder"
+    """Where BMv2's log is, for a failure's message; the switch's folder is then kept when it stops
+    (the message may come from another process of the replay: the mark is a file)."""
+    if _LOG is None:
+        return "BMv2's log is in its emu-bmv2-* temporary folder"
+    try:
+        (_LOG.parent / KEEP).touch()
+    except OSError:
+        pass
+    return f"BMv2's log: {_LOG}"
 
 
 def missing_tools() -> list[str]:
@@ -79,6 +92,26 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
+# ethtool's ioctl (linux/ethtool.h, linux/sockios.h): segmentation and receive offloads off
+SIOCETHTOOL = 0x8946
+ETHTOOL_SET = {"tso": 0x1F, "gso": 0x24, "gro": 0x2C}
+
+
+def _offloads_off(name: str) -> None:
+    """No segmentation or receive offload on a switch port. With any on, libpcap sizes each slot of
+    BMv2's capture ring for a 64 KiB packet, so its 2 MiB ring holds about 31 frames and a burst of
+    more is lost before BMv2 reads it (measured: 16 of 48 contributions sent at once); with them off,
+    a slot is one MTU and the ring holds about a thousand."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for cmd in ETHTOOL_SET.values():
+            value = array.array("I", [cmd, 0])
+            ifreq = struct.pack("16sP16x", name.encode(), value.buffer_info()[0])
+            try:
+                fcntl.ioctl(sock, SIOCETHTOOL, ifreq)
+            except OSError:
+                pass  # an offload the device does not have
+
+
 def _sysctl(key: str, value: str) -> None:
     path = Path("/proc/sys") / key.replace(".", "/")
     if path.exists():
@@ -116,6 +149,7 @@ class Bmv2Switch:
                     # no IPv6 on the ports: the kernel would send its own frames (MLD, neighbour
                     # solicitations) into BMv2
                     _sysctl(f"net.ipv6.conf.{name}.disable_ipv6", "1")
+                    _offloads_off(name)
                     _ip("link", "set", name, "up")
             port = _free_port()
             self.address = f"127.0.0.1:{port}"
@@ -142,7 +176,7 @@ class Bmv2Switch:
     def __exit__(self, *exc: object) -> None:
         global _LOG
         _LOG = None
-        if exc and exc[0] is not None and self.proc is not None:
+        if self.proc is not None and ((exc and exc[0] is not None) or (self.dir / KEEP).exists()):
             self.keep = True  # the run failed with the switch running: its log is named in the message
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)

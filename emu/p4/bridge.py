@@ -215,7 +215,7 @@ class Bmv2Pool:
         for _ in range(BARRIER_TRIES):
             self.seq = (self.seq + 1) & 0xFFFFFFFF
             self.bridge.barriers += 1
-            self.ports.send(0, _flush(self.job, self.workers, self.seq))
+            self.ports.send(0, flush_frame(self.job, self.workers, self.seq))
             back: set[int] = set()
             deadline = time.monotonic() + BARRIER_TIMEOUT_S
             while len(back) < self.workers:
@@ -280,7 +280,8 @@ def _frame(h: np.void, p: np.ndarray) -> bytes:
     return wire.frame(np.asarray(h, wire.AGG_HEADER).tobytes() + body)
 
 
-def _flush(job: int, workers: int, seq: int) -> bytes:
+def flush_frame(job: int, workers: int, seq: int) -> bytes:
+    """The bridge's barrier as a frame (``wire.MsgType.FLUSH``, its sequence number in ``chunk``)."""
     h = np.zeros((), wire.AGG_HEADER)
     h["msg_type"], h["job"], h["num_workers"], h["chunk"] = wire.MsgType.FLUSH, job, workers, seq
     return wire.frame(h.tobytes())

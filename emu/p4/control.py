@@ -8,6 +8,7 @@ of what to write is ``emu.p4.entries``. The P4Info and the BMv2 JSON come from
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 from emu.errors import ConfigError
@@ -44,6 +45,9 @@ def push(plan: SwitchPlan, address: str, compiled: Compiled, log: Path) -> None:
         async with sw:
             await asyncio.wait_for(done.wait(), CONNECT_TIMEOUT_S)
 
+    quiet = logging.getLogger("finsy")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its warnings (BMv2 has no gNMI) would reach the user's terminal
     try:
         asyncio.run(main())
     except TimeoutError:
@@ -53,6 +57,8 @@ def push(plan: SwitchPlan, address: str, compiled: Compiled, log: Path) -> None:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"BMv2 at {address} refused the pipeline or its entries: {first}; "
                           f"its log: {log}") from None
+    finally:
+        quiet.setLevel(level)
 
 
 def switch_options(fy: object, compiled: Compiled, ready: object) -> object:

@@ -356,70 +356,73 @@ control EmuIngress(inout headers_t hdr, inout metadata_t meta, inout standard_me
 
     /* One accumulator per element: overwrite on a new round, add otherwise (int32 wraps).
        The header field then holds the running sum, which is the result once complete. */
-    action add0() { bit<32> a; acc0.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v0 : a + hdr.payload.v0; acc0.write(meta.idx, a); hdr.payload.v0 = a; }
-    action add1() { bit<32> a; acc1.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v1 : a + hdr.payload.v1; acc1.write(meta.idx, a); hdr.payload.v1 = a; }
-    action add2() { bit<32> a; acc2.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v2 : a + hdr.payload.v2; acc2.write(meta.idx, a); hdr.payload.v2 = a; }
-    action add3() { bit<32> a; acc3.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v3 : a + hdr.payload.v3; acc3.write(meta.idx, a); hdr.payload.v3 = a; }
-    action add4() { bit<32> a; acc4.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v4 : a + hdr.payload.v4; acc4.write(meta.idx, a); hdr.payload.v4 = a; }
-    action add5() { bit<32> a; acc5.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v5 : a + hdr.payload.v5; acc5.write(meta.idx, a); hdr.payload.v5 = a; }
-    action add6() { bit<32> a; acc6.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v6 : a + hdr.payload.v6; acc6.write(meta.idx, a); hdr.payload.v6 = a; }
-    action add7() { bit<32> a; acc7.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v7 : a + hdr.payload.v7; acc7.write(meta.idx, a); hdr.payload.v7 = a; }
-    action add8() { bit<32> a; acc8.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v8 : a + hdr.payload.v8; acc8.write(meta.idx, a); hdr.payload.v8 = a; }
-    action add9() { bit<32> a; acc9.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v9 : a + hdr.payload.v9; acc9.write(meta.idx, a); hdr.payload.v9 = a; }
-    action add10() { bit<32> a; acc10.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v10 : a + hdr.payload.v10; acc10.write(meta.idx, a); hdr.payload.v10 = a; }
-    action add11() { bit<32> a; acc11.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v11 : a + hdr.payload.v11; acc11.write(meta.idx, a); hdr.payload.v11 = a; }
-    action add12() { bit<32> a; acc12.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v12 : a + hdr.payload.v12; acc12.write(meta.idx, a); hdr.payload.v12 = a; }
-    action add13() { bit<32> a; acc13.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v13 : a + hdr.payload.v13; acc13.write(meta.idx, a); hdr.payload.v13 = a; }
-    action add14() { bit<32> a; acc14.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v14 : a + hdr.payload.v14; acc14.write(meta.idx, a); hdr.payload.v14 = a; }
-    action add15() { bit<32> a; acc15.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v15 : a + hdr.payload.v15; acc15.write(meta.idx, a); hdr.payload.v15 = a; }
-    action add16() { bit<32> a; acc16.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v16 : a + hdr.payload.v16; acc16.write(meta.idx, a); hdr.payload.v16 = a; }
-    action add17() { bit<32> a; acc17.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v17 : a + hdr.payload.v17; acc17.write(meta.idx, a); hdr.payload.v17 = a; }
-    action add18() { bit<32> a; acc18.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v18 : a + hdr.payload.v18; acc18.write(meta.idx, a); hdr.payload.v18 = a; }
-    action add19() { bit<32> a; acc19.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v19 : a + hdr.payload.v19; acc19.write(meta.idx, a); hdr.payload.v19 = a; }
-    action add20() { bit<32> a; acc20.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v20 : a + hdr.payload.v20; acc20.write(meta.idx, a); hdr.payload.v20 = a; }
-    action add21() { bit<32> a; acc21.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v21 : a + hdr.payload.v21; acc21.write(meta.idx, a); hdr.payload.v21 = a; }
-    action add22() { bit<32> a; acc22.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v22 : a + hdr.payload.v22; acc22.write(meta.idx, a); hdr.payload.v22 = a; }
-    action add23() { bit<32> a; acc23.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v23 : a + hdr.payload.v23; acc23.write(meta.idx, a); hdr.payload.v23 = a; }
-    action add24() { bit<32> a; acc24.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v24 : a + hdr.payload.v24; acc24.write(meta.idx, a); hdr.payload.v24 = a; }
-    action add25() { bit<32> a; acc25.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v25 : a + hdr.payload.v25; acc25.write(meta.idx, a); hdr.payload.v25 = a; }
-    action add26() { bit<32> a; acc26.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v26 : a + hdr.payload.v26; acc26.write(meta.idx, a); hdr.payload.v26 = a; }
-    action add27() { bit<32> a; acc27.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v27 : a + hdr.payload.v27; acc27.write(meta.idx, a); hdr.payload.v27 = a; }
-    action add28() { bit<32> a; acc28.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v28 : a + hdr.payload.v28; acc28.write(meta.idx, a); hdr.payload.v28 = a; }
-    action add29() { bit<32> a; acc29.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v29 : a + hdr.payload.v29; acc29.write(meta.idx, a); hdr.payload.v29 = a; }
-    action add30() { bit<32> a; acc30.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v30 : a + hdr.payload.v30; acc30.write(meta.idx, a); hdr.payload.v30 = a; }
-    action add31() { bit<32> a; acc31.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v31 : a + hdr.payload.v31; acc31.write(meta.idx, a); hdr.payload.v31 = a; }
-    action add32() { bit<32> a; acc32.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v32 : a + hdr.payload.v32; acc32.write(meta.idx, a); hdr.payload.v32 = a; }
-    action add33() { bit<32> a; acc33.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v33 : a + hdr.payload.v33; acc33.write(meta.idx, a); hdr.payload.v33 = a; }
-    action add34() { bit<32> a; acc34.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v34 : a + hdr.payload.v34; acc34.write(meta.idx, a); hdr.payload.v34 = a; }
-    action add35() { bit<32> a; acc35.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v35 : a + hdr.payload.v35; acc35.write(meta.idx, a); hdr.payload.v35 = a; }
-    action add36() { bit<32> a; acc36.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v36 : a + hdr.payload.v36; acc36.write(meta.idx, a); hdr.payload.v36 = a; }
-    action add37() { bit<32> a; acc37.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v37 : a + hdr.payload.v37; acc37.write(meta.idx, a); hdr.payload.v37 = a; }
-    action add38() { bit<32> a; acc38.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v38 : a + hdr.payload.v38; acc38.write(meta.idx, a); hdr.payload.v38 = a; }
-    action add39() { bit<32> a; acc39.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v39 : a + hdr.payload.v39; acc39.write(meta.idx, a); hdr.payload.v39 = a; }
-    action add40() { bit<32> a; acc40.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v40 : a + hdr.payload.v40; acc40.write(meta.idx, a); hdr.payload.v40 = a; }
-    action add41() { bit<32> a; acc41.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v41 : a + hdr.payload.v41; acc41.write(meta.idx, a); hdr.payload.v41 = a; }
-    action add42() { bit<32> a; acc42.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v42 : a + hdr.payload.v42; acc42.write(meta.idx, a); hdr.payload.v42 = a; }
-    action add43() { bit<32> a; acc43.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v43 : a + hdr.payload.v43; acc43.write(meta.idx, a); hdr.payload.v43 = a; }
-    action add44() { bit<32> a; acc44.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v44 : a + hdr.payload.v44; acc44.write(meta.idx, a); hdr.payload.v44 = a; }
-    action add45() { bit<32> a; acc45.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v45 : a + hdr.payload.v45; acc45.write(meta.idx, a); hdr.payload.v45 = a; }
-    action add46() { bit<32> a; acc46.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v46 : a + hdr.payload.v46; acc46.write(meta.idx, a); hdr.payload.v46 = a; }
-    action add47() { bit<32> a; acc47.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v47 : a + hdr.payload.v47; acc47.write(meta.idx, a); hdr.payload.v47 = a; }
-    action add48() { bit<32> a; acc48.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v48 : a + hdr.payload.v48; acc48.write(meta.idx, a); hdr.payload.v48 = a; }
-    action add49() { bit<32> a; acc49.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v49 : a + hdr.payload.v49; acc49.write(meta.idx, a); hdr.payload.v49 = a; }
-    action add50() { bit<32> a; acc50.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v50 : a + hdr.payload.v50; acc50.write(meta.idx, a); hdr.payload.v50 = a; }
-    action add51() { bit<32> a; acc51.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v51 : a + hdr.payload.v51; acc51.write(meta.idx, a); hdr.payload.v51 = a; }
-    action add52() { bit<32> a; acc52.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v52 : a + hdr.payload.v52; acc52.write(meta.idx, a); hdr.payload.v52 = a; }
-    action add53() { bit<32> a; acc53.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v53 : a + hdr.payload.v53; acc53.write(meta.idx, a); hdr.payload.v53 = a; }
-    action add54() { bit<32> a; acc54.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v54 : a + hdr.payload.v54; acc54.write(meta.idx, a); hdr.payload.v54 = a; }
-    action add55() { bit<32> a; acc55.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v55 : a + hdr.payload.v55; acc55.write(meta.idx, a); hdr.payload.v55 = a; }
-    action add56() { bit<32> a; acc56.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v56 : a + hdr.payload.v56; acc56.write(meta.idx, a); hdr.payload.v56 = a; }
-    action add57() { bit<32> a; acc57.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v57 : a + hdr.payload.v57; acc57.write(meta.idx, a); hdr.payload.v57 = a; }
-    action add58() { bit<32> a; acc58.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v58 : a + hdr.payload.v58; acc58.write(meta.idx, a); hdr.payload.v58 = a; }
-    action add59() { bit<32> a; acc59.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v59 : a + hdr.payload.v59; acc59.write(meta.idx, a); hdr.payload.v59 = a; }
-    action add60() { bit<32> a; acc60.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v60 : a + hdr.payload.v60; acc60.write(meta.idx, a); hdr.payload.v60 = a; }
-    action add61() { bit<32> a; acc61.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v61 : a + hdr.payload.v61; acc61.write(meta.idx, a); hdr.payload.v61 = a; }
-    action add62() { bit<32> a; acc62.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v62 : a + hdr.payload.v62; acc62.write(meta.idx, a); hdr.payload.v62 = a; }
-    action add63() { bit<32> a; acc63.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v63 : a + hdr.payload.v63; acc63.write(meta.idx, a); hdr.payload.v63 = a; }
+    action accumulate() {
+        bit<32> a;
+        acc0.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v0 : a + hdr.payload.v0; acc0.write(meta.idx, a); hdr.payload.v0 = a;
+        acc1.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v1 : a + hdr.payload.v1; acc1.write(meta.idx, a); hdr.payload.v1 = a;
+        acc2.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v2 : a + hdr.payload.v2; acc2.write(meta.idx, a); hdr.payload.v2 = a;
+        acc3.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v3 : a + hdr.payload.v3; acc3.write(meta.idx, a); hdr.payload.v3 = a;
+        acc4.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v4 : a + hdr.payload.v4; acc4.write(meta.idx, a); hdr.payload.v4 = a;
+        acc5.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v5 : a + hdr.payload.v5; acc5.write(meta.idx, a); hdr.payload.v5 = a;
+        acc6.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v6 : a + hdr.payload.v6; acc6.write(meta.idx, a); hdr.payload.v6 = a;
+        acc7.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v7 : a + hdr.payload.v7; acc7.write(meta.idx, a); hdr.payload.v7 = a;
+        acc8.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v8 : a + hdr.payload.v8; acc8.write(meta.idx, a); hdr.payload.v8 = a;
+        acc9.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v9 : a + hdr.payload.v9; acc9.write(meta.idx, a); hdr.payload.v9 = a;
+        acc10.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v10 : a + hdr.payload.v10; acc10.write(meta.idx, a); hdr.payload.v10 = a;
+        acc11.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v11 : a + hdr.payload.v11; acc11.write(meta.idx, a); hdr.payload.v11 = a;
+        acc12.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v12 : a + hdr.payload.v12; acc12.write(meta.idx, a); hdr.payload.v12 = a;
+        acc13.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v13 : a + hdr.payload.v13; acc13.write(meta.idx, a); hdr.payload.v13 = a;
+        acc14.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v14 : a + hdr.payload.v14; acc14.write(meta.idx, a); hdr.payload.v14 = a;
+        acc15.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v15 : a + hdr.payload.v15; acc15.write(meta.idx, a); hdr.payload.v15 = a;
+        acc16.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v16 : a + hdr.payload.v16; acc16.write(meta.idx, a); hdr.payload.v16 = a;
+        acc17.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v17 : a + hdr.payload.v17; acc17.write(meta.idx, a); hdr.payload.v17 = a;
+        acc18.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v18 : a + hdr.payload.v18; acc18.write(meta.idx, a); hdr.payload.v18 = a;
+        acc19.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v19 : a + hdr.payload.v19; acc19.write(meta.idx, a); hdr.payload.v19 = a;
+        acc20.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v20 : a + hdr.payload.v20; acc20.write(meta.idx, a); hdr.payload.v20 = a;
+        acc21.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v21 : a + hdr.payload.v21; acc21.write(meta.idx, a); hdr.payload.v21 = a;
+        acc22.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v22 : a + hdr.payload.v22; acc22.write(meta.idx, a); hdr.payload.v22 = a;
+        acc23.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v23 : a + hdr.payload.v23; acc23.write(meta.idx, a); hdr.payload.v23 = a;
+        acc24.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v24 : a + hdr.payload.v24; acc24.write(meta.idx, a); hdr.payload.v24 = a;
+        acc25.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v25 : a + hdr.payload.v25; acc25.write(meta.idx, a); hdr.payload.v25 = a;
+        acc26.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v26 : a + hdr.payload.v26; acc26.write(meta.idx, a); hdr.payload.v26 = a;
+        acc27.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v27 : a + hdr.payload.v27; acc27.write(meta.idx, a); hdr.payload.v27 = a;
+        acc28.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v28 : a + hdr.payload.v28; acc28.write(meta.idx, a); hdr.payload.v28 = a;
+        acc29.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v29 : a + hdr.payload.v29; acc29.write(meta.idx, a); hdr.payload.v29 = a;
+        acc30.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v30 : a + hdr.payload.v30; acc30.write(meta.idx, a); hdr.payload.v30 = a;
+        acc31.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v31 : a + hdr.payload.v31; acc31.write(meta.idx, a); hdr.payload.v31 = a;
+        acc32.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v32 : a + hdr.payload.v32; acc32.write(meta.idx, a); hdr.payload.v32 = a;
+        acc33.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v33 : a + hdr.payload.v33; acc33.write(meta.idx, a); hdr.payload.v33 = a;
+        acc34.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v34 : a + hdr.payload.v34; acc34.write(meta.idx, a); hdr.payload.v34 = a;
+        acc35.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v35 : a + hdr.payload.v35; acc35.write(meta.idx, a); hdr.payload.v35 = a;
+        acc36.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v36 : a + hdr.payload.v36; acc36.write(meta.idx, a); hdr.payload.v36 = a;
+        acc37.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v37 : a + hdr.payload.v37; acc37.write(meta.idx, a); hdr.payload.v37 = a;
+        acc38.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v38 : a + hdr.payload.v38; acc38.write(meta.idx, a); hdr.payload.v38 = a;
+        acc39.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v39 : a + hdr.payload.v39; acc39.write(meta.idx, a); hdr.payload.v39 = a;
+        acc40.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v40 : a + hdr.payload.v40; acc40.write(meta.idx, a); hdr.payload.v40 = a;
+        acc41.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v41 : a + hdr.payload.v41; acc41.write(meta.idx, a); hdr.payload.v41 = a;
+        acc42.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v42 : a + hdr.payload.v42; acc42.write(meta.idx, a); hdr.payload.v42 = a;
+        acc43.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v43 : a + hdr.payload.v43; acc43.write(meta.idx, a); hdr.payload.v43 = a;
+        acc44.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v44 : a + hdr.payload.v44; acc44.write(meta.idx, a); hdr.payload.v44 = a;
+        acc45.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v45 : a + hdr.payload.v45; acc45.write(meta.idx, a); hdr.payload.v45 = a;
+        acc46.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v46 : a + hdr.payload.v46; acc46.write(meta.idx, a); hdr.payload.v46 = a;
+        acc47.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v47 : a + hdr.payload.v47; acc47.write(meta.idx, a); hdr.payload.v47 = a;
+        acc48.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v48 : a + hdr.payload.v48; acc48.write(meta.idx, a); hdr.payload.v48 = a;
+        acc49.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v49 : a + hdr.payload.v49; acc49.write(meta.idx, a); hdr.payload.v49 = a;
+        acc50.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v50 : a + hdr.payload.v50; acc50.write(meta.idx, a); hdr.payload.v50 = a;
+        acc51.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v51 : a + hdr.payload.v51; acc51.write(meta.idx, a); hdr.payload.v51 = a;
+        acc52.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v52 : a + hdr.payload.v52; acc52.write(meta.idx, a); hdr.payload.v52 = a;
+        acc53.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v53 : a + hdr.payload.v53; acc53.write(meta.idx, a); hdr.payload.v53 = a;
+        acc54.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v54 : a + hdr.payload.v54; acc54.write(meta.idx, a); hdr.payload.v54 = a;
+        acc55.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v55 : a + hdr.payload.v55; acc55.write(meta.idx, a); hdr.payload.v55 = a;
+        acc56.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v56 : a + hdr.payload.v56; acc56.write(meta.idx, a); hdr.payload.v56 = a;
+        acc57.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v57 : a + hdr.payload.v57; acc57.write(meta.idx, a); hdr.payload.v57 = a;
+        acc58.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v58 : a + hdr.payload.v58; acc58.write(meta.idx, a); hdr.payload.v58 = a;
+        acc59.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v59 : a + hdr.payload.v59; acc59.write(meta.idx, a); hdr.payload.v59 = a;
+        acc60.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v60 : a + hdr.payload.v60; acc60.write(meta.idx, a); hdr.payload.v60 = a;
+        acc61.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v61 : a + hdr.payload.v61; acc61.write(meta.idx, a); hdr.payload.v61 = a;
+        acc62.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v62 : a + hdr.payload.v62; acc62.write(meta.idx, a); hdr.payload.v62 = a;
+        acc63.read(a, meta.idx); a = (meta.fresh == 1) ? hdr.payload.v63 : a + hdr.payload.v63; acc63.write(meta.idx, a); hdr.payload.v63 = a;
+    }
 
     /* A retransmission of a complete copy: read the stored result back into the packet. */
     action read_result() {
@@ -433,70 +436,72 @@ control EmuIngress(inout headers_t hdr, inout metadata_t meta, inout standard_me
         hdr.emu.size = s;
         hdr.emu.chunk = c;
     }
-    action get0() { acc0.read(hdr.payload.v0, meta.idx); }
-    action get1() { acc1.read(hdr.payload.v1, meta.idx); }
-    action get2() { acc2.read(hdr.payload.v2, meta.idx); }
-    action get3() { acc3.read(hdr.payload.v3, meta.idx); }
-    action get4() { acc4.read(hdr.payload.v4, meta.idx); }
-    action get5() { acc5.read(hdr.payload.v5, meta.idx); }
-    action get6() { acc6.read(hdr.payload.v6, meta.idx); }
-    action get7() { acc7.read(hdr.payload.v7, meta.idx); }
-    action get8() { acc8.read(hdr.payload.v8, meta.idx); }
-    action get9() { acc9.read(hdr.payload.v9, meta.idx); }
-    action get10() { acc10.read(hdr.payload.v10, meta.idx); }
-    action get11() { acc11.read(hdr.payload.v11, meta.idx); }
-    action get12() { acc12.read(hdr.payload.v12, meta.idx); }
-    action get13() { acc13.read(hdr.payload.v13, meta.idx); }
-    action get14() { acc14.read(hdr.payload.v14, meta.idx); }
-    action get15() { acc15.read(hdr.payload.v15, meta.idx); }
-    action get16() { acc16.read(hdr.payload.v16, meta.idx); }
-    action get17() { acc17.read(hdr.payload.v17, meta.idx); }
-    action get18() { acc18.read(hdr.payload.v18, meta.idx); }
-    action get19() { acc19.read(hdr.payload.v19, meta.idx); }
-    action get20() { acc20.read(hdr.payload.v20, meta.idx); }
-    action get21() { acc21.read(hdr.payload.v21, meta.idx); }
-    action get22() { acc22.read(hdr.payload.v22, meta.idx); }
-    action get23() { acc23.read(hdr.payload.v23, meta.idx); }
-    action get24() { acc24.read(hdr.payload.v24, meta.idx); }
-    action get25() { acc25.read(hdr.payload.v25, meta.idx); }
-    action get26() { acc26.read(hdr.payload.v26, meta.idx); }
-    action get27() { acc27.read(hdr.payload.v27, meta.idx); }
-    action get28() { acc28.read(hdr.payload.v28, meta.idx); }
-    action get29() { acc29.read(hdr.payload.v29, meta.idx); }
-    action get30() { acc30.read(hdr.payload.v30, meta.idx); }
-    action get31() { acc31.read(hdr.payload.v31, meta.idx); }
-    action get32() { acc32.read(hdr.payload.v32, meta.idx); }
-    action get33() { acc33.read(hdr.payload.v33, meta.idx); }
-    action get34() { acc34.read(hdr.payload.v34, meta.idx); }
-    action get35() { acc35.read(hdr.payload.v35, meta.idx); }
-    action get36() { acc36.read(hdr.payload.v36, meta.idx); }
-    action get37() { acc37.read(hdr.payload.v37, meta.idx); }
-    action get38() { acc38.read(hdr.payload.v38, meta.idx); }
-    action get39() { acc39.read(hdr.payload.v39, meta.idx); }
-    action get40() { acc40.read(hdr.payload.v40, meta.idx); }
-    action get41() { acc41.read(hdr.payload.v41, meta.idx); }
-    action get42() { acc42.read(hdr.payload.v42, meta.idx); }
-    action get43() { acc43.read(hdr.payload.v43, meta.idx); }
-    action get44() { acc44.read(hdr.payload.v44, meta.idx); }
-    action get45() { acc45.read(hdr.payload.v45, meta.idx); }
-    action get46() { acc46.read(hdr.payload.v46, meta.idx); }
-    action get47() { acc47.read(hdr.payload.v47, meta.idx); }
-    action get48() { acc48.read(hdr.payload.v48, meta.idx); }
-    action get49() { acc49.read(hdr.payload.v49, meta.idx); }
-    action get50() { acc50.read(hdr.payload.v50, meta.idx); }
-    action get51() { acc51.read(hdr.payload.v51, meta.idx); }
-    action get52() { acc52.read(hdr.payload.v52, meta.idx); }
-    action get53() { acc53.read(hdr.payload.v53, meta.idx); }
-    action get54() { acc54.read(hdr.payload.v54, meta.idx); }
-    action get55() { acc55.read(hdr.payload.v55, meta.idx); }
-    action get56() { acc56.read(hdr.payload.v56, meta.idx); }
-    action get57() { acc57.read(hdr.payload.v57, meta.idx); }
-    action get58() { acc58.read(hdr.payload.v58, meta.idx); }
-    action get59() { acc59.read(hdr.payload.v59, meta.idx); }
-    action get60() { acc60.read(hdr.payload.v60, meta.idx); }
-    action get61() { acc61.read(hdr.payload.v61, meta.idx); }
-    action get62() { acc62.read(hdr.payload.v62, meta.idx); }
-    action get63() { acc63.read(hdr.payload.v63, meta.idx); }
+    action read_sums() {
+        acc0.read(hdr.payload.v0, meta.idx);
+        acc1.read(hdr.payload.v1, meta.idx);
+        acc2.read(hdr.payload.v2, meta.idx);
+        acc3.read(hdr.payload.v3, meta.idx);
+        acc4.read(hdr.payload.v4, meta.idx);
+        acc5.read(hdr.payload.v5, meta.idx);
+        acc6.read(hdr.payload.v6, meta.idx);
+        acc7.read(hdr.payload.v7, meta.idx);
+        acc8.read(hdr.payload.v8, meta.idx);
+        acc9.read(hdr.payload.v9, meta.idx);
+        acc10.read(hdr.payload.v10, meta.idx);
+        acc11.read(hdr.payload.v11, meta.idx);
+        acc12.read(hdr.payload.v12, meta.idx);
+        acc13.read(hdr.payload.v13, meta.idx);
+        acc14.read(hdr.payload.v14, meta.idx);
+        acc15.read(hdr.payload.v15, meta.idx);
+        acc16.read(hdr.payload.v16, meta.idx);
+        acc17.read(hdr.payload.v17, meta.idx);
+        acc18.read(hdr.payload.v18, meta.idx);
+        acc19.read(hdr.payload.v19, meta.idx);
+        acc20.read(hdr.payload.v20, meta.idx);
+        acc21.read(hdr.payload.v21, meta.idx);
+        acc22.read(hdr.payload.v22, meta.idx);
+        acc23.read(hdr.payload.v23, meta.idx);
+        acc24.read(hdr.payload.v24, meta.idx);
+        acc25.read(hdr.payload.v25, meta.idx);
+        acc26.read(hdr.payload.v26, meta.idx);
+        acc27.read(hdr.payload.v27, meta.idx);
+        acc28.read(hdr.payload.v28, meta.idx);
+        acc29.read(hdr.payload.v29, meta.idx);
+        acc30.read(hdr.payload.v30, meta.idx);
+        acc31.read(hdr.payload.v31, meta.idx);
+        acc32.read(hdr.payload.v32, meta.idx);
+        acc33.read(hdr.payload.v33, meta.idx);
+        acc34.read(hdr.payload.v34, meta.idx);
+        acc35.read(hdr.payload.v35, meta.idx);
+        acc36.read(hdr.payload.v36, meta.idx);
+        acc37.read(hdr.payload.v37, meta.idx);
+        acc38.read(hdr.payload.v38, meta.idx);
+        acc39.read(hdr.payload.v39, meta.idx);
+        acc40.read(hdr.payload.v40, meta.idx);
+        acc41.read(hdr.payload.v41, meta.idx);
+        acc42.read(hdr.payload.v42, meta.idx);
+        acc43.read(hdr.payload.v43, meta.idx);
+        acc44.read(hdr.payload.v44, meta.idx);
+        acc45.read(hdr.payload.v45, meta.idx);
+        acc46.read(hdr.payload.v46, meta.idx);
+        acc47.read(hdr.payload.v47, meta.idx);
+        acc48.read(hdr.payload.v48, meta.idx);
+        acc49.read(hdr.payload.v49, meta.idx);
+        acc50.read(hdr.payload.v50, meta.idx);
+        acc51.read(hdr.payload.v51, meta.idx);
+        acc52.read(hdr.payload.v52, meta.idx);
+        acc53.read(hdr.payload.v53, meta.idx);
+        acc54.read(hdr.payload.v54, meta.idx);
+        acc55.read(hdr.payload.v55, meta.idx);
+        acc56.read(hdr.payload.v56, meta.idx);
+        acc57.read(hdr.payload.v57, meta.idx);
+        acc58.read(hdr.payload.v58, meta.idx);
+        acc59.read(hdr.payload.v59, meta.idx);
+        acc60.read(hdr.payload.v60, meta.idx);
+        acc61.read(hdr.payload.v61, meta.idx);
+        acc62.read(hdr.payload.v62, meta.idx);
+        acc63.read(hdr.payload.v63, meta.idx);
+    }
 
     apply {
         if (!hdr.emu.isValid()) {
@@ -543,70 +548,7 @@ control EmuIngress(inout headers_t hdr, inout metadata_t meta, inout standard_me
             }
             read_result();
             if (hdr.payload.isValid()) {
-                get0();
-                get1();
-                get2();
-                get3();
-                get4();
-                get5();
-                get6();
-                get7();
-                get8();
-                get9();
-                get10();
-                get11();
-                get12();
-                get13();
-                get14();
-                get15();
-                get16();
-                get17();
-                get18();
-                get19();
-                get20();
-                get21();
-                get22();
-                get23();
-                get24();
-                get25();
-                get26();
-                get27();
-                get28();
-                get29();
-                get30();
-                get31();
-                get32();
-                get33();
-                get34();
-                get35();
-                get36();
-                get37();
-                get38();
-                get39();
-                get40();
-                get41();
-                get42();
-                get43();
-                get44();
-                get45();
-                get46();
-                get47();
-                get48();
-                get49();
-                get50();
-                get51();
-                get52();
-                get53();
-                get54();
-                get55();
-                get56();
-                get57();
-                get58();
-                get59();
-                get60();
-                get61();
-                get62();
-                get63();
+                read_sums();
             }
             hdr.emu.msg_type = MSG_RESULT;
             std.egress_spec = std.ingress_port;  /* to the requester alone */
@@ -616,70 +558,7 @@ control EmuIngress(inout headers_t hdr, inout metadata_t meta, inout standard_me
         max_exponent();
         round_info();
         if (hdr.payload.isValid()) {
-            add0();
-            add1();
-            add2();
-            add3();
-            add4();
-            add5();
-            add6();
-            add7();
-            add8();
-            add9();
-            add10();
-            add11();
-            add12();
-            add13();
-            add14();
-            add15();
-            add16();
-            add17();
-            add18();
-            add19();
-            add20();
-            add21();
-            add22();
-            add23();
-            add24();
-            add25();
-            add26();
-            add27();
-            add28();
-            add29();
-            add30();
-            add31();
-            add32();
-            add33();
-            add34();
-            add35();
-            add36();
-            add37();
-            add38();
-            add39();
-            add40();
-            add41();
-            add42();
-            add43();
-            add44();
-            add45();
-            add46();
-            add47();
-            add48();
-            add49();
-            add50();
-            add51();
-            add52();
-            add53();
-            add54();
-            add55();
-            add56();
-            add57();
-            add58();
-            add59();
-            add60();
-            add61();
-            add62();
-            add63();
+            accumulate();
         }
         if (meta.complete == 0) {
             drop();  /* the switch keeps it; nothing goes out yet */

@@ -59,8 +59,16 @@ class Reference:
                 or (kind == GATHER and h["size"] and not owns)):
             return []
         s, c, w = h["slot"], h["flags"] & 1, h["worker"]
-        self.state[(s, 1 - c)]["bits"].discard(w)
         st = self.state[(s, c)]
+        # a copy in progress, or complete with this worker in it, holds its round: another chunk or
+        # kind is dropped unapplied; a complete copy this worker left takes a new round, but not the
+        # chunk it completed (a stale retransmission), also dropped unapplied
+        pinned = st["count"] > 0 and (st["count"] < self.workers or w in st["bits"])
+        if pinned and (h["chunk"] != st["chunk"] or self.ident(h) != self.state_ident(st)):
+            return []
+        if not pinned and st["count"] == self.workers and h["chunk"] == st["chunk"]:
+            return []
+        self.state[(s, 1 - c)]["bits"].discard(w)
         if w in st["bits"]:
             if st["count"] != self.workers:
                 return []
@@ -137,10 +145,22 @@ def scenarios() -> list[tuple[str, str, dict, list[list[tuple[dict, list[int]]]]
         [contrib(0, 0, 2, 3, vals(1))],  # duplicate of an incomplete copy: dropped
         [contrib(2, 0, 2, 3, vals(3)), contrib(1, 0, 2, 3, vals(2))],  # completes; then a duplicate: answered
         [contrib(1, 0, 2, 3, vals(2)), contrib(0, 2, 2, 3, vals(4))],  # answered; worker 0 moves to copy 1
-        [contrib(0, 0, 2, 3, vals(1))],  # worker 0 cleared its bit in copy 0: a stale retransmission adds
+        [contrib(0, 0, 2, 3, vals(1))],  # worker 0 cleared its bit in copy 0: a stale retransmission
     ]
     out.append(("duplicates", "a retransmission of an incomplete copy is dropped, of a complete one answered "
                 "to its sender alone, also inside one batch; clearing the other copy's bit", cfg, steps))
+    steps = [
+        [contrib(w, 0, 2, 3, vals(w)) for w in range(3)],  # slot 0 copy 0 completes
+        # worker 0 goes on to copy 1, then its late copy of chunk 0 arrives: stale, dropped without
+        # clearing its bit in copy 1 (its retransmission of chunk 2 below is answered)
+        [contrib(0, 2, 2, 3, vals(20)), contrib(0, 0, 2, 3, vals(0)), contrib(1, 2, 2, 3, vals(21)),
+         contrib(2, 2, 2, 3, vals(22)), contrib(0, 2, 2, 3, vals(20))],
+        # copy 0 holds chunk 4's round: chunk 8 (same copy) and a header-only chunk 4 are other rounds
+        [contrib(1, 4, 2, 3, vals(41)), contrib(2, 8, 2, 3, vals(82)), contrib(0, 4, 2, 3, None),
+         contrib(0, 4, 2, 3, vals(40)), contrib(2, 4, 2, 3, vals(42))],
+    ]
+    out.append(("stale-and-other-rounds", "a stale copy of a completed round, and packets of another chunk or "
+                "size than the round their copy holds, are dropped without any effect", cfg, steps))
     cfg4 = {"slots": 4, "workers": 2, "elements": 64, "job": 1}
     steps = [[contrib(w, c, 4, 2, vals(10 * c + w)) for c in range(8) for w in range(2)]]
     steps.append([contrib(w, c, 4, 2, vals(10 * c + w)) for w in range(2) for c in range(8, 12)])
@@ -151,6 +171,11 @@ def scenarios() -> list[tuple[str, str, dict, list[list[tuple[dict, list[int]]]]
              [contrib(0, 2, 2, 2, vals(9, 64)), contrib(1, 2, 2, 2, vals(10, 64))]]
     out.append(("exponents-and-sizes", "an exponents-only round (no payload), 256-element packets, then "
                 "64-element packets in a 256-element pool", cfg256, steps))
+    cfg64 = {"slots": 2, "workers": 2, "elements": 64, "job": 1}
+    steps = [[contrib(0, 0, 2, 2, None, exponent=-3), contrib(1, 0, 2, 2, None, exponent=5)],
+             [contrib(0, 1, 2, 2, vals(11), exponent=-7), contrib(1, 1, 2, 2, vals(12), exponent=-2)]]
+    out.append(("exponents-only", "an exponents-only round (header-only packets: the largest exponent back), then a "
+                "round with payload, in 64-element packets (the P4 program's)", cfg64, steps))
     steps = [[contrib(0, 0, 2, 3, vals(1), job=2), contrib(1, 0, 2, 3, vals(1), num_workers=4),
               contrib(2, 0, 2, 3, vals(1), slot=7), contrib(5, 0, 2, 3, vals(1)),
               contrib(0, 0, 2, 3, vals(1), msg_type=2), contrib(0, 0, 2, 3, vals(1))]]

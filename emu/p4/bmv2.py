@@ -2,7 +2,7 @@
 
 ``--fabric bmv2`` needs ``p4c-bm2-ss`` and ``simple_switch_grpc`` (the p4lang packages),
 finsy, and root (for veth pairs). Worker ``w`` is BMv2 port ``w + 1``: the switch side
-of a veth pair ``emu-s<w>`` is given to BMv2, the other side ``emu-h<w>`` is where
+of a veth pair ``emu<tag>s<w>`` is given to BMv2, the other side ``emu<tag>h<w>`` is where
 emu's bridge (``emu.p4.bridge``) writes that worker's frames and reads its results.
 Everything this module creates (processes, interfaces, the build folder) it removes
 on every path; its names all start with ``emu-``.
@@ -89,7 +89,10 @@ def compile_program(out: Path, slots: int) -> Compiled:
 
 
 def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise ConfigError(f"--fabric bmv2 could not set up its ports (ip {' '.join(args)}): {said}")
 
 
 # ethtool's ioctl (linux/ethtool.h, linux/sockios.h): segmentation and receive offloads off
@@ -118,8 +121,19 @@ def _sysctl(key: str, value: str) -> None:
         path.write_text(value)
 
 
+# the running switch's interfaces are named for the process that started it, so that two replays
+# on one machine do not collide (a name holds at most 15 characters: emu + 6 hex + s|h + 2 digits)
+_TAG = ""
+
+
 def host_interface(worker: int) -> str:
-    return f"emu-h{worker}"
+    """emu's side of worker ``worker``'s veth (the bridge's port)."""
+    return f"emu{_TAG}h{worker}"
+
+
+def switch_interface(worker: int) -> str:
+    """BMv2's side of worker ``worker``'s veth (its port ``worker + 1``)."""
+    return f"emu{_TAG}s{worker}"
 
 
 class Bmv2Switch:
@@ -140,12 +154,14 @@ class Bmv2Switch:
         self.keep = False
 
     def __enter__(self) -> Bmv2Switch:
+        global _TAG
+        _TAG = f"{os.getpid():06x}"[-6:]
         try:
             compiled = compile_program(self.dir, self.slots)
             for w in range(self.workers):
-                _ip("link", "add", host_interface(w), "type", "veth", "peer", "name", f"emu-s{w}")
+                _ip("link", "add", host_interface(w), "type", "veth", "peer", "name", switch_interface(w))
                 self.created.append(host_interface(w))
-                for name in (host_interface(w), f"emu-s{w}"):
+                for name in (host_interface(w), switch_interface(w)):
                     # no IPv6 on the ports: the kernel would send its own frames (MLD, neighbour
                     # solicitations) into BMv2
                     _sysctl(f"net.ipv6.conf.{name}.disable_ipv6", "1")
@@ -153,7 +169,7 @@ class Bmv2Switch:
                     _ip("link", "set", name, "up")
             port = _free_port()
             self.address = f"127.0.0.1:{port}"
-            ifaces = [arg for w in range(self.workers) for arg in ("-i", f"{w + 1}@emu-s{w}")]
+            ifaces = [arg for w in range(self.workers) for arg in ("-i", f"{w + 1}@{switch_interface(w)}")]
             log_path = self.dir / "simple_switch.log"
             with open(log_path, "wb") as log:
                 self.proc = subprocess.Popen(switch_command(ifaces, self.address), stdout=log,

@@ -46,4 +46,5 @@ def test_mlp_on_bmv2_gives_inas_numbers(workers: int, no_children) -> None:
     _alike(b, i)
     assert b.fabric.bridge is not None and b.fabric.bridge.differs == 0
     assert b.fabric.bridge.frames >= b.fabric.packets
-    assert not list(bmv2.Path("/sys/class/net").glob("emu-*")), "veth ports were left behind"
+    tag = f"{os.getpid():06x}"[-6:]  # the switch's ports are named for the process that started it
+    assert not list(bmv2.Path("/sys/class/net").glob(f"emu{tag}*")), "veth ports were left behind"

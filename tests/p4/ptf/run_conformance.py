@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from emu.p4.bmv2 import Bmv2Switch
+from emu.p4.bmv2 import Bmv2Switch, host_interface
 
 VECTORS = Path(__file__).resolve().parents[2] / "data" / "conformance"
 
@@ -29,7 +29,7 @@ def main() -> int:
             print(f"skip {path.stem}: {cfg['elements']}-element packets need recirculation")
             continue
         with Bmv2Switch(cfg["workers"], cfg["slots"], job=cfg["job"]):
-            ifaces = [arg for w in range(cfg["workers"]) for arg in ("--interface", f"{w + 1}@emu-h{w}")]
+            ifaces = [arg for w in range(cfg["workers"]) for arg in ("--interface", f"{w + 1}@{host_interface(w)}")]
             env = {**os.environ, "EMU_VECTOR": str(path)}
             result = subprocess.run([args.ptf, "--test-dir", str(Path(__file__).parent), *ifaces,
                                      "--log-file", str(args.out / f"{path.stem}.log"), "conformance"],

@@ -5,7 +5,7 @@ finsy, and root (for veth pairs). Worker ``w`` is BMv2 port ``w + 1``: the switc
 of a veth pair ``emu<tag>s<w>`` is given to BMv2, the other side ``emu<tag>h<w>`` is where
 emu's bridge (``emu.p4.bridge``) writes that worker's frames and reads its results.
 Everything this module creates (processes, interfaces, the build folder) it removes
-on every path; its names all start with ``emu-``.
+on every path; its interfaces' names start with ``emu`` and its folder's with ``emu-bmv2-``.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ class Bmv2Switch:
         self.keep = False
 
     def __enter__(self) -> Bmv2Switch:
-        global _TAG
+        global _TAG, _LOG
         _TAG = f"{os.getpid():06x}"[-6:]
         try:
             compiled = compile_program(self.dir, self.slots)
@@ -178,7 +178,6 @@ class Bmv2Switch:
             from emu.p4.control import push
 
             push(self.plan, self.address, compiled, log_path)
-            global _LOG
             _LOG = log_path
             return self
         except ConfigError:

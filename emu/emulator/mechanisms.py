@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from emu.emulator.algorithms.batched import ClientKernel, RingKernel
 from emu.emulator.algorithms.p2p import (
     Algorithm,
     AllToAll,
@@ -160,6 +161,13 @@ class Mechanism:
     def algorithm(self, a: Start) -> Algorithm:
         raise NotImplementedError(f"{self.name} runs on the switch's stream, not point to point")
 
+    def kernel(self, a: Start, ids: int) -> RingKernel | ClientKernel | None:
+        """The collective's algorithm for every member a host holds at once, a window's segments at
+        a time (``emu.emulator.algorithms.batched``), where this mechanism has one for it: the same
+        sends and checks as ``algorithm``'s on each member. None (the default): ``algorithm``, per
+        worker. ``ids``: how many endpoint ids there are."""
+        return None
+
     def time_us(self, op: Coll, s: Setting) -> float:
         """Its closed form: one collective alone on the links, from its start on every member to the
         last member's completion (docs/physics.md). On a topology, ``on_topology_us``."""
@@ -193,6 +201,13 @@ class Mechanism:
 
     def __repr__(self) -> str:
         return f"<mechanism {self.name}>"
+
+
+def _batches(a: Start) -> bool:
+    """Whether a kernel runs the collective (``Mechanism.kernel``): a whole job's, on generated dense
+    payload (a sub-group's members, the real ranks' tensors and sparse payload run per worker)."""
+    op = a.op
+    return op.group is None and a.recorded is None and not is_sparse(op.sparsity, op.dtype.value)
 
 
 def _real(op: Coll, s: Setting) -> int:
@@ -315,6 +330,14 @@ class RingAlgorithm(PointToPoint):
         return Ring(**a.common(), layout=a.layout(a.size), reduce=reduce, gather=gather,
                     own=a.rank if kind == CollKind.ALL_REDUCE else a.rank - 1)
 
+    def kernel(self, a: Start, ids: int) -> RingKernel | ClientKernel | None:
+        op = a.op
+        if not _batches(a):
+            return None
+        return RingKernel(a.size, a.seq, a.real, a.emu_bytes, op.kind != CollKind.ALL_GATHER,
+                          op.kind != CollKind.REDUCE_SCATTER, 0 if op.kind == CollKind.ALL_REDUCE else -1, a.seed,
+                          op.dtype.value, a.check, ids)
+
     def alone_us(self, op: Coll, s: Setting) -> float:
         m = s.group_size(op)
         steps = 2 * (m - 1) if op.kind == CollKind.ALL_REDUCE else m - 1
@@ -348,6 +371,9 @@ class HierarchicalRing(RingAlgorithm):
         node, leaders = a.node()
         return HierRing(**a.common(), layout=a.layout(1), node=node, leaders=leaders, emu_bytes=a.emu_bytes)
 
+    def kernel(self, a: Start, ids: int) -> None:
+        return None
+
     def on_topology_us(self, op: Coll, s: Setting) -> float:
         if op.sparsity is not None:
             return Mechanism.on_topology_us(self, op, s)
@@ -370,6 +396,9 @@ class SparseRingAlgorithm(RingAlgorithm):
 
     def algorithm(self, a: Start) -> Algorithm:
         return SparseRing(**a.common(), layout=a.layout(a.size))
+
+    def kernel(self, a: Start, ids: int) -> None:
+        return None
 
     def alone_us(self, op: Coll, s: Setting) -> float:
         assert op.sparsity is not None
@@ -406,6 +435,11 @@ class ParameterServerAlgorithm(PointToPoint):
     def algorithm(self, a: Start) -> Algorithm:
         return PSClient(**a.common(), layout=a.layout(len(a.servers)), servers=list(a.servers))
 
+    def kernel(self, a: Start, ids: int) -> RingKernel | ClientKernel | None:
+        if not _batches(a):
+            return None
+        return ClientKernel(a.size, a.seq, a.real, a.emu_bytes, a.servers, a.seed, a.op.dtype.value, a.check, ids)
+
     def alone_us(self, op: Coll, s: Setting) -> float:
         m = s.group_size(op)
         return physics.ps_all_reduce_us(op.count, op.dtype.itemsize, m, s.shards or m, s.link, s.rto_us,
@@ -428,6 +462,9 @@ class SparseParameterServer(ParameterServerAlgorithm):
 
     def algorithm(self, a: Start) -> Algorithm:
         return SparsePSClient(**a.common(), layout=a.layout(len(a.servers)), servers=list(a.servers))
+
+    def kernel(self, a: Start, ids: int) -> None:
+        return None
 
     def alone_us(self, op: Coll, s: Setting) -> float:
         assert op.sparsity is not None

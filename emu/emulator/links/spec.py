@@ -381,6 +381,132 @@ class LinkArray:
         self.counter[i] += packets
         return float(cap.back(start + ser / packets)) + lat, end + delay + lat, extra
 
+    def send_segments(self, idx: np.ndarray, ready_us: np.ndarray, wire_bytes: np.ndarray,
+                      packets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``send_segment`` for many segments at once (rows of one link in their FIFO order): the
+        same arithmetic, a link's rows one after another (``_deep``: a link with many rows as a
+        running sum; else every link's k-th row in one numpy step), so that a window's hand-offs
+        cost a few numpy steps, not a Python call each. Returns, per row, when its first and last
+        packets are at the switch, and the bytes resent."""
+        first, last = np.empty(len(idx)), np.empty(len(idx))
+        extra_out = np.zeros(len(idx))
+        cap = self.capacity
+        turns, deep = self._grouped(idx)
+        for rows in deep:
+            i = int(idx[rows[0]])
+            ser = self.spec.serialization_us(wire_bytes[rows] + 0.0)
+            ready, pk = ready_us[rows], packets[rows]
+            self._check_chain(i, ready, ser)
+            free = float(self.free_us[i])
+            end = _fifo(ready, ser, free)
+            start = np.maximum(ready, np.r_[free, end[:-1]])
+            self._took(i, end[-1], end - start, pk)
+            first[rows] = start + ser / pk + self.spec.latency_us
+            last[rows] = end + self.spec.latency_us
+        for rows in turns:
+            i, ready = idx[rows], ready_us[rows]
+            pk = packets[rows]
+            delay, extra = self._segments_loss(i, pk, wire_bytes[rows])
+            ser = self.spec.serialization_us(wire_bytes[rows] + extra)
+            self._check_orders(i, ready, ser)
+            lat = self.spec.latency_us + self._segments_jitter(i)
+            if not cap.active:
+                start = np.maximum(ready, self.free_us[i])
+                end = start + ser
+                self.busy_us[i] += end - start
+                first[rows] = start + ser / pk + lat
+            else:
+                start = cap.to(np.maximum(ready, self.free_us[i]))
+                end = cap.back(start + ser)
+                self.busy_us[i] += end - cap.back(start)
+                first[rows] = cap.back(start + ser / pk) + lat
+            self.free_us[i] = end
+            self.counter[i] += pk
+            last[rows] = end + delay + lat
+            extra_out[rows] = extra
+        return first, last, extra_out
+
+    def receive_segments(self, idx: np.ndarray, first_us: np.ndarray, last_us: np.ndarray, wire_bytes: np.ndarray,
+                         packets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``receive_segment`` for many segments at once (rows of one link in their FIFO order), as
+        ``send_segments``. Returns, per row, its arrival and the bytes resent."""
+        arrive = np.empty(len(idx))
+        extra_out = np.zeros(len(idx))
+        cap = self.capacity
+        turns, deep = self._grouped(idx)
+        for rows in deep:
+            i = int(idx[rows[0]])
+            ser = self.spec.serialization_us(wire_bytes[rows] + 0.0)
+            first, pk = first_us[rows], packets[rows]
+            self._check_chain(i, first, ser)
+            done = _fifo_pipelined(first, last_us[rows] + ser / pk, ser, float(self.free_us[i]))
+            self._took(i, done[-1], done - (done - ser), pk)
+            arrive[rows] = done + self.spec.latency_us
+        for rows in turns:
+            i, first, last = idx[rows], first_us[rows], last_us[rows]
+            pk = packets[rows]
+            delay, extra = self._segments_loss(i, pk, wire_bytes[rows])
+            ser = self.spec.serialization_us(wire_bytes[rows] + extra)
+            self._check_orders(i, first, ser)
+            if cap.active:
+                done = cap.back(np.maximum(cap.to(np.maximum(first, self.free_us[i])) + ser,
+                                           cap.to(last) + ser / pk))
+                busy = done - cap.back(cap.to(done) - ser)
+            else:
+                done = np.maximum(np.maximum(first, self.free_us[i]) + ser, last + ser / pk)
+                busy = done - (done - ser)
+            self.free_us[i] = done
+            self.busy_us[i] += busy
+            jitter = self._segments_jitter(i)
+            self.counter[i] += pk
+            arrive[rows] = done + delay + self.spec.latency_us + jitter
+            extra_out[rows] = extra
+        return arrive, extra_out
+
+    def _grouped(self, idx: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The rows in turns (``_turns``), the rows of links with many of them apart, each link's in
+        order, where the plain FIFO lets them run as sums (no loss, jitter or bandwidth schedule)."""
+        plain = not (self.spec.loss or self.spec.jitter_us or self.capacity.active)
+        return _turns(idx, DEEP if plain else None)
+
+    def _took(self, i: int, free: float, busy: np.ndarray, packets: np.ndarray) -> None:
+        """Link i carried rows one after another: its free time, busy time (added row by row) and count."""
+        self.free_us[i] = free
+        self.busy_us[i] = np.add.accumulate(np.r_[self.busy_us[i], busy])[-1]
+        self.counter[i] += int(packets.sum())
+
+    def _check_chain(self, i: int, ready_us: np.ndarray, ser: np.ndarray) -> None:
+        """``_check_order`` of one link's rows, in order."""
+        last = np.maximum.accumulate(np.r_[self.last_ready[i], ready_us])
+        early = ready_us < last[:-1] - ser - 1e-6
+        if early.any():
+            self.reordered += int(early.sum())
+            self.reorder_error_us[i] = np.add.accumulate(np.r_[self.reorder_error_us[i],
+                                                                (last[:-1] - ready_us + ser)[early]])[-1]
+        self.last_ready[i] = last[-1]
+
+    def _segments_loss(self, i: np.ndarray, packets: np.ndarray, wire_bytes: np.ndarray
+                       ) -> tuple[np.ndarray | float, np.ndarray | float]:
+        """``_segment_loss`` of rows on distinct links (drawn one by one: a rare case's cost)."""
+        if not self.spec.loss:
+            return 0.0, 0.0
+        got = [self._segment_loss(int(a), int(p), float(b)) for a, p, b in zip(i, packets, wire_bytes, strict=True)]
+        return np.array([g[0] for g in got]), np.array([g[1] for g in got])
+
+    def _segments_jitter(self, i: np.ndarray) -> np.ndarray | float:
+        if not self.spec.jitter_us:
+            return 0.0
+        return uniform(self.seed, self.stream[i] * 2, self.counter[i]) * self.spec.jitter_us
+
+    def _check_orders(self, i: np.ndarray, ready_us: np.ndarray, ser: np.ndarray) -> None:
+        """``_check_order`` of rows on distinct links."""
+        last = self.last_ready[i]
+        early = ready_us < last - ser - 1e-6
+        if early.any():
+            self.reordered += int(early.sum())
+            self.reorder_error_us[i[early]] += (last - ready_us + ser)[early]
+        self.last_ready[i] = np.maximum(last, ready_us)
+
     def _segment_jitter(self, i: int) -> float:
         """A segment's jitter on this link (drawn as a packet's: keyed by the link and its count)."""
         if not self.spec.jitter_us:
@@ -408,3 +534,82 @@ class LinkArray:
         jitter = self._segment_jitter(i)
         self.counter[i] += packets
         return done + self.spec.latency_us + jitter, extra
+
+
+# Rows of one link in a batch past which they run as a link's running sum (``_fifo``) rather than in
+# turns: a turn is a few numpy steps over every link's k-th row, costly where one link has most rows.
+DEEP = 8
+_RESTARTS = 16  # idle gaps a running sum restarts at, before the rest of the link's rows go one by one
+
+
+def _turns(idx: np.ndarray, deep: int | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Rows grouped by their place among their link's rows: the first row of every link, then the
+    second of every link, ... (each group's rows on distinct links, in the order given); with
+    ``deep``, the rows of each link with more than that many apart (each link's in order)."""
+    n = len(idx)
+    if n == 0:
+        return [], []
+    order = np.argsort(idx, kind="stable")
+    e = idx[order]
+    new = np.r_[True, e[1:] != e[:-1]]
+    starts = np.flatnonzero(new)
+    if len(starts) == n:  # one row a link: one step
+        return [np.arange(n)], []
+    counts = np.diff(np.r_[starts, n])
+    link = np.cumsum(new) - 1
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n) - starts[link]
+    deep_rows: list[np.ndarray] = []
+    if deep is not None and counts.max() > deep:
+        many = counts > deep
+        deep_rows = [order[a:a + c] for a, c in zip(starts[many].tolist(), counts[many].tolist(), strict=True)]
+        keep = np.empty(n, bool)
+        keep[order] = ~many[link]
+        rest = np.flatnonzero(keep)
+        if not len(rest):
+            return [], deep_rows
+        by_pos = rest[np.argsort(pos[rest], kind="stable")]
+    else:
+        by_pos = np.argsort(pos, kind="stable")
+    return np.split(by_pos, np.flatnonzero(np.diff(pos[by_pos])) + 1), deep_rows
+
+
+def _fifo(ready: np.ndarray, ser: np.ndarray, free: float) -> np.ndarray:
+    """One link's FIFO, ``end_i = max(ready_i, end_(i-1)) + ser_i`` from ``end_(-1) = free``, with the
+    same additions as row by row: a running sum (``np.add.accumulate``, left to right) from each
+    row that found the link idle."""
+    n = len(ready)
+    end = np.empty(n)
+    p, prev, restarts = 0, free, 0
+    while p < n:
+        if restarts == _RESTARTS:
+            for j in range(p, n):
+                prev = end[j] = max(float(ready[j]), prev) + float(ser[j])
+            return end
+        acc = np.add.accumulate(np.r_[max(float(ready[p]), prev), ser[p:]])[1:]
+        gap = np.flatnonzero(ready[p + 1:] > acc[:-1])
+        stop = n if not len(gap) else p + 1 + int(gap[0])
+        end[p:stop] = acc[:stop - p]
+        prev, p = float(end[stop - 1]), stop
+        restarts += 1
+    return end
+
+
+def _fifo_pipelined(first: np.ndarray, tail: np.ndarray, ser: np.ndarray, free: float) -> np.ndarray:
+    """A downlink's FIFO, ``done_i = max(max(first_i, done_(i-1)) + ser_i, tail_i)`` (``tail``: the last
+    packet's arrival plus its own serialization), row by row's additions, as ``_fifo``."""
+    n = len(first)
+    done = np.empty(n)
+    p, prev, restarts = 0, free, 0
+    while p < n:
+        if restarts == _RESTARTS:
+            for j in range(p, n):
+                prev = done[j] = max(max(float(first[j]), prev) + float(ser[j]), float(tail[j]))
+            return done
+        acc = np.add.accumulate(np.r_[max(max(float(first[p]), prev) + float(ser[p]), float(tail[p])), ser[p + 1:]])
+        bad = np.flatnonzero((first[p + 1:] > acc[:-1]) | (tail[p + 1:] > acc[1:]))
+        stop = n if not len(bad) else p + 1 + int(bad[0])
+        done[p:stop] = acc[:stop - p]
+        prev, p = float(done[stop - 1]), stop
+        restarts += 1
+    return done

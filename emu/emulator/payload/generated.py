@@ -56,17 +56,30 @@ _STATS_CHUNK = 1 << 20  # blocks per pass when counting a whole collective's hol
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer: a good 64-bit hash, vectorized."""
+    """splitmix64's finalizer: a good 64-bit hash, vectorized (in place: ``x`` is the caller's
+    scratch, and is returned)."""
     with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * _M1
-        x = (x ^ (x >> np.uint64(27))) * _M2
-        return x ^ (x >> np.uint64(31))
+        x ^= x >> np.uint64(30)
+        x *= _M1
+        x ^= x >> np.uint64(27)
+        x *= _M2
+        x ^= x >> np.uint64(31)
+        return x
+
+
+def _key(seed: int, seq: int, salt: int) -> np.uint64:
+    return np.uint64((seed * 0x100000001B3 + seq * 0x1F3 + salt) & 0xFFFFFFFFFFFFFFFF)
 
 
 def _hash(seed: int, seq: int, salt: int, index: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
-        key = np.uint64((seed * 0x100000001B3 + seq * 0x1F3 + salt) & 0xFFFFFFFFFFFFFFFF)
-        return _mix(index.astype(np.uint64) * _GOLD + key)
+        return _mix(index.astype(np.uint64) * _GOLD + _key(seed, seq, salt))
+
+
+def _hash_scaled(scaled: np.ndarray, seed: int, seq: int, salt: int) -> np.ndarray:
+    """``_hash`` of the indices whose ``index * _GOLD`` is ``scaled`` (made once for several salts)."""
+    with np.errstate(over="ignore"):
+        return _mix(scaled + _key(seed, seq, salt))
 
 
 def _uniform(seed: int, seq: int, salt: int, index: np.ndarray) -> np.ndarray:
@@ -206,37 +219,86 @@ class Block:
         return np.ldexp(self.sum_units(num_workers).astype(np.float64), self.beta)
 
 
+@dataclass(frozen=True)
+class DenseParts:
+    """The shared parts of a dense collective's elements at any indices (``Block``'s, without the
+    range): each worker's values and their sum, for many workers' elements at once."""
+
+    owner: np.ndarray  # int32
+    common: np.ndarray  # int32
+    own: np.ndarray  # int32
+    beta: np.ndarray  # int32
+
+    def values(self, worker: np.ndarray | int) -> np.ndarray:
+        """x_w of each element, ``worker`` its worker (one, or one per element): as ``Block.values``."""
+        units = self.common + np.where(self.owner == worker, self.own, 0)
+        return np.ldexp(units.astype(np.float64), self.beta)
+
+    def expected_sum(self, num_workers: int) -> np.ndarray:
+        return np.ldexp((num_workers * self.common + self.own).astype(np.float64), self.beta)
+
+    def take(self, at: np.ndarray) -> DenseParts:
+        """The parts of elements ``at`` (a mask or indices)."""
+        return DenseParts(self.owner[at], self.common[at], self.own[at], self.beta[at])
+
+
+def dense_parts(seed: int, seq: int, index: np.ndarray, num_workers: int, dtype: str) -> DenseParts:
+    """Elements ``index`` (any, int64) of a dense collective ``seq``: the same numbers as ``block``."""
+    with np.errstate(over="ignore"):
+        scaled = index.astype(np.uint64) * _GOLD
+    own = _own(scaled, seed, seq, dtype, False)
+    common = _common(scaled, seed, seq, dtype, False, len(index))
+    if dtype in _FLOAT:
+        beta = -(_hash(seed, seq, 4, index // BETA_BLOCK) % np.uint64(11)).astype(np.int32)
+    else:
+        beta = np.zeros(len(index), dtype=np.int32)
+    owner = (_hash_scaled(scaled, seed, seq, 1) % np.uint64(max(1, num_workers))).astype(np.int32)
+    return DenseParts(owner, common, own, beta)
+
+
+def _own(scaled: np.ndarray, seed: int, seq: int, dtype: str, sparse: bool) -> np.ndarray:
+    if dtype in ("uint8", "bool"):
+        return (_hash_scaled(scaled, seed, seq, 2) % np.uint64(2)).astype(np.int32)
+    if sparse:  # never 0, so that an owner's element makes its block non-zero
+        own = (_hash_scaled(scaled, seed, seq, _OWN_SPARSE) % np.uint64(254)).astype(np.int32) - 127
+        own += own >= 0
+        return own
+    return (_hash_scaled(scaled, seed, seq, 2) % np.uint64(255)).astype(np.int32) - 127
+
+
+def _common(scaled: np.ndarray, seed: int, seq: int, dtype: str, sparse: bool, n: int) -> np.ndarray:
+    if dtype in _WIDE and sparse:  # never 0 (and, with ``own`` fixed by the caller, nor c + d)
+        common = (_hash_scaled(scaled, seed, seq, 3) % np.uint64(14)).astype(np.int32) - 7
+        common += common >= 0
+        return common
+    if dtype in _WIDE:
+        return (_hash_scaled(scaled, seed, seq, 3) % np.uint64(15)).astype(np.int32) - 7
+    return np.zeros(n, dtype=np.int32)
+
+
 def block(seed: int, seq: int, start: int, n: int, num_workers: int, dtype: str,
           sparsity: Sparsity | None = None) -> Block:
     """Elements [start, start + n) of collective ``seq``, shared by every worker; sparse where
     ``sparsity`` is given and the dtype is a float (module docstring)."""
     index = np.arange(start, start + n, dtype=np.int64)
+    with np.errstate(over="ignore"):
+        scaled = index.astype(np.uint64) * _GOLD  # hashed under each salt below
     sparse = is_sparse(sparsity, dtype) and n > 0
-    if dtype in ("uint8", "bool"):
-        own = (_hash(seed, seq, 2, index) % np.uint64(2)).astype(np.int32)
-    elif sparse:  # never 0, so that an owner's element makes its block non-zero
-        own = (_hash(seed, seq, _OWN_SPARSE, index) % np.uint64(254)).astype(np.int32) - 127
-        own += own >= 0
-    else:
-        own = (_hash(seed, seq, 2, index) % np.uint64(255)).astype(np.int32) - 127
+    own = _own(scaled, seed, seq, dtype, sparse)
+    common = _common(scaled, seed, seq, dtype, sparse, n)
     if dtype in _WIDE and sparse:
         # never 0, nor c + d: then every element a holder holds is non-zero, and so is its block
-        common = (_hash(seed, seq, 3, index) % np.uint64(14)).astype(np.int32) - 7
-        common += common >= 0
         own = np.where(common + own == 0, 2 * own, own).astype(np.int32)
-    elif dtype in _WIDE:
-        common = (_hash(seed, seq, 3, index) % np.uint64(15)).astype(np.int32) - 7
-    else:
-        common = np.zeros(n, dtype=np.int32)
     if dtype in _FLOAT:
-        blocks = np.unique(index // BETA_BLOCK)
+        at = index // BETA_BLOCK  # consecutive: its blocks are a range
+        blocks = np.arange(start // BETA_BLOCK, (start + n - 1) // BETA_BLOCK + 1) if n else at
         per_block = -(_hash(seed, seq, 4, blocks) % np.uint64(11)).astype(np.int32)
-        beta = per_block[index // BETA_BLOCK - blocks[0]] if n else np.zeros(0, np.int32)
+        beta = per_block[at - blocks[0]] if n else np.zeros(0, np.int32)
     else:
         beta = np.zeros(n, dtype=np.int32)
     scale = np.exp2(beta.astype(np.float32))
     if not sparse:
-        owner = (_hash(seed, seq, 1, index) % np.uint64(max(1, num_workers))).astype(np.int32)
+        owner = (_hash_scaled(scaled, seed, seq, 1) % np.uint64(max(1, num_workers))).astype(np.int32)
         return Block(start=start, owner=owner, common=common, own=own, beta=beta, scale=scale)
     assert sparsity is not None
     k = sparsity.block_elements

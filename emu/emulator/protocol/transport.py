@@ -216,6 +216,16 @@ class SegmentBatch:
         """The segments ``rows`` (a mask), in order (the switch's part for one host)."""
         return SegmentBatch(self.headers[rows], self.meta[rows], self.data[np.repeat(rows, self._sizes())])
 
+    def rows(self) -> SegmentRows:
+        """As columns (values decoded to float64), for the endpoints that take a window's at once."""
+        h, m = self.headers, self.meta
+        n = m["elements"].astype(np.int64)
+        code = h["dtype"].astype(np.int64)
+        ints = [h[f].astype(np.int64) for f in ("job", "src", "dst", "seq", "segment")]
+        return SegmentRows(*ints, code, ints[2], m["emu_bytes"].astype(np.float64), m["first_us"].astype(np.float64),
+                           m["last_us"].astype(np.float64), np.r_[0, np.cumsum(n)].astype(np.int64),
+                           _decode(self.data, code, n))
+
     def segments(self) -> list[Segment]:
         ends = np.cumsum(self._sizes()).tolist()
         out, at = [], 0
@@ -226,6 +236,160 @@ class SegmentBatch:
                                decode_values(self.data[at:end], dtype)))
             at = end
         return out
+
+
+def spans(bounds: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The positions ``bounds[r]`` to ``bounds[r + 1]`` of each of ``rows``, one after another (the
+    elements of those rows of a flat array)."""
+    lo, hi = bounds[rows], bounds[np.asarray(rows) + 1]
+    n = hi - lo
+    total = int(n.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    starts = np.cumsum(n) - n  # where each row's elements begin in the output
+    return np.arange(total, dtype=np.int64) - np.repeat(starts - lo, n)
+
+
+_ROW_INTS = ("job", "src", "dst", "seq", "segment", "code", "key")
+_ROW_FLOATS = ("emu_bytes", "t", "last")
+
+
+@dataclass(frozen=True)
+class SegmentRows:
+    """Point-to-point segments as columns, a window's at once between the stages of a host (where a
+    ``Segment`` object per hand-off costs more than the hand-off): per row its header's fields, its
+    emulated size and times, and its values, every row's in one flat float64 array (row r's are
+    ``values[bounds[r]:bounds[r + 1]]``). ``SegmentBatch`` is the same on the wire."""
+
+    job: np.ndarray  # int64, as the header's fields
+    src: np.ndarray
+    dst: np.ndarray
+    seq: np.ndarray
+    segment: np.ndarray
+    code: np.ndarray  # the values' dtype on the wire: an index of DTYPE_CODES
+    # the order among rows of equal (t, seq, segment, src) waiting to be sent: the destination, or a
+    # parameter-server shard's turn for it (emu.replay.host.p2p._reply_turns)
+    key: np.ndarray
+    emu_bytes: np.ndarray  # float64
+    t: np.ndarray  # waiting to be sent: the send time; sent: the first packet at the switch (us)
+    last: np.ndarray  # the last packet at the switch (us); the send time while waiting
+    bounds: np.ndarray  # int64, one more than the rows, from 0 to len(values)
+    values: np.ndarray  # float64
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    @staticmethod
+    def empty() -> SegmentRows:
+        ints = np.zeros(0, np.int64)
+        return SegmentRows(*([ints] * 7), *([np.zeros(0)] * 3), np.zeros(1, np.int64), np.zeros(0))
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.bounds)
+
+    def take(self, rows: np.ndarray) -> SegmentRows:
+        """Rows ``rows`` (indices, in that order) with their values."""
+        rows = np.asarray(rows, np.int64)
+        if len(rows) == len(self) and (len(rows) == 0 or (rows == np.arange(len(rows))).all()):
+            return self
+        n = self.lengths()[rows]
+        fields = [getattr(self, f)[rows] for f in (*_ROW_INTS, *_ROW_FLOATS)]
+        return SegmentRows(*fields, np.r_[0, np.cumsum(n)].astype(np.int64), self.values[spans(self.bounds, rows)])
+
+    def slice(self, lo: int, hi: int) -> SegmentRows:
+        """Rows ``lo`` to ``hi`` as views (nothing copied but their bounds)."""
+        b = self.bounds[lo:hi + 1]
+        fields = [getattr(self, f)[lo:hi] for f in (*_ROW_INTS, *_ROW_FLOATS)]
+        return SegmentRows(*fields, b - b[0], self.values[b[0]:b[-1]])
+
+    @staticmethod
+    def concat(parts: list[SegmentRows]) -> SegmentRows:
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return SegmentRows.empty()
+        if len(parts) == 1:
+            return parts[0]
+        fields = [np.concatenate([getattr(p, f) for p in parts]) for f in (*_ROW_INTS, *_ROW_FLOATS)]
+        n = np.concatenate([p.lengths() for p in parts])
+        return SegmentRows(*fields, np.r_[0, np.cumsum(n)].astype(np.int64),
+                           np.concatenate([p.values for p in parts]))
+
+    @staticmethod
+    def of(segs: list[Segment]) -> SegmentRows:
+        """From ``Segment`` objects (sent: their times are the switch's)."""
+        if not segs:
+            return SegmentRows.empty()
+        ints = np.array([(s.job, s.src, s.dst, s.seq, s.segment, DTYPE_CODES.index(s.dtype), s.dst) for s in segs],
+                        np.int64).reshape(len(segs), 7)
+        floats = np.array([(s.emu_bytes, s.first_us, s.last_us) for s in segs], np.float64).reshape(len(segs), 3)
+        n = np.array([len(s.values) for s in segs], np.int64)
+        values = np.concatenate([s.values for s in segs]).astype(np.float64, copy=False)
+        return SegmentRows(*ints.T.copy(), *floats.T.copy(), np.r_[0, np.cumsum(n)].astype(np.int64), values)
+
+    def segments(self) -> list[Segment]:
+        """As ``Segment`` objects (sent: ``t`` and ``last`` are the first and last packets' times)."""
+        b = self.bounds.tolist()
+        return [Segment(job, DTYPE_CODES[code], src, dst, seq, segment, e, t, last, self.values[b[r]:b[r + 1]])
+                for r, (job, src, dst, seq, segment, code, e, t, last) in enumerate(zip(
+                    self.job.tolist(), self.src.tolist(), self.dst.tolist(), self.seq.tolist(),
+                    self.segment.tolist(), self.code.tolist(), self.emu_bytes.tolist(), self.t.tolist(),
+                    self.last.tolist(), strict=True))]
+
+    def batches(self) -> list[SegmentBatch]:
+        """On the wire: batches in row order, each of at most ``SEG_BATCH_BYTES`` of data (or one row)."""
+        if not len(self):
+            return []
+        sizes = self.lengths() * _ITEMSIZES[self.code]
+        out, lo = [], 0
+        ends = np.cumsum(sizes)
+        while lo < len(self):
+            base = int(ends[lo - 1]) if lo else 0
+            hi = max(lo + 1, int(np.searchsorted(ends, base + SEG_BATCH_BYTES, side="right")))
+            out.append(self._batch(np.arange(lo, hi)))
+            lo = hi
+        return out
+
+    def _batch(self, rows: np.ndarray) -> SegmentBatch:
+        part = self.take(rows)
+        headers = np.zeros(len(part), P2P_HEADER)
+        headers["msg_type"] = MsgType.P2P
+        for name in ("job", "src", "dst", "seq", "segment"):
+            headers[name] = getattr(part, name)
+        headers["dtype"] = part.code
+        meta = np.zeros(len(part), SEG_META)
+        meta["emu_bytes"], meta["first_us"], meta["last_us"] = part.emu_bytes, part.t, part.last
+        meta["elements"] = part.lengths()
+        return SegmentBatch(headers, meta, _encode(part.values, part.code, part.lengths()))
+
+
+def _encode(values: np.ndarray, code: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Rows' values, each in its dtype (``code``), to their bytes on the wire, one after another."""
+    codes = np.unique(code)
+    if len(codes) == 1:
+        return np.frombuffer(encode_values(values, DTYPE_CODES[int(codes[0])]), np.uint8)
+    size = n * _ITEMSIZES[code]
+    out = np.empty(int(size.sum()), np.uint8)
+    at = np.r_[0, np.cumsum(size)].astype(np.int64)
+    elems = np.r_[0, np.cumsum(n)].astype(np.int64)
+    for c in codes.tolist():
+        rows = np.flatnonzero(code == c)
+        out[spans(at, rows)] = np.frombuffer(encode_values(values[spans(elems, rows)], DTYPE_CODES[c]), np.uint8)
+    return out
+
+
+def _decode(data: np.ndarray, code: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """``_encode`` undone: float64 values, exact."""
+    codes = np.unique(code)
+    if len(codes) == 1:
+        return decode_values(data, DTYPE_CODES[int(codes[0])]) if len(data) else np.zeros(0)
+    size = n * _ITEMSIZES[code]
+    out = np.empty(int(n.sum()))
+    at = np.r_[0, np.cumsum(size)].astype(np.int64)
+    elems = np.r_[0, np.cumsum(n)].astype(np.int64)
+    for c in codes.tolist():
+        rows = np.flatnonzero(code == c)
+        out[spans(elems, rows)] = decode_values(np.ascontiguousarray(data[spans(at, rows)]), DTYPE_CODES[c])
+    return out
 
 
 _WINDOW = struct.Struct("<QdB")  # window number, time (us), flag

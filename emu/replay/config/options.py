@@ -434,6 +434,14 @@ class ReplayConfig:
         return (topo is not None and topo.workers_per_node > 1 and self.node_lookahead_us() > 0
                 and self.resolved_clock == Clock.SYNC and self._network_hop_us() > 0)
 
+    @property
+    def batched_p2p(self) -> bool:
+        """Whether hosts hand point-to-point segments over a window's at once
+        (``emu.replay.host.p2p_batched``): the synchronized clock, every endpoint on a link of its
+        own (no topology), and a fabric whose switch does not sum (whose rows would share the
+        links with the segments, hand-off by hand-off in time order)."""
+        return self.resolved_clock == Clock.SYNC and self.topology is None and not self.network.aggregates
+
     def queues_bound_windows(self, inside_nodes: bool = True) -> bool:
         """Whether the synchronized clock's windows may reach past the hosts' uplink queues
         (``emu.replay.switch.daemon.Windows``): only where nothing a host does in a window can fall

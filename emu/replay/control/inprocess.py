@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
+
 from emu import lifetime
 from emu.errors import RunFailed
 from emu.replay.config.options import Clock
@@ -94,10 +96,12 @@ class _InProcess:
             out, segs = host.take_outgoing()
             if out is not None and len(out.headers):
                 self.clock.pending.append(out)
-            for seg in segs:
-                self.clock.seg_min = min(self.clock.seg_min, seg.first_us)
-                self.hosts[self.route.host_of(seg.job, seg.dst)].receive_segment(seg)
-                self.forwarded += 1
+            if len(segs):  # each host its part (as the switch process forwards them)
+                self.clock.seg_min = min(self.clock.seg_min, float(segs.t.min()))
+                dest = self.route.hosts_of(segs.job, segs.dst)
+                for h in np.unique(dest).tolist():
+                    self.hosts[h].receive_rows(segs.take(np.flatnonzero(dest == h)))
+                self.forwarded += len(segs)
 
     def progress(self) -> float:
         done = sum(min(fw.s.it for fw in h.workers.values()) * len(h.workers) if isinstance(h, Host)

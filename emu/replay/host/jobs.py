@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from emu.emulator.protocol.transport import AggBatch, Departures, FrameError, Segment
+from emu.emulator.protocol.transport import AggBatch, Departures, FrameError, Segment, SegmentRows
 from emu.replay.control.messages import HostResult
 from emu.replay.host.leaves import LeafStage
 from emu.replay.host.runtime import Counters, Host, HostSetup
@@ -70,14 +70,14 @@ class JobsHost:
             leaves.advance(0, bound, inclusive, lambda s: self._host(_seg_job(s)).p2p.outgoing.append(s),
                            lambda b, _: self._host(_batch_job(b)).ina.outgoing.append(b))
 
-    def take_outgoing(self) -> tuple[AggBatch | None, list[Segment]]:
+    def take_outgoing(self) -> tuple[AggBatch | None, SegmentRows]:
         batches, segs = [], []
         for h in self.hosts.values():
             b, s = h.take_outgoing()
             if b is not None:
                 batches.append(b)
-            segs += s
-        return (AggBatch.concat(batches) if batches else None), segs
+            segs.append(s)
+        return (AggBatch.concat(batches) if batches else None), SegmentRows.concat(segs)
 
     def receive_results(self, batch: AggBatch) -> None:
         jobs = batch.headers["job"].astype(np.int64)
@@ -85,8 +85,9 @@ class JobsHost:
             rows = jobs == job
             self._host(int(job)).receive_results(batch if rows.all() else batch.take(np.flatnonzero(rows)))
 
-    def receive_segment(self, seg: Segment) -> None:
-        self._host(_seg_job(seg)).receive_segment(seg)
+    def receive_rows(self, rows: SegmentRows) -> None:
+        for job in np.unique(rows.job).tolist():
+            self._host(job).receive_rows(rows.take(np.flatnonzero(rows.job == job)))
 
     def finished(self) -> bool:
         return all(h.finished() for h in self.hosts.values())

@@ -124,7 +124,7 @@ class _Loop:
             frames = batch.frames(AGG)
             sent += sum(memoryview(f).nbytes for f in frames)
             self.data.send_multipart(frames, copy=False)
-        for part in SegmentBatch.of(segs):
+        for part in segs.batches():
             frames = part.frames()
             sent += sum(memoryview(f).nbytes for f in frames)
             self.data.send_multipart(frames, copy=False)
@@ -153,8 +153,7 @@ class _Loop:
             if kind == RESULTS:
                 self.host.receive_results(AggBatch.parse(frames))
             elif kind == SEG:
-                for seg in SegmentBatch.parse(frames).segments():
-                    self.host.receive_segment(seg)
+                self.host.receive_rows(SegmentBatch.parse(frames).rows())
             elif kind == GO and on_go is not None:
                 on_go(Go.parse(frames))
             else:

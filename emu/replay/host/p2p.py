@@ -60,6 +60,8 @@ def _reply_turns(layout: shape.Layout | None) -> np.ndarray | None:
 
 
 class P2PEndpoint:
+    batched = False  # segments one at a time (``emu.replay.host.p2p_batched``: a window's at once)
+
     def __init__(self, cfg: ReplayConfig, net: Fabric, servers: tuple[int, ...], wiring: Wiring,
                  index: dict[int, int], host: int, completed: Callable[[int, CollRun, float], None],
                  recorded: RecordedPayload | None = None, job: int = 0,
@@ -88,6 +90,7 @@ class P2PEndpoint:
         self.members: dict[tuple[int, int], tuple[tuple[int, ...], dict[int, int]]] = {}
         self._ranks: dict[tuple[int, ...], dict[int, int]] = {}
         self.early: dict[tuple[int, int], list[tuple[int, int, np.ndarray, float]]] = {}
+        self.groups = groups
         self.servers = {e: PSServer(self.m, groups) for e in servers}
         self._turn = _reply_turns(wiring.layout) if servers else None
         self.sparse_servers = {e: SparsePSServer(self.m) for e in servers}
@@ -151,16 +154,25 @@ class P2PEndpoint:
         return src if group is None else group[1][src]
 
     def _algorithm(self, w: int, run: CollRun, real: int, mech: Mechanism) -> Algorithm:
+        return mech.algorithm(self._start_of(w, run, real, mech))
+
+    def _start_of(self, w: int, run: CollRun, real: int, mech: Mechanism) -> Start:
+        """What ``mech`` needs to run collective ``run`` on worker ``w``."""
         op, cfg = run.op, self.cfg
-        group = self.members.get((w, run.seq))
+        group = None
+        if op.group is not None:
+            ranks = self._ranks.get(op.group)
+            if ranks is None:
+                ranks = self._ranks[op.group] = {g: i for i, g in enumerate(op.group)}
+            group = (op.group, ranks)
         rank, m = (w, self.m) if group is None else (group[1][w], len(group[0]))  # among the group's members
         root = op.root or 0  # a broadcast's, among the group's members where it has one
         if group is not None and op.kind == CollKind.BROADCAST:
             root = group[1][root]
         servers = tuple(self.m + j for j in range(cfg.shards)) if mech.servers else ()
-        return mech.algorithm(Start(op=op, rank=rank, size=m, seq=run.seq, real=real, seed=cfg.seed, check=self.check,
-                                    recorded=self.recorded, servers=servers, node=lambda: self._node_of(w),
-                                    root=root, member_nodes=lambda: self._member_nodes(group)))
+        return Start(op=op, rank=rank, size=m, seq=run.seq, real=real, seed=cfg.seed, check=self.check,
+                     recorded=self.recorded, servers=servers, node=lambda: self._node_of(w),
+                     root=root, member_nodes=lambda: self._member_nodes(group))
 
     def _member_nodes(self, group: tuple[tuple[int, ...], dict[int, int]] | None) -> tuple[int, ...]:
         """Each member's node (the job's workers, or a group's), every member its own without a topology."""

@@ -31,7 +31,7 @@ import numpy as np
 from emu.emulator.links.spec import GIVE_UP_ROUNDS
 from emu.emulator.mechanisms import choose
 from emu.emulator.payload.recorded import RecordedPayload
-from emu.emulator.protocol.transport import AggBatch, Departures, Segment
+from emu.emulator.protocol.transport import AggBatch, Departures, SegmentRows
 from emu.errors import RunFailed
 from emu.replay.config.options import ReplayConfig
 from emu.replay.control.messages import HostResult, WorkerRecord
@@ -39,6 +39,7 @@ from emu.replay.host.ina import InaEndpoint, Pool, take
 from emu.replay.host.lag import LagHistogram
 from emu.replay.host.leaves import LeafStage
 from emu.replay.host.p2p import P2PEndpoint
+from emu.replay.host.p2p_batched import BatchedP2P
 from emu.replay.host.pools import InaPools, pools_of
 from emu.replay.host.wiring import Wiring
 from emu.replay.host.worker import CollRun, FakeWorker, WorkerState
@@ -138,8 +139,9 @@ class Host:
         else:
             self.ina = InaEndpoint(cfg, endpoints if workers else np.zeros(0, np.int64), self.wiring, index,
                                    self._timer, self._completed, setup.payload, setup.job)
-        self.p2p = P2PEndpoint(cfg, self.net, () if workers else setup.endpoints, self.wiring, index,
-                               setup.index, self._completed, setup.payload, setup.job, setup.groups)
+        endpoint = BatchedP2P if cfg.batched_p2p else P2PEndpoint
+        self.p2p = endpoint(cfg, self.net, () if workers else setup.endpoints, self.wiring, index,
+                            setup.index, self._completed, setup.payload, setup.job, setup.groups)
         self.workers: dict[int, FakeWorker] = {}
         if workers:
             factor, sigma = straggling(cfg.stragglers, self.m, cfg.seed)
@@ -220,6 +222,10 @@ class Host:
     def _uplinks(self, bound: float, inclusive: bool) -> None:
         """Hand every packet and segment due before the bound to its uplink, per link in send order."""
         pk = self.ina.due_up(bound, inclusive)
+        if isinstance(self.p2p, BatchedP2P):  # the switch does not sum: no rows share the links
+            assert pk is None
+            self.p2p.send_due(bound, inclusive)
+            return
         segs = self.p2p.due_up(bound, inclusive)
         if pk is None:
             for _, _, _, src, _, seg, dtype in segs:
@@ -240,19 +246,30 @@ class Host:
         if done < len(pk.send_us):
             self.ina.send(take(pk, np.sort(by_time[done:])))
 
-    def take_outgoing(self) -> tuple[AggBatch | None, list[Segment]]:
+    def take_outgoing(self) -> tuple[AggBatch | None, SegmentRows]:
         """What the uplinks delivered since the last call: one batch of contributions, the segments."""
-        return self.ina.take_outgoing(), self.p2p.take_outgoing()
+        p2p = self.p2p
+        return self.ina.take_outgoing(), (p2p.take_rows() if isinstance(p2p, BatchedP2P)
+                                          else SegmentRows.of(p2p.take_outgoing()))
 
     def receive_results(self, batch: AggBatch) -> None:
         self.ina.arrive(batch)
 
-    def receive_segment(self, seg: Segment) -> None:
-        self.p2p.arrive(seg)
+    def receive_rows(self, rows: SegmentRows) -> None:
+        """Segments from the switch, for endpoints of this host."""
+        if isinstance(self.p2p, BatchedP2P):
+            self.p2p.arrive_rows(rows)
+            return
+        for seg in rows.segments():
+            self.p2p.arrive(seg)
 
     def _downlinks(self, bound: float, inclusive: bool, now: float | None) -> None:
         """Hand every result and segment due before the bound to its downlink, per link in stamp order."""
         results = self.ina.due_down(bound, inclusive)
+        if isinstance(self.p2p, BatchedP2P):  # the switch does not sum: no results share the links
+            assert results is None
+            self.p2p.receive_due(bound, inclusive)
+            return
         segs = self.p2p.due_down(bound, inclusive)
         if now is not None and self.measure_lag:
             self.lag.add_many(now - np.concatenate(([] if results is None else [results[0].stamps[:, 0]])

@@ -1,0 +1,296 @@
+"""A host's point-to-point endpoint that hands segments over a window's at once (docs/design-notes.md,
+"Hand-offs in batches").
+
+The same traffic as ``emu.replay.host.p2p.P2PEndpoint``, in the same order, with the same
+numbers: segments wait as columns (``SegmentRows``), cross their links a window's at once
+(``LinkArray.send_segments`` / ``receive_segments``: each link's rows one after another, every
+link's k-th row in one numpy step) and reach their algorithms by collective: a whole job's ring or
+parameter server on generated dense payload as one kernel for all the members this host holds
+(``emu.emulator.algorithms.batched``), every other collective one segment at a time through its
+per-worker algorithm, as before. The shards' sums are made a window's at once too.
+
+It runs where every endpoint has its own link and nothing else shares them (``ReplayConfig.batched_p2p``:
+the synchronized clock, no topology, a fabric whose switch does not sum); elsewhere the host runs
+``P2PEndpoint``, one segment at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from emu.emulator.algorithms.batched import Arrivals, Done, Sends, ServerSums
+from emu.emulator.algorithms.p2p import Seg
+from emu.emulator.algorithms.sparse_p2p import SPARSE_SEGMENT
+from emu.emulator.mechanisms import Mechanism
+from emu.emulator.protocol import wire
+from emu.emulator.protocol.transport import FrameError, SegmentRows, spans
+from emu.emulator.protocol.wire import DTYPE_CODES
+from emu.replay.control.messages import CARRIED_UNIT
+from emu.replay.host.p2p import P2PEndpoint
+from emu.replay.host.worker import CollRun
+
+_HEADERS = wire.FRAME_OVERHEAD + wire.P2P_HEADER.itemsize
+
+
+def wires(emu_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each segment's packets and bytes on a link (``emu.replay.host.p2p._wire``, for many)."""
+    packets = np.maximum(1, -(-np.ceil(emu_bytes).astype(np.int64) // wire.P2P_PAYLOAD_MAX))
+    return packets, emu_bytes + packets * _HEADERS
+
+
+class _Waiting:
+    """Segments waiting for their time, as columns, each part sorted by time; ``due`` takes those
+    before a bound in order: to be sent (``up``) by (send time, collective, segment, source, key),
+    arriving by (first packet, destination, source, collective, segment), the orders of
+    ``P2PEndpoint``'s heaps. A row is copied when it comes and when it goes, not each window."""
+
+    MERGE = 16  # parts kept apart at most
+
+    def __init__(self, up: bool) -> None:
+        self.up = up
+        self.parts: list[SegmentRows] = []
+        self._first = math.inf
+
+    def push(self, rows: SegmentRows) -> None:
+        if not len(rows):
+            return
+        if len(rows) > 1 and (np.diff(rows.t) < 0).any():
+            rows = rows.take(np.argsort(rows.t, kind="stable"))
+        self.parts.append(rows)
+        self._first = min(self._first, float(rows.t[0]))
+        if len(self.parts) > self.MERGE:
+            merged = SegmentRows.concat(self.parts)
+            self.parts = [merged.take(np.argsort(merged.t, kind="stable"))]
+
+    def first(self) -> float:
+        return self._first
+
+    def due(self, bound: float, inclusive: bool) -> SegmentRows:
+        if not self.parts or self._first > bound or (self._first == bound and not inclusive):
+            return SegmentRows.empty()
+        side = "right" if inclusive else "left"
+        due, rest = [], []
+        for p in self.parts:
+            k = int(np.searchsorted(p.t, bound, side=side))
+            if k:
+                due.append(p.slice(0, k))
+            if k < len(p):
+                rest.append(p.slice(k, len(p)))
+        self.parts = rest
+        self._first = min((float(p.t[0]) for p in rest), default=math.inf)
+        rows = SegmentRows.concat(due)
+        keys = ((rows.key, rows.src, rows.segment, rows.seq, rows.t) if self.up else
+                (rows.segment, rows.seq, rows.src, rows.dst, rows.t))
+        return rows.take(np.lexsort(keys))
+
+    def earliest(self, nxt: np.ndarray, link_of: np.ndarray) -> None:
+        """Into ``nxt`` (per link): the earliest of its rows (by source up, by destination down)."""
+        for p in self.parts:
+            np.minimum.at(nxt, link_of[p.src if self.up else p.dst], p.t)
+
+
+class BatchedP2P(P2PEndpoint):
+    """``P2PEndpoint`` with a window's segments at once (module docstring)."""
+
+    batched = True
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        ids = self.m + self.cfg.shards + 1
+        self.link_of = np.full(max(ids, max(self.wiring.link, default=0) + 1), -1, np.int64)
+        for e, i in self.wiring.link.items():
+            self.link_of[e] = i
+        self.waiting_up, self.waiting_down = _Waiting(True), _Waiting(False)
+        self._queued: list[tuple[int, list[Seg], str]] = []  # per-worker algorithms' sends, made rows once a window
+        self.kernels: dict[int, object] = {}  # collective -> its kernel (emu.emulator.algorithms.batched)
+        self._per_segment: set[int] = set()  # collectives that run per segment
+        self._kernel_done: dict[int, int] = {}  # members of each kernel done here
+        self.sums = ServerSums(self.m, self.groups) if self.servers else None
+        self.sent: list[SegmentRows] = []
+
+    # -- what waits --------------------------------------------------------------------
+    def next_us(self) -> float:
+        self._flush()
+        return min(self.waiting_up.first(), self.waiting_down.first())
+
+    def link_events(self, nxt: np.ndarray) -> None:
+        self._flush()
+        self.waiting_up.earliest(nxt, self.link_of)
+        self.waiting_down.earliest(nxt, self.link_of)
+
+    def inside_us(self) -> float:
+        return math.inf
+
+    def _queue(self, src: int, segs: list[Seg], dtype: str) -> None:
+        if segs:
+            self._queued.append((src, segs, dtype))
+
+    def _flush(self) -> None:
+        """The per-worker algorithms' sends, as rows."""
+        if not self._queued:
+            return
+        segs = [(src, s, s.wire_dtype or dtype) for src, part, dtype in self._queued for s in part]
+        self._queued = []
+        n = np.array([len(s.data) for _, s, _ in segs], np.int64)
+        ints = np.array([(self.job, src, s.dst, s.seq, s.segment, DTYPE_CODES.index(d), s.dst) for src, s, d in segs],
+                        np.int64).reshape(len(segs), 7).T
+        emu = np.array([s.emu_bytes for _, s, _ in segs], np.float64)
+        t = np.array([s.send_us for _, s, _ in segs], np.float64)
+        values = np.concatenate([np.asarray(s.data, np.float64) for _, s, _ in segs])
+        self.waiting_up.push(SegmentRows(*ints, emu, t, t.copy(), np.r_[0, np.cumsum(n)].astype(np.int64), values))
+
+    def _push(self, sends: Sends, seq: int, code: int) -> None:
+        """A kernel's sends, to wait for their time."""
+        k = len(sends)
+        if k:
+            self.waiting_up.push(SegmentRows(np.full(k, self.job, np.int64), sends.src, sends.dst, np.full(k, seq, np.int64),
+                                             sends.segment, np.full(k, code, np.int64), sends.dst, sends.emu_bytes,
+                                             sends.t, sends.t, sends.bounds, sends.values))
+
+    # -- collectives --------------------------------------------------------------------
+    def start(self, w: int, run: CollRun, real_elements: int, mech: Mechanism) -> None:
+        kernel = self._kernel(w, run, real_elements, mech)
+        if kernel is None:
+            super().start(w, run, real_elements, mech)
+            return
+        key = (w, run.seq)
+        self.runs[key] = run
+        code = DTYPE_CODES.index(run.op.dtype.value)
+        sends, done = kernel.start(w, w, run.start_us)  # a whole job's: its rank is its id
+        self._push(sends, run.seq, code)
+        early = self.early.pop(key, None)
+        if early:
+            n = np.array([len(e[2]) for e in early], np.int64)
+            got = Arrivals(np.full(len(early), w, np.int64), np.array([e[1] for e in early], np.int64),
+                           np.array([e[3] for e in early], np.float64), np.r_[0, np.cumsum(n)].astype(np.int64),
+                           np.concatenate([np.asarray(e[2], np.float64) for e in early]))
+            sends, more = kernel.arrive(got)
+            self._push(sends, run.seq, code)
+            done = done + more
+        self._finished(run.seq, done)
+
+    def _kernel(self, w: int, run: CollRun, real: int, mech: Mechanism):
+        seq = run.seq
+        kernel = self.kernels.get(seq)
+        if kernel is None and seq not in self._per_segment:
+            kernel = mech.kernel(self._start_of(w, run, real, mech), len(self.link_of))
+            if kernel is None:
+                self._per_segment.add(seq)
+            else:
+                self.kernels[seq] = kernel
+                self._kernel_done[seq] = 0
+        return kernel
+
+    def _finished(self, seq: int, done: Done) -> None:
+        for w, end in done:
+            self.completed(w, self.runs.pop((w, seq)), end)
+        if done:
+            self._kernel_done[seq] += len(done)
+            if self._kernel_done[seq] == len(self.index):  # every worker here is done with it
+                del self.kernels[seq], self._kernel_done[seq]
+
+    # -- uplinks ------------------------------------------------------------------------
+    def send_due(self, bound: float, inclusive: bool) -> None:
+        """Every segment due before the bound onto its uplink, per link in order."""
+        self._flush()
+        rows = self.waiting_up.due(bound, inclusive)
+        if not len(rows):
+            return
+        packets, wire_bytes = wires(rows.emu_bytes)
+        first, last, extra = self.up.send_segments(self.link_of[rows.src], rows.t, wire_bytes, packets)
+        self.bytes_sent += float(np.rint(wire_bytes + extra).sum())
+        payload = rows.emu_bytes > 0
+        self.payload_segments += int(payload.sum())
+        self.empty_segments += int((payload & (rows.lengths() == 0)).sum())
+        carried = np.rint(rows.emu_bytes * CARRIED_UNIT).astype(np.int64)
+        framing = np.rint(wire_bytes * CARRIED_UNIT).astype(np.int64) - carried
+        seqs, which = np.unique(rows.seq, return_inverse=True)
+        pay, head = np.bincount(which, carried), np.bincount(which, framing)
+        for i, seq in enumerate(seqs.tolist()):
+            got = self.carried.setdefault(seq, [0, 0])
+            got[0] += int(pay[i])
+            got[1] += int(head[i])
+        self.sent.append(replace(rows, t=first, last=last))
+
+    def take_rows(self) -> SegmentRows:
+        out, self.sent = SegmentRows.concat(self.sent), []
+        return out
+
+    # -- downlinks ----------------------------------------------------------------------
+    def arrive_rows(self, rows: SegmentRows) -> None:
+        self.waiting_down.push(rows)
+
+    def receive_due(self, bound: float, inclusive: bool) -> None:
+        """Every segment from the switch due before the bound across its downlink, in stamp order, then
+        to its algorithms: collective by collective, in the order they were issued."""
+        rows = self.waiting_down.due(bound, inclusive)
+        if not len(rows):
+            return
+        dst = rows.dst
+        bad = (dst < 0) | (dst >= len(self.link_of))
+        if bad.any() or (self.link_of[np.where(bad, 0, dst)] < 0).any():
+            e = int(dst[bad | (self.link_of[np.where(bad, 0, dst)] < 0)][0])
+            raise FrameError(f"segment for endpoint {e}, which host {self.host} does not hold")
+        packets, wire_bytes = wires(rows.emu_bytes)
+        t, extra = self.down.receive_segments(self.link_of[dst], rows.t, rows.last, wire_bytes, packets)
+        self.bytes_sent += float(np.rint(wire_bytes + extra).sum())
+        if self.servers:
+            self._serve(rows, t)
+            return
+        for seq in np.unique(rows.seq).tolist():
+            sel = np.flatnonzero(rows.seq == seq)
+            kernel = self.kernels.get(seq)
+            if kernel is None:
+                self._one_by_one(rows, sel, t)
+                continue
+            on = kernel.started(dst[sel])
+            if not on.all():  # for workers that have not started it: until they do
+                self._one_by_one(rows, sel[~on], t)
+                sel = sel[on]
+            if len(sel):
+                got = Arrivals(dst[sel], rows.segment[sel], t[sel], np.r_[0, np.cumsum(rows.lengths()[sel])].astype(np.int64),
+                               rows.values[spans(rows.bounds, sel)])
+                sends, done = kernel.arrive(got)
+                self._push(sends, seq, int(rows.code[sel[0]]))
+                self._finished(seq, done)
+
+    def _one_by_one(self, rows: SegmentRows, sel: np.ndarray, t: np.ndarray) -> None:
+        """Segments to per-worker algorithms (``P2PEndpoint.on_segment``'s second half)."""
+        b = rows.bounds
+        for r in sel.tolist():
+            dst, seq = int(rows.dst[r]), int(rows.seq[r])
+            key = (dst, seq)
+            values = rows.values[b[r]:b[r + 1]]
+            alg = self.algs.get(key)
+            if alg is None:
+                self.early.setdefault(key, []).append((int(rows.src[r]), int(rows.segment[r]), values, float(t[r])))
+                continue
+            self._queue(dst, self._out(key, alg.on_segment(self._in(key, int(rows.src[r])), int(rows.segment[r]),
+                                                            values, float(t[r]))), alg.dtype)
+            if alg.finished and key in self.runs:
+                self._finish(dst, seq)
+
+    def _serve(self, rows: SegmentRows, t: np.ndarray) -> None:
+        """Pushes reaching the parameter-server shards held here: sparse ones one by one, dense ones
+        summed a window's at once."""
+        assert self.sums is not None
+        sparse = (rows.segment & SPARSE_SEGMENT) != 0
+        b = rows.bounds
+        for r in np.flatnonzero(sparse).tolist():
+            dst = int(rows.dst[r])
+            self._queue(dst, self.sparse_servers[dst].on_segment(dst, int(rows.seq[r]), rows.values[b[r]:b[r + 1]],
+                                                                 float(t[r])), DTYPE_CODES[int(rows.code[r])])
+        dense = np.flatnonzero(~sparse)
+        if not len(dense):
+            return
+        part = rows.take(dense)
+        sends, by = self.sums.arrive(part.dst, part.seq, part.segment, part.emu_bytes, t[dense], part.bounds,
+                                     part.values)
+        k = len(sends)
+        if k:
+            self.waiting_up.push(SegmentRows(np.full(k, self.job, np.int64), sends.src, sends.dst, part.seq[by],
+                                             sends.segment, part.code[by], sends.dst, sends.emu_bytes, sends.t, sends.t,
+                                             sends.bounds, sends.values))

@@ -1,0 +1,123 @@
+"""Hand-offs in batches (emu.replay.host.p2p_batched, emu.emulator.algorithms.batched): a window's
+segments at once give every number that one segment at a time gives, on every process layout."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from emu.emulator.links.spec import LinkArray, LinkSpec, parse_schedule
+from emu.replay import ReplayConfig, replay
+from emu.replay.config.options import Straggler
+from emu.replay.jobs import Jobs, replay_jobs
+from emu.traces import load_trace, sample_path
+from emu.traces.model import CollKind, Dtype
+from emu.traces.synthetic import single_collective
+from tests.replay.test_clock import exact_part
+
+_BATCHED = ReplayConfig.batched_p2p
+
+
+def _one_by_one(monkeypatch, trace, config):
+    """The same replay with segments one at a time (the reference)."""
+    monkeypatch.setattr(ReplayConfig, "batched_p2p", property(lambda self: False))
+    try:
+        return replay(trace, config)
+    finally:
+        monkeypatch.setattr(ReplayConfig, "batched_p2p", _BATCHED)
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return load_trace(sample_path("mlp"))
+
+
+@pytest.mark.parametrize("fabric", ["ring", "ps", "tree"])
+def test_batches_give_every_number_of_one_by_one(mlp, fabric: str, monkeypatch, no_children) -> None:
+    """The ring's and parameter server's kernels, and the tree's per-worker algorithms in batches:
+    every emulated number, check and byte count as one segment at a time, in one process and over
+    sockets (two host processes)."""
+    config = ReplayConfig(workers=6, fabric=fabric, iters=2, payload_scale=64, processes=0,
+                          link=LinkSpec(bandwidth_bps=25e9, latency_us=3.0))
+    assert config.batched_p2p
+    batched = replay(mlp, config)
+    assert batched.verification.ok and batched.verification.elements_checked > 0
+    socketed = replay(mlp, replace(config, processes=2))
+    reference = _one_by_one(monkeypatch, mlp, config)
+    assert exact_part(batched) == exact_part(reference)
+    assert exact_part(socketed) == exact_part(reference)
+
+
+def test_batches_with_loss_jitter_stragglers_and_a_schedule(mlp, monkeypatch, no_children) -> None:
+    """Loss and jitter draw per segment, keyed by the link's count: the same draws in batches."""
+    link = LinkSpec(bandwidth_bps=25e9, latency_us=2.0, loss=0.01, jitter_us=1.0,
+                    schedule=parse_schedule("0s:25Gbps,20ms:10Gbps"))
+    config = ReplayConfig(workers=4, fabric="ring", iters=1, payload_scale=64, processes=0, link=link,
+                          stragglers=(Straggler.parse("lognormal:0.1"),))
+    batched = replay(mlp, config)
+    assert batched.fabric.packets_lost > 0 and batched.verification.ok
+    assert exact_part(batched) == exact_part(_one_by_one(monkeypatch, mlp, config))
+
+
+@pytest.mark.parametrize("kind", [CollKind.REDUCE_SCATTER, CollKind.ALL_GATHER, CollKind.ALL_REDUCE])
+def test_ring_kernel_halves_and_dtypes(kind: CollKind, monkeypatch, no_children) -> None:
+    """A reduce_scatter and an all_gather (each member's own chunk one back), in a 16-bit float
+    and an integer: the kernel checks what the per-worker ring checks."""
+    for dtype in (Dtype.BFLOAT16, Dtype.INT64):
+        trace = single_collective(kind, 40_000, dtype, iterations=2)
+        config = ReplayConfig(workers=5, fabric="ring", iters=2, payload_scale=1, processes=0)
+        batched = replay(trace, config)
+        assert batched.verification.ok and batched.verification.elements_distinct > 0
+        assert exact_part(batched) == exact_part(_one_by_one(monkeypatch, trace, config))
+
+
+def test_parameter_server_with_fewer_shards_and_two_jobs(mlp, monkeypatch, no_children) -> None:
+    """Two shards for six workers (a shard's links carry many rows a window: their running sums),
+    and two jobs sharing the fabric."""
+    config = ReplayConfig(workers=6, fabric="ps", iters=1, payload_scale=64, processes=0, ps_shards=2)
+    batched = replay(mlp, config)
+    assert batched.verification.ok
+    assert exact_part(batched) == exact_part(_one_by_one(monkeypatch, mlp, config))
+    shared = replace(config, workers=8, ps_shards=None)
+    jobs = replay_jobs([mlp, mlp], shared, Jobs((4, 4)))
+    monkeypatch.setattr(ReplayConfig, "batched_p2p", property(lambda self: False))
+    assert exact_part(jobs) == exact_part(replay_jobs([mlp, mlp], shared, Jobs((4, 4))))
+
+
+@pytest.mark.parametrize("spec", [LinkSpec(bandwidth_bps=10e9, latency_us=5.0),
+                                  LinkSpec(bandwidth_bps=10e9, latency_us=5.0, loss=0.05, jitter_us=2.0),
+                                  LinkSpec(bandwidth_bps=10e9, latency_us=5.0,
+                                           schedule=parse_schedule("0s:10Gbps,50us:1Gbps"))])
+def test_link_stages_in_batches_are_the_scalar_ones(spec: LinkSpec) -> None:
+    """``send_segments`` / ``receive_segments`` against ``send_segment`` / ``receive_segment`` row
+    by row, bit for bit: links with one row and with many (idle gaps included), in many batches."""
+    rng = np.random.default_rng(7)
+    links = 6
+    for direction in (0, 1):
+        a, b = (LinkArray(spec, np.arange(links), 3, direction, 100.0) for _ in range(2))
+        t = 0.0
+        for _ in range(30):
+            n = int(rng.integers(1, 40))
+            idx = np.sort(rng.choice(links, n, p=[0.6, 0.2, 0.05, 0.05, 0.05, 0.05]), kind="stable")
+            idx = rng.permutation(idx)  # the rows of a link keep their order; links interleave
+            ready = t + np.sort(rng.exponential(3.0, n)) * rng.integers(0, 2, n)
+            emu = rng.choice([0.0, 900.0, 1456.0, 20_000.0, 1 << 20], n)
+            packets = np.maximum(1, -(-np.ceil(emu).astype(np.int64) // 1456))
+            wire = emu + packets * 82
+            if direction == 0:
+                got = a.send_segments(idx, ready, wire, packets)
+                want = list(zip(*[b.send_segment(int(i), float(r), float(w), int(p))
+                                  for i, r, w, p in zip(idx, ready, wire, packets, strict=True)], strict=True))
+            else:
+                last = ready + rng.exponential(1.0, n)
+                got = a.receive_segments(idx, ready, last, wire, packets)
+                want = list(zip(*[b.receive_segment(int(i), float(r), float(la), float(w), int(p))
+                                  for i, r, la, w, p in zip(idx, ready, last, wire, packets, strict=True)], strict=True))
+            for g, w in zip(got, want, strict=True):
+                assert g.tolist() == list(w)
+            t += 20.0
+        for name in ("free_us", "busy_us", "counter", "last_ready", "reorder_error_us"):
+            assert getattr(a, name).tolist() == getattr(b, name).tolist(), name
+        assert (a.reordered, a.resent_packets, a.most_rounds) == (b.reordered, b.resent_packets, b.most_rounds)

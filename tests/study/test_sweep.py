@@ -271,15 +271,18 @@ def test_sigterm_mid_sweep_stops_every_process_and_keeps_whole_tables(tmp_path: 
     from tests.cli.test_replay_cli import _alive, _children_of
 
     out = tmp_path / "out"
+    # points of a few seconds each: replays up to ONE_PROCESS_WORKERS run in the sweep's own process,
+    # so the second point is caught mid-replay by time, or by its host processes where it has them
     proc = subprocess.Popen([sys.executable, "-m", "emu", "sweep", "mlp", "--workers", "2,3,4,5", "--fabric", "ring",
-                             "--bandwidth", "1Gbps", "--iters", "1", "--out", str(out), "--no-plots"],
+                             "--bandwidth", "1Gbps", "--iters", "4", "--out", str(out), "--no-plots"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         deadline = time.monotonic() + 120
         while not (out / "results.csv").exists() and time.monotonic() < deadline:  # the first point is done
             time.sleep(0.1)
         kids: list[int] = []
-        while not kids and time.monotonic() < deadline:  # the second point's replay is running
+        started = time.monotonic()
+        while not kids and time.monotonic() < min(deadline, started + 1.0):  # the second point is running
             kids = _children_of(proc.pid)
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)

@@ -29,6 +29,12 @@ REAL_BYTES_PER_ITERATION = 64e6
 # SwitchML's 8192 slots) keeps the rounds few; its cost in emulated time is the exponent round,
 # one pool of header-only packets per collective (docs/physics.md).
 MIN_POOL = 4096
+# Workers up to which a replay on the synchronized clock runs in one process by default. Past it,
+# host processes build a window's many workers' traffic side by side, which beats the messages
+# between them: measured 2026-12-03 on the 2-core build machine (s, one process / two host
+# processes): mlp at 8 workers on ina 0.73 / 1.19, ring at 1,024 4.3 / 11.2, ps at 1,024 9.0 /
+# 10.6, the transformer on ina at 1,024 2.2 / 3.0, 4,096 5.0 / 4.7, 8,192 10.1 / 8.4 (BENCHMARKS.md).
+ONE_PROCESS_WORKERS = 4096
 MAX_ITERS = 1_000_000
 
 
@@ -254,9 +260,10 @@ class ReplayConfig:
     """int32 elements per aggregation packet: 64 or 256."""
     processes: int | None = None
     """Worker host processes; 0: the switch and every host in the orchestrator's own process, the
-    clock's windows as calls (``emu.replay.control.inprocess``, the synchronized clock only);
-    default 1 up to 16 workers (the switch and one host take turns on the synchronized clock, and
-    one process has the least to coordinate), else max(2, cores)."""
+    clock's windows as calls (``emu.replay.control.inprocess``, the synchronized clock only).
+    Default: one process up to ``ONE_PROCESS_WORKERS`` workers on the synchronized clock (the
+    switch and the hosts take turns window by window, so messages between them only add cost),
+    else max(2, cores) host processes (the wall clock: 1 up to 16 workers)."""
     ps_shards: int | None = None
     """Parameter-server shards (each its own endpoint with its own link); default: workers."""
     rto_us: float | None = None
@@ -469,14 +476,17 @@ class ReplayConfig:
 
     @property
     def one_process(self) -> bool:
-        """Whether the switch and every host run in the orchestrator's process (``processes``)."""
+        """Whether the switch and every host run in the orchestrator's process (``processes``; by
+        default up to ``ONE_PROCESS_WORKERS`` workers on the synchronized clock)."""
+        if self.processes is None:
+            return self.workers <= ONE_PROCESS_WORKERS and self.resolved_clock == Clock.SYNC
         return self.processes == 0
 
     @property
     def host_processes(self) -> int:
         if self.processes:
             return min(self.workers, self.processes)
-        if self.processes == 0:
+        if self.one_process:
             return 1
         return 1 if self.workers <= 16 else min(self.workers, max(2, os.cpu_count() or 2))
 

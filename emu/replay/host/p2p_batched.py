@@ -121,6 +121,17 @@ class BatchedP2P(P2PEndpoint):
         self.waiting_up.earliest(nxt, self.link_of)
         self.waiting_down.earliest(nxt, self.link_of)
 
+    def departs_us(self, free: np.ndarray) -> float:
+        """The least over every waiting segment of the later of its link's free time and its own
+        (``Host.departures``: per link, the later of its free time and its next event, least over links)."""
+        self._flush()
+        least = math.inf
+        for q in (self.waiting_up, self.waiting_down):
+            for p in q.parts:
+                links = self.link_of[p.src if q.up else p.dst]
+                least = min(least, float(np.maximum(free[links], p.t).min()))
+        return least
+
     def inside_us(self) -> float:
         return math.inf
 

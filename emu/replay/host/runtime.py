@@ -126,6 +126,9 @@ class Host:
         # aggregation and point-to-point traffic (emu.replay.host.wiring)
         self.wiring = Wiring.build(cfg, endpoints, workers, leaves)
         self.up, self.down = self.wiring.up, self.wiring.down
+        self._link_of = np.zeros(int(endpoints.max(initial=0)) + 1, np.int64)  # endpoint -> its uplink
+        for e, i in self.wiring.link.items():
+            self._link_of[e] = i
         if workers and setup.pools:  # a sharded or split job: the job's pool and its sub-groups'
             real, emulated = setup.pool_slots[0]
             job_pool = Pool(job=setup.job, workers=cfg.workers, real_slots=real, emulated_slots=emulated,
@@ -191,18 +194,28 @@ class Host:
         free = self.up.free_us
         nxt = np.full(len(free), math.inf)
         pools = self.ina.link_events(nxt)
-        self.p2p.link_events(nxt)
-        link = self.wiring.link
-        for t, kind, a, _, _ in self.heap:
-            if kind == _RUN:
-                nxt[link[a]] = min(nxt[link[a]], t)
-            else:  # a retransmission timer: on any link
-                np.minimum(nxt, t, out=nxt)
+        # per link the later of its free time and its next event, least over the links: the least
+        # over the events of the later of their link's free time and their own time
+        local = float(np.maximum(free, nxt).min(initial=math.inf))
+        if isinstance(self.p2p, BatchedP2P):
+            local = min(local, self.p2p.departs_us(free))
+        else:
+            nxt.fill(math.inf)
+            self.p2p.link_events(nxt)
+            local = min(local, float(np.maximum(free, nxt).min(initial=math.inf)))
+        least = float(free.min(initial=math.inf))
+        if self.heap:
+            events = np.array(self.heap)
+            run = events[:, 1] == _RUN
+            if run.any():
+                links = self._link_of[events[run, 2].astype(np.int64)]
+                local = min(local, float(np.maximum(free[links], events[run, 0]).min()))
+            if not run.all():  # a retransmission timer: on any link
+                local = min(local, max(least, float(events[~run, 0].min())))
         waiting = [(math.inf, math.inf)] * (1 + max((p for p, _, _ in pools), default=-1))
         for p, links, results in pools:
             waiting[p] = (min(waiting[p][0], float(free[links].min(initial=math.inf))), min(waiting[p][1], results))
-        return Departures(float(free.min(initial=math.inf)), float(np.maximum(free, nxt).min(initial=math.inf)),
-                          tuple(waiting))
+        return Departures(least, local, tuple(waiting))
 
     # -- collectives ------------------------------------------------------------------
     def _start_coll(self, worker: FakeWorker, run: CollRun) -> None:

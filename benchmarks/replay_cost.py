@@ -3,14 +3,17 @@
 Each case is an ``emu replay`` command line, run end to end as a user runs it (process start and
 stop included) by each build given (``--emu PATH``: an ``emu`` executable; the first is the
 baseline column, typically a checkout of the commit before a change). For each run: wall seconds
-per emulated iteration, the clock's windows, the emulated iteration, and the ratio to the work
-bound, which does not depend on how emu is built:
+per emulated iteration end to end and inside the replay's run (the report's ``emulator.run_s``:
+the emulation itself, without the interpreter's start, the trace's load and the report), the
+clock's windows, the emulated iteration, and the ratio of each to the work bound, which does not
+depend on how emu is built:
 
     bound = rows x (measured cost of aggregating and copying one row)
           + dependent steps x (measured process round trip)
 
-``rows`` are the real rows that crossed between processes (``emulator.real_bytes`` over a packet's
-wire bytes: every contribution, result and segment row the design must touch once); the dependent
+``rows`` are the real rows the design must touch: every row a worker sends is moved and summed
+once and delivered once, so twice the workers' emulated bytes (``summary.bytes_sent``) over the
+payload scale and a packet's wire bytes (the same in one process and across many); the dependent
 steps are the protocol's rounds that must follow one another, counted from the trace: per
 collective, the stream's round trips through its real slots (``ceil(chunks / slots)``, plus the
 exponent round) on ``ina``, ``2 (M - 1)`` hand-offs on a ring, 2 on a parameter server,
@@ -78,8 +81,9 @@ def case_set(name: str) -> list[Case]:
         cases += [Case(f"tp dp={dp} {f} 10Gbps", "tp", 2 * dp, f, 3, "10Gbps", ("--mesh", f"dp={dp},tp=2", *TP))
                   for f in ("ina", "ring")]
     cases += [Case(f"mlp {f} {m} 100Gbps", "mlp", m, f, 1) for m in (512, 1024, 4096) for f in ("ring", "ps")]
-    cases += [Case(f"mlp {f} {m} 100Gbps, one process", "mlp", m, f, 1, extra=("--processes", "0"))
-              for m in (512, 1024) for f in ("ring", "ps")]
+    # up to 4,096 workers a replay runs in one process by default; the socketed layout beside it
+    cases += [Case(f"mlp {f} {m} 100Gbps, 2 processes", "mlp", m, f, 1, extra=("--processes", "2"))
+              for m in (8, 1024) for f in ("ina", "ring", "ps")]
     cases += [Case(f"transformer ina {m} 100Gbps", "transformer", m, "ina", 2) for m in (1024, 8192, 32768)]
     return cases
 
@@ -90,6 +94,7 @@ class Run:
     case: str
     status: str  # replayed, estimate, failed, timeout
     wall_s: float
+    run_s: float | None = None
     windows: int | None = None
     iteration_ms: float | None = None
     rows: float | None = None
@@ -161,10 +166,10 @@ def run_case(emu: str, case: Case, timeout_s: float, row_us: float, rtt_us: floa
             return Run(emu, case.name, status, wall)
         doc = json.loads(Path(report).read_text())
     e, cfg = doc["emulator"], doc["config"]
-    rows = e["real_bytes"] / cfg["packet_wire_bytes"]
+    rows = 2 * doc["summary"]["bytes_sent"] / e["payload_scale"] / cfg["packet_wire_bytes"]
     steps = dependent_steps(case, int(e["payload_scale"]), int(doc["fabric"]["slots"]), int(cfg["elements"]))
     bound = (rows * row_us + steps * rtt_us) / 1e6
-    return Run(emu, case.name, "replayed", wall, e.get("windows"), doc["summary"]["iteration_us_median"] / 1e3,
+    return Run(emu, case.name, "replayed", wall, e.get("run_s"), e.get("windows"), doc["summary"]["iteration_us_median"] / 1e3,
                rows, steps, bound, doc["verification"]["ok"])
 
 
@@ -179,22 +184,26 @@ def label(emu: str) -> str:
     return Path(emu).absolute().parents[2].name
 
 
+def _ratio(wall: float | None, bound: float | None) -> str:
+    return f"{wall / bound:.1f}" if wall and bound else ""
+
+
 def table(cases: list[Case], runs: dict[tuple[str, str], Run], emus: list[str]) -> str:
     cols = [f"s/iter ({label(e)})" for e in emus]
-    head = ["case", *cols, "speed-up", "windows (first / last)", "iteration ms", "bound s", "x bound", "verified"]
+    head = ["case", *cols, "speed-up", "run s/iter", "windows (first / last)", "iteration ms", "bound s",
+            "x bound", "x bound (run)", "verified"]
     out = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] + ["---:"] * (len(head) - 1)) + " |"]
     for c in cases:
         rs = [runs.get((e, c.name), Run(e, c.name, "not run", 0.0)) for e in emus]
         first, last = rs[0], rs[-1]
         speed = (f"{first.wall_s / last.wall_s:.1f}x" if first.status == last.status == "replayed" else "")
         win = f"{first.windows if first.windows is not None else '-'} / {last.windows if last.windows is not None else '-'}"
-        # one process moves no bytes between processes: no rows to count, no bound
-        bounded = last.bound_s is not None and bool(last.rows)
-        ratio = f"{last.wall_s / last.bound_s:.1f}" if bounded and last.bound_s else ""
-        out.append("| " + " | ".join([c.name, *(_cell(r, c.iters) for r in rs), speed, win,
-                                      f"{last.iteration_ms:.2f}" if last.iteration_ms else "",
-                                      f"{last.bound_s:.2f}" if bounded and last.bound_s else "-", ratio,
-                                      str(last.verified) if last.verified is not None else ""]) + " |")
+        out.append("| " + " | ".join([
+            c.name, *(_cell(r, c.iters) for r in rs), speed,
+            f"{last.run_s / c.iters:.2f}" if last.run_s else "", win,
+            f"{last.iteration_ms:.2f}" if last.iteration_ms else "",
+            f"{last.bound_s:.2f}" if last.bound_s else "-", _ratio(last.wall_s, last.bound_s),
+            _ratio(last.run_s, last.bound_s), str(last.verified) if last.verified is not None else ""]) + " |")
     return "\n".join(out)
 
 
@@ -207,6 +216,8 @@ def main() -> None:
     ap.add_argument("--out", default="replay_cost.json")
     ap.add_argument("--keep", action="append", default=[], metavar="EMU",
                     help="reuse this build's runs from --out instead of measuring them again (repeat)")
+    ap.add_argument("--skip-first", default="", metavar="PATTERNS",
+                    help="cases (names containing one of these, comma list) not run on the first build")
     ap.add_argument("--render", metavar="JSON", help="print the table of a saved --out file, run nothing")
     args = ap.parse_args()
     cases = case_set(args.set)
@@ -228,6 +239,8 @@ def main() -> None:
     for c in cases:  # the builds side by side, case by case: the machine's load hits both alike
         for e in args.emu:
             if (e, c.name) in runs:
+                continue
+            if e == args.emu[0] and any(p and p in c.name for p in args.skip_first.split(",")):
                 continue
             r = run_case(e, c, args.timeout, row, rtt)
             runs[(e, c.name)] = r

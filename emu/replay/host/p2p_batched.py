@@ -125,11 +125,12 @@ class BatchedP2P(P2PEndpoint):
         """The least over every waiting segment of the later of its link's free time and its own
         (``Host.departures``: per link, the later of its free time and its next event, least over links)."""
         self._flush()
-        least = math.inf
-        for q in (self.waiting_up, self.waiting_down):
-            for p in q.parts:
-                links = self.link_of[p.src if q.up else p.dst]
-                least = min(least, float(np.maximum(free[links], p.t).min()))
+        parts = [(p, p.src if q.up else p.dst) for q in (self.waiting_up, self.waiting_down) for p in q.parts]
+        least = min((max(float(free[self.link_of[ends[0]]]), float(p.t[0])) for p, ends in parts), default=math.inf)
+        for p, ends in parts:  # each part is sorted by time: a row at or past ``least`` cannot lower it
+            k = int(np.searchsorted(p.t, least, side="left"))
+            if k > 1:
+                least = min(least, float(np.maximum(free[self.link_of[ends[:k]]], p.t[:k]).min()))
         return least
 
     def inside_us(self) -> float:

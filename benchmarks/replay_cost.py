@@ -13,7 +13,10 @@ depend on how emu is built:
 
 ``rows`` are the real rows the design must touch: every row a worker sends is moved and summed
 once and delivered once, so twice the workers' emulated bytes (``summary.bytes_sent``) over the
-payload scale and a packet's wire bytes (the same in one process and across many); the dependent
+payload scale and a packet's wire bytes (the same in one process and across many), plus one for
+each point-to-point segment (``fabric.segments``: a message to take, queue and hand to its
+collective whatever its size; a ring moves ``2 M (M - 1)`` of them a collective however few real
+elements payload scale leaves in each); the dependent
 steps are the protocol's rounds that must follow one another, counted from the trace: per
 collective, the stream's round trips through its real slots (``ceil(chunks / slots)``, plus the
 exponent round) on ``ina``, ``2 (M - 1)`` hand-offs on a ring, 2 on a parameter server,
@@ -101,6 +104,7 @@ class Run:
     steps: int | None = None
     bound_s: float | None = None
     verified: bool | None = None
+    segments: int | None = None
 
 
 def row_cost_us(workers: int = 8, slots: int = 1024, k: int = 64, repeat: int = 5) -> float:
@@ -166,11 +170,12 @@ def run_case(emu: str, case: Case, timeout_s: float, row_us: float, rtt_us: floa
             return Run(emu, case.name, status, wall)
         doc = json.loads(Path(report).read_text())
     e, cfg = doc["emulator"], doc["config"]
-    rows = 2 * doc["summary"]["bytes_sent"] / e["payload_scale"] / cfg["packet_wire_bytes"]
+    segments = int(doc["fabric"].get("segments") or 0)
+    rows = 2 * doc["summary"]["bytes_sent"] / e["payload_scale"] / cfg["packet_wire_bytes"] + segments
     steps = dependent_steps(case, int(e["payload_scale"]), int(doc["fabric"]["slots"]), int(cfg["elements"]))
     bound = (rows * row_us + steps * rtt_us) / 1e6
     return Run(emu, case.name, "replayed", wall, e.get("run_s"), e.get("windows"), doc["summary"]["iteration_us_median"] / 1e3,
-               rows, steps, bound, doc["verification"]["ok"])
+               rows, steps, bound, doc["verification"]["ok"], segments)
 
 
 def _cell(r: Run, iters: int) -> str:
@@ -190,8 +195,8 @@ def _ratio(wall: float | None, bound: float | None) -> str:
 
 def table(cases: list[Case], runs: dict[tuple[str, str], Run], emus: list[str]) -> str:
     cols = [f"s/iter ({label(e)})" for e in emus]
-    head = ["case", *cols, "speed-up", "run s/iter", "windows (first / last)", "iteration ms", "bound s",
-            "x bound", "x bound (run)", "verified"]
+    head = ["case", *cols, "speed-up", "run s/iter", "windows (first / last)", "iteration ms", "segments",
+            "us a segment (run)", "bound s", "x bound", "x bound (run)", "verified"]
     out = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] + ["---:"] * (len(head) - 1)) + " |"]
     for c in cases:
         rs = [runs.get((e, c.name), Run(e, c.name, "not run", 0.0)) for e in emus]
@@ -202,6 +207,8 @@ def table(cases: list[Case], runs: dict[tuple[str, str], Run], emus: list[str]) 
             c.name, *(_cell(r, c.iters) for r in rs), speed,
             f"{last.run_s / c.iters:.2f}" if last.run_s else "", win,
             f"{last.iteration_ms:.2f}" if last.iteration_ms else "",
+            f"{last.segments:,}" if last.segments else "",
+            f"{last.run_s / last.segments * 1e6:.2f}" if last.segments and last.run_s else "",
             f"{last.bound_s:.2f}" if last.bound_s else "-", _ratio(last.wall_s, last.bound_s),
             _ratio(last.run_s, last.bound_s), str(last.verified) if last.verified is not None else ""]) + " |")
     return "\n".join(out)

@@ -15,6 +15,8 @@ such a plugin is in docs/design.md ("Fabrics").
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 from collections.abc import Iterable
 from importlib import metadata
 from typing import TYPE_CHECKING, ClassVar, Protocol
@@ -59,16 +61,27 @@ class Fabric:
     # blocks some worker holds; a switch without it (the P4 program) aggregates every block
     sparse_stream: ClassVar[bool] = False
     synchronizable: ClassVar[bool] = True  # can take part in the synchronized clock
-    # workers beyond which a real point-to-point all_reduce is refused (messages grow as M^2)
-    p2p_worker_limit: ClassVar[int | None] = None
+    # what a real point-to-point all_reduce holds at its peak, per worker and per (worker, shard)
+    # pair (a parameter server's pushes all wait at once); None: the fabric has no such limit
+    p2p_bytes_per_worker: ClassVar[float | None] = None
+    p2p_bytes_per_pair: ClassVar[float] = 0.0
 
     def check(self, workers: int, elements: int) -> None:
         """Refuse, with ConfigError, a configuration this fabric cannot run."""
 
-    def beyond_p2p_limit(self, workers: int) -> bool:
-        """Whether a real point-to-point all_reduce of ``workers`` is past what emu replays (the
-        analytic estimate stands in for it)."""
-        return self.p2p_worker_limit is not None and workers > self.p2p_worker_limit
+    def p2p_peak_bytes(self, workers: int, shards: int) -> float:
+        """The memory a real point-to-point all_reduce of ``workers`` needs at its peak (measured: the
+        comment above ``P2P_RING_BYTES_PER_WORKER``), 0 where the fabric has none."""
+        if self.p2p_bytes_per_worker is None:
+            return 0.0
+        return self.p2p_bytes_per_worker * workers + self.p2p_bytes_per_pair * workers * shards
+
+    def beyond_p2p_limit(self, workers: int, shards: int) -> bool:
+        """Whether a real point-to-point all_reduce of ``workers`` needs more memory than this
+        machine has free (the analytic estimate stands in for it: ``p2p_peak_bytes`` over
+        ``P2P_MEMORY_SHARE`` of ``available_memory_bytes``)."""
+        need = self.p2p_peak_bytes(workers, shards)
+        return need > 0 and need > P2P_MEMORY_SHARE * available_memory_bytes()
 
     def check_available(self) -> None:
         """Refuse, with an EmuError naming what to install, when the machine lacks what it needs."""
@@ -118,24 +131,45 @@ class InaFabric(Fabric):
     scatter_gather = True
 
 
-# A real ring or parameter server sends 2 M (M-1) segments per collective. On the synchronized clock
-# they cost their handling only, about 50 us a hand-off in one process (BENCHMARKS.md, "Replay cost
-# side by side"); past 4,096 workers (67 million hand-offs a collective) emu gives the estimate.
-P2P_WORKER_LIMIT = 4096
+# A real ring or parameter server sends 2 M (M-1) segments per collective, a window's at once
+# (docs/design-notes.md, "Hand-offs in batches"): what limits them is memory. Measured peak resident
+# memory of one mlp iteration in one process (2026-12-04, /usr/bin/time -v): the ring 124 MB at
+# 4,096 workers (segments in flight grow as M); the parameter server 4.0 GB at 4,096 workers and
+# as many shards (every worker's push to every shard waits at once: about 240 B a pair). Each
+# figure is rounded up, and a replay may take half the memory free when it starts.
+P2P_RING_BYTES_PER_WORKER = 32e3
+P2P_PS_BYTES_PER_PAIR = 256.0
+P2P_MEMORY_SHARE = 0.5
+
+
+def available_memory_bytes() -> float:
+    """Memory free for a new replay: Linux's MemAvailable, else the physical memory (sysconf)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return math.inf
 
 
 class RingFabric(Fabric):
     name = "ring"
     description = "ring all-reduce between the workers, the switch forwarding"
     mechanisms = (mech.SPARSE_RING, mech.HIERARCHICAL_RING, mech.RING, *mech.COMMON)
-    p2p_worker_limit = P2P_WORKER_LIMIT
+    p2p_bytes_per_worker = P2P_RING_BYTES_PER_WORKER
 
 
 class ParameterServerFabric(Fabric):
     name = "ps"
     description = "parameter-server shards that sum what the workers push"
     mechanisms = (mech.SPARSE_PARAMETER_SERVER, mech.PARAMETER_SERVER, mech.RING, *mech.COMMON)
-    p2p_worker_limit = P2P_WORKER_LIMIT
+    p2p_bytes_per_worker = P2P_RING_BYTES_PER_WORKER
+    p2p_bytes_per_pair = P2P_PS_BYTES_PER_PAIR
 
 
 _REGISTRY: dict[str, type[Fabric]] = {}

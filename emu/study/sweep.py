@@ -105,9 +105,10 @@ class SweepResult:
 def refusal(point: Point) -> str | None:
     """Why emu does not replay this point (and estimates it instead), or None."""
     config = point.config
-    if config.network.beyond_p2p_limit(config.workers):
-        return (f"a real {config.fabric} of {config.workers} workers (more than {config.network.p2p_worker_limit}) "
-                "is not replayed: analytic estimate")
+    if config.network.beyond_p2p_limit(config.workers, config.shards):
+        need = config.network.p2p_peak_bytes(config.workers, config.shards)
+        return (f"a real {config.fabric} of {config.workers} workers needs about {need / 1e9:.1f} GB, more than "
+                "half of this machine's free memory: analytic estimate")
     return None
 
 

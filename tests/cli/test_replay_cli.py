@@ -72,7 +72,8 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
     assert_one_line_error(run("replay", "mlp", "--fabric", "bmv2", "--workers", "33"), "up to 32 workers")
     assert_one_line_error(run("replay", "mlp", "--straggler", "slow"), "--straggler 'slow'")
     assert_one_line_error(run("replay", "mlp", "--straggler", "9:2", "--workers", "4"), "not in 0..3")
-    assert_one_line_error(run("replay", "mlp", "--fabric", "ring", "--workers", "5000"), "analytic estimate")
+    assert_one_line_error(run("replay", "mlp", "--fabric", "ps", "--workers", "65535"), "analytic estimate",
+                          "GB, more than half")
     # bounds: overflow and absurd values are refused with one line, never a traceback
     assert_one_line_error(run("replay", "mlp", "--latency", "1e400us"), "--latency '1e400us'", "at most a day")
     assert_one_line_error(run("replay", "mlp", "--bandwidth", "1e400"), "--bandwidth", "1kbps to 100Tbps")

@@ -82,7 +82,7 @@ def test_sweep_resumes_finished_points(study: Path, monkeypatch) -> None:
 def test_point_past_the_limit_is_an_estimate_labelled_as_such(tmp_path: Path, monkeypatch) -> None:
     from emu.emulator import fabric
 
-    monkeypatch.setattr(fabric.RingFabric, "p2p_worker_limit", 2)
+    monkeypatch.setattr(fabric, "available_memory_bytes", lambda: 3 * 2 * fabric.P2P_RING_BYTES_PER_WORKER)
     result = run("mlp", "--workers", "2,4", "--fabric", "ring", *FAST, "--out", str(tmp_path))
     assert result.exit_code == 0, result.output
     table = rows(tmp_path)

@@ -8,6 +8,7 @@ than a sparse parameter server's shards allow.
 from __future__ import annotations
 
 from emu.emulator.algorithms.sparse_p2p import ps_sparse
+from emu.emulator.fabric import available_memory_bytes
 from emu.emulator.physics import forms as physics
 from emu.errors import ConfigError
 from emu.replay.config.options import REAL_BYTES_PER_ITERATION, ReplayConfig
@@ -58,18 +59,21 @@ def sparse_ps_scale_limit(trace: Trace, config: ReplayConfig) -> int | None:
 
 
 def check_scale(trace: Trace, config: ReplayConfig) -> None:
-    """A real ring (or sharded parameter server) past the fabric's limit is millions of messages
-    per collective: refuse it and give the analytic estimate instead."""
-    if not config.network.beyond_p2p_limit(config.workers):
+    """A real ring or parameter server whose segments would not fit in this machine's free
+    memory: refuse it and give the analytic estimate instead (``Fabric.beyond_p2p_limit``)."""
+    network = config.network
+    if not network.beyond_p2p_limit(config.workers, config.shards):
         return
-    limit = config.network.p2p_worker_limit
     largest = max((op for r in trace.ranks for it in r.iterations for op in it.colls), key=lambda op: op.bytes)
     estimate = physics.ring_time_us(largest.count, largest.dtype.itemsize, config.workers, config.link)
+    need = network.p2p_peak_bytes(config.workers, config.shards)
+    shards = f" and {config.shards} shards" if network.parameter_server else ""
     raise ConfigError(
-        f"--fabric {config.fabric} --workers {config.workers}: a real {config.fabric} of more than {limit} "
-        f"workers is {physics.ring_messages(config.workers):,} messages per collective, which emu does not "
-        f"replay; the analytic estimate for the largest collective ({largest.bytes / 1e6:.1f} MB) on a ring is "
-        f"{estimate / 1000:.2f} ms (docs/physics.md); use --fabric ina or at most {limit} workers")
+        f"--fabric {config.fabric} --workers {config.workers}: a real {config.fabric} of {config.workers} workers"
+        f"{shards} needs about {need / 1e9:.1f} GB, more than half of the {available_memory_bytes() / 1e9:.1f} GB "
+        f"this machine has free, so emu does not replay it; the analytic estimate for the largest collective "
+        f"({largest.bytes / 1e6:.1f} MB) on a ring is {estimate / 1000:.2f} ms (docs/physics.md); use --fabric ina, "
+        f"fewer workers{' or --ps-shards' if network.parameter_server else ''}, or a machine with more memory")
 
 
 def power_of_two_below(n: int) -> int:

@@ -21,6 +21,7 @@ synchronized clock's windows, or the wall clock times the dilation.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Callable
@@ -129,6 +130,11 @@ class Host:
         self._link_of = np.zeros(int(endpoints.max(initial=0)) + 1, np.int64)  # endpoint -> its uplink
         for e, i in self.wiring.link.items():
             self._link_of[e] = i
+        # the heap's events by kind, for the clock's bound (``departures``) without reading the heap:
+        # each worker's pending resumptions, sorted (the first per worker in ``_run_t``), and the timers
+        self._runs: dict[int, list[float]] = {}
+        self._run_t = np.full(len(self._link_of), math.inf)
+        self._timers = 0
         if workers and setup.pools:  # a sharded or split job: the job's pool and its sub-groups'
             real, emulated = setup.pool_slots[0]
             job_pool = Pool(job=setup.job, workers=cfg.workers, real_slots=real, emulated_slots=emulated,
@@ -162,9 +168,13 @@ class Host:
     # -- local events -----------------------------------------------------------------
     def _resume_at(self, worker: FakeWorker, t: float) -> None:
         heapq.heappush(self.heap, (t, _RUN, worker.w, 0, 0.0))
+        runs = self._runs.setdefault(worker.w, [])
+        bisect.insort(runs, t)
+        self._run_t[worker.w] = runs[0]
 
     def _timer(self, t: float, local: int, slot: int, lost: float) -> None:
         heapq.heappush(self.heap, (t, _RETX, local, slot, lost))
+        self._timers += 1
 
     def _completed(self, w: int, run: CollRun, t: float) -> None:
         self._progress_mark = self._scaled()
@@ -204,14 +214,10 @@ class Host:
             self.p2p.link_events(nxt)
             local = min(local, float(np.maximum(free, nxt).min(initial=math.inf)))
         least = float(free.min(initial=math.inf))
-        if self.heap:
-            events = np.array(self.heap)
-            run = events[:, 1] == _RUN
-            if run.any():
-                links = self._link_of[events[run, 2].astype(np.int64)]
-                local = min(local, float(np.maximum(free[links], events[run, 0]).min()))
-            if not run.all():  # a retransmission timer: on any link
-                local = min(local, max(least, float(events[~run, 0].min())))
+        if self.heap and self.heap[0][0] < local:  # an event at or past ``local`` cannot lower it
+            local = min(local, float(np.maximum(free[self._link_of], self._run_t).min()))
+            if self._timers:  # a retransmission timer: on any link
+                local = min(local, max(least, min(e[0] for e in self.heap if e[1] == _RETX)))
         waiting = [(math.inf, math.inf)] * (1 + max((p for p, _, _ in pools), default=-1))
         for p, links, results in pools:
             waiting[p] = (min(waiting[p][0], float(free[links].min(initial=math.inf))), min(waiting[p][1], results))
@@ -337,8 +343,12 @@ class Host:
             if now is not None:
                 lags.append(now - t)
             if kind == _RUN:
+                runs = self._runs[a]
+                runs.pop(0)  # the heap's least: this worker's first
+                self._run_t[a] = runs[0] if runs else math.inf
                 self.workers[a].run()
             else:
+                self._timers -= 1
                 self.ina.timer_fired(a, b, t, lost)
         if lags and self.measure_lag:
             self.lag.add_many(np.asarray(lags))

@@ -129,12 +129,17 @@ def plan_programs(trace: Trace, workers: int, path: str = "trace", sparsity: Spa
                           "replay needs the same sequence in every iteration")
     per_iteration = counts.pop()
     programs = []
+    shared: dict[int, tuple[Iteration, ...]] = {}  # a rank's scaled program, where no op names a peer
     for w in range(workers if first is None else min(first, workers)):
         program = ranks[w % len(ranks)]
-        iterations = tuple(
-            Iteration(step=it.step, measured_us=it.measured_us,
-                      ops=tuple(_scale_op(op, program.rank, w, n, workers, path) for op in it.ops))
-            for it in program.iterations)
+        iterations = shared.get(w % len(ranks))
+        if iterations is None:
+            iterations = tuple(
+                Iteration(step=it.step, measured_us=it.measured_us,
+                          ops=tuple(_scale_op(op, program.rank, w, n, workers, path) for op in it.ops))
+                for it in program.iterations)
+            if not any(isinstance(op, Coll) and op.peer is not None for it in program.iterations for op in it.ops):
+                shared[w % len(ranks)] = iterations  # the same for every worker of this rank: made once
         programs.append(WorkerProgram(worker=w, rank=program.rank, iterations=iterations,
                                       colls_per_iteration=per_iteration))
     if first is None:

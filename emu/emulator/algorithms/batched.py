@@ -337,10 +337,14 @@ class ServerSums:
         self.workers, self.groups = workers, groups
         # (shard, collective, segment) -> [sum so far, pushes, latest push, emulated bytes]
         self.partial: dict[tuple[int, int, int], list] = {}
+        self._everyone = np.arange(workers, dtype=np.int64)
+        self._everyone.flags.writeable = False
 
     def _members(self, seq: int) -> np.ndarray:
         group = self.groups[seq % len(self.groups)] if self.groups else None
-        return np.arange(self.workers, dtype=np.int64) if group is None else np.asarray(group, np.int64)
+        if group is None:
+            return self._everyone
+        return np.asarray(group, np.int64)
 
     def arrive(self, shard: np.ndarray, seq: np.ndarray, segment: np.ndarray, emu_bytes: np.ndarray, t: np.ndarray,
                bounds: np.ndarray, values: np.ndarray) -> tuple[Sends, np.ndarray]:

@@ -472,17 +472,17 @@ class LinkArray:
     def _took(self, i: int, free: float, busy: np.ndarray, packets: np.ndarray) -> None:
         """Link i carried rows one after another: its free time, busy time (added row by row) and count."""
         self.free_us[i] = free
-        self.busy_us[i] = np.add.accumulate(np.r_[self.busy_us[i], busy])[-1]
+        self.busy_us[i] = np.add.accumulate(_lead(self.busy_us[i], busy))[-1]
         self.counter[i] += int(packets.sum())
 
     def _check_chain(self, i: int, ready_us: np.ndarray, ser: np.ndarray) -> None:
         """``_check_order`` of one link's rows, in order."""
-        last = np.maximum.accumulate(np.r_[self.last_ready[i], ready_us])
+        last = np.maximum.accumulate(_lead(self.last_ready[i], ready_us))
         early = ready_us < last[:-1] - ser - 1e-6
         if early.any():
             self.reordered += int(early.sum())
-            self.reorder_error_us[i] = np.add.accumulate(np.r_[self.reorder_error_us[i],
-                                                                (last[:-1] - ready_us + ser)[early]])[-1]
+            self.reorder_error_us[i] = np.add.accumulate(_lead(self.reorder_error_us[i],
+                                                                  (last[:-1] - ready_us + ser)[early]))[-1]
         self.last_ready[i] = last[-1]
 
     def _segments_loss(self, i: np.ndarray, packets: np.ndarray, wire_bytes: np.ndarray
@@ -574,6 +574,15 @@ def _turns(idx: np.ndarray, deep: int | None = None) -> tuple[list[np.ndarray], 
     return np.split(by_pos, np.flatnonzero(np.diff(pos[by_pos])) + 1), deep_rows
 
 
+def _lead(first: float, rest: np.ndarray) -> np.ndarray:
+    """``first`` then ``rest`` as one float64 array (``np.r_[first, rest]`` without its indexing cost,
+    which a link's every batch paid several times)."""
+    out = np.empty(len(rest) + 1)
+    out[0] = first
+    out[1:] = rest
+    return out
+
+
 def _fifo(ready: np.ndarray, ser: np.ndarray, free: float) -> np.ndarray:
     """One link's FIFO, ``end_i = max(ready_i, end_(i-1)) + ser_i`` from ``end_(-1) = free``, with the
     same additions as row by row: a running sum (``np.add.accumulate``, left to right) from each
@@ -586,7 +595,7 @@ def _fifo(ready: np.ndarray, ser: np.ndarray, free: float) -> np.ndarray:
             for j in range(p, n):
                 prev = end[j] = max(float(ready[j]), prev) + float(ser[j])
             return end
-        acc = np.add.accumulate(np.r_[max(float(ready[p]), prev), ser[p:]])[1:]
+        acc = np.add.accumulate(_lead(max(float(ready[p]), prev), ser[p:]))[1:]
         gap = np.flatnonzero(ready[p + 1:] > acc[:-1])
         stop = n if not len(gap) else p + 1 + int(gap[0])
         end[p:stop] = acc[:stop - p]
@@ -606,7 +615,7 @@ def _fifo_pipelined(first: np.ndarray, tail: np.ndarray, ser: np.ndarray, free: 
             for j in range(p, n):
                 prev = done[j] = max(max(float(first[j]), prev) + float(ser[j]), float(tail[j]))
             return done
-        acc = np.add.accumulate(np.r_[max(max(float(first[p]), prev) + float(ser[p]), float(tail[p])), ser[p + 1:]])
+        acc = np.add.accumulate(_lead(max(max(float(first[p]), prev) + float(ser[p]), float(tail[p])), ser[p + 1:]))
         bad = np.flatnonzero((first[p + 1:] > acc[:-1]) | (tail[p + 1:] > acc[1:]))
         stop = n if not len(bad) else p + 1 + int(bad[0])
         done[p:stop] = acc[:stop - p]

@@ -223,7 +223,7 @@ class SegmentBatch:
         code = h["dtype"].astype(np.int64)
         ints = [h[f].astype(np.int64) for f in ("job", "src", "dst", "seq", "segment")]
         return SegmentRows(*ints, code, ints[2], m["emu_bytes"].astype(np.float64), m["first_us"].astype(np.float64),
-                           m["last_us"].astype(np.float64), np.r_[0, np.cumsum(n)].astype(np.int64),
+                           m["last_us"].astype(np.float64), row_bounds(n),
                            _decode(self.data, code, n))
 
     def segments(self) -> list[Segment]:
@@ -236,6 +236,13 @@ class SegmentBatch:
                                decode_values(self.data[at:end], dtype)))
             at = end
         return out
+
+
+def row_bounds(n: np.ndarray) -> np.ndarray:
+    """Where each of rows of ``n`` elements begins in a flat array, and the end: int64, from 0."""
+    out = np.zeros(len(n) + 1, np.int64)
+    np.cumsum(n, out=out[1:])
+    return out
 
 
 def spans(bounds: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -294,7 +301,7 @@ class SegmentRows:
             return self
         n = self.lengths()[rows]
         fields = [getattr(self, f)[rows] for f in (*_ROW_INTS, *_ROW_FLOATS)]
-        return SegmentRows(*fields, np.r_[0, np.cumsum(n)].astype(np.int64), self.values[spans(self.bounds, rows)])
+        return SegmentRows(*fields, row_bounds(n), self.values[spans(self.bounds, rows)])
 
     def slice(self, lo: int, hi: int) -> SegmentRows:
         """Rows ``lo`` to ``hi`` as views (nothing copied but their bounds)."""
@@ -311,7 +318,7 @@ class SegmentRows:
             return parts[0]
         fields = [np.concatenate([getattr(p, f) for p in parts]) for f in (*_ROW_INTS, *_ROW_FLOATS)]
         n = np.concatenate([p.lengths() for p in parts])
-        return SegmentRows(*fields, np.r_[0, np.cumsum(n)].astype(np.int64),
+        return SegmentRows(*fields, row_bounds(n),
                            np.concatenate([p.values for p in parts]))
 
     @staticmethod
@@ -324,7 +331,7 @@ class SegmentRows:
         floats = np.array([(s.emu_bytes, s.first_us, s.last_us) for s in segs], np.float64).reshape(len(segs), 3)
         n = np.array([len(s.values) for s in segs], np.int64)
         values = np.concatenate([s.values for s in segs]).astype(np.float64, copy=False)
-        return SegmentRows(*ints.T.copy(), *floats.T.copy(), np.r_[0, np.cumsum(n)].astype(np.int64), values)
+        return SegmentRows(*ints.T.copy(), *floats.T.copy(), row_bounds(n), values)
 
     def segments(self) -> list[Segment]:
         """As ``Segment`` objects (sent: ``t`` and ``last`` are the first and last packets' times)."""
@@ -370,7 +377,7 @@ def _encode(values: np.ndarray, code: np.ndarray, n: np.ndarray) -> np.ndarray:
     size = n * _ITEMSIZES[code]
     out = np.empty(int(size.sum()), np.uint8)
     at = np.r_[0, np.cumsum(size)].astype(np.int64)
-    elems = np.r_[0, np.cumsum(n)].astype(np.int64)
+    elems = row_bounds(n)
     for c in codes.tolist():
         rows = np.flatnonzero(code == c)
         out[spans(at, rows)] = np.frombuffer(encode_values(values[spans(elems, rows)], DTYPE_CODES[c]), np.uint8)
@@ -385,7 +392,7 @@ def _decode(data: np.ndarray, code: np.ndarray, n: np.ndarray) -> np.ndarray:
     size = n * _ITEMSIZES[code]
     out = np.empty(int(n.sum()))
     at = np.r_[0, np.cumsum(size)].astype(np.int64)
-    elems = np.r_[0, np.cumsum(n)].astype(np.int64)
+    elems = row_bounds(n)
     for c in codes.tolist():
         rows = np.flatnonzero(code == c)
         out[spans(elems, rows)] = decode_values(np.ascontiguousarray(data[spans(at, rows)]), DTYPE_CODES[c])

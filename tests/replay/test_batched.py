@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from emu.emulator.links import spec as link_spec
 from emu.emulator.links.spec import LinkArray, LinkSpec, parse_schedule
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import Straggler
@@ -90,20 +91,27 @@ def test_parameter_server_with_fewer_shards_and_two_jobs(mlp, monkeypatch, no_ch
                                   LinkSpec(bandwidth_bps=10e9, latency_us=5.0, loss=0.05, jitter_us=2.0),
                                   LinkSpec(bandwidth_bps=10e9, latency_us=5.0,
                                            schedule=parse_schedule("0s:10Gbps,50us:1Gbps"))])
-def test_link_stages_in_batches_are_the_scalar_ones(spec: LinkSpec) -> None:
+@pytest.mark.parametrize("spread", ["skewed", "even"])
+def test_link_stages_in_batches_are_the_scalar_ones(spec: LinkSpec, spread: str, monkeypatch) -> None:
     """``send_segments`` / ``receive_segments`` against ``send_segment`` / ``receive_segment`` row
-    by row, bit for bit: links with one row and with many (idle gaps included), in many batches."""
+    by row, bit for bit: links with one row and with many (idle gaps and early rows included), in
+    many batches; ``even``: many links with many rows each, side by side in tables of a few cells
+    (``_Deep``, ``_parts``)."""
     rng = np.random.default_rng(7)
     links = 6
+    weights = [0.6, 0.2, 0.05, 0.05, 0.05, 0.05] if spread == "skewed" else [1 / 6] * 6
+    most = 40 if spread == "skewed" else 160
+    if spread == "even":
+        monkeypatch.setattr(link_spec, "_DEEP_CELLS", 64)
     for direction in (0, 1):
         a, b = (LinkArray(spec, np.arange(links), 3, direction, 100.0) for _ in range(2))
         t = 0.0
         for _ in range(30):
-            n = int(rng.integers(1, 40))
-            idx = np.sort(rng.choice(links, n, p=[0.6, 0.2, 0.05, 0.05, 0.05, 0.05]), kind="stable")
+            n = int(rng.integers(1, most))
+            idx = np.sort(rng.choice(links, n, p=weights), kind="stable")
             idx = rng.permutation(idx)  # the rows of a link keep their order; links interleave
             ready = t + np.sort(rng.exponential(3.0, n)) * rng.integers(0, 2, n)
-            emu = rng.choice([0.0, 900.0, 1456.0, 20_000.0, 1 << 20], n)
+            emu = rng.choice([0.0, 900.0, 1456.0, 20_000.0, 1 << 20] if spread == "skewed" else [20_000.0, 1 << 20], n)
             packets = np.maximum(1, -(-np.ceil(emu).astype(np.int64) // 1456))
             wire = emu + packets * 82
             if direction == 0:

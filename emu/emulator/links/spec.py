@@ -392,7 +392,7 @@ class LinkArray:
         extra_out = np.zeros(len(idx))
         cap = self.capacity
         turns, deep = self._grouped(idx)
-        for rows in deep:
+        for rows in self._deep_sent(idx, deep, ready_us, wire_bytes, packets, first, last):
             i = int(idx[rows[0]])
             ser = self.spec.serialization_us(wire_bytes[rows] + 0.0)
             ready, pk = ready_us[rows], packets[rows]
@@ -434,7 +434,7 @@ class LinkArray:
         extra_out = np.zeros(len(idx))
         cap = self.capacity
         turns, deep = self._grouped(idx)
-        for rows in deep:
+        for rows in self._deep_received(idx, deep, first_us, last_us, wire_bytes, packets, arrive):
             i = int(idx[rows[0]])
             ser = self.spec.serialization_us(wire_bytes[rows] + 0.0)
             first, pk = first_us[rows], packets[rows]
@@ -462,6 +462,70 @@ class LinkArray:
             arrive[rows] = done + delay + self.spec.latency_us + jitter
             extra_out[rows] = extra
         return arrive, extra_out
+
+    def _deep_sent(self, idx: np.ndarray, deep: list[np.ndarray], ready_us: np.ndarray, wire_bytes: np.ndarray,
+                   packets: np.ndarray, first: np.ndarray, last: np.ndarray) -> list[np.ndarray]:
+        """The deep links of ``send_segments`` side by side (``_Deep``): each link's FIFO as one
+        running sum where no row finds it idle; returns the links left for one by one."""
+        if len(deep) < 2:
+            return deep
+        if len(deep) * max(len(r) for r in deep) > _DEEP_CELLS:
+            return [r for part in _parts(deep) for r in self._deep_sent(idx, part, ready_us, wire_bytes, packets,
+                                                                          first, last)]
+        d = _Deep(idx, deep)
+        ser_flat = self.spec.serialization_us(wire_bytes[d.rows] + 0.0)
+        ready, ser = d.table(ready_us[d.rows], -math.inf), d.table(ser_flat, 0.0)
+        free = self.free_us[d.links]
+        early, ready_last = d.chain(self.last_ready[d.links], ready, ser)
+        head = np.maximum(ready[:, 0], free) + ser[:, 0]
+        end = np.add.accumulate(np.concatenate([head[:, None], ser[:, 1:]], axis=1), axis=1)
+        gap = (ready[:, 1:] > end[:, :-1]) & d.valid[:, 1:]
+        ok = ~(early | gap.any(axis=1))
+        start = np.maximum(ready, np.concatenate([free[:, None], end[:, :-1]], axis=1))
+        end_flat, start_flat = d.flat(end), d.flat(start)
+        pk = packets[d.rows]
+        self._deep_took(d, ok, end, end - start, ready_last, pk)
+        mine = ok[d.link]
+        rows = d.rows[mine]
+        first[rows] = start_flat[mine] + ser_flat[mine] / pk[mine] + self.spec.latency_us
+        last[rows] = end_flat[mine] + self.spec.latency_us
+        return [deep[j] for j in np.flatnonzero(~ok)]
+
+    def _deep_received(self, idx: np.ndarray, deep: list[np.ndarray], first_us: np.ndarray, last_us: np.ndarray,
+                       wire_bytes: np.ndarray, packets: np.ndarray, arrive: np.ndarray) -> list[np.ndarray]:
+        """The deep links of ``receive_segments`` side by side, as ``_deep_sent``."""
+        if len(deep) < 2:
+            return deep
+        if len(deep) * max(len(r) for r in deep) > _DEEP_CELLS:
+            return [r for part in _parts(deep) for r in self._deep_received(idx, part, first_us, last_us, wire_bytes,
+                                                                              packets, arrive)]
+        d = _Deep(idx, deep)
+        ser_flat = self.spec.serialization_us(wire_bytes[d.rows] + 0.0)
+        pk = packets[d.rows]
+        first, ser = d.table(first_us[d.rows], -math.inf), d.table(ser_flat, 0.0)
+        tail = d.table(last_us[d.rows] + ser_flat / pk, -math.inf)
+        early, ready_last = d.chain(self.last_ready[d.links], first, ser)
+        head = np.maximum(np.maximum(first[:, 0], self.free_us[d.links]) + ser[:, 0], tail[:, 0])
+        done = np.add.accumulate(np.concatenate([head[:, None], ser[:, 1:]], axis=1), axis=1)
+        bad = ((first[:, 1:] > done[:, :-1]) | (tail[:, 1:] > done[:, 1:])) & d.valid[:, 1:]
+        ok = ~(early | bad.any(axis=1))
+        self._deep_took(d, ok, done, done - (done - ser), ready_last, pk)
+        mine = ok[d.link]
+        arrive[d.rows[mine]] = d.flat(done)[mine] + self.spec.latency_us
+        return [deep[j] for j in np.flatnonzero(~ok)]
+
+    def _deep_took(self, d: _Deep, ok: np.ndarray, end: np.ndarray, busy: np.ndarray, ready_last: np.ndarray,
+                   packets: np.ndarray) -> None:
+        """``_took`` and ``_check_chain``'s last ready time of the deep links ``ok`` (their busy time
+        added row by row: the table's pads add 0.0, which changes no sum)."""
+        links = d.links[ok]
+        rows = np.arange(len(d.links))[ok]
+        self.free_us[links] = end[rows, d.counts[ok] - 1]
+        busy = np.where(d.valid, busy, 0.0)[ok]
+        self.busy_us[links] = np.add.accumulate(np.concatenate([self.busy_us[links][:, None], busy], axis=1),
+                                                axis=1)[:, -1]
+        self.counter[links] += np.add.reduceat(packets.astype(np.int64), d.starts)[ok]
+        self.last_ready[links] = ready_last[ok]
 
     def _grouped(self, idx: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """The rows in turns (``_turns``), the rows of links with many of them apart, each link's in
@@ -572,6 +636,52 @@ def _turns(idx: np.ndarray, deep: int | None = None) -> tuple[list[np.ndarray], 
     else:
         by_pos = np.argsort(pos, kind="stable")
     return np.split(by_pos, np.flatnonzero(np.diff(pos[by_pos])) + 1), deep_rows
+
+
+_DEEP_CELLS = 1 << 20  # cells of one table of deep links at most (``_parts``): its memory bounded
+
+
+def _parts(deep: list[np.ndarray]) -> list[list[np.ndarray]]:
+    """Deep links in groups whose table (links by the longest link's rows) holds at most
+    ``_DEEP_CELLS`` cells, links of like length together; a link longer than that alone."""
+    parts: list[list[np.ndarray]] = [[]]
+    for rows in sorted(deep, key=len):
+        if parts[-1] and (len(parts[-1]) + 1) * len(rows) > _DEEP_CELLS:
+            parts.append([])
+        parts[-1].append(rows)
+    return parts
+
+
+class _Deep:
+    """The rows of deep links (each link's in its FIFO order) as a table padded on the right, a link
+    a row: ``np.add.accumulate`` along a table row adds as along that link's 1-D array, so a link's
+    running sum is the one ``_fifo`` makes, for many links in one step."""
+
+    def __init__(self, idx: np.ndarray, deep: list[np.ndarray]) -> None:
+        self.counts = np.array([len(r) for r in deep], np.int64)
+        self.rows = np.concatenate(deep)
+        self.starts = np.zeros(len(deep), np.int64)
+        np.cumsum(self.counts[:-1], out=self.starts[1:])
+        self.link = np.repeat(np.arange(len(deep)), self.counts)  # each row's table row
+        self.col = np.arange(len(self.rows)) - np.repeat(self.starts, self.counts)
+        self.links = idx[self.rows[self.starts]]
+        self.valid = np.zeros((len(deep), int(self.counts.max())), bool)
+        self.valid[self.link, self.col] = True
+
+    def table(self, flat: np.ndarray, fill: float) -> np.ndarray:
+        out = np.full(self.valid.shape, fill)
+        out[self.link, self.col] = flat
+        return out
+
+    def flat(self, table: np.ndarray) -> np.ndarray:
+        return table[self.link, self.col]
+
+    def chain(self, last_ready: np.ndarray, ready: np.ndarray, ser: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``LinkArray._check_chain`` per link: whether some row came early (that link goes one by
+        one, which counts it), and the link's latest ready time."""
+        last = np.maximum.accumulate(np.concatenate([last_ready[:, None], ready], axis=1), axis=1)
+        early = ((ready < last[:, :-1] - ser - 1e-6) & self.valid).any(axis=1)
+        return early, last[:, -1]
 
 
 def _lead(first: float, rest: np.ndarray) -> np.ndarray:

@@ -47,7 +47,7 @@ class _Waiting:
     arriving by (first packet, destination, source, collective, segment), the orders of
     ``P2PEndpoint``'s heaps. A row is copied when it comes and when it goes, not each window."""
 
-    MERGE = 16  # parts kept apart at most
+    MERGE = 24  # parts kept apart at most
 
     def __init__(self, up: bool) -> None:
         self.up = up
@@ -61,9 +61,13 @@ class _Waiting:
             rows = rows.take(np.argsort(rows.t, kind="stable"))
         self.parts.append(rows)
         self._first = min(self._first, float(rows.t[0]))
-        if len(self.parts) > self.MERGE:
-            merged = SegmentRows.concat(self.parts)
-            self.parts = [merged.take(np.argsort(merged.t, kind="stable"))]
+        # parts of falling sizes, as a binary counter's: a part merges with the one before it when
+        # that one is at most twice its size, so a row is copied about log2(rows) times, not once
+        # every few pushes (a parameter server's answers wait long in a large queue)
+        parts = self.parts
+        while len(parts) > 1 and (len(parts[-2]) <= 2 * len(parts[-1]) or len(parts) > self.MERGE):
+            merged = SegmentRows.concat(parts[-2:])
+            parts[-2:] = [merged.take(np.argsort(merged.t, kind="stable"))]
 
     def first(self) -> float:
         return self._first

@@ -133,10 +133,11 @@ class InaFabric(Fabric):
 
 # A real ring or parameter server sends 2 M (M-1) segments per collective, a window's at once
 # (docs/design-notes.md, "Hand-offs in batches"): what limits them is memory. Measured peak resident
-# memory of one mlp iteration in one process (2026-12-04, /usr/bin/time -v): the ring 124 MB at
-# 4,096 workers (segments in flight grow as M); the parameter server 4.0 GB at 4,096 workers and
-# as many shards (every worker's push to every shard waits at once: about 240 B a pair). Each
-# figure is rounded up, and a replay may take half the memory free when it starts.
+# memory of one mlp iteration (2026-12-04, /usr/bin/time -v): the ring 113 MB at 4,096 workers
+# in one process and 173 MB at 8,192 in two (segments in flight grow as M); the parameter server
+# 4.1 GB at 4,096 workers and as many shards (every worker's push to every shard waits at once:
+# about 240 B a pair). Each figure is rounded up, and a replay may take half the memory free when
+# it starts.
 P2P_RING_BYTES_PER_WORKER = 32e3
 P2P_PS_BYTES_PER_PAIR = 256.0
 P2P_MEMORY_SHARE = 0.5

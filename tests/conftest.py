@@ -14,6 +14,7 @@ A100 = DATA / "a100-ddp-nccl-world2" / "rank0.json.gz"
 GLOO_MLP = DATA / "gloo-ddp-mlp-world2"
 GLOO_COLLECTIVES = DATA / "gloo-collectives-world2"
 GLOO_SPARSE = DATA / "gloo-sparse-embedding-world2"
+GLOO_ALLTOALLV = DATA / "gloo-alltoallv-world2"
 
 
 def processes_mentioning(text: str) -> list[int]:

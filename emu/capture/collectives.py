@@ -33,7 +33,7 @@ from typing import Any
 from emu.capture.groups import Attributor
 from emu.capture.kineto import Event, KinetoTrace
 from emu.errors import KinetoError
-from emu.traces.model import CollKind, Dtype, GroupRole
+from emu.traces.model import CollKind, Dtype, GroupRole, Splits
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,7 @@ class CollEvent:
     stream_key: int | str | None = None  # the GPU stream its kernel ran on (NCCL)
     role: GroupRole | None = None  # its group's dimension of the job's mesh (emu.capture.groups)
     stream: int | None = None  # the rank's stream it ran on, where the rank has several
+    splits: Splits | None = None  # an uneven all_to_all's elements per peer
 
 
 @dataclass(frozen=True)
@@ -253,13 +254,56 @@ def nccl_collectives(kt: KinetoTrace, comms: Sequence[Event]) -> tuple[list[Coll
         ext = ev.args.get("External id")
         kernel = kernels.get(ext) if isinstance(ext, (int, str)) else None
         name = ev.args.get("Process Group Name")
+        splits = None
+        if kind == CollKind.ALL_TO_ALL and ("In split size" in ev.args or "Out split size" in ev.args):
+            splits = all_to_all_splits(kt, ev, ev.args.get("In split size", "[]"), ev.args.get("Out split size", "[]"),
+                                       count, _count(kt, ev, "Out msg nelems") if "Out msg nelems" in ev.args
+                                       else count, group_size)
         colls.append(CollEvent(
             kind=kind, dtype=dtype,
             count=count, group_size=group_size, group=_group(kt, group), issue_us=ev.ts_us,
             launch_end_us=ev.end_us, done_us=kernel.end_us if kernel else None, tid=ev.tid,
             blocking=False, async_op=None, group_name=None if name is None else str(name),
-            stream_key=kernel.tid if kernel else None))
+            stream_key=kernel.tid if kernel else None, splits=splits))
     return colls, waits
+
+
+def _split_rows(value: Any) -> list[int] | None:
+    """A recorded split-size list ("[3, 5]", or a list): its sizes; [] where it is empty (even)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not (text.startswith("[") and text.endswith("]")) or len(text) > 100_000:
+            return None
+        try:
+            value = [int(v) for v in text[1:-1].split(",") if v.strip()]
+        except ValueError:
+            return None
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        return list(value)
+    return None
+
+
+def all_to_all_splits(kt: KinetoTrace, ev: Event, send: Any, recv: Any, sent: int, received: int,
+                      group_size: int) -> Splits | None:
+    """An all_to_all's elements per peer from its recorded split sizes (rows of dimension 0, as
+    ``all_to_all_single`` takes them; an empty list splits evenly), ``sent`` and ``received`` its
+    input's and output's elements; None where both are even."""
+    sides = []
+    for name, value, total in (("input", send, sent), ("output", recv, received)):
+        rows = _split_rows(value)
+        if rows is None:
+            raise KinetoError(f"{kt.where(ev)}: the all_to_all's {name} split sizes are {str(value)[:60]!r}, not a "
+                              "list of sizes; re-record the trace, or report the PyTorch version that wrote it")
+        if not rows:
+            rows = [1] * group_size if total % max(1, group_size) == 0 else []
+        if len(rows) != group_size or (sum(rows) and total % sum(rows)):
+            raise KinetoError(f"{kt.where(ev)}: the all_to_all's {name} split sizes {str(value)[:60]} do not split "
+                              f"its {total} elements over its {group_size} ranks")
+        per_row = total // sum(rows) if sum(rows) else 0
+        sides.append(tuple(r * per_row for r in rows))
+    if len(set(sides[0] + sides[1])) <= 1:
+        return None
+    return Splits(send_elements=sides[0], recv_elements=sides[1])
 
 
 def _numel(dims: Any, is_list: bool) -> int | None:
@@ -467,13 +511,19 @@ def _gloo_event(kt: KinetoTrace, ev, ex, kind: CollKind, count: int, group_size:
         root = att.ranks[root]
     peer = (att.peer if att is not None else _concrete_int(ev, 2)) if p2p else None
     blocking = att.blocking if att is not None and att.blocking is not None else ex.tid == ev.tid
+    splits = None
+    if ev.name == "c10d::alltoall_base_":  # (output, input, group, output splits, input splits, ...)
+        values, dims = ev.args.get("Concrete Inputs"), ev.args.get("Input Dims")
+        if isinstance(values, list) and len(values) > 4 and isinstance(dims, list) and dims:
+            splits = all_to_all_splits(kt, ev, values[4], values[3], count, _numel(dims[0], False) or 0, group_size)
     return CollEvent(
         kind=kind, dtype=dtype, count=count, group_size=group_size,
         group=_group(kt, att.ranks) if att is not None else None,
         issue_us=ev.ts_us, launch_end_us=ev.end_us, done_us=max(ex.end_us, ev.ts_us), tid=ev.tid,
         blocking=blocking, async_op=_async_flag(ev) if not p2p or att is None else not blocking,
         # a job of one group: its sends and receives on its one stream, as every collective of it
-        root=root, peer=peer, sparse=rows, group_name=att.group if att is not None and strict else None)
+        root=root, peer=peer, sparse=rows, group_name=att.group if att is not None and strict else None,
+        splits=splits)
 
 
 _WAIT_TENSOR = "_c10d_functional::wait_tensor"

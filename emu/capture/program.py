@@ -405,7 +405,7 @@ def _iteration(ctx: _Context, step: int, span: Event, colls: list[CollEvent],
                 group_size=c.group_size,
                 observed_us=None if c.done_us is None else max(0.0, c.done_us - c.issue_us),
                 root=c.root, peer=c.peer, group=c.group, tensors=tensors.get(item),
-                sparsity=_sparse_tensor(ctx.kt.rank, c), group_role=c.role, stream=c.stream))
+                sparsity=_sparse_tensor(ctx.kt.rank, c), group_role=c.role, stream=c.stream, splits=c.splits))
         elif isinstance(item, _WaitPlan):
             ops.append(item)
             debt += item.blocked_us

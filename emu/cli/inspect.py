@@ -28,6 +28,12 @@ def sparsity_line(sp: SparsityStats) -> str:
             f"(median of {of}; bytes-weighted {_pct(sp.nonzero_weighted)}, {_pct(sp.union_weighted)}{tensors})")
 
 
+def imbalance_line(per_step: tuple[float, ...]) -> str:
+    """E.g. '1.33x the mean at most (per step: 1.20, 1.33)': the largest all_to_all split over the mean."""
+    steps = ", ".join(f"{x:.2f}" for x in per_step[:12]) + (", ..." if len(per_step) > 12 else "")
+    return f"largest split {max(per_step):.2f}x the mean (per step: {steps}; 1.00: even)"
+
+
 @cli.command()
 @click.argument("trace_path", metavar="TRACE", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
@@ -65,6 +71,8 @@ def inspect(trace_path: Path, as_json: bool) -> None:
         head.add_row(key, value)
     if s.sparsity is not None:
         head.add_row("gradient sparsity", sparsity_line(s.sparsity))
+    if s.all_to_all_imbalance:
+        head.add_row("all_to_all imbalance", imbalance_line(s.all_to_all_imbalance))
     for gap in s.gaps:  # what the source lacked: never filled in silently
         head.add_row("gap", gap)
     console.print(head)

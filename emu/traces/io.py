@@ -35,6 +35,7 @@ from emu.traces.model import (
     RankProgram,
     Source,
     Sparsity,
+    Splits,
     Trace,
     TraceMeta,
     Wait,
@@ -189,8 +190,21 @@ def _load_op(raw: Any, where: _Where) -> Op:
             sparsity=_load_sparsity(raw, where),
             group_role=None if raw.get("group_role") is None else _enum(GroupRole, raw, "group_role", where),
             stream=_int(raw, "stream", where, optional=True),
+            splits=_load_splits(raw, where),
         )
     raise where.fail("op", f"is {kind!r}; it must be one of: compute, coll, wait")
+
+
+def _load_splits(raw: dict[str, Any], where: _Where) -> Splits | None:
+    """An all_to_all's ``splits``: {"send_elements": [...], "recv_elements": [...]} (optional; the
+    lengths and sums are checked with the rest of the op by ``validate_trace``)."""
+    doc = _get(raw, "splits", where, dict, optional=True)
+    if doc is None:
+        return None
+    send, recv = _int_tuple(doc, "send_elements", where), _int_tuple(doc, "recv_elements", where)
+    if send is None or recv is None:
+        raise where.fail("splits", "needs both send_elements and recv_elements (lists of integers >= 0)")
+    return Splits(send_elements=send, recv_elements=recv)
 
 
 def _load_sparsity(raw: dict[str, Any], where: _Where) -> Sparsity | None:
@@ -396,6 +410,9 @@ def _op_to_dict(op: Op) -> dict[str, Any]:
         doc["group_role"] = op.group_role.value
     if op.stream is not None:
         doc["stream"] = op.stream
+    if op.splits is not None:
+        doc["splits"] = {"send_elements": list(op.splits.send_elements),
+                         "recv_elements": list(op.splits.recv_elements)}
     if op.tensors is not None:
         doc["tensors"] = [list(t) for t in op.tensors]
     if op.sparsity is not None:

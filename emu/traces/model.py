@@ -149,6 +149,26 @@ class Coll:
     # the rank's communication stream: collectives of one stream complete in issue order, those of
     # different streams run concurrently (absent: the rank's one stream, as every collective of v1)
     stream: int | None = None
+    # an all_to_all's elements per peer, where they are not even (absent: count / group_size each)
+    splits: Splits | None = None
+
+
+@dataclass(frozen=True)
+class Splits:
+    """An all_to_all's elements per peer, as ``all_to_all_single`` takes its split sizes (in
+    elements, not rows): ``send_elements[j]`` of this rank's input go to member j of the group,
+    ``recv_elements[j]`` of its output come from member j. Absent on a ``Coll``: every peer gets
+    ``count / group_size``, as the trace format had it before (docs/trace-format.md)."""
+
+    send_elements: tuple[int, ...]
+    recv_elements: tuple[int, ...]
+
+    @property
+    def imbalance(self) -> float:
+        """The largest send or receive over their mean (1.0: even, or nothing moved)."""
+        values = self.send_elements + self.recv_elements
+        mean = sum(values) / len(values) if values else 0.0
+        return max(values) / mean if mean else 1.0
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,9 @@ class TraceSummary:
     gaps: tuple[str, ...] = ()  # what the source trace lacked (meta.gaps): values that are bounds, not measures
     sparsity: SparsityStats | None = None  # where the capture measured it (built-in workloads)
     mesh: str | None = None  # the job's device mesh (dp=2,tp=2), where the trace records one
+    # per step (iteration index), the largest all_to_all split over its mean, over every rank in
+    # the file and every all_to_all of the step (1.0: even); empty where the trace has no all_to_all
+    all_to_all_imbalance: tuple[float, ...] = ()
 
 
 def iteration_comm_us(it: Iteration) -> float | None:
@@ -121,6 +124,19 @@ def sparsity_stats(trace: Trace) -> SparsityStats | None:
         sparse_tensors=sum(1 for op in measured if op.sparsity is not None and op.sparsity.sparse_tensor))
 
 
+def all_to_all_imbalance(trace: Trace) -> tuple[float, ...]:
+    """Per step, the largest all_to_all split over its mean (``Splits.imbalance``), the worst of
+    every rank and all_to_all of the step; an all_to_all without splits is even (1.0)."""
+    steps = max((len(r.iterations) for r in trace.ranks), default=0)
+    out = []
+    for k in range(steps):
+        a2a = [op for r in trace.ranks if k < len(r.iterations) for op in r.iterations[k].colls
+               if op.kind == CollKind.ALL_TO_ALL]
+        if a2a:
+            out.append(max(op.splits.imbalance if op.splits is not None else 1.0 for op in a2a))
+    return tuple(out) if len(out) == steps else ()
+
+
 def summarize(trace: Trace) -> TraceSummary:
     """Medians over every iteration of every rank in the file."""
     its = [it for r in trace.ranks for it in r.iterations]
@@ -155,5 +171,5 @@ def summarize(trace: Trace) -> TraceSummary:
         compute_us_median=statistics.median(it.compute_us for it in its),
         comm_us_median=comm_med, exposed_comm_us_median=exposed, overlap_pct=overlap,
         collectives=collectives, gaps=m.gaps, sparsity=sparsity_stats(trace),
-        mesh=m.mesh.text() if m.mesh is not None else None,
+        mesh=m.mesh.text() if m.mesh is not None else None, all_to_all_imbalance=all_to_all_imbalance(trace),
     )

@@ -107,6 +107,24 @@ def _op_problem(op: Op) -> tuple[str, str] | None:
                                 "and a rank's non-zero blocks are among the union's (nonzero <= union)")
         if not 1 <= s.block_elements <= 1 << 20:
             return "sparsity", f"has block_elements {s.block_elements}; give 1..2**20"
+    return _splits_problem(op)
+
+
+def _splits_problem(op: Coll) -> tuple[str, str] | None:
+    """An all_to_all's per-peer elements: one of each per member, the sends adding up to ``count``."""
+    sp = op.splits
+    if sp is None:
+        return None
+    if op.kind != CollKind.ALL_TO_ALL:
+        return "splits", f"is given on {op.kind.value}; it is an all_to_all's per-peer sizes: drop it"
+    if len(sp.send_elements) != op.group_size or len(sp.recv_elements) != op.group_size:
+        return "splits", (f"lists {len(sp.send_elements)} sends and {len(sp.recv_elements)} receives; give one "
+                          f"of each per member of the group (group_size {op.group_size})")
+    if sum(sp.send_elements) != op.count:
+        return "splits", (f"sends {sum(sp.send_elements)} elements but count is {op.count}: the sends are the "
+                          "input tensor split by peer; fix either")
+    if sum(sp.recv_elements) > MAX_ELEMENTS:
+        return "splits", f"receives more than 2**40 elements: {_TOO_BIG}"
     return None
 
 
@@ -185,13 +203,14 @@ def _check_iteration(path: str, rank: int, world: int, index: int, it: Iteration
 
 
 def _signature(it: Iteration) -> dict[tuple[int, ...] | int, list[tuple[str, str, int]]]:
-    """Per group, the sequence of (kind, dtype, count) a rank issues."""
+    """Per group, the sequence of (kind, dtype, count) a rank issues (an all_to_all's count is the
+    rank's own input, which an uneven one's router sets per rank: -1, not compared)."""
     groups: dict[tuple[int, ...] | int, list[tuple[str, str, int]]] = {}
     for op in it.colls:
         if op.kind in _P2P:
             continue
         key = op.group if op.group is not None else op.group_size
-        groups.setdefault(key, []).append((op.kind.value, op.dtype.value, op.count))
+        groups.setdefault(key, []).append((op.kind.value, op.dtype.value, -1 if op.kind == CollKind.ALL_TO_ALL else op.count))
     return groups
 
 

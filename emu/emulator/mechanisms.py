@@ -34,6 +34,7 @@ from emu.emulator.algorithms.p2p import (
     PSClient,
     Ring,
     SendRecv,
+    UnevenAllToAll,
 )
 from emu.emulator.algorithms.p2p_hier import HierRing
 from emu.emulator.algorithms.sparse_p2p import INDEX_BYTES, SparsePSClient, SparseRing, ps_sparse, ring_sparse
@@ -119,6 +120,7 @@ class Start:
     root: int  # a broadcast's root among the members
     # each member's node, in member order (every member a node of its own without a topology)
     member_nodes: Callable[[], tuple[int, ...]]
+    scale: int = 1  # the payload scale: an emulated element count n is ceil(n / scale) real ones
 
     @property
     def emu_bytes(self) -> float:
@@ -513,9 +515,20 @@ class Direct(PointToPoint):
     kinds = frozenset({CollKind.ALL_TO_ALL})
 
     def algorithm(self, a: Start) -> Algorithm:
-        return AllToAll(**a.common(), layout=a.layout(a.size))
+        sp = a.op.splits
+        if sp is None:
+            return AllToAll(**a.common(), layout=a.layout(a.size))
+        item, r = a.op.dtype.itemsize, a.scale
+        return UnevenAllToAll(**a.common(), layout=Chunks.shared(0, 1, 0.0),
+                              send_real=tuple(-(-n // r) for n in sp.send_elements),
+                              recv_real=tuple(-(-n // r) for n in sp.recv_elements),
+                              send_emu=tuple(float(n * item) for n in sp.send_elements),
+                              recv_emu=tuple(float(n * item) for n in sp.recv_elements))
 
     def alone_us(self, op: Coll, s: Setting) -> float:
+        if op.splits is not None:
+            raise ConfigError(f"all_to_all {op.id} has per-peer sizes (splits): emu predict has no closed form for "
+                              "an uneven all_to_all yet; replay it (emu sweep: --no-predict)")
         return physics.all_to_all_us(op.count, op.dtype.itemsize, s.group_size(op), s.link, s.rto_us, s.payload_scale)
 
 

@@ -414,6 +414,47 @@ class AllToAll(Algorithm):
         return self._received(src, segment, data, t)
 
 
+# An uneven all_to_all's message to member j is elements [j * PAIR_STRIDE, j * PAIR_STRIDE + n) of
+# its sender's generated payload (any index works: emu.emulator.payload.generated.block), so member j
+# checks what i sent it from its own receive sizes alone, without i's offsets.
+PAIR_STRIDE = 1 << 40
+
+
+class UnevenAllToAll(Algorithm):
+    """Direct exchange with per-peer sizes (``Coll.splits``): ``send_real[j]`` real elements
+    (``send_emu[j]`` bytes on the emulated wire) go to member j, ``recv_real[i]`` come from member
+    i, each pair's message in segments of its own (``Chunks`` of one part); what a member keeps for
+    itself is not sent."""
+
+    def __init__(self, *args, send_real: tuple[int, ...], recv_real: tuple[int, ...], send_emu: tuple[float, ...],
+                 recv_emu: tuple[float, ...], **kw) -> None:
+        super().__init__(*args, **kw)
+        self.out = [Chunks.shared(n, 1, b) for n, b in zip(send_real, send_emu, strict=True)]
+        self.inn = [Chunks.shared(n, 1, b) for n, b in zip(recv_real, recv_emu, strict=True)]
+        self.need = sum(len(lay.segments(0)) for i, lay in enumerate(self.inn) if i != self.rank)
+        self.got = 0
+
+    def start(self, t: float) -> list[Seg]:
+        if self.need == 0:
+            self.finished, self.end_us = True, t
+        out = []
+        for j, lay in enumerate(self.out):
+            if j != self.rank:
+                base = j * PAIR_STRIDE
+                out += [Seg(j, self.seq, seg, self.own(base + lo, base + hi), lay.seg_emu_bytes(0), t)
+                        for seg, lo, hi in lay.segments(0)]
+        return out
+
+    def on_segment(self, src: int, segment: int, data: np.ndarray, t: float) -> list[Seg]:
+        _, lo, hi = self.inn[src].segment_map()[segment]
+        base = self.rank * PAIR_STRIDE
+        self.check.compare(data, self.own(base + lo, base + hi, worker=src))  # src's message to this one: distinct
+        self.got += 1
+        self._done(t)
+        self.finished = self.got == self.need
+        return []
+
+
 class SendRecv(Algorithm):
     """One side of a send/recv pair: the whole tensor goes from sender to receiver."""
 

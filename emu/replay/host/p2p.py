@@ -172,7 +172,7 @@ class P2PEndpoint:
         servers = tuple(self.m + j for j in range(cfg.shards)) if mech.servers else ()
         return Start(op=op, rank=rank, size=m, seq=run.seq, real=real, seed=cfg.seed, check=self.check,
                      recorded=self.recorded, servers=servers, node=lambda: self._node_of(w),
-                     root=root, member_nodes=lambda: self._member_nodes(group))
+                     root=root, member_nodes=lambda: self._member_nodes(group), scale=cfg.scale)
 
     def _member_nodes(self, group: tuple[tuple[int, ...], dict[int, int]] | None) -> tuple[int, ...]:
         """Each member's node (the job's workers, or a group's), every member its own without a topology."""

@@ -91,17 +91,17 @@ def _scale_op(op: Op, rank: int, worker: int, n: int, m: int, path: str) -> Op:
 
 
 def _refuse_uneven_all_to_all(trace: Trace, path: str) -> None:
-    """An all_to_all with per-peer sizes (``Coll.splits``) is refused by name: replayed as even it
-    would move other bytes than the capture saw (docs/trace-format.md, "all_to_all splits")."""
+    """An all_to_all with per-peer sizes (``Coll.splits``) replays at the trace's own size only: at
+    another, its sizes would have to be made up (docs/trace-format.md, "splits")."""
     for r in trace.ranks:
         for k, it in enumerate(r.iterations):
             op = next((op for op in it.colls if op.splits is not None), None)
             if op is not None:
                 raise ConfigError(
                     f"{path}: rank {r.rank}, iteration {k}: all_to_all {op.id} sends {list(op.splits.send_elements)[:8]} "
-                    f"elements to its peers (largest {op.splits.imbalance:.2f}x the mean); emu does not replay "
-                    "uneven all_to_alls yet, and as even they would move other bytes than the capture saw: "
-                    "`emu inspect` shows their imbalance; to replay them as even, drop the ops' 'splits' keys")
+                    f"elements to its peers (largest {op.splits.imbalance:.2f}x the mean); emu replays uneven "
+                    f"all_to_alls at the trace's own size only for now: replay with --workers "
+                    f"{trace.meta.world_size} and no --mesh (`emu inspect` shows their imbalance)")
 
 
 def programs_for(trace: Trace, config: ReplayConfig, path: str = "trace", first: int | None = None,
@@ -122,7 +122,8 @@ def plan_programs(trace: Trace, workers: int, path: str = "trace", sparsity: Spa
     (``emu.replay.plan.compression.compressed``); ``first``: plan only the first workers' programs
     (what a report reads of a run whose programs were checked), without the point-to-point check;
     ``mesh``: the layout of a sharded or split trace (``emu.replay.plan.layout``)."""
-    _refuse_uneven_all_to_all(trace, path)
+    if workers != trace.meta.world_size or mesh is not None:
+        _refuse_uneven_all_to_all(trace, path)
     layout = plan_mesh(trace, workers, mesh, path)  # checks a mesh given, and a layout's ranks
     if layout is not None and has_subgroups(trace):
         return _plan_groups(trace, layout, path, sparsity, compress, first)

@@ -158,10 +158,10 @@ PARALLEL_WORLD = 4  # the built-in sharded and split workloads' default world si
 def capture_parallel(model: str, config: CaptureConfig, *, batch_size: int | None = None,
                      bucket_cap_mb: float = 4.0, seed: int = 0,
                      on_tick: Callable[[float], None] | None = None) -> Trace:
-    """Run a built-in sharded or split workload (``fsdp``, ``tp``, ``pp``: the unmodified scripts
-    of ``emu/capture/scripts/``, which ``examples/`` links to) on gloo and capture it."""
+    """Run a built-in sharded or split workload (``fsdp``, ``tp``, ``pp``, ``moe``: the unmodified
+    scripts of ``emu/capture/scripts/``, which ``examples/`` links to) on gloo and capture it."""
     script = SCRIPTS / f"{model}_train.py"
-    batch = batch_size or 32
+    batch = batch_size or (256 if model == "moe" else 32)  # moe: tokens a rank
     steps = config.warmup + 1 + config.profile_steps + 1
     args = ["--steps", str(steps), "--batch-size", str(batch), "--seed", str(seed)]
     if model == "tp":

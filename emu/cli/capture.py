@@ -15,14 +15,15 @@ from emu.traces.samples import BUILT_IN, PARALLEL_MODELS
 @cli.command(context_settings={"ignore_unknown_options": True})
 @click.option("--model", type=click.Choice(BUILT_IN),
               help="Run a built-in workload on gloo: DDP (mlp, cnn, transformer, dlrm), FSDP's fully_shard "
-                   "(fsdp), tensor parallel in data parallel (tp: dp x tp=2) or a two-stage pipeline in data "
-                   "parallel (pp: pp=2 x dp).")
+                   "(fsdp), tensor parallel in data parallel (tp: dp x tp=2), a two-stage pipeline in data "
+                   "parallel (pp: pp=2 x dp) or a mixture of experts (moe: ep=4, 16 experts, top-2, uneven "
+                   "all_to_alls).")
 @click.option("--kineto", is_flag=True,
               help="Import existing profiler traces: the arguments are files or folders, one file per rank.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="The emu trace to write (.json or .json.gz).")
 @click.option("--world-size", type=int, default=None,
-              help="Rank processes to start  [default: 4 for fsdp, tp and pp, else 2]")
+              help="Rank processes to start  [default: 4 for fsdp, tp, pp and moe, else 2]")
 @click.option("--iters", "--profile-steps", "iters", type=int, default=5, show_default=True,
               help="Steps to record after the warm-up.")
 @click.option("--warmup", type=int, default=3, show_default=True,

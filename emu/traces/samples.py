@@ -15,7 +15,7 @@ _DIR = Path(__file__).parent / "samples"
 MODELS = ("mlp", "cnn", "transformer", "dlrm")
 # The built-in sharded and split ones (emu capture --model: the scripts of emu/capture/scripts/, at
 # world size 4), each with its sample trace too (docs/parallelism.md)
-PARALLEL_MODELS = ("fsdp", "tp", "pp")
+PARALLEL_MODELS = ("fsdp", "tp", "pp", "moe")
 BUILT_IN = MODELS + PARALLEL_MODELS
 SAMPLES = BUILT_IN
 

@@ -246,3 +246,27 @@ def test_sharded_and_split_captures_name_every_group(no_leftovers: Path, model: 
                 dim = meta.mesh.names.index(op.group_role.value)
                 assert (op.group or tuple(range(4))) == meta.mesh.slice(program.rank, (dim,))
             assert it.compute_us + it.blocked_us == pytest.approx(it.measured_us, abs=0.05)
+
+
+def test_moe_capture_records_its_routers_uneven_splits(no_leftovers: Path) -> None:
+    """The built-in mixture of experts at world size 4 (pure expert parallelism: 16 experts, top-2,
+    capacity factor 1.25): each step's token exchanges carry the per-peer sizes its router chose,
+    consistent between ranks, and the replicated parameters' all_reduce runs on the same group."""
+    from emu.capture.run import PARALLEL_WORLD
+
+    trace = capture_model("moe", CaptureConfig(world_size=PARALLEL_WORLD, profile_steps=2, warmup=1,
+                                               keep_kineto=no_leftovers))
+    assert trace.meta.mesh is not None and trace.meta.mesh.text() == "ep=4"
+    width = 256  # moe_train.py's default: a dispatched row carries the token and its expert's index
+    for k in range(2):
+        uneven = [[op for op in p.iterations[k].colls if op.splits is not None] for p in trace.ranks]
+        assert all(len(ops) == 4 for ops in uneven)  # dispatch and combine, forward and backward
+        dispatch = [ops[0].splits for ops in uneven]
+        for i in range(4):
+            for j in range(4):  # what rank i sends rank j is what j receives from i
+                assert dispatch[i].send_elements[j] == dispatch[j].recv_elements[i]
+            tokens = sum(dispatch[i].send_elements) // (width + 1)
+            assert tokens <= 2 * 256 and sum(dispatch[i].send_elements) % (width + 1) == 0  # top-2, some dropped
+        assert max(s.imbalance for s in dispatch) > 1.05  # the router is not balanced
+        roles = {op.group_role.value for p in trace.ranks for op in p.iterations[k].colls}
+        assert roles == {"ep"}

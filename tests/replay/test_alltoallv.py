@@ -56,3 +56,16 @@ def test_elsewhere_it_is_refused_by_name(uneven: Trace) -> None:
         replay(uneven, ReplayConfig(workers=4, fabric="ring"))
     with pytest.raises(ConfigError, match="emu predict has no closed form for an uneven all_to_all yet"):
         predict(uneven, ReplayConfig(workers=2, fabric="ring"))
+
+
+def test_the_moe_sample_replays_at_its_size(no_children) -> None:
+    """The shipped mixture of experts (ep=4): its token exchanges point to point at the sizes its
+    router chose, its replicated parameters' all_reduce on the switch, every element checked, the
+    same in one process and over sockets."""
+    from emu.traces import load_trace, sample_path
+
+    moe = load_trace(sample_path("moe"))
+    config = ReplayConfig(workers=4, fabric="ina", iters=2)
+    got = replay(moe, config)
+    assert got.verification.ok and got.verification.mismatches == 0 and not got.fabric.fallbacks
+    assert exact_part(replay(moe, dataclasses.replace(config, processes=2))) == exact_part(got)

@@ -31,6 +31,8 @@ PARALLEL = {
     "fsdp": ({"fsdp": 4}, {GroupRole.FSDP: {CollKind.ALL_GATHER, CollKind.REDUCE_SCATTER}}),
     "tp": ({"dp": 2, "tp": 2}, {GroupRole.TP: {CollKind.ALL_REDUCE}, GroupRole.DP: {CollKind.ALL_REDUCE}}),
     "pp": ({"pp": 2, "dp": 2}, {GroupRole.PP: {CollKind.SEND, CollKind.RECV}, GroupRole.DP: {CollKind.ALL_REDUCE}}),
+    # pure expert parallelism: the token exchanges and the replicated parameters' all_reduce on one group
+    "moe": ({"ep": 4}, {GroupRole.EP: {CollKind.ALL_TO_ALL, CollKind.ALL_REDUCE}}),
 }
 
 

@@ -1,0 +1,1 @@
+../emu/capture/scripts/moe_train.py

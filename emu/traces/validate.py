@@ -13,6 +13,8 @@ trace it would refuse to read.
 
 from __future__ import annotations
 
+import numpy as np
+
 from emu.errors import TraceError
 from emu.traces.mesh import Mesh
 from emu.traces.model import Coll, CollKind, Compute, GroupRole, Iteration, Op, Trace, Wait
@@ -269,7 +271,47 @@ def validate_trace(trace: Trace, path: str) -> None:
                         f"{path}: rank {program.rank}: iteration {index} (step {b.step}): field 'ops' "
                         f"issues collectives that do not match rank {first.rank}'s in the same group "
                         "(kind, dtype and count must agree in issue order)")
+    _check_exchanges(trace, path)
     _check_samples(trace, path)
+
+
+def _exchange(op: Coll) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """An all_to_all's elements to and from each member (even: count / group_size each)."""
+    if op.splits is not None:
+        return op.splits.send_elements, op.splits.recv_elements
+    even = (op.count // op.group_size,) * op.group_size
+    return even, even
+
+
+def _check_exchanges(trace: Trace, path: str) -> None:
+    """Where every member of a group is in the file, what member a sends member b in its i-th
+    all_to_all of an iteration is what b receives from a in its i-th (``Coll.splits``)."""
+    programs = {p.rank: p for p in trace.ranks}
+    world = trace.meta.world_size
+    for index in range(min(len(p.iterations) for p in trace.ranks)):
+        seqs: dict[tuple[int, ...], dict[int, list[Coll]]] = {}
+        for p in trace.ranks:
+            for op in p.iterations[index].colls:
+                if op.kind == CollKind.ALL_TO_ALL:
+                    members = op.group if op.group is not None else tuple(range(world))
+                    seqs.setdefault(members, {}).setdefault(p.rank, []).append(op)
+        for members, by_rank in seqs.items():
+            if set(by_rank) != set(members) or len({len(v) for v in by_rank.values()}) != 1:
+                continue  # not every member in the file (or the signatures above differ)
+            for i in range(len(by_rank[members[0]])):
+                ops = [by_rank[r][i] for r in members]
+                if any(len(op.splits.send_elements if op.splits else ()) not in (0, len(members)) for op in ops):
+                    continue  # a group's size the op's own check refuses
+                sent = np.array([_exchange(op)[0] for op in ops], np.int64)  # [a, b]: a sends b
+                got = np.array([_exchange(op)[1] for op in ops], np.int64)  # [b, a]: b receives from a
+                bad = np.argwhere(sent != got.T)
+                if len(bad):
+                    a, b = (int(x) for x in bad[0])
+                    ra, rb = members[a], members[b]
+                    raise TraceError(
+                        f"{path}: rank {rb}: iteration {index} (step {programs[rb].iterations[index].step}): "
+                        f"all_to_all {ops[b].id}: field 'splits' receives {got[b, a]} elements from rank {ra}, "
+                        f"which sends it {sent[a, b]}: what one sends another is what that one receives")
 
 
 def _check_samples(trace: Trace, path: str) -> None:

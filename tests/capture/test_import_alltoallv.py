@@ -125,4 +125,11 @@ def test_ranks_may_send_all_to_alls_of_different_counts(trace, tmp_path: Path) -
     op["splits"]["send_elements"] = [64, 32]
     op["count"], op["bytes"] = 96, 384
     path.write_text(json.dumps(doc))
+    with pytest.raises(TraceError) as err:  # rank 0 still says it receives 48 from rank 1
+        load_trace(path)
+    assert str(err.value).endswith("rank 0: iteration 0 (step 2): all_to_all 0: field 'splits' receives 48 elements "
+                                   "from rank 1, which sends it 64: what one sends another is what that one receives")
+    peer = next(op for op in doc["ranks"][0]["iterations"][0]["ops"] if op.get("splits"))
+    peer["splits"]["recv_elements"] = [40, 64]
+    path.write_text(json.dumps(doc))
     assert _a2a(load_trace(path), 1, 0)[0].count == 96

@@ -528,7 +528,7 @@ class Direct(PointToPoint):
     def alone_us(self, op: Coll, s: Setting) -> float:
         if op.splits is not None:
             raise ConfigError(f"all_to_all {op.id} has per-peer sizes (splits): emu predict has no closed form for "
-                              "an uneven all_to_all yet; replay it (emu sweep: --no-predict)")
+                              "an uneven all_to_all yet: replay it (emu sweep replays it and leaves its estimate out)")
         return physics.all_to_all_us(op.count, op.dtype.itemsize, s.group_size(op), s.link, s.rto_us, s.payload_scale)
 
 

@@ -127,8 +127,9 @@ def test_refusals(no_children) -> None:
 def test_the_cli_replays_jobs_and_reports_them(tmp_path, no_children) -> None:
     runner = CliRunner()
     report = tmp_path / "r.json"
+    # a table wide enough for its headers whatever the test runner sets (pytest-xdist: COLUMNS=80)
     result = runner.invoke(cli, ["replay", "mlp", "mlp", "--workers", "2,2", "--iters", "1",
-                                 "--report", str(report)])
+                                 "--report", str(report)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "2 jobs sharing the fabric" in result.output and "slowdown" in result.output
     doc = json.loads(report.read_text())

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from emu.emulator.links import spec as link_spec
+from emu.emulator.links import fifo as link_fifo
 from emu.emulator.links.spec import LinkArray, LinkSpec, parse_schedule
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import Straggler
@@ -96,13 +96,13 @@ def test_link_stages_in_batches_are_the_scalar_ones(spec: LinkSpec, spread: str,
     """``send_segments`` / ``receive_segments`` against ``send_segment`` / ``receive_segment`` row
     by row, bit for bit: links with one row and with many (idle gaps and early rows included), in
     many batches; ``even``: many links with many rows each, side by side in tables of a few cells
-    (``_Deep``, ``_parts``)."""
+    (``DeepTable``, ``parts``)."""
     rng = np.random.default_rng(7)
     links = 6
     weights = [0.6, 0.2, 0.05, 0.05, 0.05, 0.05] if spread == "skewed" else [1 / 6] * 6
     most = 40 if spread == "skewed" else 160
     if spread == "even":
-        monkeypatch.setattr(link_spec, "_DEEP_CELLS", 64)
+        monkeypatch.setattr(link_fifo, "DEEP_CELLS", 64)
     for direction in (0, 1):
         a, b = (LinkArray(spec, np.arange(links), 3, direction, 100.0) for _ in range(2))
         t = 0.0

@@ -19,16 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from emu.emulator.algorithms.p2p import Check, Chunks
+from emu.emulator.links.fifo import turns
 from emu.emulator.payload.generated import dense_parts
-from emu.emulator.protocol.transport import spans
+from emu.emulator.protocol.transport import row_bounds, spans
 
 # The real elements of one collective whose values and sums a kernel keeps once made (16 bytes each:
 # 64 MB): each element passes every member of a ring; past this they are made per window.
 KEEP_PARTS = 1 << 22
-
-
-def _bounds(n: np.ndarray) -> np.ndarray:
-    return np.r_[0, np.cumsum(n)].astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -47,7 +44,7 @@ class Arrivals:
         return len(self.dst)
 
     def take(self, rows: np.ndarray) -> Arrivals:
-        return Arrivals(self.dst[rows], self.segment[rows], self.t[rows], _bounds(np.diff(self.bounds)[rows]),
+        return Arrivals(self.dst[rows], self.segment[rows], self.t[rows], row_bounds(np.diff(self.bounds)[rows]),
                         self.values[spans(self.bounds, rows)])
 
 
@@ -78,7 +75,7 @@ class Sends:
         if len(parts) <= 1:
             return parts[0] if parts else Sends.none()
         fields = (np.concatenate([getattr(p, f) for p in parts]) for f in ("src", "dst", "segment", "emu_bytes", "t"))
-        return Sends(*fields, _bounds(np.concatenate([np.diff(p.bounds) for p in parts])),
+        return Sends(*fields, row_bounds(np.concatenate([np.diff(p.bounds) for p in parts])),
                      np.concatenate([p.values for p in parts]))
 
 
@@ -148,7 +145,7 @@ class _Layout:
             return Sends.none()
         n = self.hi[segs] - self.lo[segs]
         return Sends(np.full(k, src, np.int64), dst, segs, self.chunk_bytes[self.chunk[segs]], np.full(k, t),
-                     _bounds(n), values(slice(int(self.lo[segs[0]]), int(self.hi[segs[-1]]))))
+                     row_bounds(n), values(slice(int(self.lo[segs[0]]), int(self.hi[segs[-1]]))))
 
     def elements(self, a: Arrivals) -> tuple[np.ndarray, np.ndarray]:
         """Each arrived value's row and its element's index in the tensor."""
@@ -193,19 +190,6 @@ class _Members:
         return [(self.ids[s], float(self.end_us[s])) for s in np.unique(slot[self.got[slot] == self.need[slot]]).tolist()]
 
 
-def _turns(slot: np.ndarray) -> list[np.ndarray]:
-    """Rows grouped by their place among their member's rows (each group's members distinct)."""
-    order = np.argsort(slot, kind="stable")
-    s = slot[order]
-    new = np.r_[True, s[1:] != s[:-1]]
-    if new.all():
-        return [np.arange(len(slot))]
-    pos = np.empty(len(slot), np.int64)
-    pos[order] = np.arange(len(slot)) - np.flatnonzero(new)[np.cumsum(new) - 1]
-    by_pos = np.argsort(pos, kind="stable")
-    return np.split(by_pos, np.flatnonzero(np.diff(pos[by_pos])) + 1)
-
-
 class _Kernel:
     """What the ring and the parameter server's workers share: members, payload, checks."""
 
@@ -223,7 +207,7 @@ class _Kernel:
         """Segments reaching started members, in their order: what they send on, and the members
         now done with the collective (their ids and end times)."""
         slot = self.members.slot_of[a.dst]
-        sends = [self._turn(a.take(rows), slot[rows]) for rows in _turns(slot)]
+        sends = [self._turn(a.take(rows), slot[rows]) for rows in turns(slot)[0]]
         return Sends.concat(sends), self.members.done(slot)
 
     def _turn(self, a: Arrivals, slot: np.ndarray) -> Sends:
@@ -300,7 +284,7 @@ class RingKernel(_Kernel):
         mem.took(slot, t)
         rows = np.flatnonzero(np.where(reducing, ~last_reduce | self.gather, chunk != (o + 2) % m))
         return Sends(a.dst[rows], (rank[rows] + 1) % m, a.segment[rows], lay.chunk_bytes[chunk[rows]], t[rows],
-                     _bounds(np.diff(a.bounds)[rows]), out[spans(a.bounds, rows)])
+                     row_bounds(np.diff(a.bounds)[rows]), out[spans(a.bounds, rows)])
 
 
 class ClientKernel(_Kernel):
@@ -360,7 +344,7 @@ class ServerSums:
             if e is None:
                 e = self.partial[k] = [np.zeros(int(n[first[i]])), 0, 0.0, float(emu_bytes[first[i]])]
             entries.append(e)
-        at = _bounds(np.array([len(e[0]) for e in entries], np.int64))
+        at = row_bounds(np.array([len(e[0]) for e in entries], np.int64))
         flat = np.concatenate([e[0] for e in entries])
         pos = np.repeat(at[which] - bounds[:-1], n) + np.arange(int(bounds[-1]), dtype=np.int64)
         np.add.at(flat, pos, values)  # in arrival order, element by element: the same sums as one by one
@@ -381,5 +365,5 @@ class ServerSums:
             c = len(to)
             done.append(np.full(c, last_row[i], np.int64))
             sends.append(Sends(np.full(c, k[0], np.int64), to, np.full(c, k[2], np.int64), np.full(c, e[3]),
-                               np.full(c, e[2]), _bounds(np.full(c, len(e[0]), np.int64)), np.tile(e[0], c)))
+                               np.full(c, e[2]), row_bounds(np.full(c, len(e[0]), np.int64)), np.tile(e[0], c)))
         return Sends.concat(sends), (np.concatenate(done) if done else np.zeros(0, np.int64))

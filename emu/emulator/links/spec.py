@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from emu.emulator.links.fifo import DEEP, DeepTable, fifo, fifo_pipelined, lead, side_by_side, turns
 from emu.errors import ConfigError
 
 _UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -392,13 +393,14 @@ class LinkArray:
         extra_out = np.zeros(len(idx))
         cap = self.capacity
         turns, deep = self._grouped(idx)
-        for rows in self._deep_sent(idx, deep, ready_us, wire_bytes, packets, first, last):
+        left = side_by_side(deep, lambda part: self._deep_sent(idx, part, ready_us, wire_bytes, packets, first, last))
+        for rows in left:
             i = int(idx[rows[0]])
             ser = self.spec.serialization_us(wire_bytes[rows] + 0.0)
             ready, pk = ready_us[rows], packets[rows]
             self._check_chain(i, ready, ser)
             free = float(self.free_us[i])
-            end = _fifo(ready, ser, free)
+            end = fifo(ready, ser, free)
             start = np.maximum(ready, np.r_[free, end[:-1]])
             self._took(i, end[-1], end - start, pk)
             first[rows] = start + ser / pk + self.spec.latency_us
@@ -434,12 +436,14 @@ class LinkArray:
         extra_out = np.zeros(len(idx))
         cap = self.capacity
         turns, deep = self._grouped(idx)
-        for rows in self._deep_received(idx, deep, first_us, last_us, wire_bytes, packets, arrive):
+        left = side_by_side(deep, lambda part: self._deep_received(idx, part, first_us, last_us, wire_bytes, packets,
+                                                                   arrive))
+        for rows in left:
             i = int(idx[rows[0]])
             ser = self.spec.serialization_us(wire_bytes[rows] + 0.0)
             first, pk = first_us[rows], packets[rows]
             self._check_chain(i, first, ser)
-            done = _fifo_pipelined(first, last_us[rows] + ser / pk, ser, float(self.free_us[i]))
+            done = fifo_pipelined(first, last_us[rows] + ser / pk, ser, float(self.free_us[i]))
             self._took(i, done[-1], done - (done - ser), pk)
             arrive[rows] = done + self.spec.latency_us
         for rows in turns:
@@ -465,14 +469,9 @@ class LinkArray:
 
     def _deep_sent(self, idx: np.ndarray, deep: list[np.ndarray], ready_us: np.ndarray, wire_bytes: np.ndarray,
                    packets: np.ndarray, first: np.ndarray, last: np.ndarray) -> list[np.ndarray]:
-        """The deep links of ``send_segments`` side by side (``_Deep``): each link's FIFO as one
-        running sum where no row finds it idle; returns the links left for one by one."""
-        if len(deep) < 2:
-            return deep
-        if len(deep) * max(len(r) for r in deep) > _DEEP_CELLS:
-            return [r for part in _parts(deep) for r in self._deep_sent(idx, part, ready_us, wire_bytes, packets,
-                                                                          first, last)]
-        d = _Deep(idx, deep)
+        """Deep links of ``send_segments`` side by side (``DeepTable``, at least two): each link's FIFO
+        as one running sum where no row finds it idle; returns the links left for one by one."""
+        d = DeepTable(idx, deep)
         ser_flat = self.spec.serialization_us(wire_bytes[d.rows] + 0.0)
         ready, ser = d.table(ready_us[d.rows], -math.inf), d.table(ser_flat, 0.0)
         free = self.free_us[d.links]
@@ -494,12 +493,7 @@ class LinkArray:
     def _deep_received(self, idx: np.ndarray, deep: list[np.ndarray], first_us: np.ndarray, last_us: np.ndarray,
                        wire_bytes: np.ndarray, packets: np.ndarray, arrive: np.ndarray) -> list[np.ndarray]:
         """The deep links of ``receive_segments`` side by side, as ``_deep_sent``."""
-        if len(deep) < 2:
-            return deep
-        if len(deep) * max(len(r) for r in deep) > _DEEP_CELLS:
-            return [r for part in _parts(deep) for r in self._deep_received(idx, part, first_us, last_us, wire_bytes,
-                                                                              packets, arrive)]
-        d = _Deep(idx, deep)
+        d = DeepTable(idx, deep)
         ser_flat = self.spec.serialization_us(wire_bytes[d.rows] + 0.0)
         pk = packets[d.rows]
         first, ser = d.table(first_us[d.rows], -math.inf), d.table(ser_flat, 0.0)
@@ -514,7 +508,7 @@ class LinkArray:
         arrive[d.rows[mine]] = d.flat(done)[mine] + self.spec.latency_us
         return [deep[j] for j in np.flatnonzero(~ok)]
 
-    def _deep_took(self, d: _Deep, ok: np.ndarray, end: np.ndarray, busy: np.ndarray, ready_last: np.ndarray,
+    def _deep_took(self, d: DeepTable, ok: np.ndarray, end: np.ndarray, busy: np.ndarray, ready_last: np.ndarray,
                    packets: np.ndarray) -> None:
         """``_took`` and ``_check_chain``'s last ready time of the deep links ``ok`` (their busy time
         added row by row: the table's pads add 0.0, which changes no sum)."""
@@ -528,24 +522,24 @@ class LinkArray:
         self.last_ready[links] = ready_last[ok]
 
     def _grouped(self, idx: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """The rows in turns (``_turns``), the rows of links with many of them apart, each link's in
+        """The rows in turns (``turns``), the rows of links with many of them apart, each link's in
         order, where the plain FIFO lets them run as sums (no loss, jitter or bandwidth schedule)."""
         plain = not (self.spec.loss or self.spec.jitter_us or self.capacity.active)
-        return _turns(idx, DEEP if plain else None)
+        return turns(idx, DEEP if plain else None)
 
     def _took(self, i: int, free: float, busy: np.ndarray, packets: np.ndarray) -> None:
         """Link i carried rows one after another: its free time, busy time (added row by row) and count."""
         self.free_us[i] = free
-        self.busy_us[i] = np.add.accumulate(_lead(self.busy_us[i], busy))[-1]
+        self.busy_us[i] = np.add.accumulate(lead(self.busy_us[i], busy))[-1]
         self.counter[i] += int(packets.sum())
 
     def _check_chain(self, i: int, ready_us: np.ndarray, ser: np.ndarray) -> None:
         """``_check_order`` of one link's rows, in order."""
-        last = np.maximum.accumulate(_lead(self.last_ready[i], ready_us))
+        last = np.maximum.accumulate(lead(self.last_ready[i], ready_us))
         early = ready_us < last[:-1] - ser - 1e-6
         if early.any():
             self.reordered += int(early.sum())
-            self.reorder_error_us[i] = np.add.accumulate(_lead(self.reorder_error_us[i],
+            self.reorder_error_us[i] = np.add.accumulate(lead(self.reorder_error_us[i],
                                                                   (last[:-1] - ready_us + ser)[early]))[-1]
         self.last_ready[i] = last[-1]
 
@@ -598,137 +592,3 @@ class LinkArray:
         jitter = self._segment_jitter(i)
         self.counter[i] += packets
         return done + self.spec.latency_us + jitter, extra
-
-
-# Rows of one link in a batch past which they run as a link's running sum (``_fifo``) rather than in
-# turns: a turn is a few numpy steps over every link's k-th row, costly where one link has most rows.
-DEEP = 8
-_RESTARTS = 16  # idle gaps a running sum restarts at, before the rest of the link's rows go one by one
-
-
-def _turns(idx: np.ndarray, deep: int | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Rows grouped by their place among their link's rows: the first row of every link, then the
-    second of every link, ... (each group's rows on distinct links, in the order given); with
-    ``deep``, the rows of each link with more than that many apart (each link's in order)."""
-    n = len(idx)
-    if n == 0:
-        return [], []
-    order = np.argsort(idx, kind="stable")
-    e = idx[order]
-    new = np.r_[True, e[1:] != e[:-1]]
-    starts = np.flatnonzero(new)
-    if len(starts) == n:  # one row a link: one step
-        return [np.arange(n)], []
-    counts = np.diff(np.r_[starts, n])
-    link = np.cumsum(new) - 1
-    pos = np.empty(n, np.int64)
-    pos[order] = np.arange(n) - starts[link]
-    deep_rows: list[np.ndarray] = []
-    if deep is not None and counts.max() > deep:
-        many = counts > deep
-        deep_rows = [order[a:a + c] for a, c in zip(starts[many].tolist(), counts[many].tolist(), strict=True)]
-        keep = np.empty(n, bool)
-        keep[order] = ~many[link]
-        rest = np.flatnonzero(keep)
-        if not len(rest):
-            return [], deep_rows
-        by_pos = rest[np.argsort(pos[rest], kind="stable")]
-    else:
-        by_pos = np.argsort(pos, kind="stable")
-    return np.split(by_pos, np.flatnonzero(np.diff(pos[by_pos])) + 1), deep_rows
-
-
-_DEEP_CELLS = 1 << 20  # cells of one table of deep links at most (``_parts``): its memory bounded
-
-
-def _parts(deep: list[np.ndarray]) -> list[list[np.ndarray]]:
-    """Deep links in groups whose table (links by the longest link's rows) holds at most
-    ``_DEEP_CELLS`` cells, links of like length together; a link longer than that alone."""
-    parts: list[list[np.ndarray]] = [[]]
-    for rows in sorted(deep, key=len):
-        if parts[-1] and (len(parts[-1]) + 1) * len(rows) > _DEEP_CELLS:
-            parts.append([])
-        parts[-1].append(rows)
-    return parts
-
-
-class _Deep:
-    """The rows of deep links (each link's in its FIFO order) as a table padded on the right, a link
-    a row: ``np.add.accumulate`` along a table row adds as along that link's 1-D array, so a link's
-    running sum is the one ``_fifo`` makes, for many links in one step."""
-
-    def __init__(self, idx: np.ndarray, deep: list[np.ndarray]) -> None:
-        self.counts = np.array([len(r) for r in deep], np.int64)
-        self.rows = np.concatenate(deep)
-        self.starts = np.zeros(len(deep), np.int64)
-        np.cumsum(self.counts[:-1], out=self.starts[1:])
-        self.link = np.repeat(np.arange(len(deep)), self.counts)  # each row's table row
-        self.col = np.arange(len(self.rows)) - np.repeat(self.starts, self.counts)
-        self.links = idx[self.rows[self.starts]]
-        self.valid = np.zeros((len(deep), int(self.counts.max())), bool)
-        self.valid[self.link, self.col] = True
-
-    def table(self, flat: np.ndarray, fill: float) -> np.ndarray:
-        out = np.full(self.valid.shape, fill)
-        out[self.link, self.col] = flat
-        return out
-
-    def flat(self, table: np.ndarray) -> np.ndarray:
-        return table[self.link, self.col]
-
-    def chain(self, last_ready: np.ndarray, ready: np.ndarray, ser: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``LinkArray._check_chain`` per link: whether some row came early (that link goes one by
-        one, which counts it), and the link's latest ready time."""
-        last = np.maximum.accumulate(np.concatenate([last_ready[:, None], ready], axis=1), axis=1)
-        early = ((ready < last[:, :-1] - ser - 1e-6) & self.valid).any(axis=1)
-        return early, last[:, -1]
-
-
-def _lead(first: float, rest: np.ndarray) -> np.ndarray:
-    """``first`` then ``rest`` as one float64 array (``np.r_[first, rest]`` without its indexing cost,
-    which a link's every batch paid several times)."""
-    out = np.empty(len(rest) + 1)
-    out[0] = first
-    out[1:] = rest
-    return out
-
-
-def _fifo(ready: np.ndarray, ser: np.ndarray, free: float) -> np.ndarray:
-    """One link's FIFO, ``end_i = max(ready_i, end_(i-1)) + ser_i`` from ``end_(-1) = free``, with the
-    same additions as row by row: a running sum (``np.add.accumulate``, left to right) from each
-    row that found the link idle."""
-    n = len(ready)
-    end = np.empty(n)
-    p, prev, restarts = 0, free, 0
-    while p < n:
-        if restarts == _RESTARTS:
-            for j in range(p, n):
-                prev = end[j] = max(float(ready[j]), prev) + float(ser[j])
-            return end
-        acc = np.add.accumulate(_lead(max(float(ready[p]), prev), ser[p:]))[1:]
-        gap = np.flatnonzero(ready[p + 1:] > acc[:-1])
-        stop = n if not len(gap) else p + 1 + int(gap[0])
-        end[p:stop] = acc[:stop - p]
-        prev, p = float(end[stop - 1]), stop
-        restarts += 1
-    return end
-
-
-def _fifo_pipelined(first: np.ndarray, tail: np.ndarray, ser: np.ndarray, free: float) -> np.ndarray:
-    """A downlink's FIFO, ``done_i = max(max(first_i, done_(i-1)) + ser_i, tail_i)`` (``tail``: the last
-    packet's arrival plus its own serialization), row by row's additions, as ``_fifo``."""
-    n = len(first)
-    done = np.empty(n)
-    p, prev, restarts = 0, free, 0
-    while p < n:
-        if restarts == _RESTARTS:
-            for j in range(p, n):
-                prev = done[j] = max(max(float(first[j]), prev) + float(ser[j]), float(tail[j]))
-            return done
-        acc = np.add.accumulate(_lead(max(max(float(first[p]), prev) + float(ser[p]), float(tail[p])), ser[p + 1:]))
-        bad = np.flatnonzero((first[p + 1:] > acc[:-1]) | (tail[p + 1:] > acc[1:]))
-        stop = n if not len(bad) else p + 1 + int(bad[0])
-        done[p:stop] = acc[:stop - p]
-        prev, p = float(done[stop - 1]), stop
-        restarts += 1
-    return done

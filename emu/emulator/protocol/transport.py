@@ -376,7 +376,7 @@ def _encode(values: np.ndarray, code: np.ndarray, n: np.ndarray) -> np.ndarray:
         return np.frombuffer(encode_values(values, DTYPE_CODES[int(codes[0])]), np.uint8)
     size = n * _ITEMSIZES[code]
     out = np.empty(int(size.sum()), np.uint8)
-    at = np.r_[0, np.cumsum(size)].astype(np.int64)
+    at = row_bounds(size)
     elems = row_bounds(n)
     for c in codes.tolist():
         rows = np.flatnonzero(code == c)
@@ -391,7 +391,7 @@ def _decode(data: np.ndarray, code: np.ndarray, n: np.ndarray) -> np.ndarray:
         return decode_values(data, DTYPE_CODES[int(codes[0])]) if len(data) else np.zeros(0)
     size = n * _ITEMSIZES[code]
     out = np.empty(int(n.sum()))
-    at = np.r_[0, np.cumsum(size)].astype(np.int64)
+    at = row_bounds(size)
     elems = row_bounds(n)
     for c in codes.tolist():
         rows = np.flatnonzero(code == c)

@@ -26,7 +26,7 @@ from emu.emulator.algorithms.p2p import Seg
 from emu.emulator.algorithms.sparse_p2p import SPARSE_SEGMENT
 from emu.emulator.mechanisms import Mechanism
 from emu.emulator.protocol import wire
-from emu.emulator.protocol.transport import FrameError, SegmentRows, spans
+from emu.emulator.protocol.transport import FrameError, SegmentRows, row_bounds, spans
 from emu.emulator.protocol.wire import DTYPE_CODES
 from emu.replay.control.messages import CARRIED_UNIT
 from emu.replay.host.p2p import P2PEndpoint
@@ -156,7 +156,7 @@ class BatchedP2P(P2PEndpoint):
         emu = np.array([s.emu_bytes for _, s, _ in segs], np.float64)
         t = np.array([s.send_us for _, s, _ in segs], np.float64)
         values = np.concatenate([np.asarray(s.data, np.float64) for _, s, _ in segs])
-        self.waiting_up.push(SegmentRows(*ints, emu, t, t.copy(), np.r_[0, np.cumsum(n)].astype(np.int64), values))
+        self.waiting_up.push(SegmentRows(*ints, emu, t, t.copy(), row_bounds(n), values))
 
     def _push(self, sends: Sends, seq: int, code: int) -> None:
         """A kernel's sends, to wait for their time."""
@@ -181,7 +181,7 @@ class BatchedP2P(P2PEndpoint):
         if early:
             n = np.array([len(e[2]) for e in early], np.int64)
             got = Arrivals(np.full(len(early), w, np.int64), np.array([e[1] for e in early], np.int64),
-                           np.array([e[3] for e in early], np.float64), np.r_[0, np.cumsum(n)].astype(np.int64),
+                           np.array([e[3] for e in early], np.float64), row_bounds(n),
                            np.concatenate([np.asarray(e[2], np.float64) for e in early]))
             sends, more = kernel.arrive(got)
             self._push(sends, run.seq, code)
@@ -267,7 +267,7 @@ class BatchedP2P(P2PEndpoint):
                 self._one_by_one(rows, sel[~on], t)
                 sel = sel[on]
             if len(sel):
-                got = Arrivals(dst[sel], rows.segment[sel], t[sel], np.r_[0, np.cumsum(rows.lengths()[sel])].astype(np.int64),
+                got = Arrivals(dst[sel], rows.segment[sel], t[sel], row_bounds(rows.lengths()[sel]),
                                rows.values[spans(rows.bounds, sel)])
                 sends, done = kernel.arrive(got)
                 self._push(sends, seq, int(rows.code[sel[0]]))

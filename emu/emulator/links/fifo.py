@@ -1,0 +1,150 @@
+"""One link's FIFO over many rows at once, for ``LinkArray.send_segments`` / ``receive_segments``
+(docs/design-notes.md, "Hand-offs in batches"): rows grouped in turns, a link's rows as an exact
+running sum, many links' running sums as one padded table. Every sum adds what the scalar
+``LinkArray.send_segment`` / ``receive_segment`` add, in the same order, so every stamp is bit for
+bit the same."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+# Rows of one link in a batch past which they run as a link's running sum (``fifo``) rather than in
+# turns: a turn is a few numpy steps over every link's k-th row, costly where one link has most rows.
+DEEP = 8
+RESTARTS = 16  # idle gaps a running sum restarts at, before the rest of the link's rows go one by one
+
+
+def turns(idx: np.ndarray, deep: int | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Rows grouped by their place among their link's rows: the first row of every link, then the
+    second of every link, ... (each group's rows on distinct links, in the order given); with
+    ``deep``, the rows of each link with more than that many apart (each link's in order)."""
+    n = len(idx)
+    if n == 0:
+        return [], []
+    order = np.argsort(idx, kind="stable")
+    e = idx[order]
+    new = np.r_[True, e[1:] != e[:-1]]
+    starts = np.flatnonzero(new)
+    if len(starts) == n:  # one row a link: one step
+        return [np.arange(n)], []
+    counts = np.diff(np.r_[starts, n])
+    link = np.cumsum(new) - 1
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n) - starts[link]
+    deep_rows: list[np.ndarray] = []
+    if deep is not None and counts.max() > deep:
+        many = counts > deep
+        deep_rows = [order[a:a + c] for a, c in zip(starts[many].tolist(), counts[many].tolist(), strict=True)]
+        keep = np.empty(n, bool)
+        keep[order] = ~many[link]
+        rest = np.flatnonzero(keep)
+        if not len(rest):
+            return [], deep_rows
+        by_pos = rest[np.argsort(pos[rest], kind="stable")]
+    else:
+        by_pos = np.argsort(pos, kind="stable")
+    return np.split(by_pos, np.flatnonzero(np.diff(pos[by_pos])) + 1), deep_rows
+
+
+DEEP_CELLS = 1 << 20  # cells of one table of deep links at most (``parts``): its memory bounded
+
+
+def side_by_side(deep: list[np.ndarray], table: Callable[[list[np.ndarray]], list[np.ndarray]]) -> list[np.ndarray]:
+    """The deep links through ``table`` (their running sums side by side, ``DeepTable``) in groups of
+    bounded memory (``parts``); returns the links left for one by one (a group of one link is)."""
+    return [r for part in parts(deep) for r in (part if len(part) < 2 else table(part))]
+
+
+def parts(deep: list[np.ndarray]) -> list[list[np.ndarray]]:
+    """Deep links in groups whose table (links by the longest link's rows) holds at most
+    ``DEEP_CELLS`` cells, links of like length together; a link longer than that alone."""
+    parts: list[list[np.ndarray]] = [[]]
+    for rows in sorted(deep, key=len):
+        if parts[-1] and (len(parts[-1]) + 1) * len(rows) > DEEP_CELLS:
+            parts.append([])
+        parts[-1].append(rows)
+    return parts
+
+
+class DeepTable:
+    """The rows of deep links (each link's in its FIFO order) as a table padded on the right, a link
+    a row: ``np.add.accumulate`` along a table row adds as along that link's 1-D array, so a link's
+    running sum is the one ``fifo`` makes, for many links in one step."""
+
+    def __init__(self, idx: np.ndarray, deep: list[np.ndarray]) -> None:
+        self.counts = np.array([len(r) for r in deep], np.int64)
+        self.rows = np.concatenate(deep)
+        self.starts = np.zeros(len(deep), np.int64)
+        np.cumsum(self.counts[:-1], out=self.starts[1:])
+        self.link = np.repeat(np.arange(len(deep)), self.counts)  # each row's table row
+        self.col = np.arange(len(self.rows)) - np.repeat(self.starts, self.counts)
+        self.links = idx[self.rows[self.starts]]
+        self.valid = np.zeros((len(deep), int(self.counts.max())), bool)
+        self.valid[self.link, self.col] = True
+
+    def table(self, flat: np.ndarray, fill: float) -> np.ndarray:
+        out = np.full(self.valid.shape, fill)
+        out[self.link, self.col] = flat
+        return out
+
+    def flat(self, table: np.ndarray) -> np.ndarray:
+        return table[self.link, self.col]
+
+    def chain(self, last_ready: np.ndarray, ready: np.ndarray, ser: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``LinkArray._check_chain`` per link: whether some row came early (that link goes one by
+        one, which counts it), and the link's latest ready time."""
+        last = np.maximum.accumulate(np.concatenate([last_ready[:, None], ready], axis=1), axis=1)
+        early = ((ready < last[:, :-1] - ser - 1e-6) & self.valid).any(axis=1)
+        return early, last[:, -1]
+
+
+def lead(first: float, rest: np.ndarray) -> np.ndarray:
+    """``first`` then ``rest`` as one float64 array (``np.r_[first, rest]`` without its indexing cost,
+    which a link's every batch paid several times)."""
+    out = np.empty(len(rest) + 1)
+    out[0] = first
+    out[1:] = rest
+    return out
+
+
+def fifo(ready: np.ndarray, ser: np.ndarray, free: float) -> np.ndarray:
+    """One link's FIFO, ``end_i = max(ready_i, end_(i-1)) + ser_i`` from ``end_(-1) = free``, with the
+    same additions as row by row: a running sum (``np.add.accumulate``, left to right) from each
+    row that found the link idle."""
+    n = len(ready)
+    end = np.empty(n)
+    p, prev, restarts = 0, free, 0
+    while p < n:
+        if restarts == RESTARTS:
+            for j in range(p, n):
+                prev = end[j] = max(float(ready[j]), prev) + float(ser[j])
+            return end
+        acc = np.add.accumulate(lead(max(float(ready[p]), prev), ser[p:]))[1:]
+        gap = np.flatnonzero(ready[p + 1:] > acc[:-1])
+        stop = n if not len(gap) else p + 1 + int(gap[0])
+        end[p:stop] = acc[:stop - p]
+        prev, p = float(end[stop - 1]), stop
+        restarts += 1
+    return end
+
+
+def fifo_pipelined(first: np.ndarray, tail: np.ndarray, ser: np.ndarray, free: float) -> np.ndarray:
+    """A downlink's FIFO, ``done_i = max(max(first_i, done_(i-1)) + ser_i, tail_i)`` (``tail``: the last
+    packet's arrival plus its own serialization), row by row's additions, as ``fifo``."""
+    n = len(first)
+    done = np.empty(n)
+    p, prev, restarts = 0, free, 0
+    while p < n:
+        if restarts == RESTARTS:
+            for j in range(p, n):
+                prev = done[j] = max(max(float(first[j]), prev) + float(ser[j]), float(tail[j]))
+            return done
+        acc = np.add.accumulate(lead(max(max(float(first[p]), prev) + float(ser[p]), float(tail[p])), ser[p + 1:]))
+        bad = np.flatnonzero((first[p + 1:] > acc[:-1]) | (tail[p + 1:] > acc[1:]))
+        stop = n if not len(bad) else p + 1 + int(bad[0])
+        done[p:stop] = acc[:stop - p]
+        prev, p = float(done[stop - 1]), stop
+        restarts += 1
+    return done

@@ -27,7 +27,7 @@ from emu.capture.merge import merge_ranks
 from emu.capture.sparsity import attach_sparsity, mask_path, read_masks
 from emu.errors import CaptureError, ConfigError, EmuError
 from emu.lifetime import current
-from emu.traces.model import GroupRole, Source, Trace
+from emu.traces.model import Experts, GroupRole, Source, Trace
 from emu.traces.samples import BUILT_IN, MODELS, PARALLEL_MODELS
 from emu.traces.validate import validate_trace
 
@@ -154,6 +154,12 @@ def _params(reports: list[dict]) -> int | None:
 SCRIPTS = Path(__file__).parent / "scripts"
 PARALLEL_WORLD = 4  # the built-in sharded and split workloads' default world size (dp=2 x tp=2, ...)
 
+# The built-in moe's experts, given to its script: 16 of width 256, each an MLP of Linear(256, 512)
+# and Linear(512, 256) with biases (moe_train.py's Expert), whose parameters a replay's expert
+# gradients count
+MOE_WIDTH = 256
+MOE_EXPERTS = Experts(count=16, params_per_expert=2 * (MOE_WIDTH * 2 * MOE_WIDTH) + 2 * MOE_WIDTH + MOE_WIDTH)
+
 
 def capture_parallel(model: str, config: CaptureConfig, *, batch_size: int | None = None,
                      bucket_cap_mb: float = 4.0, seed: int = 0,
@@ -166,11 +172,16 @@ def capture_parallel(model: str, config: CaptureConfig, *, batch_size: int | Non
     args = ["--steps", str(steps), "--batch-size", str(batch), "--seed", str(seed)]
     if model == "tp":
         args += ["--bucket-cap-mb", f"{bucket_cap_mb:g}"]
+    if model == "moe":
+        args += ["--experts", str(MOE_EXPERTS.count), "--width", str(MOE_WIDTH)]
     command = (f"emu capture --model {model} --world-size {config.world_size} --iters {config.profile_steps} "
                f"--warmup {config.warmup} --batch-size {batch} --seed {seed}"
                + (f" --bucket-cap-mb {bucket_cap_mb:g}" if model == "tp" else ""))
-    return _run(sys.executable, lambda _: [str(script), *args], config, source_model=model, command=command,
-                batch_size=batch, on_tick=on_tick)
+    trace = _run(sys.executable, lambda _: [str(script), *args], config, source_model=model, command=command,
+                 batch_size=batch, on_tick=on_tick)
+    if model == "moe":  # what a replay at another expert-parallel size needs (emu.replay.plan.experts)
+        trace = replace(trace, meta=replace(trace.meta, experts=MOE_EXPERTS))
+    return trace
 
 
 def capture_model(model: str, config: CaptureConfig = CaptureConfig(), *, batch_size: int | None = None,

@@ -41,6 +41,13 @@ def human_bandwidth(bps: float | None) -> str:
     return format_bandwidth(bps, " ")
 
 
+def warn_design(config) -> None:
+    """A design's settings that cannot act at its size, on stderr (``Topology.warning``)."""
+    warning = config.topology.warning(config.workers) if config.topology is not None else None
+    if warning:
+        err().print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+
+
 def ms(us: float | None) -> str:
     return "-" if us is None else f"{us / 1000:.2f}"
 

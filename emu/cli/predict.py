@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from emu.cli import cli
-from emu.cli.output import err, ms, out
+from emu.cli.output import err, ms, out, warn_design
 from emu.cli.sweep import build_grid, grid_options, split_axes
 
 
@@ -26,7 +26,11 @@ def predict(ctx: click.Context, as_json: bool, **params: Any) -> None:
 
     pts, traces = build_grid(ctx, params, "predict")
     rows = []
+    warned = set()
     for p in pts:
+        if (p.config.topology, p.config.workers) not in warned:
+            warned.add((p.config.topology, p.config.workers))
+            warn_design(p.config)
         e = estimate(traces.get(p.trace), p.config)
         c = p.config
         rows.append({"trace": p.label, "stragglers": " ".join(s.text for s in c.stragglers), "design": p.design, "fabric": c.fabric, "workers": c.workers,

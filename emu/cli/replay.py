@@ -11,7 +11,7 @@ import click
 
 from emu.cli import cli
 from emu.cli.options import auto, design_options, design_values, trace_path, typed
-from emu.cli.output import ProgressBar, err, human_bandwidth, human_bytes, ms, out
+from emu.cli.output import ProgressBar, err, human_bandwidth, human_bytes, ms, out, warn_design
 from emu.emulator import fabric as fabrics
 from emu.errors import CheckFailed, ConfigError, EmuError
 
@@ -92,6 +92,7 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, ne
 
         ctx.with_resource(spread(cluster))
     configs = _configs(ctx, _base_config(ctx.params, sum(counts)), fabric, network, several, cluster, flags)
+    warn_design(configs[0])
     outputs = _outputs(configs, report_path, chrome_trace, quiet)
     payload = None
     if payload_file is not None:

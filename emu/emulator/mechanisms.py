@@ -527,9 +527,14 @@ class Direct(PointToPoint):
 
     def alone_us(self, op: Coll, s: Setting) -> float:
         if op.splits is not None:
-            raise ConfigError(f"all_to_all {op.id} has per-peer sizes (splits): emu predict has no closed form for "
-                              "an uneven all_to_all yet: replay it (emu sweep replays it and leaves its estimate out)")
+            raise ConfigError(f"all_to_all {op.id} has per-peer sizes (splits): its closed form needs every member's "
+                              "(exchange_us), which emu predict gathers as the members start it")
         return physics.all_to_all_us(op.count, op.dtype.itemsize, s.group_size(op), s.link, s.rto_us, s.payload_scale)
+
+    def exchange_us(self, sent: list[list[int]], op: Coll, s: Setting) -> float:
+        """An uneven all_to_all alone on the links, ``sent[i][j]`` the elements member i sends member j
+        (every member's ``splits.send_elements``, in the group's order)."""
+        return physics.uneven_all_to_all_us(sent, op.dtype.itemsize, s.link, s.rto_us, s.payload_scale)
 
 
 class SendReceive(PointToPoint):

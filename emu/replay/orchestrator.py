@@ -217,7 +217,8 @@ def plan_run(trace: Trace, config: ReplayConfig, trace_path: str | None, spans: 
                          lookahead_us=config.lookahead_us(inside_nodes=point_to_point(programs, config)),
                          queue_bound=config.queues_bound_windows(inside_nodes=point_to_point(programs, config)),
                          packet_rate=config.packet_rate, pools=pools, pool_slots=pool_slots)
-    reporter = _OneJob(trace, trace_path, config, iters, plan_mesh(trace, m, config.mesh, path), programs)
+    reporter = _OneJob(trace, trace_path, config, iters,
+                       plan_mesh(trace, m, config.mesh, path, config.moe_imbalance, config.seed), programs)
     return RunPlan(config=config, hosts=tuple(setups), switch=switch, total=iters * m, reporter=reporter,
                    external=True)
 

@@ -86,7 +86,7 @@ def _programs(trace: Trace, config: ReplayConfig) -> list[WorkerProgram]:
     """The programs to draw the classes from, checked as a replay checks them: every worker's for a
     trace with sub-groups (each worker's groups are its own); else those of workers
     0..min(M, len(ranks))-1, planned for at most about PLAN_LIMIT workers."""
-    if has_subgroups(trace):
+    if _regrouped(trace, config):
         return programs_for(trace, config)
     n, r, workers = trace.meta.world_size, len(trace.ranks), config.workers
     m = workers
@@ -97,12 +97,22 @@ def _programs(trace: Trace, config: ReplayConfig) -> list[WorkerProgram]:
     return programs_for(trace, config, workers=m)[:min(r, workers)]
 
 
+def _regrouped(trace: Trace, config: ReplayConfig) -> bool:
+    """Whether the replay runs collectives on sub-groups, or gives each worker its own sizes (a
+    mixture of experts at a new layout): every worker's program is planned."""
+    layout = plan_mesh(trace, config.workers, config.mesh, "the trace", config.moe_imbalance, config.seed)
+    return has_subgroups(trace) or layout is not None and (layout.regroups or layout.experts is not None)
+
+
 def _classes(trace: Trace, config: ReplayConfig) -> tuple[list[_Class], np.ndarray]:
     """The classes, and every worker's class."""
     programs = _programs(trace, config)
     factor, _ = straggling(config.stragglers, config.workers, config.seed)  # numpy over M, as replay draws
     whole = len(programs) < config.workers  # the first workers' programs stand for everyone's, round robin
-    prog = np.arange(config.workers) % len(programs) if whole else np.array([p.rank for p in programs])
+    # an uneven all_to_all gives each worker its own sizes (a mixture of experts): a class a worker
+    own = any(op.splits is not None for it in programs[0].iterations for op in it.colls)
+    prog = (np.arange(config.workers) % len(programs) if whole else
+            np.array([p.worker if own else p.rank for p in programs]))
     keys, first, class_of = np.unique(np.stack([prog.astype(float), factor], axis=1), axis=0, return_index=True,
                                       return_inverse=True)
     classes = [_Class(program=programs[int(k[0]) if whole else int(w)], factor=float(k[1]), first_worker=int(w))
@@ -119,6 +129,7 @@ class _Forms:
 
     def __init__(self, classes: list[_Class], class_of: np.ndarray, setting: Setting, iters: int) -> None:
         self.class_of, self.setting = class_of, setting
+        self.first = [c.first_worker for c in classes]
         self.all = frozenset(range(len(classes)))
         self.workers = [FakeWorker(WorkerState(program=c.program, iters=iters, straggle=c.factor),
                                    self._start, self._resume) for c in classes]
@@ -167,7 +178,7 @@ class _Forms:
             return
         del self.pending[key]
         start = max(r.start_us or r.issue_us for r in entry.values())
-        duration, spread = self.form(run.op)
+        duration, spread = self._exchange(entry) if run.op.splits is not None else self.form(run.op)
         for i, r in entry.items():
             self._end(i, r, start + duration, spread)
 
@@ -195,6 +206,21 @@ class _Forms:
         send = other[-1]
         sent = send.start_us if send.start_us is not None else send.issue_us
         self._end(i, run, max(start, sent + self.form(run.op)[0]))
+
+    def _exchange(self, entry: dict[int, CollRun]) -> tuple[float, float]:
+        """An uneven all_to_all's form from every member's splits (each member a class of its own:
+        a layout of experts gives every worker its own sizes), every member ending with the slowest."""
+        op = next(iter(entry.values())).op
+        members = op.group if op.group is not None else range(len(self.class_of))
+        position = {w: p for p, w in enumerate(members)}
+        sent: list[list[int]] = [[] for _ in members]
+        for i, run in entry.items():
+            assert run.op.splits is not None
+            sent[position[self.first[i]]] = list(run.op.splits.send_elements)
+        if any(not row for row in sent):
+            raise ConfigError(f"all_to_all {op.id} has per-peer sizes, and members of its group run one program: "
+                              "emu predict needs each member's sizes; replay it (emu replay)")
+        return mechanisms.DIRECT.exchange_us(sent, op, self.setting), 0.0
 
     def form(self, op: Coll) -> tuple[float, float]:
         """Its closed form alone on the links and its members' completion spread (``Mechanism``)."""
@@ -237,8 +263,8 @@ def predict(trace: Trace, config: ReplayConfig) -> Prediction:
     if config.compress.adaptive:
         raise ConfigError("--compress adaptive: its choices follow what the replay measures as it runs; emu predict "
                           "takes one compressor (--compress topk:R), or replay it (emu replay --compress adaptive)")
-    plan_mesh(trace, config.workers, config.mesh, "the trace")  # a mesh given must fit the trace's
-    if config.topology is not None and has_subgroups(trace):
+    regrouped = _regrouped(trace, config)  # checks that a mesh given fits the trace's
+    if config.topology is not None and regrouped:
         raise ConfigError("a sharded or split trace on a topology: emu predict's topology forms take the whole "
                           "job's dense all_reduces (docs/physics.md, 'On a topology'); replay it (emu replay)")
     iters = config.iters or trace.iterations

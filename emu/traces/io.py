@@ -28,6 +28,7 @@ from emu.traces.model import (
     CollKind,
     Compute,
     Dtype,
+    Experts,
     GradientSample,
     GroupRole,
     Iteration,
@@ -249,7 +250,25 @@ def _load_meta(raw: Any, where: _Where) -> TraceMeta:
         mesh=_load_mesh(raw, where),
         cpu_cores=_int(raw, "cpu_cores", where, minimum=1, optional=True),
         threads_per_rank=_int(raw, "threads_per_rank", where, minimum=1, optional=True),
+        experts=_load_experts(raw, where),
     )
+
+
+def _load_experts(raw: dict[str, Any], where: _Where) -> Experts | None:
+    """``meta.experts``: {"count": 16, "params_per_expert": 262912} (optional; docs/trace-format.md)."""
+    doc = _get(raw, "experts", where, dict, optional=True)
+    if doc is None:
+        return None
+    def shown(key: str) -> str:
+        return _show(doc[key]) if key in doc else "absent"
+
+    count, params = doc.get("count"), doc.get("params_per_expert")
+    if not _is_count(count) or count < 1:
+        raise where.fail("meta.experts.count", f"is {shown('count')}; give the number of experts, an integer >= 1")
+    if not _is_count(params) or params < 0:
+        raise where.fail("meta.experts.params_per_expert", f"is {shown('params_per_expert')}; give one expert's "
+                         "parameter elements, an integer >= 0")
+    return Experts(count=count, params_per_expert=params)
 
 
 def _load_mesh(raw: dict[str, Any], where: _Where) -> Mesh | None:
@@ -356,6 +375,8 @@ def trace_to_dict(trace: Trace) -> dict[str, Any]:
         meta_doc["comm_hook"] = meta.comm_hook
     if meta.mesh is not None:
         meta_doc["mesh"] = {d.name: d.size for d in meta.mesh.dims}
+    if meta.experts is not None:
+        meta_doc["experts"] = {"count": meta.experts.count, "params_per_expert": meta.experts.params_per_expert}
     for key in ("cpu_cores", "threads_per_rank"):
         if getattr(meta, key) is not None:
             meta_doc[key] = getattr(meta, key)

@@ -215,6 +215,15 @@ class RankProgram:
 
 
 @dataclass(frozen=True)
+class Experts:
+    """A mixture of experts' layout (``meta.experts``), where the trace records it: what a replay at
+    another expert-parallel size needs (``emu.replay.plan.experts``, docs/moe.md)."""
+
+    count: int  # experts over the expert-parallel group (each rank holds count / ep of them)
+    params_per_expert: int  # elements of one expert's parameters (its gradients' dtype: meta.dtype)
+
+
+@dataclass(frozen=True)
 class TraceMeta:
     """Provenance of a trace. Optional fields are None where the source is silent."""
 
@@ -241,6 +250,8 @@ class TraceMeta:
     # How the capture's ranks shared this machine: its CPU cores, and the threads each rank used
     cpu_cores: int | None = None
     threads_per_rank: int | None = None
+    # A mixture of experts' layout, where the source recorded it (emu capture --model moe does)
+    experts: Experts | None = None
 
 
 @dataclass(frozen=True)

@@ -359,6 +359,24 @@ def test_mesh_on_the_command_line_and_in_a_design(tmp_path: Path, no_children) -
     assert result.exit_code == 2 and "records no mesh" in result.output
 
 
+def test_a_mixture_of_experts_at_a_new_size(no_children) -> None:
+    """--mesh grows the moe sample's ep and adds replicas, --moe-imbalance sets its routing (the
+    report keeps it), and an oversubscription no spine can act on is warned about (docs/moe.md)."""
+    result = run("replay", "moe", "--mesh", "dp=2,ep=8", "--moe-imbalance", "2", "--fabric", "ring", "--iters", "1",
+                 "--workers-per-node", "8", "--oversubscription", "4", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["config"]["design"]["parallelism"] == {"mesh": "dp=2,ep=8", "moe_imbalance": 2.0}
+    assert doc["verification"]["ok"] and any("--moe-imbalance 2" in n for n in doc["parallelism"]["notes"])
+    assert "warning: oversubscription 4:1 slows the links from leaves to the spine, but the 16 workers' NICs all " \
+           "sit in one leaf" in " ".join(result.stderr.split())
+    for args, words in [(["--moe-imbalance", "0.5"], "--moe-imbalance 0.5: give the largest split over the mean"),
+                        (["--workers", "64"], "lay it out with --mesh dp=D,ep=4")]:
+        result = run("replay", "moe", "--iters", "1", *args)
+        assert result.exit_code == 2, result.output
+        assert_one_line_error(result, words)
+
+
 def test_a_coarse_payload_scale_says_which_segments_carried_no_data(tmp_path: Path, no_children) -> None:
     # at 2^22 the mlp's buckets are 2 and 1 real elements: most of a 4-worker ring's chunks are empty
     report = tmp_path / "r.json"

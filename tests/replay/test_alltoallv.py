@@ -10,11 +10,14 @@ import pytest
 
 from emu.capture import import_kineto
 from emu.emulator.links.spec import LinkSpec
+from emu.emulator.physics import forms
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig, replay
+from emu.replay.plan.layout import parse_mesh
+from emu.replay.plan.programs import plan_programs
 from emu.study.predict import predict
-from emu.traces import CollKind
-from emu.traces.model import Trace
+from emu.traces import CollKind, load_trace, sample_path
+from emu.traces.model import Trace, Wait
 from tests.conftest import GLOO_ALLTOALLV
 from tests.replay.test_clock import exact_part
 
@@ -54,18 +57,119 @@ def test_each_peer_gets_what_was_captured(uneven: Trace, fabric: str, no_childre
 def test_elsewhere_it_is_refused_by_name(uneven: Trace) -> None:
     with pytest.raises(ConfigError, match=r"all_to_all 0 sends \[40, 40\] elements .* at the trace's own size only"):
         replay(uneven, ReplayConfig(workers=4, fabric="ring"))
-    with pytest.raises(ConfigError, match="emu predict has no closed form for an uneven all_to_all yet"):
-        predict(uneven, ReplayConfig(workers=2, fabric="ring"))
 
 
 def test_the_moe_sample_replays_at_its_size(no_children) -> None:
     """The shipped mixture of experts (ep=4): its token exchanges point to point at the sizes its
     router chose, its replicated parameters' all_reduce on the switch, every element checked, the
     same in one process and over sockets."""
-    from emu.traces import load_trace, sample_path
-
     moe = load_trace(sample_path("moe"))
     config = ReplayConfig(workers=4, fabric="ina", iters=2)
     got = replay(moe, config)
     assert got.verification.ok and got.verification.mismatches == 0 and not got.fabric.fallbacks
     assert exact_part(replay(moe, dataclasses.replace(config, processes=2))) == exact_part(got)
+
+
+def _exchanges_only(trace: Trace) -> Trace:
+    """The trace's all_to_alls alone (its all_reduce and the waits' ids for it dropped)."""
+    def keep(ops):
+        gone = {op.id for op in ops if getattr(op, "kind", None) == CollKind.ALL_REDUCE}
+        out = []
+        for op in ops:
+            if getattr(op, "kind", None) == CollKind.ALL_REDUCE:
+                continue
+            if isinstance(op, Wait):
+                ids = tuple(i for i in op.ids if i not in gone)
+                if not ids:
+                    continue
+                op = dataclasses.replace(op, ids=ids)
+            out.append(op)
+        return tuple(out)
+    ranks = tuple(dataclasses.replace(r, iterations=tuple(dataclasses.replace(it, ops=keep(it.ops))
+                                                          for it in r.iterations)) for r in trace.ranks)
+    return dataclasses.replace(trace, ranks=ranks)
+
+
+def test_a_grown_expert_group_sends_each_peer_its_split(no_children) -> None:
+    """At ep=8 (twice the capture's), every worker receives from each peer exactly what the resized
+    splits say (every element checked at payload scale 1), on a ring fabric and on the switch's."""
+    moe = _exchanges_only(load_trace(sample_path("moe")))
+    mesh = parse_mesh("ep=8")
+    programs = plan_programs(moe, 8, mesh=mesh)
+    expected = 0
+    for w, prog in enumerate(programs):
+        for it in prog.iterations[:2]:
+            for op in it.colls:
+                expected += (sum(op.splits.recv_elements) - op.splits.recv_elements[w] if op.splits is not None
+                             else op.count // 8 * 7)
+    for fabric in ("ring", "ina"):
+        got = replay(moe, ReplayConfig(workers=8, fabric=fabric, iters=2, payload_scale=1, mesh=mesh))
+        assert got.verification.ok and got.verification.mismatches == 0
+        assert got.verification.elements_checked == expected
+        assert got.parallelism is not None and got.parallelism.mesh == "ep=8"
+        assert any("resized from ep=4 to ep=8 (2 experts a rank" in n for n in got.parallelism.notes)
+
+
+def test_replicas_of_the_moe_sample_verify(no_children) -> None:
+    """dp=2 x ep=8: the dense gradients over all 16 workers (the switch's on ina), each rank's expert
+    gradients over its 2 replicas, the token exchanges within ep; every collective accounted for."""
+    moe = load_trace(sample_path("moe"))
+    for fabric in ("ina", "ring"):
+        got = replay(moe, ReplayConfig(workers=16, fabric=fabric, iters=2, mesh=parse_mesh("dp=2,ep=8")))
+        par = got.parallelism
+        assert got.verification.ok and par is not None and par.accounted
+        ran = {g.role: g.ran for g in par.groups}
+        assert ran["ep"] == ("direct",) and ran["dp"] == (("switch",) if fabric == "ina" else ("ring",))
+        assert any("added by emu, not in the trace: each rank's expert gradients (2 x 262,912 elements)" in n
+                   for n in par.notes)
+
+
+def test_the_closed_form_of_an_even_exchange_is_the_even_form() -> None:
+    link = LinkSpec(bandwidth_bps=10e9, latency_us=5.0)
+    for m, count in [(2, 1000), (4, 4096), (8, 80_000)]:
+        sent = [[count // m] * m for _ in range(m)]
+        assert forms.uneven_all_to_all_us(sent, 4, link) == pytest.approx(forms.all_to_all_us(count, 4, m, link))
+    # the slowest peer's bytes set it: one member receiving 3x the others' takes longer than even
+    skewed = [[0, 3000, 500, 500], [500, 0, 3000, 500], [500, 500, 0, 3000], [3000, 500, 500, 0]]
+    hot = [[0, 100, 100, 3800], [100, 0, 100, 3800], [100, 100, 0, 3800], [1333, 1333, 1334, 0]]
+    assert forms.uneven_all_to_all_us(hot, 4, link) > forms.uneven_all_to_all_us(skewed, 4, link)
+
+
+@pytest.mark.parametrize("bandwidth", [1e9, 100e6])
+def test_predict_meets_the_replay_at_the_traces_size(uneven: Trace, bandwidth: float, no_children) -> None:
+    config = ReplayConfig(workers=2, fabric="ring", payload_scale=1, link=LinkSpec(bandwidth_bps=bandwidth))
+    expected = replay(uneven, config).summary.iteration_us_median
+    assert predict(uneven, config).iteration_us_median == pytest.approx(expected, rel=0.005)
+
+
+@pytest.mark.parametrize("fabric", ["ina", "ring"])
+def test_predict_meets_the_replay_of_a_grown_moe(fabric: str, no_children) -> None:
+    """dp=2 x ep=8: every worker its own sizes and its own class (measured 2026-12-04: +0.11% on ina,
+    -0.09% on ring; 64 workers in the slow tier)."""
+    moe = load_trace(sample_path("moe"))
+    config = ReplayConfig(workers=16, fabric=fabric, iters=2, mesh=parse_mesh("dp=2,ep=8"))
+    expected = replay(moe, config).summary.iteration_us_median
+    assert predict(moe, config).iteration_us_median == pytest.approx(expected, rel=0.02)
+
+
+@pytest.mark.slow
+def test_the_moe_sample_at_64_workers(no_children) -> None:
+    """The issue's own check: dp=8 x ep=8 verifies on ina and ring, predict within 2% of each; on
+    leaves of 4 NIC ports at 4:1 the switch's run is slower than at 1:1 (the ring's, bound by the
+    nodes' NICs, is not faster: docs/moe.md)."""
+    from emu.emulator.links.topology import Topology
+
+    moe = load_trace(sample_path("moe"))
+    mesh = parse_mesh("dp=8,ep=8")
+    for fabric in ("ina", "ring"):
+        config = ReplayConfig(workers=64, fabric=fabric, iters=3, mesh=mesh)
+        got = replay(moe, config)
+        assert got.verification.ok and got.parallelism is not None and got.parallelism.accounted
+        assert predict(moe, config).iteration_us_median == pytest.approx(got.summary.iteration_us_median, rel=0.02)
+        times = []
+        for ratio in (1.0, 4.0):
+            topo = Topology(workers_per_node=8, leaf_ports=4, oversubscription=ratio)
+            run = replay(moe, dataclasses.replace(config, topology=topo))
+            assert run.verification.ok
+            times.append(run.summary.iteration_us_median)
+        assert times[1] > times[0] if fabric == "ina" else times[1] >= times[0] - 1.0

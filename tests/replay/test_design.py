@@ -73,7 +73,7 @@ def test_every_key() -> None:
     assert d == NetworkDesign.of("x.toml", "n", "d", {"fabric": "ps", "link.bandwidth": 100e9, "link.latency": 1000.0,
                                                       "link.loss": 0.01, "link.jitter": 0.5, "switch.slots": 8192,
                                                       "switch.elements": 256})
-    assert [d.value(k) for k in KEYS] == ["ps", 100e9, None, 1000.0, 0.01, 0.5, 8192, 256] + [None] * 11
+    assert [d.value(k) for k in KEYS] == ["ps", 100e9, None, 1000.0, 0.01, 0.5, 8192, 256] + [None] * 12
 
 
 def test_a_bandwidth_schedule() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,14 @@ def test_round_trip_keeps_mesh_roles_and_streams(tmp_path: Path) -> None:
     assert op["group"] == [1, 3] and op["group_role"] == "dp" and op["stream"] == 1
 
 
+def test_round_trip_keeps_the_experts(tmp_path: Path) -> None:
+    from emu.traces.model import Experts
+
+    trace = replace(dp_tp_trace(), meta=replace(dp_tp_trace().meta, experts=Experts(16, 262912)))
+    assert load_trace(save_trace(trace, tmp_path / "t.json")) == trace
+    assert trace_to_dict(trace)["meta"]["experts"] == {"count": 16, "params_per_expert": 262912}
+
+
 def test_traces_without_the_keys_are_unchanged() -> None:
     """Optional keys: a v1 trace without them has none written back (digests of old traces hold)."""
     from tests.traces.test_io import small_trace
@@ -100,6 +109,10 @@ def _op(doc: dict, rank: int, k: int) -> dict:
     (lambda d: d["meta"].update(mesh={"dp": 0, "tp": 2}),
      "field 'meta.mesh.dp' is 0; give the dimension's size, an integer >= 1"),
     (lambda d: d["meta"].update(mesh=[2, 2]), "field 'mesh' must be an object"),
+    (lambda d: d["meta"].update(experts={"count": 0, "params_per_expert": 10}),
+     "field 'meta.experts.count' is 0; give the number of experts, an integer >= 1"),
+    (lambda d: d["meta"].update(experts={"count": 16}),
+     "field 'meta.experts.params_per_expert' is absent; give one expert's parameter elements"),
     (lambda d: _op(d, 0, 1).update(group_role="sp"),
      "rank 0: iteration 0 (step 3): op 1: field 'group_role' is 'sp'; it must be one of: dp, fsdp, tp, pp, ep, other"),
     (lambda d: _op(d, 0, 1).update(stream=70000),

@@ -151,6 +151,15 @@ class Topology:
             leaves = max(leaves, -(-self.fabric_nodes // per_leaf))
         return Layout(node=node, nic=nic, leaf=leaf, leaves=leaves)
 
+    def warning(self, workers: int) -> str | None:
+        """What the design sets that cannot act at this size, or None: an oversubscription where every
+        NIC sits in one leaf (no traffic crosses the spine it slows)."""
+        if self.oversubscription > 1 and self.layout(workers).leaves == 1:
+            return (f"oversubscription {self.oversubscription:g}:1 slows the links from leaves to the spine, but "
+                    f"the {workers} workers' NICs all sit in one leaf of {self.leaf_ports} ports: it changes nothing; "
+                    "give a smaller --leaf-ports (e.g. --leaf-ports 4) or more workers (docs/topology.md)")
+        return None
+
     def to_dict(self, link: LinkSpec) -> dict:
         """As the report records it (docs/design.md, ``config.design.topology``)."""
         return {"workers_per_node": self.workers_per_node, "nics_per_node": self.nics_per_node,

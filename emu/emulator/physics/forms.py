@@ -262,6 +262,33 @@ def all_to_all_us(count: int, itemsize: int, workers: int, link: LinkSpec, rto_u
     return (2 * workers - 3) * seg.g * seg.s + seg.h
 
 
+def uneven_all_to_all_us(sent: list[list[int]], itemsize: int, link: LinkSpec, rto_us: float = 0.0,
+                         payload_scale: int = 1) -> float:
+    """Direct exchange with per-peer sizes (p2p.UnevenAllToAll): member i sends member j its
+    ``sent[i][j]`` elements, a message in segments of its own, in order of j. Member j's downlink
+    takes what every sender's uplink delivers, first come first served (a fluid queue): it is done
+    at ``max_s (s + what reaches it from s on)``, s over the times its messages start leaving their
+    senders, after each sender's messages to the members before j. The exchange ends when the
+    slowest downlink (or uplink) is done, and a segment's flight ``h`` later. With every message
+    ``g`` segments of ``s`` this is ``all_to_all_us``: ``(2M-3) g s + h``."""
+    m = len(sent)
+    t = [[0.0] * m for _ in range(m)]
+    h = 0.0
+    for i in range(m):
+        for j in range(m):
+            if i != j and sent[i][j]:
+                seg = _Segments(sent[i][j], itemsize, 1, link, rto_us, payload_scale)
+                t[i][j], h = seg.g * seg.s, max(h, seg.h)
+    if h == 0.0:
+        return 0.0
+    end = max(sum(row) for row in t)  # the busiest uplink
+    for j in range(m):
+        starts = [(sum(t[i][k] for k in range(j) if k != i), t[i][j]) for i in range(m) if i != j and t[i][j]]
+        for s0, _ in starts:
+            end = max(end, s0 + sum(min(d, a + d - s0) for a, d in starts if a + d > s0))
+    return end + h
+
+
 def send_recv_us(count: int, itemsize: int, link: LinkSpec, rto_us: float = 0.0, payload_scale: int = 1) -> float:
     """One tensor from sender to receiver: ``g s + h`` (the sender is done when it starts)."""
     seg = _Segments(count, itemsize, 1, link, rto_us, payload_scale)

@@ -253,4 +253,6 @@ def resolved_design(config: ReplayConfig, design: NetworkDesign | None = None) -
         resolved["topology"] = config.topology.to_dict(config.link)
     if config.mesh is not None:  # only where there is one
         resolved["parallelism"] = {"mesh": config.mesh.text()}
+    if config.moe_imbalance is not None:
+        resolved.setdefault("parallelism", {})["moe_imbalance"] = config.moe_imbalance
     return resolved

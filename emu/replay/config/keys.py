@@ -171,6 +171,14 @@ def _mesh(value: Any, source: str, key: str) -> Mesh:
         raise ConfigError(f"{source}: {key}: {str(exc).removeprefix('--mesh ')}") from None
 
 
+def _imbalance(value: Any, source: str, key: str) -> float:
+    ratio = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+    if not (math.isfinite(ratio) and ratio >= 1):
+        raise ConfigError(f"{source}: {key} = {show(value)}: give the largest split over the mean, a number >= 1 "
+                          "(1: balanced routing)")
+    return ratio
+
+
 def _algorithm(value: Any, source: str, key: str) -> Hierarchy:
     if isinstance(value, str) and value in (a.value for a in Hierarchy):
         return Hierarchy(value)
@@ -278,6 +286,10 @@ KEYS: tuple[DesignKey, ...] = (
               "The layout of a sharded or split trace: its mesh with new sizes for the data-parallel dimensions, "
               "e.g. dp=64,tp=2 (the workers are its product; docs/parallelism.md).", "", "--mesh",
               commands=frozenset({"replay", "predict"})),
+    DesignKey("parallelism.moe_imbalance", _imbalance, "moe_imbalance",
+              "A mixture of experts at a new ep size: each step's largest all_to_all split over the mean (1: "
+              "balanced); default: the trace's measured routing, resampled (docs/moe.md).", "ratio",
+              "--moe-imbalance", float, commands=frozenset({"replay", "predict"})),
 )
 BY_KEY: dict[str, DesignKey] = {k.key: k for k in KEYS}
 BY_PARAM: dict[str, DesignKey] = {k.param: k for k in KEYS if k.param is not None}

@@ -295,6 +295,10 @@ class ReplayConfig:
     """The layout a sharded or split trace replays at (``--mesh dp=64,tp=2``: the trace's mesh with
     new sizes for its data-parallel dimensions; docs/parallelism.md); its size is ``workers``. None:
     the trace's mesh grown to ``workers`` along its one data-parallel dimension."""
+    moe_imbalance: float | None = None
+    """A mixture of experts at a new expert-parallel size: the largest split over the mean each step
+    (``--moe-imbalance 1.5``; 1: balanced routing). None: the trace's measured routing, resampled
+    (``emu.replay.plan.experts``, docs/moe.md)."""
 
     def check(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS_SOFTWARE:

@@ -16,6 +16,13 @@ Counts stay the trace's (weak scaling: each replica keeps its batch, each shard 
 same parameters): an all_gather's or reduce_scatter's full tensor on a group that grew is padded
 to a multiple of the group, as FSDP pads its shards, and the report says by how much.
 
+A mixture of experts (``emu.replay.plan.experts``, docs/moe.md) grows its expert-parallel dimension
+too, where the trace records its experts (``meta.experts``), and a pure expert-parallel trace
+(``ep=4``) takes a data-parallel dimension it lacks (``--mesh dp=8,ep=8``): the trace is one replica
+of it (size 1 there). Its all_to_alls stay within ep (they exchange tokens between the ranks that
+split the model); its other whole-job collectives (the replicated parameters' gradients) span the
+added dimension too, and each rank's expert gradients are all-reduced over it.
+
 A trace without a mesh whose collectives all span the job replays at any size as before
 (``None`` here); one with sub-groups and no mesh replays at its own size only, each group as it is.
 """
@@ -27,11 +34,15 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from emu.errors import ConfigError
+from emu.replay.plan.experts import ExpertLayout, ep_problem, with_expert_gradients
 from emu.traces.mesh import Mesh, MeshDim
 from emu.traces.model import Coll, CollKind, GroupRole, Trace
 
 SCALABLE = (GroupRole.DP, GroupRole.FSDP)  # data-parallel replicas and shard groups
 _P2P = (CollKind.SEND, CollKind.RECV)
+# a group that grew pads these to whole shards (an all_to_all: a piece each member; its uneven
+# ones are resized by the experts' rule instead)
+_PADDED = (CollKind.ALL_GATHER, CollKind.REDUCE_SCATTER, CollKind.ALL_TO_ALL)
 
 
 def parse_mesh(text: str) -> Mesh:
@@ -76,7 +87,15 @@ class MeshPlan:
     mesh: Mesh | None
     workers: int
     path: str
+    added: tuple[int, ...] = ()  # the data-parallel dimensions the replay adds (size 1 in trace_mesh)
+    experts: ExpertLayout | None = None  # where the expert-parallel dimension or the replicas grow
+    trace: Trace | None = None  # the programs' trace: the file's, with expert gradients where dims are added
     _members: dict[GroupKey, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def regroups(self) -> bool:
+        """Whether the whole trace's collectives land on groups of several kinds (an added dimension)."""
+        return bool(self.added)
 
     @property
     def identity(self) -> bool:
@@ -128,15 +147,21 @@ class MeshPlan:
         if self.trace_mesh is None:  # sub-groups kept as they are, at the trace's size
             group = op.group if op.group is not None else tuple(range(self.workers))
             return JOB if len(group) == self.workers else GroupKey("slice", anchor=tuple(sorted(group)))
+        every = tuple(range(len(self.trace_mesh.dims)))
         if op.group is None or len(op.group) == self.trace_mesh.size:  # the whole job, whatever its dimensions
-            return JOB
-        group = op.group
-        dims = self.trace_mesh.spans(tuple(sorted(group)))
-        if dims is None:
-            raise ConfigError(f"{self.path}: rank {rank} issues a {op.kind.value} on the group {list(group)[:16]}, "
-                              f"which is not a slice of the trace's mesh {self.trace_mesh.text()}: emu cannot say "
-                              f"which workers it spans at another layout; replay at the trace's own mesh")
-        if len(dims) == len(self.trace_mesh.dims):
+            dims: tuple[int, ...] | None = every
+        else:
+            dims = self.trace_mesh.spans(tuple(sorted(op.group)))
+            if dims is None:
+                raise ConfigError(f"{self.path}: rank {rank} issues a {op.kind.value} on the group "
+                                  f"{list(op.group)[:16]}, which is not a slice of the trace's mesh "
+                                  f"{self.trace_mesh.text()}: emu cannot say which workers it spans at another "
+                                  "layout; replay at the trace's own mesh")
+            if not dims and op.group_role is not None:  # a rank alone: the added dimension of its role, if any
+                dims = tuple(i for i in self.added if self.trace_mesh.dims[i].role == op.group_role)
+        if op.kind == CollKind.ALL_TO_ALL:  # tokens between the ranks that split the model, not replicas
+            dims = tuple(d for d in dims if d not in self.added)
+        if dims == every:
             return JOB
         assert self.mesh is not None
         anchor = tuple(0 if d in dims else c for d, c in enumerate(self.mesh.coords(w)))
@@ -170,9 +195,10 @@ class MeshPlan:
             return replace(op, group=None, group_size=size, peer=peer), key
         root = None if op.root is None else self._root(op.root, key, w)
         count = op.count
-        if op.kind in (CollKind.ALL_GATHER, CollKind.REDUCE_SCATTER) and count % size:
+        if op.kind in _PADDED and op.splits is None and count % size:
             count += size - count % size  # padded to whole shards, as FSDP pads its parameters
-        return replace(op, group=members, group_size=size, root=root, count=count,
+        role = None if key.kind == "job" and self.added else op.group_role  # the dense gradients: the job's
+        return replace(op, group=members, group_size=size, root=root, count=count, group_role=role,
                        bytes=count * op.dtype.itemsize), key
 
 
@@ -183,9 +209,12 @@ def has_subgroups(trace: Trace) -> bool:
     return any(op.group is not None and len(op.group) < n for r in trace.ranks for it in r.iterations for op in it.colls)
 
 
-def plan_mesh(trace: Trace, workers: int, mesh: Mesh | None, path: str) -> MeshPlan | None:
+def plan_mesh(trace: Trace, workers: int, mesh: Mesh | None, path: str, imbalance: float | None = None,
+              seed: int = 0) -> MeshPlan | None:
     """The layout a replay runs at; None for a trace whose collectives all span the job and that
-    asks for no mesh (replayed at any size, as every trace before meshes)."""
+    asks for no mesh (replayed at any size, as every trace before meshes). ``imbalance``: a mixture of
+    experts' routing at a new size (--moe-imbalance; None: the trace's measured one), drawn with
+    ``seed`` (``emu.replay.plan.experts``)."""
     n = trace.meta.world_size
     subgroups = has_subgroups(trace)
     trace_mesh = trace.meta.mesh
@@ -202,17 +231,29 @@ def plan_mesh(trace: Trace, workers: int, mesh: Mesh | None, path: str) -> MeshP
         plan = MeshPlan(None, None, workers, path)
     else:
         target = mesh or _default_mesh(trace_mesh, workers, path)
-        if target.names != trace_mesh.names:
-            raise ConfigError(f"--mesh {target.text()}: the trace's mesh is {trace_mesh.text()}; give its dimensions, "
-                              "in its order, with new sizes for the data-parallel ones")
+        trace_mesh, added = _extended(trace_mesh, target)
+        experts = None
         for a, b in zip(trace_mesh.dims, target.dims, strict=True):
-            if a.size != b.size and a.role not in SCALABLE:
+            if a.size != b.size and a.role == GroupRole.EP:
+                problem = ep_problem(trace, a.size, b.size)
+                if problem:
+                    raise ConfigError(f"--mesh {target.text()}: {path}: {problem}")
+                experts = ExpertLayout(trace, a.size, b.size, imbalance, seed)
+            elif a.size != b.size and a.role not in SCALABLE:
                 raise ConfigError(f"--mesh {target.text()}: dimension {a.name} ({a.role.value}) splits the model and "
-                                  f"keeps its size {a.size}; only data-parallel dimensions (dp, fsdp) scale")
+                                  f"keeps its size {a.size}; only data-parallel dimensions (dp, fsdp) and a mixture "
+                                  "of experts' ep scale")
         if target.size != workers:
             raise ConfigError(f"--mesh {target.text()} is {target.size} workers but --workers is {workers}: give one, "
                               "or the same count")
-        plan = MeshPlan(trace_mesh, target, workers, path)
+        program_trace = trace
+        if added:
+            ep = next(d for d in trace_mesh.dims if d.role == GroupRole.EP)
+            size = target.dims[trace_mesh.names.index(ep.name)].size
+            if experts is None:
+                experts = ExpertLayout(trace, ep.size, size, imbalance, seed)
+            program_trace = with_expert_gradients(trace, size)
+        plan = MeshPlan(trace_mesh, target, workers, path, added, experts, program_trace)
     held = {p.rank for p in trace.ranks}
     missing = sorted({plan.rank_of(w) for w in range(workers)} - held)
     if missing:
@@ -222,12 +263,33 @@ def plan_mesh(trace: Trace, workers: int, mesh: Mesh | None, path: str) -> MeshP
     return plan
 
 
+def _extended(trace_mesh: Mesh, target: Mesh) -> tuple[Mesh, tuple[int, ...]]:
+    """The trace's mesh with the data-parallel dimensions the replay adds (size 1: the trace is one
+    replica), and where they are in the replay's; only a pure expert-parallel trace takes them."""
+    if target.names == trace_mesh.names:
+        return trace_mesh, ()
+    added = tuple(i for i, d in enumerate(target.dims) if d.name not in trace_mesh.names)
+    kept = tuple(n for n in target.names if n in trace_mesh.names)
+    pure_ep = all(d.role == GroupRole.EP for d in trace_mesh.dims)
+    if kept != trace_mesh.names or not pure_ep or any(target.dims[i].role != GroupRole.DP for i in added):
+        raise ConfigError(f"--mesh {target.text()}: the trace's mesh is {trace_mesh.text()}; give its dimensions, "
+                          "in its order, with new sizes for the data-parallel ones"
+                          + (" (a pure expert-parallel trace also takes a dp dimension it lacks, e.g. "
+                             f"--mesh dp=8,{trace_mesh.text()})" if pure_ep else ""))
+    return Mesh(tuple(MeshDim(d.name, 1) if i in added else trace_mesh.dims[trace_mesh.index(d.name)]
+                      for i, d in enumerate(target.dims))), added
+
+
 def _default_mesh(trace_mesh: Mesh, workers: int, path: str) -> Mesh:
     """The trace's mesh at ``workers``: its one data-parallel dimension grown (or shrunk) to fit."""
     if workers == trace_mesh.size:
         return trace_mesh
     scalable = [i for i, d in enumerate(trace_mesh.dims) if d.role in SCALABLE]
     rest = trace_mesh.size // trace_mesh.dims[scalable[0]].size if len(scalable) == 1 else 0
+    if not scalable and all(d.role == GroupRole.EP for d in trace_mesh.dims):
+        raise ConfigError(f"--workers {workers}: {path}'s mesh is {trace_mesh.text()} (pure expert parallel); lay "
+                          f"it out with --mesh dp=D,{trace_mesh.text()} (replicas) or a larger ep (docs/moe.md), "
+                          f"e.g. --mesh dp={max(1, workers // trace_mesh.size)},{trace_mesh.text()}")
     if len(scalable) != 1 or workers % rest:
         how = (f"a multiple of {rest}" if len(scalable) == 1 else
                "--mesh to say which data-parallel dimension grows" if scalable else "its own size")

@@ -110,22 +110,25 @@ def programs_for(trace: Trace, config: ReplayConfig, path: str = "trace", first:
     reads); ``workers``: plan for this many where fewer than the job's are planned (``emu predict``)."""
     return plan_programs(trace, workers or config.workers, path, config.sparsity, config.compress,
                          job_workers=config.workers if workers else None, switch_sums=config.switch_sums,
-                         first=first, mesh=config.mesh)
+                         first=first, mesh=config.mesh, imbalance=config.moe_imbalance, seed=config.seed)
 
 
 def plan_programs(trace: Trace, workers: int, path: str = "trace", sparsity: SparsityOption | None = None,
                   compress: CompressOption | None = None, job_workers: int | None = None,
-                  switch_sums: bool = False, first: int | None = None, mesh: Mesh | None = None) -> list[WorkerProgram]:
+                  switch_sums: bool = False, first: int | None = None, mesh: Mesh | None = None,
+                  imbalance: float | None = None, seed: int = 0) -> list[WorkerProgram]:
     """The programs of ``workers`` fake workers; ``job_workers``: the job's size where fewer are
     planned (``emu predict``), which a compressed all_gather's size follows; ``switch_sums``: the
     fabric sums all_reduces in a switch (INA), which takes some compressors' levels
     (``emu.replay.plan.compression.compressed``); ``first``: plan only the first workers' programs
     (what a report reads of a run whose programs were checked), without the point-to-point check;
-    ``mesh``: the layout of a sharded or split trace (``emu.replay.plan.layout``)."""
-    if workers != trace.meta.world_size or mesh is not None:
+    ``mesh``: the layout of a sharded or split trace (``emu.replay.plan.layout``); ``imbalance``
+    and ``seed``: a mixture of experts' routing at a new size (``emu.replay.plan.experts``)."""
+    layout = plan_mesh(trace, workers, mesh, path, imbalance, seed)  # checks a mesh given, and a layout's ranks
+    if (workers != trace.meta.world_size or mesh is not None) and (
+            layout is None or not layout.identity and layout.experts is None):
         _refuse_uneven_all_to_all(trace, path)
-    layout = plan_mesh(trace, workers, mesh, path)  # checks a mesh given, and a layout's ranks
-    if layout is not None and has_subgroups(trace):
+    if layout is not None and (has_subgroups(trace) or layout.regroups or layout.experts is not None):
         return _plan_groups(trace, layout, path, sparsity, compress, first)
     n = trace.meta.world_size
     ranks = with_sparsity(trace, workers, sparsity)
@@ -168,7 +171,7 @@ def _plan_groups(trace: Trace, layout: MeshPlan, path: str, sparsity: SparsityOp
     """Programs of a trace of several groups at a layout (module docstring): each collective on its
     group of workers, numbered so that every group's members agree."""
     _refuse_for_groups(trace, path, sparsity, compress)
-    by_rank = {p.rank: p for p in trace.ranks}
+    by_rank = {p.rank: p for p in (layout.trace or trace).ranks}  # with expert gradients where dims are added
     planned, counts = _scaled_by_group(by_rank, layout, path)
     _check_groups(planned, counts, layout, path)
     bases, total = {}, 0
@@ -180,9 +183,11 @@ def _plan_groups(trace: Trace, layout: MeshPlan, path: str, sparsity: SparsityOp
     for w in range(m if first is None else min(first, m)):
         rank, per_it = planned[w]
         iterations, offsets = [], []
-        for it, row in zip(by_rank[rank].iterations, per_it, strict=True):
+        for k, (it, row) in enumerate(zip(by_rank[rank].iterations, per_it, strict=True)):
             scaled = iter(row)
             ops = tuple(next(scaled)[0] if isinstance(op, Coll) else op for op in it.ops)
+            if layout.experts is not None:
+                ops = layout.experts.follow_tokens(it.ops, ops, rank, k)
             iterations.append(Iteration(step=it.step, measured_us=it.measured_us, ops=ops))
             offsets.append(tuple(bases[key] + k for _, key, k in row))
         programs.append(WorkerProgram(worker=w, rank=rank, iterations=tuple(iterations), colls_per_iteration=total,
@@ -221,12 +226,16 @@ def _scaled_by_group(by_rank: dict, layout: MeshPlan, path: str) -> tuple[Planne
         for index, it in enumerate(by_rank[rank].iterations):
             seen: dict[GroupKey, list[tuple[str, str, int]]] = {}
             row = []
+            uneven = 0
             for op in it.colls:
                 scaled, key = layout.scale_op(op, rank, w)
+                if op.splits is not None and layout.experts is not None:
+                    scaled = layout.experts.resplit(scaled, op, rank, w, index, uneven)
+                    uneven += 1
                 sig = seen.setdefault(key, [])
                 row.append((scaled, key, len(sig)))
                 sig.append(("p2p" if op.kind in (CollKind.SEND, CollKind.RECV) else op.kind.value, op.dtype.value,
-                            scaled.count))
+                            -1 if scaled.splits is not None else scaled.count))  # an uneven one's differ
             for key, sig in seen.items():
                 want = signature.setdefault(key, tuple(sig))
                 if tuple(sig) != want:

@@ -22,6 +22,7 @@ from emu.traces.mesh import Mesh
 from emu.traces.model import Coll, CollKind, Trace
 
 _P2P = (CollKind.SEND, CollKind.RECV)
+_PADDED = (CollKind.ALL_GATHER, CollKind.REDUCE_SCATTER, CollKind.ALL_TO_ALL)
 
 
 def mechanism(op: Coll, config: ReplayConfig) -> str:
@@ -46,9 +47,10 @@ def _dims(op: Coll, w: int, mesh: Mesh | None) -> tuple[str, ...]:
 def parallelism_report(trace: Trace, plan: MeshPlan, programs: list[WorkerProgram], config: ReplayConfig,
                        iters: int, completed: Mapping[str, int]) -> ParallelismReport:
     """``programs``: every worker's; ``completed``: the collectives the workers completed, by role."""
-    by_rank = {p.rank: p for p in trace.ranks}
+    by_rank = {p.rank: p for p in (plan.trace or trace).ranks}  # with the expert gradients a layout adds
     layout = config.layout()
     roles: dict[str, dict] = {}
+    padded_a2a = False
     for prog in programs:
         first = prog.iterations[0]
         source = by_rank[prog.rank].iterations[0].colls
@@ -65,7 +67,9 @@ def parallelism_report(trace: Trace, plan: MeshPlan, programs: list[WorkerProgra
             r["bytes"][prog.worker] = r["bytes"].get(prog.worker, 0) + op.bytes
             r["kinds"].add(op.kind.value)
             r["ran"].add(mechanism(op, config))
-            r["padded"][(prog.worker, members)] = r["padded"].get((prog.worker, members), 0) + op.count - original.count
+            pad = op.count - original.count if op.kind in _PADDED and op.splits is None else 0  # uneven: resized
+            padded_a2a = padded_a2a or bool(pad and op.kind == CollKind.ALL_TO_ALL)
+            r["padded"][(prog.worker, members)] = r["padded"].get((prog.worker, members), 0) + pad
             if layout is not None and len({int(layout.node[m]) for m in members}) > 1:
                 r["inside"] = False
             elif layout is None:
@@ -84,8 +88,10 @@ def parallelism_report(trace: Trace, plan: MeshPlan, programs: list[WorkerProgra
             expected=r["expected"], completed=int(completed.get(role, 0))))
     notes = []
     if any(g.padded_elements for g in groups):
-        notes.append("all_gathers and reduce_scatters on groups that grew are padded to whole shards (as FSDP pads "
-                     "its parameters): padded_elements a group an iteration")
+        kinds = "all_gathers and reduce_scatters" + (" (and even all_to_alls)" if padded_a2a else "")
+        notes.append(f"{kinds} on groups that grew are padded to whole shards (as FSDP pads its parameters): "
+                     "padded_elements a group an iteration")
+    notes += _expert_notes(plan)
     pools, slots = ina_pools(programs, config)
     if pools:
         notes.append(f"the switch keeps a pool for the job and each of its {len(pools)} sub-groups it aggregates for: "
@@ -102,3 +108,21 @@ def parallelism_report(trace: Trace, plan: MeshPlan, programs: list[WorkerProgra
         scaled=tuple(plan.mesh.dims[i].name for i in plan.scaled) if plan.mesh is not None else (),
         kept=tuple(d.name for i, d in enumerate(plan.mesh.dims) if i not in plan.scaled) if plan.mesh is not None else (),
         groups=tuple(groups), accounted=all(g.expected == g.completed for g in groups), notes=tuple(notes))
+
+
+def _expert_notes(plan: MeshPlan) -> list[str]:
+    """What a mixture of experts' layout did to the trace (``emu.replay.plan.experts``)."""
+    ex = plan.experts
+    if ex is None:
+        return []
+    how = (f"routing set by --moe-imbalance {ex.imbalance:g} (one rank a step takes {ex.imbalance:g}x the mean)"
+           if ex.imbalance is not None else "the trace's measured routing, tiled and reshuffled each step")
+    notes = [f"uneven all_to_alls resized from ep={ex.trace_ep} to ep={ex.ep} ({ex.experts_per_rank} experts a rank, "
+             f"tokens a rank kept): {how}; the compute after each dispatch follows the tokens received"]
+    if plan.added:
+        assert plan.mesh is not None and plan.trace is not None and plan.trace.meta.experts is not None
+        names = ", ".join(plan.mesh.dims[i].name for i in plan.added)
+        notes.append(f"added by emu, not in the trace: each rank's expert gradients ({ex.experts_per_rank} x "
+                     f"{plan.trace.meta.experts.params_per_expert:,} elements) all-reduced over {names}, after the "
+                     "iteration's last all_reduce")
+    return notes

@@ -5,7 +5,7 @@ workers packed or spread over the nodes, with the measured routing and with bala
 (--moe-imbalance 1), on ina and ring.
 
     .venv/bin/python benchmarks/moe.py [--sizes 64,256] [--iters 2] [--bandwidth 100]
-        [--json docs/moe/moe.json] [--plot docs/moe]
+        [--json docs/moe/moe-100g.json] [--plot docs/moe]   (figures moe-100g-*.png)
 
 Each row: the median emulated iteration, and where a worker's iteration goes (the mean over every
 worker and iteration, from the replay's own spans): compute, time blocked on all_to_alls (the token
@@ -124,10 +124,10 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     if args.plot:
-        plot(rows, args.plot)
+        plot(rows, args.plot, f"moe-{args.bandwidth:g}g", f"{args.bandwidth:g} Gb/s")
 
 
-def plot(rows: list[dict], folder: Path) -> None:
+def plot(rows: list[dict], folder: Path, prefix: str, bandwidth: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -147,10 +147,10 @@ def plot(rows: list[dict], folder: Path) -> None:
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
         ax.set_xticks(range(len(chosen)), labels, fontsize=6)
         ax.set_ylabel("ms a worker an iteration (mean)")
-        ax.set_title(f"moe at {workers} workers ({MESHES[workers]}), measured routing")
+        ax.set_title(f"moe at {workers} workers ({MESHES[workers]}), {bandwidth}, measured routing")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(folder / "moe-breakdown.png", dpi=110)
+    fig.savefig(folder / f"{prefix}-breakdown.png", dpi=110)
     fig, ax = plt.subplots(figsize=(8, 5))
     for routing, style in (("measured", "-o"), ("balanced", "--s")):
         for fabric in sorted({r["fabric"] for r in rows}):
@@ -162,10 +162,10 @@ def plot(rows: list[dict], folder: Path) -> None:
     ax.set_xlabel("workers")
     ax.set_ylabel("median iteration (ms)")
     ax.set_xscale("log", base=2)
-    ax.set_title("moe: iteration against workers")
+    ax.set_title(f"moe: iteration against workers, {bandwidth}")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(folder / "moe-iteration.png", dpi=110)
+    fig.savefig(folder / f"{prefix}-iteration.png", dpi=110)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ def inspect(trace_path: Path, as_json: bool) -> None:
         ("parameters", "-" if s.params is None else f"{s.params:,}"),
         ("batch size", "-" if s.batch_size is None else str(s.batch_size)),
         *((("mesh", s.mesh),) if s.mesh is not None else ()),
+        *((("experts", f"{s.experts} ({s.params_per_expert:,} parameters each)"),) if s.experts is not None else ()),
         ("step (median)", f"{ms(s.step_us_median)} ms (min {ms(s.step_us_min)}, max {ms(s.step_us_max)})"),
         ("compute (median)", f"{ms(s.compute_us_median)} ms"),
         ("communication (median)", f"{ms(s.comm_us_median)} ms"),

@@ -181,6 +181,15 @@ class EmuProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         return NAME
 
+    # torch keeps a group's name on its backends, and a group written in Python has none: kept here,
+    # so that what asks for it (a device mesh of the whole job uses the default group) finds it
+    def _set_group_name(self, name: str) -> None:
+        self._emu_group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return getattr(self, "_emu_group_name", "")
+
     def _issue(self, coll: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
                op: object = None, root: int | None = None, compute: float | None = None,
                extra: dict[str, Any] | None = None) -> EmuWork:
@@ -304,14 +313,52 @@ class EmuProcessGroup(dist.ProcessGroup):
     def barrier(self, opts: Any) -> EmuWork:
         return self._issue("barrier", [], [])
 
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts: Any) -> EmuWork:
+        """``all_to_all_single``: rows of ``input`` to each worker, rows of ``output`` from each (even
+        where the sizes are empty). Worker w of the job holds real rank q = w mod K's data and sends
+        worker p what q sends worker p - (w - q) (the matching peer: every offset kept), so the
+        script receives from each worker what a job of M copies of the real ranks gives it."""
+        m = self.size()
+        if input.dim() == 0 or output.dim() == 0 or input.dtype != output.dtype \
+                or tuple(input.shape[1:]) != tuple(output.shape[1:]):
+            raise Unsupported("emu run: all_to_all_single needs an input and an output of one dtype and row shape")
+        ins = [int(x) for x in input_split_sizes] or _even_rows(input.shape[0], m, "input")
+        outs = [int(x) for x in output_split_sizes] or _even_rows(output.shape[0], m, "output")
+        if len(ins) != m or len(outs) != m or sum(ins) != input.shape[0] or sum(outs) != output.shape[0]:
+            raise Unsupported(f"emu run: all_to_all_single's split sizes ({len(ins)} and {len(outs)} of them) must "
+                              f"give each of the {m} workers its rows of the {input.shape[0]}-row input and "
+                              f"{output.shape[0]}-row output")
+        return self._all_to_all(input, list(output.split(outs)), ins, outs)
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> EmuWork:
+        """``all_to_all`` of lists: tensor j of ``inputs`` to worker j, tensor w of ``outputs`` from
+        worker w (each sent as a row of its elements)."""
+        m = self.size()
+        if len(inputs) != m or len(outputs) != m or len({t.dtype for t in (*inputs, *outputs)}) > 1:
+            raise Unsupported(f"emu run: all_to_all needs {m} input and {m} output tensors of one dtype, one per worker")
+        joined = torch.cat([t.detach().reshape(-1) for t in inputs]).reshape(-1, 1)
+        return self._all_to_all(joined, outputs, [t.numel() for t in inputs], [t.numel() for t in outputs])
+
+    def _all_to_all(self, rows: torch.Tensor, pieces: list[torch.Tensor], ins: list[int], outs: list[int]) -> EmuWork:
+        if self.size() > protocol.MAX_FRAMES:
+            raise Unsupported(f"emu run: an all_to_all over {self.size()} workers, more than {protocol.MAX_FRAMES}")
+        return self._issue("all_to_all", [rows], pieces, extra={"in_splits": ins, "out_splits": outs})
+
     # what emu run does not serve yet: an error that names the call (docs/run.md, "Limits")
     send = recv = recv_anysource = _refuse("send/recv (point to point)")
-    alltoall = alltoall_base = _refuse("all_to_all")
     reduce = _refuse("reduce", "all_reduce")
     gather = _refuse("gather", "all_gather")
     scatter = _refuse("scatter")
     allreduce_coalesced = _refuse("coalesced all_reduce (several tensors at once)")
     allgather_coalesced = _refuse("coalesced all_gather (several tensors at once)")
+
+
+def _even_rows(rows: int, m: int, which: str) -> list[int]:
+    if rows % m:
+        raise Unsupported(f"emu run: an even all_to_all_single's {which} of {rows} rows does not split over {m} "
+                          "workers")
+    return [rows // m] * m
 
 
 def _one(name: str, tensors: list[torch.Tensor]) -> None:
@@ -356,6 +403,10 @@ def digest(head: dict[str, Any], arrays: list[np.ndarray], k: int) -> list[dict[
     coll, op, dt = head["coll"], head["op"], np.dtype(protocol.DTYPES[head["dtype"]])
     if coll == "barrier" or k > MAX_DIGESTS:
         return None
+    if coll == "all_to_all":
+        if k * len(head["in_splits"]) > protocol.MAX_PIECE_HASHES:
+            return None
+        return [{"hs": [_hash(p) for p in np.split(arrays[0], np.cumsum(head["in_splits"])[:-1])]}]
     if coll in ("broadcast", "all_gather"):
         return [{"h": _hash(arrays[0])}]
     if op not in ("sum", "avg") or dt.kind == "b" or (op == "avg" and dt.kind != "f"):
@@ -373,6 +424,12 @@ def verdict(head: dict[str, Any], received: list[np.ndarray], own: np.ndarray,
     coll, op, dt = head["coll"], head["op"], np.dtype(protocol.DTYPES[head["dtype"]])
     if k > MAX_DIGESTS:
         return "ranks", True
+    if coll == "all_to_all":  # worker w sends this rank what real rank w mod K sends rank - (w - w mod K)
+        if k * m > protocol.MAX_PIECE_HASHES:
+            return "a2a_size", True
+        hashes = [(d or {}).get("hs") or [] for d in _relayed(head, digests, k)]
+        want = [hashes[w % k][(rank - (w - w % k)) % m] if len(hashes[w % k]) == m else None for w in range(m)]
+        return None, all(_hash(y) == h for y, h in zip(received, want, strict=True))
     if coll in ("broadcast", "all_gather"):
         hashes = [(d or {}).get("h") for d in _relayed(head, digests, k)]
         sources = [int(head["root"] or 0) % k] if coll == "broadcast" else [w % k for w in range(m)]

@@ -35,12 +35,12 @@ from emu.emulator.payload.recorded import RecordedPayload
 from emu.errors import RunFailed
 from emu.run import protocol
 from emu.run.protocol import Checked
-from emu.traces.model import Coll, CollKind, Compute, Dtype, Iteration, Op, RankProgram, Wait
+from emu.traces.model import Coll, CollKind, Compute, Dtype, Iteration, Op, RankProgram, Splits, Wait
 
 POLL_MS = 50
 PAYLOAD_CAP_BYTES = 1 << 30  # the real ranks' tensors kept for the replay, all collectives together
 _KIND = {"all_reduce": CollKind.ALL_REDUCE, "broadcast": CollKind.BROADCAST, "all_gather": CollKind.ALL_GATHER,
-         "reduce_scatter": CollKind.REDUCE_SCATTER, "barrier": CollKind.BARRIER}
+         "reduce_scatter": CollKind.REDUCE_SCATTER, "barrier": CollKind.BARRIER, "all_to_all": CollKind.ALL_TO_ALL}
 
 
 class RunProtocolFailed(RunFailed):
@@ -203,7 +203,11 @@ class Coordinator:
     def _answer(self, seq: int, got: dict[int, tuple[bytes, dict[str, Any], list[np.ndarray]]]) -> list[tuple[bytes, list]]:
         first = got[0][1]
         for r, (_, head, _) in got.items():
-            same = all(head.get(key) == first.get(key) for key in ("coll", "dtype", "shapes", "op", "root"))
+            # an all_to_all's rows differ between ranks (a router's split sizes): its row shape must not
+            keys = ("coll", "dtype", "op", "root") if first["coll"] == "all_to_all" else (
+                "coll", "dtype", "shapes", "op", "root")
+            same = all(head.get(key) == first.get(key) for key in keys) and (
+                first["coll"] != "all_to_all" or head["shapes"][0][1:] == first["shapes"][0][1:])
             if not same:
                 raise RunProtocolFailed(
                     f"collective {seq}: rank {r} issued {head['coll']} of {head['dtype']} {head['shapes']} "
@@ -211,10 +215,11 @@ class Coordinator:
                     f"{first['dtype']} {first['shapes']} ({first.get('op')}, root {first.get('root')})")
         coll = first["coll"]
         data = [got[r][2] for r in range(self.k)]
-        results = self._results(coll, first, data)
+        heads = [got[r][1] for r in range(self.k)]
+        results = self._exchanged(seq, heads, data) if coll == "all_to_all" else self._results(coll, first, data)
         digests = self._digests(seq, coll, [got[r][1].get("digest") for r in range(self.k)])
         for r in range(self.k):
-            self.ranks[r].ops.append(self._record(seq, first, data[r]))
+            self.ranks[r].ops.append(self._record(seq, got[r][1], data[r]))
             self.ranks[r].outstanding.append(seq)
         self._keep(seq, self.ranks[0].ops[-1], data)
         return [(got[r][0], protocol.encode({"v": protocol.VERSION, "ok": True, "digests": digests[r]},
@@ -254,6 +259,30 @@ class Coordinator:
             raise RunProtocolFailed(f"reduce_scatter: give {self.m} input tensors (one per worker)")
         return [[self._reduce([d[r] for d in data], head["op"], dt)] for r in range(self.k)]
 
+    def _exchanged(self, seq: int, heads: list[dict[str, Any]], data: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+        """An all_to_all's pieces for each real rank: from worker w, what real rank q = w mod K sends
+        the worker at r's offset from w, r - (w - q) (every fake worker its real rank's copy, every
+        offset kept); each piece the rows the receiver expects from w."""
+        m, k = self.m, self.k
+        pieces = []
+        for q, head in enumerate(heads):
+            if len(head["in_splits"]) != m or len(head["out_splits"]) != m:
+                raise RunProtocolFailed(f"collective {seq} (all_to_all): rank {q} gave split sizes for "
+                                        f"{len(head['in_splits'])} and {len(head['out_splits'])} workers; the job "
+                                        f"has {m}")
+            pieces.append(np.split(data[q][0], np.cumsum(head["in_splits"])[:-1]))
+        out = []
+        for r in range(k):
+            got = [pieces[w % k][(r - (w - w % k)) % m] for w in range(m)]
+            expect = heads[r]["out_splits"]
+            bad = next((w for w in range(m) if len(got[w]) != expect[w]), None)
+            if bad is not None:
+                raise RunProtocolFailed(f"collective {seq} (all_to_all): rank {r} expects {expect[bad]} "
+                                        f"rows from worker {bad}, which sends it {len(got[bad])} (rank {bad % k}'s "
+                                        f"rows for worker {(r - (bad - bad % k)) % m}): the ranks' split sizes disagree")
+            out.append(got)
+        return out
+
     def _reduce(self, xs: list[np.ndarray], op: str, dt: np.dtype) -> np.ndarray:
         """The reduction over M workers that hold the K real ranks' tensors, ``M / K`` each."""
         wide = [x.astype(np.float64) if dt.kind == "f" else x.astype(np.int64) for x in xs]
@@ -274,7 +303,7 @@ class Coordinator:
     def _keep(self, seq: int, op: Op, data: list[list[np.ndarray]]) -> None:
         """Keep collective ``seq``'s payload vectors (module docstring), within the cap."""
         if self.keep is None or self.payload_dropped is not None or not isinstance(op, Coll) \
-                or op.kind == CollKind.BARRIER or len(self.ranks[0].iterations) < self.warmup:
+                or op.kind in (CollKind.BARRIER, CollKind.ALL_TO_ALL) or len(self.ranks[0].iterations) < self.warmup:
             return
         n = min(op.count, self.keep(op.count, op.dtype.itemsize))
         vectors = np.stack([_payload_vector(op.kind, d, n) for d in data])
@@ -293,8 +322,14 @@ class Coordinator:
         count = {CollKind.ALL_GATHER: n * self.m, CollKind.REDUCE_SCATTER: n * self.m}.get(kind, n)
         if kind == CollKind.REDUCE_SCATTER:
             count = sum(int(t.size) for t in tensors)
+        splits = None
+        if kind == CollKind.ALL_TO_ALL:  # per-peer sizes, in elements, where they are not even
+            row = int(np.prod(head["shapes"][0][1:], dtype=np.int64))
+            send, recv = tuple(n * row for n in head["in_splits"]), tuple(n * row for n in head["out_splits"])
+            splits = None if len(set(send + recv)) == 1 else Splits(send, recv)
         return Coll(id=seq, kind=kind, dtype=dtype, count=count, bytes=count * dtype.itemsize, group_size=self.m,
-                    root=int(head["root"]) if kind == CollKind.BROADCAST and head.get("root") is not None else None)
+                    root=int(head["root"]) if kind == CollKind.BROADCAST and head.get("root") is not None else None,
+                    splits=splits)
 
     def payload(self, programs: tuple[RankProgram, ...]) -> RecordedPayload | None:
         """The payload vectors of ``programs``' collectives (None where they were not kept)."""

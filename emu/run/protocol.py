@@ -9,7 +9,7 @@ Header keys: ``v`` (the protocol version), ``rank``, ``kind`` (``hello``, ``coll
 ``step``, ``loss``, ``done``), ``compute_us`` (the rank's compute since its previous call returned),
 ``check`` (what the rank has checked of the results it received so far: ``Checked``), and
 for a collective ``seq`` (its number in the rank's stream), ``coll`` (all_reduce, broadcast,
-all_gather, reduce_scatter, barrier), ``dtype``, ``shapes`` (per tensor frame), ``op`` (the
+all_gather, reduce_scatter, barrier, all_to_all), ``dtype``, ``shapes`` (per tensor frame), ``op`` (the
 reduction: sum, avg, max, min, product), ``root``, ``digest`` and, under ``--compress``,
 ``compress_us`` (the rank's time compressing the gradient this collective carries); for a wait,
 ``ids``; for a wait or a step, ``decompress_us`` (the rank's time decompressing what it waits
@@ -20,8 +20,10 @@ for, the K distinct messages' times M / K for an all_gather: ``emu.run.compress`
 result of (one; a reduce_scatter's first K inputs), small enough for a header, or null where
 nothing is checked. An entry is ``{"p": [...], "a": [...]}`` for a sum of floats (the tensor's
 projections on ``PROJECTIONS`` seeded vectors, and those of its magnitudes on theirs), ``{"p":
-[...]}`` for a sum of integers (mod 2^64), ``{"h": hex}`` for a copy (blake2b of its bytes), or
-null (a tensor holding inf or NaN). The coordinator's reply to a collective relays, per real rank,
+[...]}`` for a sum of integers (mod 2^64), ``{"h": hex}`` for a copy (blake2b of its bytes),
+``{"hs": [hex, ...]}`` for an all_to_all (a hash of each of its M pieces), or null (a tensor
+holding inf or NaN). An all_to_all also carries ``in_splits`` and ``out_splits``: its rows to and
+from each of the M workers (its one input frame, its M output frames). The coordinator's reply to a collective relays, per real rank,
 the entry of the tensor that the result reduces or copies (``digests``), untouched; its reply to
 ``hello`` says how many ranks are real (``real``).
 """
@@ -37,16 +39,17 @@ from typing import Any
 
 import numpy as np
 
-VERSION = 3  # 2: digests of the ranks' contributions, the ranks' own check; 3: compression's times, losses
+VERSION = 4  # 2: digests of the ranks' contributions, the ranks' own check; 3: compression's times, losses; 4: all_to_all
 MAX_HEADER = 1 << 16
 MAX_FRAME = 1 << 32  # bytes of one tensor
 MAX_FRAMES = 1 << 12  # tensors of one request (an all_gather's outputs: one per worker)
 KINDS = ("hello", "coll", "wait", "step", "loss", "done")
-COLLS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier")
+COLLS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "all_to_all")
 OPS = ("sum", "avg", "max", "min", "product")
 DTYPES = {"float32": "<f4", "float64": "<f8", "float16": "<f2", "int64": "<i8", "int32": "<i4",
           "int16": "<i2", "int8": "i1", "uint8": "u1", "bool": "?"}
 PROJECTIONS = 2  # seeded projections of a sum's digest
+MAX_PIECE_HASHES = 1024  # an all_to_all's digests: a hash of each of its M pieces, from each of K real ranks
 MAX_DIGESTS = 128  # real ranks whose digests travel (a header holds this many and more)
 # results a rank does not check, by why (the keys of ``Checked.unchecked``)
 UNCHECKED = {
@@ -56,6 +59,7 @@ UNCHECKED = {
     "bool": "sum of bools",
     "nonfinite": "inf or NaN",
     "ranks": f"more than {MAX_DIGESTS} real ranks",
+    "a2a_size": f"all_to_all whose pieces' hashes (real ranks x workers) pass {MAX_PIECE_HASHES}",
 }
 _HASH = re.compile(r"[0-9a-f]{32}")
 
@@ -152,6 +156,7 @@ def header_of(parts: list[bytes]) -> dict[str, Any]:
                 isinstance(s, list) and all(isinstance(d, int) and d >= 0 for d in s) for s in shapes):
             raise ProtocolError(f"rank {head['rank']}: shapes {shapes!r} do not describe the request's "
                                 f"{len(parts) - 1} tensors")
+        _check_splits(head)
         _check_digests(head.get("digest"), f"rank {head['rank']}")
     if "check" in head:
         head["check"] = Checked.of(head["check"], head["rank"])
@@ -176,6 +181,21 @@ def reply_of(parts: list[bytes]) -> dict[str, Any]:
     return head
 
 
+def _check_splits(head: dict[str, Any]) -> None:
+    """An all_to_all's ``in_splits`` and ``out_splits``: rows to and from each worker, adding up to
+    its input's and output's rows."""
+    if head["coll"] != "all_to_all":
+        return
+    shapes = head["shapes"]
+    rows = shapes[0][0] if len(shapes) == 1 and shapes[0] else None
+    for key in ("in_splits", "out_splits"):
+        value = head.get(key)
+        if rows is None or not isinstance(value, list) or len(value) > MAX_FRAMES \
+                or not all(_count(v) for v in value) or (key == "in_splits" and sum(value) != rows):
+            raise ProtocolError(f"rank {head['rank']}: all_to_all {key} {str(value)[:200]} are not rows per worker "
+                                f"of its one input of {rows} rows")
+
+
 def _check_digests(digests: object, who: str) -> None:
     """A header's digests: null, or at most ``MAX_DIGESTS`` entries (module docstring)."""
     if digests is None:
@@ -192,6 +212,9 @@ def _entry(entry: object) -> bool:
         return False
     if set(entry) == {"h"}:
         return isinstance(entry["h"], str) and _HASH.fullmatch(entry["h"]) is not None
+    if set(entry) == {"hs"}:  # an all_to_all: a hash of each piece
+        return isinstance(entry["hs"], list) and len(entry["hs"]) <= MAX_PIECE_HASHES and all(
+            isinstance(h, str) and _HASH.fullmatch(h) is not None for h in entry["hs"])
     if set(entry) == {"p"}:  # a sum of integers: mod 2^64
         return _numbers(entry["p"], _word)
     return set(entry) == {"p", "a"} and _numbers(entry["p"], _finite) and _numbers(entry["a"], _finite)

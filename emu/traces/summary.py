@@ -71,6 +71,8 @@ class TraceSummary:
     gaps: tuple[str, ...] = ()  # what the source trace lacked (meta.gaps): values that are bounds, not measures
     sparsity: SparsityStats | None = None  # where the capture measured it (built-in workloads)
     mesh: str | None = None  # the job's device mesh (dp=2,tp=2), where the trace records one
+    experts: int | None = None  # a mixture of experts' experts (meta.experts), where recorded
+    params_per_expert: int | None = None
     # per step (iteration index), the largest all_to_all split over its mean, over every rank in
     # the file and every all_to_all of the step (1.0: even); empty where the trace has no all_to_all
     all_to_all_imbalance: tuple[float, ...] = ()
@@ -172,4 +174,6 @@ def summarize(trace: Trace) -> TraceSummary:
         comm_us_median=comm_med, exposed_comm_us_median=exposed, overlap_pct=overlap,
         collectives=collectives, gaps=m.gaps, sparsity=sparsity_stats(trace),
         mesh=m.mesh.text() if m.mesh is not None else None, all_to_all_imbalance=all_to_all_imbalance(trace),
+        experts=m.experts.count if m.experts else None,
+        params_per_expert=m.experts.params_per_expert if m.experts else None,
     )

@@ -412,3 +412,65 @@ def test_what_the_ranks_check_and_what_they_do_not(tmp_path, no_children) -> Non
     assert checked.elements == 2 * (6 + 9 + 3 + 3 + 4 * 2 + 2)
     assert checked.unchecked == (("max_min", 2), ("product", 2))
     assert result.report.verification.ok
+
+
+def test_the_coordinator_exchanges_as_m_workers() -> None:
+    """Without processes: an uneven all_to_all of K=2 real ranks in a job of M=4 workers. Worker w
+    holds real rank w mod 2's rows and sends worker p what that rank sends p - (w - w mod 2)."""
+    from emu.run.coordinator import Coordinator, RunProtocolFailed
+
+    c = Coordinator("ipc:///nonexistent", 4, 2)
+    rows = [np.arange(10, dtype=np.float32).reshape(10, 1), 100 + np.arange(6, dtype=np.float32).reshape(6, 1)]
+    ins = [[1, 2, 3, 4], [3, 1, 0, 2]]
+    # rank 0 receives: from w0 rank 0's piece 0, w1 rank 1's piece 0, w2 rank 0's piece 2, w3 rank 1's piece 2
+    heads = [{"in_splits": ins[0], "out_splits": [1, 3, 3, 0]}, {"in_splits": ins[1], "out_splits": [2, 1, 4, 2]}]
+    got = c._exchanged(0, heads, [[r] for r in rows])
+    assert [x.ravel().tolist() for x in got[0]] == [[0.0], [100.0, 101.0, 102.0], [3.0, 4.0, 5.0], []]
+    # rank 1: w0 rank 0's piece 1, w1 rank 1's piece 1, w2 rank 0's piece 3, w3 rank 1's piece 3
+    assert [x.ravel().tolist() for x in got[1]] == [[1.0, 2.0], [103.0], [6.0, 7.0, 8.0, 9.0], [104.0, 105.0]]
+    heads[1]["out_splits"] = [2, 1, 3, 2]
+    with pytest.raises(RunProtocolFailed, match="rank 1 expects 3 rows from worker 2, which sends it 4"):
+        c._exchanged(0, heads, [[r] for r in rows])
+    coll = c._record(3, {"coll": "all_to_all", "dtype": "float32", "root": None, "shapes": [[10, 1]],
+                         "in_splits": ins[0], "out_splits": [1, 3, 3, 0]}, [rows[0]])
+    assert coll.kind == CollKind.ALL_TO_ALL and coll.count == 10 and coll.splits.send_elements == (1, 2, 3, 4)
+
+
+def test_a_mixture_of_experts_runs_inside_a_larger_job(tmp_path, no_children) -> None:
+    """The built-in moe script (pure expert parallelism, all_to_all_single with its router's split
+    sizes) as 1 real rank of 16 workers: it trains, every piece it receives checked in its process,
+    its recorded program's all_to_alls uneven, the replay at 16 workers verified."""
+    from emu.capture.run import SCRIPTS
+
+    out = tmp_path / "moe.json"
+    result = run_job(["python", str(SCRIPTS / "moe_train.py"), "--steps", "5"],
+                     RunConfig(replay=ReplayConfig(workers=16, fabric="ring")), cores=2, trace_out=out)
+    assert result.report.verification.ok
+    assert result.checked.results > 0 and result.checked.mismatches == 0 and not result.checked.unchecked
+    trace = load_trace(out)
+    uneven = [op for it in trace.ranks[0].iterations for op in it.colls if op.splits is not None]
+    assert len(uneven) == 4 * trace.iterations and all(len(op.splits.send_elements) == 16 for op in uneven)
+
+
+def test_all_to_all_lists_and_even_singles(tmp_path, no_children) -> None:
+    """``dist.all_to_all`` of tensor lists and an even ``all_to_all_single``, 2 real ranks of 4
+    workers: each rank gets from worker w what real rank w mod 2 sent the worker at its offset."""
+    script = _script(tmp_path, "a2a.py", """
+world = dist.get_world_size()
+def size(src, dst):  # sizes that follow the peers' offset, as a job of copies keeps them
+    return (dst - src) % world + 1
+ins = [torch.full((size(rank, j),), 100.0 * rank + j) for j in range(world)]
+want = [torch.full((size(w, rank),), 100.0 * (w % 2) + (rank - (w - w % 2)) % world) for w in range(world)]
+outs = [torch.empty(size(w, rank)) for w in range(world)]
+dist.all_to_all(outs, ins)
+assert all(torch.equal(o, x) for o, x in zip(outs, want)), (outs, want)
+x = torch.arange(8.0).reshape(world, 2) + 10 * rank
+y = torch.empty(world, 2)
+dist.all_to_all_single(y, x)
+for w in range(world):
+    assert y[w].tolist() == [10.0 * (w % 2) + 2 * ((rank - (w - w % 2)) % world) + c for c in (0, 1)], (w, y)
+torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1).step()  # emu run cuts iterations at the optimizer
+""")
+    result = run_job(["python", str(script)], RunConfig(replay=ReplayConfig(workers=4, fabric="ring"), real=2,
+                                                        warmup=0), cores=2)
+    assert result.checked.results == 4 and result.checked.mismatches == 0

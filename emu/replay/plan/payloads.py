@@ -64,16 +64,19 @@ def _checked(trace: Trace, config: ReplayConfig, payload: RecordedPayload, path:
                           "payload written with this trace")
     r = config.scale
     for i, op in enumerate(colls):
-        if (op.kind == CollKind.BARRIER) != (payload.tensors[i] is None) or op.dtype.value != payload.dtypes[i]:
+        if (op.kind in _UNRECORDED) != (payload.tensors[i] is None) or op.dtype.value != payload.dtypes[i]:
             raise ConfigError(f"{path}: entry {i} is not collective {op.id} of the trace ({op.kind.value} of "
                               f"{op.dtype.value}): give the payload written with this trace")
-        need = -(-op.count // r) if op.kind != CollKind.BARRIER else 0
+        need = -(-op.count // r) if op.kind not in _UNRECORDED else 0
         if payload.kept(i) < need:
             kept = payload.kept(i)
             least = -(-op.count // max(1, kept))
             raise ConfigError(f"{path}: collective {op.id} has {kept:,} of its {op.count:,} elements recorded, and "
                               f"payload scale {r} sends {need:,}: replay with --payload-scale {_pow2_at_least(least)} "
                               "or more")
+    if any(op.kind == CollKind.ALL_TO_ALL for op in colls):
+        return None, ("the real ranks' all_to_alls are not recorded (each worker's pieces go to different peers): "
+                      "the workers sent generated payload, every piece checked")
     bad = next((i for i, t in enumerate(payload.tensors)
                 if t is not None and t.dtype.kind == "f" and not np.isfinite(t).all()), None)
     if bad is not None:  # inf and NaN have no fixed point, and NaN equals nothing: nothing to check
@@ -89,6 +92,9 @@ def _checked(trace: Trace, config: ReplayConfig, payload: RecordedPayload, path:
                       "than one worker's contribution, so checking it would prove nothing: the workers sent generated "
                       "payload, whose every sum is exact")
     return payload, None
+
+
+_UNRECORDED = (CollKind.BARRIER, CollKind.ALL_TO_ALL)  # collectives whose tensors emu run does not keep
 
 
 def _pow2_at_least(n: int) -> int:

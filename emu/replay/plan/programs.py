@@ -36,7 +36,7 @@ from emu.replay.plan.compression import with_compression
 from emu.replay.plan.layout import GroupKey, MeshPlan, has_subgroups, plan_mesh
 from emu.replay.plan.sparsity import with_sparsity
 from emu.traces.mesh import Mesh
-from emu.traces.model import Coll, CollKind, Iteration, Op, Trace
+from emu.traces.model import Coll, CollKind, Iteration, Op, Splits, Trace
 
 _ONE_ORDER = (CollKind.ALL_REDUCE, CollKind.REDUCE_SCATTER, CollKind.ALL_GATHER)
 
@@ -74,6 +74,8 @@ class WorkerProgram:
 
 
 def _scale_op(op: Op, rank: int, worker: int, n: int, m: int, path: str) -> Op:
+    if isinstance(op, Coll) and op.splits is not None and worker != rank:
+        op = replace(op, splits=_shifted(op.splits, worker - rank))
     if not isinstance(op, Coll) or m == n:
         return op
     if op.group is not None:
@@ -88,6 +90,17 @@ def _scale_op(op: Op, rank: int, worker: int, n: int, m: int, path: str) -> Op:
     if op.kind in (CollKind.ALL_GATHER, CollKind.REDUCE_SCATTER) and count % m:
         count += m - count % m  # whole shards of the grown group, as FSDP pads (emu.replay.plan.layout)
     return replace(op, group_size=m, peer=peer, root=root, count=count, bytes=count * op.dtype.itemsize)
+
+
+def _shifted(splits: Splits, offset: int) -> Splits:
+    """Worker w's sizes where it runs the program of rank w - offset (emu run's trace: K real ranks'
+    programs for M workers): it sends worker p what its rank sent p - offset, and receives from p
+    what its rank received from p - offset (every peer at the same offset; docs/run.md)."""
+    def roll(sizes: tuple[int, ...]) -> tuple[int, ...]:
+        k = offset % len(sizes)
+        return sizes[-k:] + sizes[:-k] if k else sizes
+
+    return Splits(roll(splits.send_elements), roll(splits.recv_elements))
 
 
 def _refuse_uneven_all_to_all(trace: Trace, path: str) -> None:
@@ -157,7 +170,8 @@ def plan_programs(trace: Trace, workers: int, path: str = "trace", sparsity: Spa
                 Iteration(step=it.step, measured_us=it.measured_us,
                           ops=tuple(_scale_op(op, program.rank, w, n, workers, path) for op in it.ops))
                 for it in program.iterations)
-            if not any(isinstance(op, Coll) and op.peer is not None for it in program.iterations for op in it.ops):
+            if not any(isinstance(op, Coll) and (op.peer is not None or op.splits is not None)
+                       for it in program.iterations for op in it.ops):
                 shared[w % len(ranks)] = iterations  # the same for every worker of this rank: made once
         programs.append(WorkerProgram(worker=w, rank=program.rank, iterations=iterations,
                                       colls_per_iteration=per_iteration))

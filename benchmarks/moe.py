@@ -104,7 +104,12 @@ def main() -> None:
     parser.add_argument("--bandwidth", type=float, default=100.0, help="Gb/s of each NIC (a port a worker when flat)")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--plot", type=Path, help="write the figures into this folder")
+    parser.add_argument("--from-json", type=Path, help="plot these rows (a former --json) without replaying")
     args = parser.parse_args()
+    if args.from_json:
+        plot(json.loads(args.from_json.read_text()), args.plot or args.from_json.parent, f"moe-{args.bandwidth:g}g",
+             f"{args.bandwidth:g} Gb/s")
+        return
     trace = load_trace(sample_path("moe"))
     link = LinkSpec(bandwidth_bps=args.bandwidth * 1e9, latency_us=5.0)
     print(f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; moe sample, "
@@ -166,6 +171,30 @@ def plot(rows: list[dict], folder: Path, prefix: str, bandwidth: str) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(folder / f"{prefix}-iteration.png", dpi=110)
+    plot_ina(rows, folder, prefix, bandwidth)
+
+
+def plot_ina(rows: list[dict], folder: Path, prefix: str, bandwidth: str) -> None:
+    """What INA buys: per shape, placement and size, the time blocked on all_reduces (the dense and
+    expert gradients) on ring and on ina, and the iterations' difference."""
+    import matplotlib.pyplot as plt
+
+    keys = sorted({(r["workers"], r["shape"], r["placement"]) for r in rows if r["routing"] == "measured"},
+                  key=lambda k: (k[0], k[1] != "flat", k[2], k[1]))
+    by = {(r["workers"], r["shape"], r["placement"], r["fabric"]): r for r in rows if r["routing"] == "measured"}
+    fig, ax = plt.subplots(figsize=(12, 5))
+    width = 0.4
+    for i, (fabric, colour) in enumerate((("ring", "#ff7f0e"), ("ina", "#2ca02c"))):
+        values = [by[(*k, fabric)].get("blocked on all_reduce_us", 0.0) / 1e3 if (*k, fabric) in by else 0.0
+                  for k in keys]
+        ax.bar([j + (i - 0.5) * width for j in range(len(keys))], values, width, color=colour,
+               label=f"{fabric}: blocked on all_reduce")
+    ax.set_xticks(range(len(keys)), [f"{w}\n{s.replace('4-port leaves ', '')}\n{p}" for w, s, p in keys], fontsize=6)
+    ax.set_ylabel("ms a worker an iteration (mean)")
+    ax.set_title(f"moe, {bandwidth}: the gradients' all_reduces (dense over the job, experts' over dp) on ring and ina")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(folder / f"{prefix}-ina.png", dpi=110)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from emu.errors import ConfigError
+from emu.replay.plan.experts import _gaps
 from emu.replay.plan.layout import parse_mesh
 from emu.replay.plan.programs import plan_programs
 from emu.traces import CollKind, load_trace, sample_path
-from emu.traces.model import Coll, Compute, GroupRole, Wait
+from emu.traces.model import Coll, GroupRole, Wait
 
 
 @pytest.fixture(scope="module")
@@ -72,21 +73,22 @@ def test_set_imbalance(moe) -> None:
 
 
 def test_expert_compute_follows_the_tokens(moe) -> None:
-    programs = plan_programs(moe, 16, mesh=parse_mesh("dp=2,ep=8"), imbalance=2.0)
-    trace_ops = moe.ranks[programs[0].rank].iterations[0].ops
-    for w in range(8):
-        ops = programs[w].iterations[0].ops
-        colls = [(i, op) for i, op in enumerate(ops) if isinstance(op, Coll)]
-        first, second = colls[1][0], colls[2][0]  # the forward dispatch, and the combine after the experts
-        old = [op for op in moe.ranks[programs[w].rank].iterations[0].ops]
-        ratio = sum(ops[first].splits.recv_elements) / sum(old[first].splits.recv_elements)
-        for i in range(first + 1, second):
-            if isinstance(ops[i], Compute):
-                assert ops[i].dur_us == pytest.approx(old[i].dur_us * ratio)
-        # before the dispatch, the trace's compute
-        assert [op.dur_us for op in ops[:first] if isinstance(op, Compute)] == \
-               [op.dur_us for op in old[:first] if isinstance(op, Compute)]
-    assert trace_ops  # the trace's program is untouched
+    """After a dispatch a worker computes the group's measured compute per element received there
+    (every trace rank's, that step) times what it received; after a combine, its own rank's."""
+    mesh = parse_mesh("dp=2,ep=8")
+    for imbalance in (None, 2.0):
+        programs = plan_programs(moe, 16, mesh=mesh, imbalance=imbalance)
+        for k in range(2):
+            for a in (0, 2):  # the forward dispatch, and the gradients' way to the experts in backward
+                rate = sum(_gaps(r.iterations[k].ops)[a] for r in moe.ranks) / sum(
+                    sum(_uneven(r, k)[a].splits.recv_elements) for r in moe.ranks)
+                for w in range(16):
+                    ops = programs[w].iterations[k].ops
+                    received = sum(_uneven(programs[w], k)[a].splits.recv_elements)
+                    assert _gaps(ops)[a] == pytest.approx(rate * received)
+            for w in range(16):
+                own = moe.ranks[programs[w].rank].iterations[k].ops
+                assert _gaps(programs[w].iterations[k].ops)[1] == pytest.approx(_gaps(own)[1])  # a combine's: as traced
 
 
 def test_replicas_reduce_dense_and_expert_gradients(moe) -> None:
@@ -120,8 +122,9 @@ def test_without_the_experts_recorded_or_a_mesh(moe) -> None:
     bare = replace(moe, meta=replace(moe.meta, experts=None))
     with pytest.raises(ConfigError, match="records no meta.experts"):
         plan_programs(bare, 8, mesh=parse_mesh("ep=8"))
+    with pytest.raises(ConfigError, match="records no meta.experts, and replicas added to a mixture of experts"):
+        plan_programs(bare, 8, mesh=parse_mesh("dp=2,ep=4"))
     with pytest.raises(ConfigError, match=r"pure expert parallel\); lay it out with --mesh dp=D,ep=4 .* "
                                           r"e.g. --mesh dp=16,ep=4"):
         plan_programs(moe, 64)
-    # replicas alone need no expert count beyond the gradients'; the trace's own layout takes none
-    assert plan_programs(replace(moe, meta=replace(moe.meta, experts=None)), 4)
+    assert plan_programs(bare, 4)  # the trace's own layout needs none

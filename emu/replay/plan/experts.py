@@ -89,6 +89,8 @@ class ExpertLayout:
     seed: int
     _exchanges: dict[tuple[tuple[int, ...], int, int], _Exchange] = field(default_factory=dict)
     _matrices: dict[tuple[tuple[int, ...], int, int, int], np.ndarray] = field(default_factory=dict)
+    _tilings: dict[tuple[int, int], tuple[np.ndarray, int]] = field(default_factory=dict)
+    _gaps: dict[tuple[int, int], list[float]] = field(default_factory=dict)  # per (rank, iteration)
 
     def __post_init__(self) -> None:
         if self.imbalance is not None and not 1 <= self.imbalance <= self.ep:
@@ -110,15 +112,24 @@ class ExpertLayout:
             got = self._exchanges[key] = _exchange(rows)
         return got
 
+    def tiling(self, k: int, anchor: int) -> tuple[np.ndarray, int]:
+        """Iteration k's draw for the replay's group whose lowest worker is ``anchor``: the trace
+        position each of its positions stands for, and the position --moe-imbalance makes hot
+        (drawn either way, so the tiling is the same with or without it)."""
+        got = self._tilings.get((k, anchor))
+        if got is None:
+            rng = np.random.default_rng([self.seed, k, anchor])
+            c = rng.permutation(np.repeat(np.arange(self.trace_ep), self.ep // self.trace_ep))
+            got = self._tilings[(k, anchor)] = (c, int(rng.integers(self.ep)))
+        return got
+
     def matrix(self, group: tuple[int, ...], k: int, a: int, anchor: int) -> np.ndarray:
         """What each position of the replay's group whose lowest worker is ``anchor`` sends each other
         in its a-th uneven all_to_all of iteration k (ep x ep elements)."""
         key = (group, k, a, anchor)
         got = self._matrices.get(key)
         if got is None:
-            rng = np.random.default_rng([self.seed, k, anchor])
-            c = rng.permutation(np.repeat(np.arange(self.trace_ep), self.ep // self.trace_ep))
-            hot = int(rng.integers(self.ep))  # drawn either way: the tiling is the same with or without F
+            c, hot = self.tiling(k, anchor)
             ex = self.exchange(group, k, a)
             if self.imbalance is None:
                 got = np.rint(ex.sent[np.ix_(c, c)] * (self.trace_ep / self.ep))
@@ -146,22 +157,55 @@ class ExpertLayout:
         count = sum(send)
         return replace(scaled, splits=Splits(send, recv), count=count, bytes=count * scaled.dtype.itemsize)
 
-    def follow_tokens(self, trace_ops: tuple[Op, ...], ops: tuple[Op, ...], rank: int, k: int) -> tuple[Op, ...]:
-        """``ops`` (a worker's copy of trace rank ``rank``'s iteration k) with the compute after each
-        dispatch scaled by what the worker received in it over what the trace rank did."""
+    def follow_tokens(self, trace_ops: tuple[Op, ...], ops: tuple[Op, ...], k: int) -> tuple[Op, ...]:
+        """``ops``, a worker's copy of a trace rank's iteration k (``trace_ops``), with the compute
+        after each dispatch made the group's measured compute per element received times what the
+        worker received (its own compute there scaled to that total)."""
         out, factor, a = [], 1.0, 0
         for old, new in zip(trace_ops, ops, strict=True):
             if isinstance(old, Coll):
                 factor = 1.0
                 if old.splits is not None and isinstance(new, Coll) and new.splits is not None:
-                    group = old.group if old.group is not None else tuple(range(self.trace.meta.world_size))
-                    if self.exchange(tuple(group), k, a).dispatch and sum(old.splits.recv_elements):
-                        factor = sum(new.splits.recv_elements) / sum(old.splits.recv_elements)
+                    own = _gaps(trace_ops)[a]
+                    want = self.per_element(old, k, a) * sum(new.splits.recv_elements)
+                    factor = want / own if own and want else 1.0
                     a += 1
             elif isinstance(new, Compute) and factor != 1.0:
                 new = replace(new, dur_us=new.dur_us * factor)
             out.append(new)
         return tuple(out)
+
+    def per_element(self, op: Coll, k: int, a: int) -> float:
+        """After the a-th uneven all_to_all of trace iteration k (a dispatch; 0 for a combine): the
+        compute of every rank of its group there over the elements they received in it (us)."""
+        group = tuple(op.group if op.group is not None else range(self.trace.meta.world_size))
+        ex = self.exchange(group, k, a)
+        received = int(ex.sent.sum())
+        if not ex.dispatch or not received:
+            return 0.0
+        return sum(self.gaps(r, k)[a] for r in group) / received
+
+    def gaps(self, rank: int, k: int) -> list[float]:
+        """Trace rank ``rank``'s compute after each uneven all_to_all of iteration k, up to the next
+        collective."""
+        got = self._gaps.get((rank, k))
+        if got is None:
+            prog = next(p for p in self.trace.ranks if p.rank == rank)
+            got = self._gaps[(rank, k)] = _gaps(prog.iterations[k].ops)
+        return got
+
+
+def _gaps(ops: tuple[Op, ...]) -> list[float]:
+    out: list[float] = []
+    inside = False
+    for op in ops:
+        if isinstance(op, Coll):
+            inside = op.splits is not None
+            if inside:
+                out.append(0.0)
+        elif isinstance(op, Compute) and inside:
+            out[-1] += op.dur_us
+    return out
 
 
 def with_expert_gradients(trace: Trace, ep: int) -> Trace:

@@ -248,6 +248,11 @@ def plan_mesh(trace: Trace, workers: int, mesh: Mesh | None, path: str, imbalanc
                               "or the same count")
         program_trace = trace
         if added:
+            if trace.meta.experts is None:
+                raise ConfigError(f"--mesh {target.text()}: {path} records no meta.experts, and replicas added to "
+                                  "a mixture of experts all-reduce their expert gradients, whose size it gives; "
+                                  'add "experts": {"count": X, "params_per_expert": P} to the trace\'s meta '
+                                  "(emu capture --model moe records it)")
             ep = next(d for d in trace_mesh.dims if d.role == GroupRole.EP)
             size = target.dims[trace_mesh.names.index(ep.name)].size
             if experts is None:

@@ -197,11 +197,11 @@ def _plan_groups(trace: Trace, layout: MeshPlan, path: str, sparsity: SparsityOp
     for w in range(m if first is None else min(first, m)):
         rank, per_it = planned[w]
         iterations, offsets = [], []
-        for k, (it, row) in enumerate(zip(by_rank[rank].iterations, per_it, strict=True)):
+        for index, (it, row) in enumerate(zip(by_rank[rank].iterations, per_it, strict=True)):
             scaled = iter(row)
             ops = tuple(next(scaled)[0] if isinstance(op, Coll) else op for op in it.ops)
             if layout.experts is not None:
-                ops = layout.experts.follow_tokens(it.ops, ops, rank, k)
+                ops = layout.experts.follow_tokens(it.ops, ops, index)
             iterations.append(Iteration(step=it.step, measured_us=it.measured_us, ops=ops))
             offsets.append(tuple(bases[key] + k for _, key, k in row))
         programs.append(WorkerProgram(worker=w, rank=rank, iterations=tuple(iterations), colls_per_iteration=total,

@@ -144,8 +144,8 @@ def test_predict_meets_the_replay_at_the_traces_size(uneven: Trace, bandwidth: f
 
 @pytest.mark.parametrize("fabric", ["ina", "ring"])
 def test_predict_meets_the_replay_of_a_grown_moe(fabric: str, no_children) -> None:
-    """dp=2 x ep=8: every worker its own sizes and its own class (measured 2026-12-04: +0.11% on ina,
-    -0.09% on ring; 64 workers in the slow tier)."""
+    """dp=2 x ep=8: every worker its own sizes and its own class (measured 2026-12-04: +0.10% on ina,
+    -0.11% on ring; 64 workers in the slow tier)."""
     moe = load_trace(sample_path("moe"))
     config = ReplayConfig(workers=16, fabric=fabric, iters=2, mesh=parse_mesh("dp=2,ep=8"))
     expected = replay(moe, config).summary.iteration_us_median

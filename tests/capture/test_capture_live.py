@@ -256,7 +256,10 @@ def test_moe_capture_records_its_routers_uneven_splits(no_leftovers: Path) -> No
 
     trace = capture_model("moe", CaptureConfig(world_size=PARALLEL_WORLD, profile_steps=2, warmup=1,
                                                keep_kineto=no_leftovers))
+    from emu.capture.run import MOE_EXPERTS
+
     assert trace.meta.mesh is not None and trace.meta.mesh.text() == "ep=4"
+    assert trace.meta.experts == MOE_EXPERTS  # what a replay at another ep needs
     width = 256  # moe_train.py's default: a dispatched row carries the token and its expert's index
     for k in range(2):
         uneven = [[op for op in p.iterations[k].colls if op.splits is not None] for p in trace.ranks]

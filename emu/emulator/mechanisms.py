@@ -527,13 +527,16 @@ class Direct(PointToPoint):
 
     def alone_us(self, op: Coll, s: Setting) -> float:
         if op.splits is not None:
-            raise ConfigError(f"all_to_all {op.id} has per-peer sizes (splits): its closed form needs every member's "
-                              "(exchange_us), which emu predict gathers as the members start it")
+            raise ConfigError(f"all_to_all {op.id} has per-peer sizes (splits), and its time depends on every "
+                              "member's: predict the whole trace (emu predict), which gathers them, or replay it")
         return physics.all_to_all_us(op.count, op.dtype.itemsize, s.group_size(op), s.link, s.rto_us, s.payload_scale)
 
     def exchange_us(self, sent: list[list[int]], op: Coll, s: Setting) -> float:
         """An uneven all_to_all alone on the links, ``sent[i][j]`` the elements member i sends member j
-        (every member's ``splits.send_elements``, in the group's order)."""
+        (every member's ``splits.send_elements``, in the group's order); on a topology, refused as
+        every point-to-point form is (``on_topology_us``)."""
+        if s.topology is not None:
+            return self.on_topology_us(op, s)
         return physics.uneven_all_to_all_us(sent, op.dtype.itemsize, s.link, s.rto_us, s.payload_scale)
 
 

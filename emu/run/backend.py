@@ -38,6 +38,7 @@ from emu.run.compress import RankCompressor, live_compressor
 from emu.run.protocol import MAX_DIGESTS, PROJECTIONS
 
 NAME = "emu"
+MAX_ALL_TO_ALL = 1024  # workers of an all_to_all: its two split lists and M hashes fit a request's header
 SEED = 0x656D75  # the projections' vectors are drawn from (SEED, the collective's seq, the tensor's index)
 CHUNK = 1 << 16  # elements of the vectors drawn at a time (every rank draws them alike)
 _REDUCE = ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"), (dist.ReduceOp.MAX, "max"),
@@ -341,8 +342,9 @@ class EmuProcessGroup(dist.ProcessGroup):
         return self._all_to_all(joined, outputs, [t.numel() for t in inputs], [t.numel() for t in outputs])
 
     def _all_to_all(self, rows: torch.Tensor, pieces: list[torch.Tensor], ins: list[int], outs: list[int]) -> EmuWork:
-        if self.size() > protocol.MAX_FRAMES:
-            raise Unsupported(f"emu run: an all_to_all over {self.size()} workers, more than {protocol.MAX_FRAMES}")
+        if self.size() > MAX_ALL_TO_ALL:  # its split sizes and pieces' hashes travel in one 64 KiB header
+            raise Unsupported(f"emu run: an all_to_all over {self.size()} workers; emu run serves it up to "
+                              f"{MAX_ALL_TO_ALL} workers")
         return self._issue("all_to_all", [rows], pieces, extra={"in_splits": ins, "out_splits": outs})
 
     # what emu run does not serve yet: an error that names the call (docs/run.md, "Limits")

@@ -218,8 +218,9 @@ class Coordinator:
         heads = [got[r][1] for r in range(self.k)]
         results = self._exchanged(seq, heads, data) if coll == "all_to_all" else self._results(coll, first, data)
         digests = self._digests(seq, coll, [got[r][1].get("digest") for r in range(self.k)])
+        uneven = coll == "all_to_all" and any(len({*h["in_splits"], *h["out_splits"]}) > 1 for h in heads)
         for r in range(self.k):
-            self.ranks[r].ops.append(self._record(seq, got[r][1], data[r]))
+            self.ranks[r].ops.append(self._record(seq, got[r][1], data[r], uneven))
             self.ranks[r].outstanding.append(seq)
         self._keep(seq, self.ranks[0].ops[-1], data)
         return [(got[r][0], protocol.encode({"v": protocol.VERSION, "ok": True, "digests": digests[r]},
@@ -315,7 +316,9 @@ class Coordinator:
         self.payloads[seq] = vectors
         self.payload_bytes += vectors.nbytes
 
-    def _record(self, seq: int, head: dict[str, Any], tensors: list[np.ndarray]) -> Coll:
+    def _record(self, seq: int, head: dict[str, Any], tensors: list[np.ndarray], uneven: bool = False) -> Coll:
+        """The collective as the rank's program records it; ``uneven``: an all_to_all some rank gave
+        unequal sizes, whose per-peer sizes every rank's copy keeps."""
         kind = _KIND[head["coll"]]
         dtype = Dtype(head["dtype"])
         n = int(tensors[0].size) if tensors else 0
@@ -323,10 +326,9 @@ class Coordinator:
         if kind == CollKind.REDUCE_SCATTER:
             count = sum(int(t.size) for t in tensors)
         splits = None
-        if kind == CollKind.ALL_TO_ALL:  # per-peer sizes, in elements, where they are not even
+        if uneven:  # per-peer sizes, in elements
             row = int(np.prod(head["shapes"][0][1:], dtype=np.int64))
-            send, recv = tuple(n * row for n in head["in_splits"]), tuple(n * row for n in head["out_splits"])
-            splits = None if len(set(send + recv)) == 1 else Splits(send, recv)
+            splits = Splits(tuple(n * row for n in head["in_splits"]), tuple(n * row for n in head["out_splits"]))
         return Coll(id=seq, kind=kind, dtype=dtype, count=count, bytes=count * dtype.itemsize, group_size=self.m,
                     root=int(head["root"]) if kind == CollKind.BROADCAST and head.get("root") is not None else None,
                     splits=splits)

@@ -182,8 +182,9 @@ def reply_of(parts: list[bytes]) -> dict[str, Any]:
 
 
 def _check_splits(head: dict[str, Any]) -> None:
-    """An all_to_all's ``in_splits`` and ``out_splits``: rows to and from each worker, adding up to
-    its input's and output's rows."""
+    """An all_to_all's ``in_splits`` and ``out_splits``: rows to and from each worker (at most
+    ``MAX_FRAMES`` of each), the input's adding up to its one frame's rows; the output's are checked
+    against what the coordinator's answer gives (``coordinator._exchanged``)."""
     if head["coll"] != "all_to_all":
         return
     shapes = head["shapes"]

@@ -16,7 +16,9 @@ whole job's dense all_reduces on ``ina`` and ``ring`` take the topology's forms
 Workers that run the same program at the same compute speed have the same timeline, so one is
 simulated per (program, straggler factor) class: the cost does not grow with M (worker ``w`` of a
 whole-job trace runs the program of the file's rank ``w mod len(ranks)``; M enters the formulas
-only). A sub-group's collective starts when the classes among its members started it.
+only), except where each worker has its own all_to_all sizes (a mixture of experts' layout, emu
+run's shifted copies): there every worker is a class. A sub-group's collective starts when the
+classes among its members started it.
 
 Stragglers: the factors are drawn exactly as the replay draws them (``straggling`` with the
 configuration's seed), so a random fraction picks the same workers as a replay with the same
@@ -86,7 +88,8 @@ def _programs(trace: Trace, config: ReplayConfig) -> list[WorkerProgram]:
     """The programs to draw the classes from, checked as a replay checks them: every worker's for a
     trace with sub-groups (each worker's groups are its own); else those of workers
     0..min(M, len(ranks))-1, planned for at most about PLAN_LIMIT workers."""
-    if _regrouped(trace, config):
+    if _regrouped(trace, config) or any(op.splits is not None for r in trace.ranks for it in r.iterations
+                                        for op in it.colls):  # each worker its own sizes (emu run's shift too)
         return programs_for(trace, config)
     n, r, workers = trace.meta.world_size, len(trace.ranks), config.workers
     m = workers
@@ -178,7 +181,8 @@ class _Forms:
             return
         del self.pending[key]
         start = max(r.start_us or r.issue_us for r in entry.values())
-        duration, spread = self._exchange(entry) if run.op.splits is not None else self.form(run.op)
+        uneven = any(r.op.splits is not None for r in entry.values())
+        duration, spread = self._exchange(entry) if uneven else self.form(run.op)
         for i, r in entry.items():
             self._end(i, r, start + duration, spread)
 
@@ -215,8 +219,9 @@ class _Forms:
         position = {w: p for p, w in enumerate(members)}
         sent: list[list[int]] = [[] for _ in members]
         for i, run in entry.items():
-            assert run.op.splits is not None
-            sent[position[self.first[i]]] = list(run.op.splits.send_elements)
+            sp = run.op.splits
+            sent[position[self.first[i]]] = (list(sp.send_elements) if sp is not None else
+                                              [run.op.count // len(members)] * len(members))
         if any(not row for row in sent):
             raise ConfigError(f"all_to_all {op.id} has per-peer sizes, and members of its group run one program: "
                               "emu predict needs each member's sizes; replay it (emu replay)")

@@ -368,8 +368,9 @@ def test_a_mixture_of_experts_at_a_new_size(no_children) -> None:
     doc = json.loads(result.stdout)
     assert doc["config"]["design"]["parallelism"] == {"mesh": "dp=2,ep=8", "moe_imbalance": 2.0}
     assert doc["verification"]["ok"] and any("--moe-imbalance 2" in n for n in doc["parallelism"]["notes"])
-    assert "warning: oversubscription 4:1 slows the links from leaves to the spine, but the 16 workers' NICs all " \
-           "sit in one leaf" in " ".join(result.stderr.split())
+    assert "warning: oversubscription 4:1 slows the links from leaves to the spine, but the 16 workers' 2 NICs all " \
+           "sit in one leaf of 32 ports: it changes nothing; give --leaf-ports 1 to split them over two leaves" \
+           in " ".join(result.stderr.split())
     for args, words in [(["--moe-imbalance", "0.5"], "--moe-imbalance 0.5: give the largest split over the mean"),
                         (["--workers", "64"], "lay it out with --mesh dp=D,ep=4")]:
         result = run("replay", "moe", "--iters", "1", *args)

@@ -17,7 +17,7 @@ from emu.replay.plan.layout import parse_mesh
 from emu.replay.plan.programs import plan_programs
 from emu.study.predict import predict
 from emu.traces import CollKind, load_trace, sample_path
-from emu.traces.model import Trace, Wait
+from emu.traces.model import Splits, Trace, Wait
 from tests.conftest import GLOO_ALLTOALLV
 from tests.replay.test_clock import exact_part
 
@@ -173,3 +173,36 @@ def test_the_moe_sample_at_64_workers(no_children) -> None:
             assert run.verification.ok
             times.append(run.summary.iteration_us_median)
         assert times[1] > times[0] if fabric == "ina" else times[1] >= times[0] - 1.0
+
+
+def _one_rank_even(uneven: Trace) -> Trace:
+    """The capture's uneven all_to_all made rank 0 even on its own (50 each way: a capture drops its
+    splits) and rank 1 uneven (50 and 70): one collective, splits on one member only."""
+    def change(rank: int, op):
+        if getattr(op, "splits", None) is None:
+            return op
+        if rank == 0:
+            return dataclasses.replace(op, splits=None, count=100, bytes=400)
+        return dataclasses.replace(op, splits=Splits((50, 70), (50, 70)), count=120, bytes=480)
+    ranks = tuple(dataclasses.replace(r, iterations=tuple(
+        dataclasses.replace(it, ops=tuple(change(r.rank, op) for op in it.ops)) for it in r.iterations))
+        for r in uneven.ranks)
+    return dataclasses.replace(uneven, ranks=ranks)
+
+
+def test_a_member_whose_own_sizes_are_even(uneven: Trace, no_children) -> None:
+    """Splits on one member of a collective only: every member runs the same exchange (the even one's
+    sizes written out), verified, and predict meets it."""
+    mixed = _one_rank_even(uneven)
+    config = ReplayConfig(workers=2, fabric="ring", payload_scale=1, link=LinkSpec(bandwidth_bps=1e9))
+    got = replay(mixed, config)
+    assert got.verification.ok and got.verification.mismatches == 0
+    assert predict(mixed, config).iteration_us_median == pytest.approx(got.summary.iteration_us_median, rel=0.005)
+
+
+def test_predict_refuses_an_uneven_exchange_on_a_topology(uneven: Trace) -> None:
+    from emu.emulator.links.topology import Topology
+
+    config = ReplayConfig(workers=2, fabric="ring", topology=Topology(workers_per_node=2))
+    with pytest.raises(ConfigError, match="all_to_all of .* by the direct on a topology: emu predict's topology forms"):
+        predict(uneven, config)

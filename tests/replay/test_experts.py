@@ -128,3 +128,19 @@ def test_without_the_experts_recorded_or_a_mesh(moe) -> None:
                                           r"e.g. --mesh dp=16,ep=4"):
         plan_programs(moe, 64)
     assert plan_programs(bare, 4)  # the trace's own layout needs none
+
+
+def test_what_the_rule_leaves_as_it_was(moe) -> None:
+    """A dimension of 1 added is the trace's own layout; --moe-imbalance where no layout is made is
+    refused; a worker --moe-imbalance sends no tokens computes no expert work; experts that do not
+    divide over the trace's ranks are refused."""
+    own = plan_programs(moe, 4)
+    assert [p.iterations for p in plan_programs(moe, 4, mesh=parse_mesh("dp=1,ep=4"))] == [p.iterations for p in own]
+    with pytest.raises(ConfigError, match="--moe-imbalance 2: it sets a mixture of experts' routing where emu lays"):
+        plan_programs(moe, 4, imbalance=2.0)
+    programs = plan_programs(moe, 8, mesh=parse_mesh("ep=8"), imbalance=8.0)
+    cold = [w for w in range(8) if sum(_uneven(programs[w])[0].splits.recv_elements) == 0]
+    assert len(cold) == 7 and all(_gaps(programs[w].iterations[0].ops)[0] == 0.0 for w in cold)
+    odd = replace(moe, meta=replace(moe.meta, experts=replace(moe.meta.experts, count=10)))
+    with pytest.raises(ConfigError, match="meta.experts.count is 10, which does not divide over the trace's 4"):
+        plan_programs(odd, 8, mesh=parse_mesh("ep=8"))

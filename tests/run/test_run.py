@@ -432,7 +432,7 @@ def test_the_coordinator_exchanges_as_m_workers() -> None:
     with pytest.raises(RunProtocolFailed, match="rank 1 expects 3 rows from worker 2, which sends it 4"):
         c._exchanged(0, heads, [[r] for r in rows])
     coll = c._record(3, {"coll": "all_to_all", "dtype": "float32", "root": None, "shapes": [[10, 1]],
-                         "in_splits": ins[0], "out_splits": [1, 3, 3, 0]}, [rows[0]])
+                         "in_splits": ins[0], "out_splits": [1, 3, 3, 0]}, [rows[0]], uneven=True)
     assert coll.kind == CollKind.ALL_TO_ALL and coll.count == 10 and coll.splits.send_elements == (1, 2, 3, 4)
 
 
@@ -450,6 +450,10 @@ def test_a_mixture_of_experts_runs_inside_a_larger_job(tmp_path, no_children) ->
     trace = load_trace(out)
     uneven = [op for it in trace.ranks[0].iterations for op in it.colls if op.splits is not None]
     assert len(uneven) == 4 * trace.iterations and all(len(op.splits.send_elements) == 16 for op in uneven)
+    from emu.study.predict import predict  # every worker its shifted sizes, a class each
+
+    estimate = predict(trace, ReplayConfig(workers=16, fabric="ring")).iteration_us_median
+    assert estimate == pytest.approx(result.report.summary.iteration_us_median, rel=0.02)
 
 
 def test_all_to_all_lists_and_even_singles(tmp_path, no_children) -> None:

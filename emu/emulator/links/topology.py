@@ -154,10 +154,14 @@ class Topology:
     def warning(self, workers: int) -> str | None:
         """What the design sets that cannot act at this size, or None: an oversubscription where every
         NIC sits in one leaf (no traffic crosses the spine it slows)."""
-        if self.oversubscription > 1 and self.layout(workers).leaves == 1:
+        lay = self.layout(workers)
+        if self.oversubscription > 1 and lay.leaves == 1:
+            ports = len(set(lay.nic.tolist()))  # the NICs the workers use
+            fix = (f"give --leaf-ports {max(1, ports // 2)} to split them over two leaves" if ports > 1 else
+                   "give more workers or NICs (one NIC is one leaf)")
             return (f"oversubscription {self.oversubscription:g}:1 slows the links from leaves to the spine, but "
-                    f"the {workers} workers' NICs all sit in one leaf of {self.leaf_ports} ports: it changes nothing; "
-                    "give a smaller --leaf-ports (e.g. --leaf-ports 4) or more workers (docs/topology.md)")
+                    f"the {workers} workers' {ports} NIC{'s' if ports != 1 else ''} all sit in one leaf of "
+                    f"{self.leaf_ports} ports: it changes nothing; {fix} (docs/topology.md)")
         return None
 
     def to_dict(self, link: LinkSpec) -> dict:

@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 import statistics
 
+import numpy as np
+
 from emu.emulator.algorithms.p2p import SEG_ELEMENTS, segment_elements
 from emu.emulator.algorithms.sparse_p2p import index_overhead, worker_fraction
 from emu.emulator.links.spec import LinkSpec
@@ -272,20 +274,26 @@ def uneven_all_to_all_us(sent: list[list[int]], itemsize: int, link: LinkSpec, r
     slowest downlink (or uplink) is done, and a segment's flight ``h`` later. With every message
     ``g`` segments of ``s`` this is ``all_to_all_us``: ``(2M-3) g s + h``."""
     m = len(sent)
-    t = [[0.0] * m for _ in range(m)]
+    t = np.zeros((m, m))
     h = 0.0
+    forms: dict[int, tuple[float, float]] = {}  # a message's g s and h, by its elements
     for i in range(m):
         for j in range(m):
-            if i != j and sent[i][j]:
-                seg = _Segments(sent[i][j], itemsize, 1, link, rto_us, payload_scale)
-                t[i][j], h = seg.g * seg.s, max(h, seg.h)
+            n = int(sent[i][j])
+            if i != j and n:
+                if n not in forms:
+                    seg = _Segments(n, itemsize, 1, link, rto_us, payload_scale)
+                    forms[n] = (seg.g * seg.s, seg.h)
+                t[i, j], h = forms[n][0], max(h, forms[n][1])
     if h == 0.0:
         return 0.0
-    end = max(sum(row) for row in t)  # the busiest uplink
+    starts = np.cumsum(t, axis=1) - t  # a_ij: i's messages to the members before j (t_ii = 0)
+    end = float(t.sum(axis=1).max())  # the busiest uplink
     for j in range(m):
-        starts = [(sum(t[i][k] for k in range(j) if k != i), t[i][j]) for i in range(m) if i != j and t[i][j]]
-        for s0, _ in starts:
-            end = max(end, s0 + sum(min(d, a + d - s0) for a, d in starts if a + d > s0))
+        a, d = starts[:, j][t[:, j] > 0], t[:, j][t[:, j] > 0]
+        if len(a):  # from each start s on, what still reaches j: min(d, a + d - s), at least 0
+            after = np.clip(np.minimum(d[None, :], (a + d)[None, :] - a[:, None]), 0.0, None).sum(axis=1)
+            end = max(end, float((a + after).max()))
     return end + h
 
 

@@ -52,6 +52,9 @@ def ep_problem(trace: Trace, trace_ep: int, ep: int) -> str | None:
         return ("the trace records no meta.experts (how many experts, and one expert's parameters), so emu "
                 "cannot say what each rank holds at another size; emu capture --model moe records it, or add "
                 '"experts": {"count": X, "params_per_expert": P} to the trace\'s meta')
+    if experts.count % trace_ep:
+        return (f"meta.experts.count is {experts.count}, which does not divide over the trace's {trace_ep} "
+                "expert-parallel ranks; give the experts the capture's ranks held, all of them")
     if ep % trace_ep or experts.count % ep:
         return (f"the trace's {experts.count} experts over {trace_ep} ranks replay over a multiple of {trace_ep} "
                 f"that divides {experts.count}: " + ", ".join(str(e) for e in range(trace_ep, experts.count + 1)
@@ -98,9 +101,10 @@ class ExpertLayout:
                               f"(balanced) to the expert-parallel group's size {self.ep}")
 
     @property
-    def experts_per_rank(self) -> int:
-        assert self.trace.meta.experts is not None
-        return self.trace.meta.experts.count // self.ep
+    def experts_per_rank(self) -> int | None:
+        """None where the trace records no experts (its ep keeps its size: only replicas grew)."""
+        experts = self.trace.meta.experts
+        return None if experts is None else experts.count // self.ep
 
     def exchange(self, group: tuple[int, ...], k: int, a: int) -> _Exchange:
         """The a-th uneven all_to_all of trace iteration k on the trace's group ``group``."""
@@ -166,23 +170,23 @@ class ExpertLayout:
             if isinstance(old, Coll):
                 factor = 1.0
                 if old.splits is not None and isinstance(new, Coll) and new.splits is not None:
-                    own = _gaps(trace_ops)[a]
-                    want = self.per_element(old, k, a) * sum(new.splits.recv_elements)
-                    factor = want / own if own and want else 1.0
+                    rate, own = self.per_element(old, k, a), _gaps(trace_ops)[a]
+                    if rate is not None and own:  # a worker that received nothing computes nothing
+                        factor = rate * sum(new.splits.recv_elements) / own
                     a += 1
             elif isinstance(new, Compute) and factor != 1.0:
                 new = replace(new, dur_us=new.dur_us * factor)
             out.append(new)
         return tuple(out)
 
-    def per_element(self, op: Coll, k: int, a: int) -> float:
-        """After the a-th uneven all_to_all of trace iteration k (a dispatch; 0 for a combine): the
-        compute of every rank of its group there over the elements they received in it (us)."""
+    def per_element(self, op: Coll, k: int, a: int) -> float | None:
+        """After the a-th uneven all_to_all of trace iteration k, a dispatch: the compute of every
+        rank of its group there over the elements they received in it (us); None after a combine."""
         group = tuple(op.group if op.group is not None else range(self.trace.meta.world_size))
         ex = self.exchange(group, k, a)
         received = int(ex.sent.sum())
         if not ex.dispatch or not received:
-            return 0.0
+            return None
         return sum(self.gaps(r, k)[a] for r in group) / received
 
     def gaps(self, rank: int, k: int) -> list[float]:

@@ -246,6 +246,10 @@ def plan_mesh(trace: Trace, workers: int, mesh: Mesh | None, path: str, imbalanc
         if target.size != workers:
             raise ConfigError(f"--mesh {target.text()} is {target.size} workers but --workers is {workers}: give one, "
                               "or the same count")
+        if experts is None and target.sizes != trace_mesh.sizes and _uneven(trace):  # replicas of ep groups
+            ep_dim = next((d for d in trace_mesh.dims if d.role == GroupRole.EP), None)
+            if ep_dim is not None:
+                experts = ExpertLayout(trace, ep_dim.size, ep_dim.size, imbalance, seed)
         program_trace = trace
         if added:
             if trace.meta.experts is None:
@@ -268,21 +272,26 @@ def plan_mesh(trace: Trace, workers: int, mesh: Mesh | None, path: str, imbalanc
     return plan
 
 
+def _uneven(trace: Trace) -> bool:
+    return any(op.splits is not None for r in trace.ranks for it in r.iterations for op in it.colls)
+
+
 def _extended(trace_mesh: Mesh, target: Mesh) -> tuple[Mesh, tuple[int, ...]]:
     """The trace's mesh with the data-parallel dimensions the replay adds (size 1: the trace is one
     replica), and where they are in the replay's; only a pure expert-parallel trace takes them."""
     if target.names == trace_mesh.names:
         return trace_mesh, ()
-    added = tuple(i for i, d in enumerate(target.dims) if d.name not in trace_mesh.names)
+    added = tuple(i for i, d in enumerate(target.dims) if d.name not in trace_mesh.names and d.size > 1)
+    new = [i for i, d in enumerate(target.dims) if d.name not in trace_mesh.names]
     kept = tuple(n for n in target.names if n in trace_mesh.names)
     pure_ep = all(d.role == GroupRole.EP for d in trace_mesh.dims)
-    if kept != trace_mesh.names or not pure_ep or any(target.dims[i].role != GroupRole.DP for i in added):
+    if kept != trace_mesh.names or not pure_ep or any(target.dims[i].role != GroupRole.DP for i in new):
         raise ConfigError(f"--mesh {target.text()}: the trace's mesh is {trace_mesh.text()}; give its dimensions, "
                           "in its order, with new sizes for the data-parallel ones"
                           + (" (a pure expert-parallel trace also takes a dp dimension it lacks, e.g. "
                              f"--mesh dp=8,{trace_mesh.text()})" if pure_ep else ""))
-    return Mesh(tuple(MeshDim(d.name, 1) if i in added else trace_mesh.dims[trace_mesh.index(d.name)]
-                      for i, d in enumerate(target.dims))), added
+    return Mesh(tuple(MeshDim(d.name, 1) if i in new else trace_mesh.dims[trace_mesh.index(d.name)]
+                      for i, d in enumerate(target.dims))), added  # a dimension of 1 added is the trace's own
 
 
 def _default_mesh(trace_mesh: Mesh, workers: int, path: str) -> Mesh:

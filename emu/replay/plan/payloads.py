@@ -62,6 +62,9 @@ def _checked(trace: Trace, config: ReplayConfig, payload: RecordedPayload, path:
         raise ConfigError(f"{path}: holds {payload.iterations} iterations of {payload.per_iteration} collectives; "
                           f"the trace has {trace.iterations} of {len(colls) // max(1, trace.iterations)}: give the "
                           "payload written with this trace")
+    if any(op.kind == CollKind.ALL_TO_ALL for op in colls):
+        return None, ("the real ranks' all_to_alls are not recorded (each worker's pieces go to different peers): "
+                      "the workers sent generated payload, every piece checked")
     r = config.scale
     for i, op in enumerate(colls):
         if (op.kind in _UNRECORDED) != (payload.tensors[i] is None) or op.dtype.value != payload.dtypes[i]:
@@ -74,9 +77,6 @@ def _checked(trace: Trace, config: ReplayConfig, payload: RecordedPayload, path:
             raise ConfigError(f"{path}: collective {op.id} has {kept:,} of its {op.count:,} elements recorded, and "
                               f"payload scale {r} sends {need:,}: replay with --payload-scale {_pow2_at_least(least)} "
                               "or more")
-    if any(op.kind == CollKind.ALL_TO_ALL for op in colls):
-        return None, ("the real ranks' all_to_alls are not recorded (each worker's pieces go to different peers): "
-                      "the workers sent generated payload, every piece checked")
     bad = next((i for i, t in enumerate(payload.tensors)
                 if t is not None and t.dtype.kind == "f" and not np.isfinite(t).all()), None)
     if bad is not None:  # inf and NaN have no fixed point, and NaN equals nothing: nothing to check

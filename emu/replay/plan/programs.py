@@ -103,6 +103,42 @@ def _shifted(splits: Splits, offset: int) -> Splits:
     return Splits(roll(splits.send_elements), roll(splits.recv_elements))
 
 
+def explicit_splits(trace: Trace) -> Trace:
+    """The trace with every member's copy of an uneven all_to_all giving its sizes: a capture drops
+    a rank's ``splits`` where its own sends and receives are all equal (docs/trace-format.md), while
+    a peer's copy of the same collective (its k-th all_to_all on the group) is uneven; the even
+    copy gets its ``count / group_size`` each way written out, so every member runs the same
+    exchange."""
+    if not any(op.splits is not None for r in trace.ranks for it in r.iterations for op in it.colls):
+        return trace
+    world = tuple(range(trace.meta.world_size))
+    uneven = {(index, g, k) for r in trace.ranks for index, it in enumerate(r.iterations)
+              for g, k, op in _numbered(it, world) if op.splits is not None}
+    ranks = []
+    for r in trace.ranks:
+        iterations = []
+        for index, it in enumerate(r.iterations):
+            fill = {id(op) for g, k, op in _numbered(it, world) if op.splits is None and (index, g, k) in uneven}
+            ops = tuple(replace(op, splits=Splits((op.count // op.group_size,) * op.group_size,
+                                                  (op.count // op.group_size,) * op.group_size))
+                        if id(op) in fill and isinstance(op, Coll) else op for op in it.ops)
+            iterations.append(replace(it, ops=ops))
+        ranks.append(replace(r, iterations=tuple(iterations)))
+    return replace(trace, ranks=tuple(ranks))
+
+
+def _numbered(it: Iteration, world: tuple[int, ...]) -> list[tuple[tuple[int, ...], int, Coll]]:
+    """An iteration's all_to_alls, each with its group and its place among that group's."""
+    seen: dict[tuple[int, ...], int] = {}
+    out = []
+    for op in it.colls:
+        if op.kind == CollKind.ALL_TO_ALL:
+            group = op.group or world
+            seen[group] = seen.get(group, 0) + 1
+            out.append((group, seen[group] - 1, op))
+    return out
+
+
 def _refuse_uneven_all_to_all(trace: Trace, path: str) -> None:
     """An all_to_all with per-peer sizes (``Coll.splits``) replays at the trace's own size only: at
     another, its sizes would have to be made up (docs/trace-format.md, "splits")."""
@@ -137,10 +173,15 @@ def plan_programs(trace: Trace, workers: int, path: str = "trace", sparsity: Spa
     (what a report reads of a run whose programs were checked), without the point-to-point check;
     ``mesh``: the layout of a sharded or split trace (``emu.replay.plan.layout``); ``imbalance``
     and ``seed``: a mixture of experts' routing at a new size (``emu.replay.plan.experts``)."""
+    trace = explicit_splits(trace)
     layout = plan_mesh(trace, workers, mesh, path, imbalance, seed)  # checks a mesh given, and a layout's ranks
     if (workers != trace.meta.world_size or mesh is not None) and (
             layout is None or not layout.identity and layout.experts is None):
         _refuse_uneven_all_to_all(trace, path)
+    if imbalance is not None and (layout is None or layout.experts is None):
+        raise ConfigError(f"--moe-imbalance {imbalance:g}: it sets a mixture of experts' routing where emu lays the "
+                          f"trace's expert parallelism out anew (--mesh with a larger ep, or replicas added: "
+                          f"docs/moe.md); {path} replays here with the routing it recorded: drop --moe-imbalance")
     if layout is not None and (has_subgroups(trace) or layout.regroups or layout.experts is not None):
         return _plan_groups(trace, layout, path, sparsity, compress, first)
     n = trace.meta.world_size

@@ -117,8 +117,11 @@ def _expert_notes(plan: MeshPlan) -> list[str]:
         return []
     how = (f"routing set by --moe-imbalance {ex.imbalance:g} (one rank a step takes {ex.imbalance:g}x the mean)"
            if ex.imbalance is not None else "the trace's measured routing, tiled and reshuffled each step")
-    notes = [f"uneven all_to_alls resized from ep={ex.trace_ep} to ep={ex.ep} ({ex.experts_per_rank} experts a rank, "
-             f"tokens a rank kept): {how}; the compute after each dispatch follows the tokens received"]
+    held = f"{ex.experts_per_rank} experts a rank, " if ex.experts_per_rank is not None else ""
+    what = (f"resized from ep={ex.trace_ep} to ep={ex.ep}" if ex.ep != ex.trace_ep else
+            f"of each ep={ex.ep} group laid out per replica")
+    notes = [f"uneven all_to_alls {what} ({held}tokens a rank kept): {how}; the compute after each dispatch "
+             "follows the tokens received"]
     if plan.added:
         assert plan.mesh is not None and plan.trace is not None and plan.trace.meta.experts is not None
         names = ", ".join(plan.mesh.dims[i].name for i in plan.added)

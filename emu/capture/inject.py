@@ -60,6 +60,30 @@ class RankReport:
     comm_hook: str | None = None  # the DDP communication hook the script registered (its name)
     threads: int | None = None  # torch's intra-op threads in the rank (at the end of the window)
     cpu_cores: int | None = None  # the cores the rank could run on
+    # over the profiled window (emu.traces.noise): the rank's CPU-seconds (every thread) and wall
+    # seconds, and the machine's busy, stolen and total CPU-seconds (None: no /proc/stat)
+    window_cpu_s: float | None = None
+    window_wall_s: float | None = None
+    machine_busy_s: float | None = None
+    machine_steal_s: float | None = None
+    machine_total_s: float | None = None
+
+
+def _load_now() -> tuple[float, float, tuple[float, float, float] | None]:
+    from emu.traces.noise import cpu_ticks
+
+    t = os.times()
+    return t.user + t.system, time.perf_counter(), cpu_ticks()
+
+
+def _window_load(report: RankReport, opened: list) -> None:
+    """The rank's and the machine's CPU over the profiled window, into the report."""
+    if not opened:
+        return
+    (cpu0, wall0, m0), (cpu1, wall1, m1) = opened[0], _load_now()
+    report.window_cpu_s, report.window_wall_s = cpu1 - cpu0, wall1 - wall0
+    if m0 is not None and m1 is not None:
+        report.machine_busy_s, report.machine_steal_s, report.machine_total_s = (b - a for a, b in zip(m0, m1, strict=True))
 
 
 def _run_target(target: list[str]) -> int:
@@ -138,8 +162,10 @@ def run(out: Path, warmup: int, steps: int, target: list[str]) -> int:
         report.device = torch.cuda.get_device_name()
 
     window = [time.time_ns()]  # when the profiler's window opened (wall clock, ns)
+    opened: list[tuple[float, float, tuple[float, float, float] | None]] = []  # cpu, wall, machine
 
     def export(prof: torch.profiler.profile) -> None:
+        _window_load(report, opened)
         report.threads = torch.get_num_threads()
         report.cpu_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         prof.export_chrome_trace(str(out / f"rank{rank}.json"))
@@ -162,6 +188,8 @@ def run(out: Path, warmup: int, steps: int, target: list[str]) -> int:
         report.optimizer_steps += 1
         if report.optimizer_steps == warmup:  # the profiler warms up next: its window opens
             window[0] = time.time_ns()
+        if report.optimizer_steps == warmup + 1:  # the profiled steps begin
+            opened.append(_load_now())
         prof.step()
 
     handle = register_optimizer_step_post_hook(on_step)

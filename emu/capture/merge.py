@@ -19,6 +19,7 @@ import datetime as dt
 import os
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 from emu.capture.collectives import find_collectives
 from emu.capture.groups import described_mesh, recorded_mesh
@@ -27,6 +28,7 @@ from emu.capture.program import convert_rank, profiler_steps
 from emu.errors import KinetoError, TraceError
 from emu.traces.mesh import Mesh
 from emu.traces.model import Coll, CollKind, Iteration, RankProgram, Source, Trace, TraceMeta, Wait
+from emu.traces.noise import assess
 from emu.traces.validate import validate_trace
 
 
@@ -149,6 +151,7 @@ def merge_ranks(kts: Sequence[KinetoTrace], *, source: Source, model: str | None
         kineto_files=tuple(os.path.basename(kt.path) for kt in kts), gaps=tuple(gaps), mesh=mesh,
         cpu_cores=cpu_cores, threads_per_rank=threads_per_rank)
     trace = Trace(meta=meta, ranks=programs)
+    trace = replace(trace, meta=replace(meta, noise=assess(trace)))  # the spread; a capture adds its load
     try:
         validate_trace(trace, kts[0].path)
     except TraceError as exc:

@@ -15,6 +15,7 @@ import json
 import re
 import shlex
 import shutil
+import statistics
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ from emu.capture.sparsity import attach_sparsity, mask_path, read_masks
 from emu.errors import CaptureError, ConfigError, EmuError
 from emu.lifetime import current
 from emu.traces.model import Experts, GroupRole, Source, Trace
+from emu.traces.noise import MachineLoad, assess
 from emu.traces.samples import BUILT_IN, MODELS, PARALLEL_MODELS
 from emu.traces.validate import validate_trace
 
@@ -120,6 +122,7 @@ def _run(interpreter: str, target: Callable[[Path], list[str]], config: CaptureC
                             params=_params(reports), command=command,
                             comm_hook=reports[0].get("comm_hook"), cpu_cores=reports[0].get("cpu_cores"),
                             threads_per_rank=threads.pop() if len(threads) == 1 else None)
+        trace = replace(trace, meta=replace(trace.meta, noise=assess(trace, _machine_load(reports))))
         if trace.meta.mesh is not None and any(d.role in _SPLIT for d in trace.meta.mesh.dims):
             # each rank holds a part of the model: rank 0's optimizer's count is not the model's
             trace = replace(trace, meta=replace(trace.meta, params=None))
@@ -142,6 +145,17 @@ def _run(interpreter: str, target: Callable[[Path], list[str]], config: CaptureC
 
 
 _SPLIT = (GroupRole.TP, GroupRole.PP, GroupRole.EP)
+
+
+def _machine_load(reports: list[dict]) -> MachineLoad | None:
+    """The machine over the profiled window (``emu.traces.noise``): its figures as the ranks saw
+    them (the median rank's: their windows nearly coincide), against all the ranks' CPU time."""
+    keys = ("window_cpu_s", "window_wall_s", "machine_busy_s", "machine_steal_s", "machine_total_s")
+    if any(r.get(k) is None for r in reports for k in keys):
+        return None
+    med = {k: statistics.median(r[k] for r in reports) for k in keys}
+    return MachineLoad(busy_s=med["machine_busy_s"], steal_s=med["machine_steal_s"], total_s=med["machine_total_s"],
+                       ranks_cpu_s=sum(r["window_cpu_s"] for r in reports), wall_s=med["window_wall_s"])
 
 
 def _params(reports: list[dict]) -> int | None:

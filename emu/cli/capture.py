@@ -39,10 +39,13 @@ from emu.traces.samples import BUILT_IN, PARALLEL_MODELS
               help="Keep the ranks' Kineto files and logs in this folder.")
 @click.option("--timeout", type=float, default=1800.0, show_default=True,
               help="Seconds before the ranks are stopped.")
+@click.option("--busy-ok", is_flag=True,
+              help="Record the machine's load and the steps' spread (meta.noise) without warning about them "
+                   "(CI, where load is the norm).")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def capture(model: str | None, kineto: bool, output: Path, world_size: int | None, iters: int, warmup: int,
             bucket_cap_mb: float, batch_size: int | None, seed: int, no_sparsity: bool,
-            keep_kineto: Path | None, timeout: float, args: tuple[str, ...]) -> None:
+            keep_kineto: Path | None, timeout: float, busy_ok: bool, args: tuple[str, ...]) -> None:
     """Record what a data-parallel run does as an emu trace.
 
     \b
@@ -80,3 +83,10 @@ def capture(model: str | None, kineto: bool, output: Path, world_size: int | Non
     console.print(f"wrote {output}: {s.model or 'trace'}, ranks {len(s.ranks_in_file)} of "
                   f"{s.world_size}, {s.iterations} iterations, median step {ms(s.step_us_median)} ms",
                   markup=False, highlight=False, soft_wrap=True)
+    noise = trace.meta.noise
+    if noise is not None and noise.busy and not busy_ok:
+        for line in noise.busy:
+            console.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
+        console.print("warning: the trace says so (meta.noise), and so will its replays' reports; capture again on a "
+                      "quiet machine for step times to trust (docs/capture.md, 'Noise')", markup=False,
+                      highlight=False, soft_wrap=True)

@@ -28,6 +28,16 @@ def sparsity_line(sp: SparsityStats) -> str:
             f"(median of {of}; bytes-weighted {_pct(sp.nonzero_weighted)}, {_pct(sp.union_weighted)}{tensors})")
 
 
+def noise_line(s) -> str:
+    """The steps' spread, and the machine's load where the capture measured it."""
+    text = f"steps vary {s.step_cv:.1%}, their compute {s.compute_cv:.1%} (std over mean)"
+    if s.noise is not None and s.noise.other_cores is not None:
+        text += f"; other processes used {s.noise.other_cores:.2f} cores during them"
+        if s.noise.steal:
+            text += f", the hypervisor {s.noise.steal:.0%}"
+    return text
+
+
 def imbalance_line(per_step: tuple[float, ...]) -> str:
     """E.g. '1.33x the mean at most (per step: 1.20, 1.33)': the largest all_to_all split over the mean."""
     steps = ", ".join(f"{x:.2f}" for x in per_step[:12]) + (", ..." if len(per_step) > 12 else "")
@@ -74,6 +84,9 @@ def inspect(trace_path: Path, as_json: bool) -> None:
         head.add_row("gradient sparsity", sparsity_line(s.sparsity))
     if s.all_to_all_imbalance:
         head.add_row("all_to_all imbalance", imbalance_line(s.all_to_all_imbalance))
+    head.add_row("step spread", noise_line(s))
+    for line in s.noise.busy if s.noise is not None else ():
+        head.add_row("noise", line)
     for gap in s.gaps:  # what the source lacked: never filled in silently
         head.add_row("gap", gap)
     console.print(head)

@@ -373,6 +373,15 @@ def _table(reports, path: Path, columns: list[str] | None = None) -> None:
     row("trustworthy", lambda r: "yes" if r.emulator.trustworthy else "NO")
     row("wall time", lambda r: f"{r.emulator.wall_s:.1f} s")
     out().print(t)
+    _notes(reports)
+
+
+def _notes(reports) -> None:
+    """What a reader of the table must know, on stderr: the trace's noise, and per report what the
+    emulation could not check or vouch for."""
+    for line in reports[0].trace.get("noise", ()):
+        err().print(f"the trace: {line} (its compute times carry that; docs/capture.md, 'Noise')", markup=False,
+                    highlight=False, soft_wrap=True)
     for r in reports:
         if r.emulator.advice:
             err().print(f"{r.config['fabric']}: not trustworthy: {r.emulator.advice}", markup=False,

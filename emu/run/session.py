@@ -37,6 +37,7 @@ from emu.run.protocol import Checked
 from emu.run.training import Curve, TrainingReport, curve, training_report
 from emu.traces.io import save_trace
 from emu.traces.model import Source, Trace, TraceMeta
+from emu.traces.noise import assess
 from emu.traces.validate import validate_trace
 
 DEFAULT_WARMUP = 2  # optimizer steps: DDP builds, then rebuilds, its buckets in the first two
@@ -131,6 +132,7 @@ def run_job(argv: Sequence[str], config: RunConfig, *, cores: int,
                          f"compute measured live on each real rank's {clock} clock between its calls into emu's "
                          f"backend ({k} of {m} ranks real; the rest mirror them)", *_compressed_gap(config)))
     trace = Trace(meta=meta, ranks=programs)
+    trace = replace(trace, meta=replace(meta, noise=assess(trace)))  # the live steps' spread
     try:
         validate_trace(trace, "the recorded program")
     except TraceError as exc:

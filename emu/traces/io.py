@@ -24,6 +24,7 @@ from emu.traces.jsonfile import read_json
 from emu.traces.mesh import Mesh, MeshDim
 from emu.traces.model import (
     SCHEMA,
+    CaptureNoise,
     Coll,
     CollKind,
     Compute,
@@ -251,7 +252,29 @@ def _load_meta(raw: Any, where: _Where) -> TraceMeta:
         cpu_cores=_int(raw, "cpu_cores", where, minimum=1, optional=True),
         threads_per_rank=_int(raw, "threads_per_rank", where, minimum=1, optional=True),
         experts=_load_experts(raw, where),
+        noise=_load_noise(raw, where),
     )
+
+
+def _load_noise(raw: dict[str, Any], where: _Where) -> CaptureNoise | None:
+    """``meta.noise`` (optional; docs/trace-format.md): the steps' spread and the machine's load."""
+    doc = _get(raw, "noise", where, dict, optional=True)
+    if doc is None:
+        return None
+    values: dict[str, float | None] = {}
+    for key in ("step_cv", "compute_cv", "other_cores", "steal"):
+        value = doc.get(key)
+        if value is None and key in ("other_cores", "steal"):
+            values[key] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_US:
+            raise where.fail(f"meta.noise.{key}", f"is {_show(value)}; give a number >= 0")
+        values[key] = float(value)
+    busy = doc.get("busy", [])
+    if not isinstance(busy, list) or len(busy) > 16 or not all(isinstance(b, str) and len(b) <= 1000 for b in busy):
+        raise where.fail("meta.noise.busy", "must be a list of at most 16 lines of text")
+    return CaptureNoise(step_cv=values["step_cv"] or 0.0, compute_cv=values["compute_cv"] or 0.0,
+                        other_cores=values["other_cores"], steal=values["steal"], busy=tuple(busy))
 
 
 def _load_experts(raw: dict[str, Any], where: _Where) -> Experts | None:
@@ -377,6 +400,10 @@ def trace_to_dict(trace: Trace) -> dict[str, Any]:
         meta_doc["mesh"] = {d.name: d.size for d in meta.mesh.dims}
     if meta.experts is not None:
         meta_doc["experts"] = {"count": meta.experts.count, "params_per_expert": meta.experts.params_per_expert}
+    if meta.noise is not None:
+        meta_doc["noise"] = {"step_cv": meta.noise.step_cv, "compute_cv": meta.noise.compute_cv,
+                             "other_cores": meta.noise.other_cores, "steal": meta.noise.steal,
+                             "busy": list(meta.noise.busy)}
     for key in ("cpu_cores", "threads_per_rank"):
         if getattr(meta, key) is not None:
             meta_doc[key] = getattr(meta, key)

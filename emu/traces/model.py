@@ -224,6 +224,18 @@ class Experts:
 
 
 @dataclass(frozen=True)
+class CaptureNoise:
+    """How steady the profiled steps were, and how busy the machine was while they ran
+    (``meta.noise``; ``emu.traces.noise``, docs/capture.md "Noise")."""
+
+    step_cv: float  # the profiled steps' durations: std over mean, the most varied rank's
+    compute_cv: float  # a step's compute (its Compute ops summed): std over mean, the most varied rank's
+    other_cores: float | None = None  # cores other processes kept busy during the window (a capture's own)
+    steal: float | None = None  # the share of the machine's CPU time its hypervisor took (a capture's own)
+    busy: tuple[str, ...] = ()  # why the steps may not be a quiet machine's, one line each (empty: none found)
+
+
+@dataclass(frozen=True)
 class TraceMeta:
     """Provenance of a trace. Optional fields are None where the source is silent."""
 
@@ -252,6 +264,8 @@ class TraceMeta:
     threads_per_rank: int | None = None
     # A mixture of experts' layout, where the source recorded it (emu capture --model moe does)
     experts: Experts | None = None
+    # The profiled steps' spread and the machine's load while they ran (captures, imports, emu run)
+    noise: CaptureNoise | None = None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from emu.traces.model import Coll, CollKind, Compute, Iteration, Trace, Wait
+from emu.traces.model import CaptureNoise, Coll, CollKind, Compute, Iteration, Trace, Wait
+from emu.traces.noise import spread
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,11 @@ class TraceSummary:
     # per step (iteration index), the largest all_to_all split over its mean, over every rank in
     # the file and every all_to_all of the step (1.0: even); empty where the trace has no all_to_all
     all_to_all_imbalance: tuple[float, ...] = ()
+    # the profiled steps' spread (std over mean: durations, compute), computed here for any trace;
+    # the machine's load and the reasons not to trust the steps, where the trace records them
+    step_cv: float = 0.0
+    compute_cv: float = 0.0
+    noise: CaptureNoise | None = None
 
 
 def iteration_comm_us(it: Iteration) -> float | None:
@@ -165,6 +171,7 @@ def summarize(trace: Trace) -> TraceSummary:
                   elements_per_iteration=v[2] // n, role=role)
         for (k, d, role), v in sorted(stats.items(), key=lambda kv: -kv[1][1]))
     m = trace.meta
+    cvs = spread(trace)
     return TraceSummary(
         model=m.model, source=m.source.value, backend=m.backend, device=m.device,
         world_size=m.world_size, ranks_in_file=tuple(r.rank for r in trace.ranks),
@@ -176,4 +183,5 @@ def summarize(trace: Trace) -> TraceSummary:
         mesh=m.mesh.text() if m.mesh is not None else None, all_to_all_imbalance=all_to_all_imbalance(trace),
         experts=m.experts.count if m.experts else None,
         params_per_expert=m.experts.params_per_expert if m.experts else None,
+        step_cv=cvs[0], compute_cv=cvs[1], noise=m.noise,
     )

@@ -273,3 +273,30 @@ def test_moe_capture_records_its_routers_uneven_splits(no_leftovers: Path) -> No
         assert max(s.imbalance for s in dispatch) > 1.05  # the router is not balanced
         roles = {op.group_role.value for p in trace.ranks for op in p.iterations[k].colls}
         assert roles == {"ep"}
+
+
+def test_a_capture_beside_a_busy_process_says_so(tmp_path: Path) -> None:
+    """A capture taken beside a CPU-bound process (the issue's own check) warns, records why in
+    meta.noise (other processes' cores over the profiled window, from /proc/stat against the ranks'
+    own CPU time), and a replay of it says so in its report; --busy-ok records without warning."""
+    out = tmp_path / "busy.json.gz"
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        res = CliRunner().invoke(cli, ["capture", "--model", "mlp", "--iters", "3", "--warmup", "2", "--no-sparsity",
+                                       "-o", str(out)])
+        quiet = CliRunner().invoke(cli, ["capture", "--model", "mlp", "--iters", "3", "--warmup", "2", "--no-sparsity",
+                                         "--busy-ok", "-o", str(tmp_path / "ok.json.gz")])
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert res.exit_code == 0, res.output
+    noise = load_trace(out).meta.noise
+    assert noise is not None and noise.other_cores is not None and noise.other_cores >= 0.5
+    assert any(line.startswith("other processes kept") for line in noise.busy)
+    assert "warning: other processes kept" in res.stderr and "meta.noise" in res.stderr
+    assert quiet.exit_code == 0 and "warning" not in quiet.stderr
+    replayed = CliRunner().invoke(cli, ["replay", str(out), "--iters", "1", "--json"])
+    assert replayed.exit_code == 0, replayed.output
+    assert any(line.startswith("other processes kept") for line in json.loads(replayed.stdout)["trace"]["noise"])
+    table = CliRunner().invoke(cli, ["replay", str(out), "--iters", "1"])
+    assert table.exit_code == 0 and "the trace: other processes kept" in table.stderr

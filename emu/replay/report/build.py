@@ -194,7 +194,9 @@ def _trace_doc(trace: Trace, trace_path: str | None) -> dict[str, Any]:
     return {"path": trace_path, "model": meta.model, "source": meta.source.value,
             "world_size": meta.world_size, "backend": meta.backend, "params": meta.params,
             "batch_size": meta.batch_size, "iterations": trace.iterations, "sha256": trace_digest(trace),
-            "gaps": list(meta.gaps)}  # what the source lacked (a live trace: how its compute was measured)
+            "gaps": list(meta.gaps),  # what the source lacked (a live trace: how its compute was measured)
+            # why the trace's steps may not be a quiet machine's (meta.noise): only where it says so
+            **({"noise": list(meta.noise.busy)} if meta.noise is not None and meta.noise.busy else {})}
 
 
 def _compression(trace: Trace, config: ReplayConfig, records: dict[int, list[list[float]]],

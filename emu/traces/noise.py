@@ -1,0 +1,104 @@
+"""How steady a trace's steps were, and how busy the machine was while they ran (``meta.noise``;
+docs/capture.md, "Noise").
+
+A trace freezes whatever the machine was doing: a capture beside another busy process times its
+ranks' compute slowed by it, and every replay of the trace carries that. So a trace says how much
+its profiled steps varied (``spread``: the durations' and the compute's standard deviation over
+their mean, the most varied rank's) and, for emu's own captures, how busy the machine was over the
+profiled window (``MachineLoad``: the CPU time other processes took, from /proc/stat against the
+ranks' own CPU time, and the hypervisor's steal). ``assess`` turns them into the reasons a trace
+may not be a quiet machine's, by the limits below, fixed in advance:
+
+- ``OTHER_CORES``: other processes kept at least half a core busy on average during the window
+  (the ranks' compute shared the cores with them);
+- ``STEAL``: the hypervisor took 5% or more of the machine's CPU time;
+- ``STEP_CV``: the profiled steps' durations vary 10% or more (std over mean) on some rank.
+
+Imported Kineto traces and ``emu run``'s live programs have the spread only: emu did not watch
+their machine.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass
+
+from emu.traces.model import CaptureNoise, Compute, Trace
+
+OTHER_CORES = 0.5
+STEAL = 0.05
+STEP_CV = 0.10
+
+
+@dataclass(frozen=True)
+class MachineLoad:
+    """The machine over a capture's profiled window: its CPU-seconds busy (every core, not idle nor
+    waiting for I/O, steal excluded), stolen, and in all, and the ranks' own CPU-seconds and the
+    window's wall seconds."""
+
+    busy_s: float
+    steal_s: float
+    total_s: float
+    ranks_cpu_s: float
+    wall_s: float
+
+    @property
+    def other_cores(self) -> float:
+        """Cores other processes (not the ranks) kept busy on average over the window."""
+        return max(0.0, self.busy_s - self.ranks_cpu_s) / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def steal(self) -> float:
+        return self.steal_s / self.total_s if self.total_s > 0 else 0.0
+
+
+def cpu_ticks() -> tuple[float, float, float] | None:
+    """The machine's CPU-seconds since boot from /proc/stat: busy (user, nice, system, irq,
+    softirq), stolen, and all; None where there is no /proc/stat (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    busy = user + nice + system + irq + softirq
+    return busy / hz, steal / hz, (busy + idle + iowait + steal) / hz
+
+
+def spread(trace: Trace) -> tuple[float, float]:
+    """The profiled steps' durations' and compute's std over mean, each the most varied rank's (0
+    with fewer than two steps)."""
+    steps, computes = [0.0], [0.0]
+    for r in trace.ranks:
+        if len(r.iterations) < 2:
+            continue
+        steps.append(_cv([it.measured_us for it in r.iterations]))
+        computes.append(_cv([sum(op.dur_us for op in it.ops if isinstance(op, Compute)) for it in r.iterations]))
+    return max(steps), max(computes)
+
+
+def _cv(values: list[float]) -> float:
+    mean = statistics.fmean(values)
+    return statistics.pstdev(values) / mean if mean > 0 else 0.0
+
+
+def assess(trace: Trace, load: MachineLoad | None = None) -> CaptureNoise:
+    """The trace's noise record: its spread, the machine's load where emu watched it, and the
+    reasons (module docstring) its steps may not be a quiet machine's."""
+    step_cv, compute_cv = spread(trace)
+    busy = []
+    if load is not None and load.other_cores >= OTHER_CORES:
+        busy.append(f"other processes kept {load.other_cores:.1f} cores busy on average during the profiled steps "
+                    f"(limit {OTHER_CORES}): the ranks' compute shared the cores with them")
+    if load is not None and load.steal >= STEAL:
+        busy.append(f"the hypervisor took {load.steal:.0%} of the machine's CPU time during the profiled steps "
+                    f"(limit {STEAL:.0%})")
+    if step_cv >= STEP_CV:
+        busy.append(f"the profiled steps' durations vary {step_cv:.0%} (std over mean, limit {STEP_CV:.0%})")
+    return CaptureNoise(step_cv=round(step_cv, 6), compute_cv=round(compute_cv, 6),
+                        other_cores=None if load is None else round(load.other_cores, 4),
+                        steal=None if load is None else round(load.steal, 4), busy=tuple(busy))

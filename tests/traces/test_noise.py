@@ -1,0 +1,54 @@
+"""A trace's noise (emu.traces.noise, docs/capture.md "Noise"): the steps' spread, the machine's
+load over a capture's window, the reasons by the stated limits, and meta.noise in the format."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from emu.errors import TraceError
+from emu.traces.io import load_trace, save_trace, trace_to_dict
+from emu.traces.model import CaptureNoise, Compute, Iteration
+from emu.traces.noise import OTHER_CORES, STEP_CV, MachineLoad, assess, spread
+from tests.traces.test_io import small_trace
+
+
+def _steps(trace, durations: list[float]):
+    """The trace with one rank's iterations taking these durations (and as much compute)."""
+    first = trace.ranks[0]
+    its = tuple(Iteration(step=k, measured_us=d, ops=(Compute("compute", d), *[
+        op for op in first.iterations[0].ops if not isinstance(op, Compute)])) for k, d in enumerate(durations))
+    return replace(trace, ranks=(replace(first, iterations=its), *trace.ranks[1:]))
+
+
+def test_the_spread_is_the_most_varied_ranks() -> None:
+    trace = _steps(small_trace(), [90.0, 110.0, 100.0, 100.0])
+    step_cv, compute_cv = spread(trace)
+    assert step_cv == pytest.approx((50.0 ** 0.5) / 100.0)  # pstdev of 90, 110, 100, 100 over 100
+    assert compute_cv == pytest.approx(step_cv)
+
+
+def test_the_limits_name_each_reason() -> None:
+    steady = _steps(small_trace(), [100.0, 101.0, 99.0])
+    quiet = MachineLoad(busy_s=2.05, steal_s=0.0, total_s=4.0, ranks_cpu_s=2.0, wall_s=2.0)
+    assert assess(steady, quiet).busy == ()
+    busy = MachineLoad(busy_s=4.0, steal_s=0.3, total_s=4.0, ranks_cpu_s=2.0, wall_s=2.0)
+    noise = assess(_steps(small_trace(), [80.0, 120.0]), busy)
+    assert noise.other_cores == 1.0 and noise.steal == 0.075
+    assert [line.split(" ")[0] for line in noise.busy] == ["other", "the", "the"]
+    assert f"(limit {OTHER_CORES})" in noise.busy[0] and f"limit {STEP_CV:.0%}" in noise.busy[2]
+    assert assess(steady).other_cores is None  # an import: the spread only
+
+
+def test_meta_noise_round_trips_and_is_checked(tmp_path: Path) -> None:
+    noise = CaptureNoise(step_cv=0.17, compute_cv=0.18, other_cores=0.98, steal=0.0, busy=("other processes ...",))
+    trace = replace(small_trace(), meta=replace(small_trace().meta, noise=noise))
+    assert load_trace(save_trace(trace, tmp_path / "t.json")).meta.noise == noise
+    doc = trace_to_dict(trace)
+    doc["meta"]["noise"]["step_cv"] = -1
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match="field 'meta.noise.step_cv' is -1; give a number >= 0"):
+        load_trace(tmp_path / "bad.json")

@@ -29,7 +29,7 @@ from emu.capture.sparsity import attach_sparsity, mask_path, read_masks
 from emu.errors import CaptureError, ConfigError, EmuError
 from emu.lifetime import current
 from emu.traces.model import Experts, GroupRole, Source, Trace
-from emu.traces.noise import MachineLoad, assess
+from emu.traces.noise import STEP_CV, MachineLoad, assess
 from emu.traces.samples import BUILT_IN, MODELS, PARALLEL_MODELS
 from emu.traces.validate import validate_trace
 
@@ -52,6 +52,9 @@ class CaptureConfig:
     """Where to keep the ranks' Kineto files and logs (default: a temporary folder)."""
     network: RankNetwork | None = None
     """Run each rank in its own network namespace (emu validate); default: loopback."""
+    windows: int = 1
+    """Profiled windows to take at most: while the kept one's steps vary past ``STEP_CV``, the ranks
+    run again and the steadiest window is kept (``emu capture --windows``, docs/capture.md)."""
 
     def check(self) -> None:
         if self.world_size < 1:
@@ -62,6 +65,31 @@ class CaptureConfig:
             raise ConfigError(f"--warmup must be 0 or more, got {self.warmup}")
         if self.timeout_s <= 0:
             raise ConfigError(f"--timeout must be positive, got {self.timeout_s}")
+        if not 1 <= self.windows <= MAX_WINDOWS:
+            raise ConfigError(f"--windows must be in 1..{MAX_WINDOWS}, got {self.windows}")
+
+
+MAX_WINDOWS = 10
+
+
+def _steadiest(config: CaptureConfig, take: Callable[[], Trace]) -> Trace:
+    """Captures taken while the steadiest so far has steps varying past ``STEP_CV``, at most
+    ``config.windows`` in all; the steadiest kept (its noise says how many were taken). The whole
+    window is kept, not a median of ops across windows: a window is one run's steps as they ran,
+    its ops' order and overlaps included, where a median would make a step no run took."""
+    best: Trace | None = None
+    taken = 0
+    while taken < config.windows and (best is None or _cv(best) >= STEP_CV):
+        trace = take()
+        taken += 1
+        if best is None or _cv(trace) < _cv(best):
+            best = trace
+    assert best is not None and best.meta.noise is not None
+    return replace(best, meta=replace(best.meta, noise=replace(best.meta.noise, windows=taken)))
+
+
+def _cv(trace: Trace) -> float:
+    return trace.meta.noise.step_cv if trace.meta.noise is not None else 0.0
 
 
 def _interpreter_and_target(argv: Sequence[str], command: str = "emu capture -o t.json.gz") -> tuple[str, list[str]]:
@@ -191,8 +219,8 @@ def capture_parallel(model: str, config: CaptureConfig, *, batch_size: int | Non
     command = (f"emu capture --model {model} --world-size {config.world_size} --iters {config.profile_steps} "
                f"--warmup {config.warmup} --batch-size {batch} --seed {seed}"
                + (f" --bucket-cap-mb {bucket_cap_mb:g}" if model == "tp" else ""))
-    trace = _run(sys.executable, lambda _: [str(script), *args], config, source_model=model, command=command,
-                 batch_size=batch, on_tick=on_tick)
+    trace = _steadiest(config, lambda: _run(sys.executable, lambda _: [str(script), *args], config,
+                                            source_model=model, command=command, batch_size=batch, on_tick=on_tick))
     if model == "moe":  # what a replay at another expert-parallel size needs (emu.replay.plan.experts)
         trace = replace(trace, meta=replace(trace.meta, experts=MOE_EXPERTS))
     return trace
@@ -231,8 +259,8 @@ def capture_model(model: str, config: CaptureConfig = CaptureConfig(), *, batch_
     command = (f"emu capture --model {model} --world-size {config.world_size} --iters "
                f"{config.profile_steps} --warmup {config.warmup} --bucket-cap-mb {bucket_cap_mb:g} "
                f"--batch-size {batch} --seed {seed}{'' if sparsity else ' --no-sparsity'}")
-    return _run(sys.executable, target, config, source_model=model, command=command,
-                batch_size=batch, on_tick=on_tick, sparsity=sparsity)
+    return _steadiest(config, lambda: _run(sys.executable, target, config, source_model=model, command=command,
+                                           batch_size=batch, on_tick=on_tick, sparsity=sparsity))
 
 
 def capture_script(argv: Sequence[str], config: CaptureConfig = CaptureConfig(), *,
@@ -242,5 +270,5 @@ def capture_script(argv: Sequence[str], config: CaptureConfig = CaptureConfig(),
     name = target[1] if target[0] == "-m" else Path(target[0]).stem
     command = (f"emu capture --world-size {config.world_size} --profile-steps {config.profile_steps} "
                f"--warmup {config.warmup} -- {shlex.join(argv)}")
-    return _run(interpreter, lambda _: target, config, source_model=name, command=command, batch_size=None,
-                on_tick=on_tick)
+    return _steadiest(config, lambda: _run(interpreter, lambda _: target, config, source_model=name, command=command,
+                                           batch_size=None, on_tick=on_tick))

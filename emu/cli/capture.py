@@ -39,13 +39,16 @@ from emu.traces.samples import BUILT_IN, PARALLEL_MODELS
               help="Keep the ranks' Kineto files and logs in this folder.")
 @click.option("--timeout", type=float, default=1800.0, show_default=True,
               help="Seconds before the ranks are stopped.")
+@click.option("--windows", type=int, default=3, show_default=True,
+              help="Profiled windows to take at most: while the steps vary 10%% or more, the ranks run again and "
+                   "the steadiest window is kept (1: take one).")
 @click.option("--busy-ok", is_flag=True,
               help="Record the machine's load and the steps' spread (meta.noise) without warning about them "
                    "(CI, where load is the norm).")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def capture(model: str | None, kineto: bool, output: Path, world_size: int | None, iters: int, warmup: int,
             bucket_cap_mb: float, batch_size: int | None, seed: int, no_sparsity: bool,
-            keep_kineto: Path | None, timeout: float, busy_ok: bool, args: tuple[str, ...]) -> None:
+            keep_kineto: Path | None, timeout: float, windows: int, busy_ok: bool, args: tuple[str, ...]) -> None:
     """Record what a data-parallel run does as an emu trace.
 
     \b
@@ -61,7 +64,7 @@ def capture(model: str | None, kineto: bool, output: Path, world_size: int | Non
     if world_size is None:
         world_size = 4 if model in PARALLEL_MODELS else 2
     config = CaptureConfig(world_size=world_size, profile_steps=iters, warmup=warmup,
-                           timeout_s=timeout, keep_kineto=keep_kineto)
+                           timeout_s=timeout, keep_kineto=keep_kineto, windows=windows)
     console = err()
     if kineto:
         with console.status("importing Kineto traces"):
@@ -84,6 +87,9 @@ def capture(model: str | None, kineto: bool, output: Path, world_size: int | Non
                   f"{s.world_size}, {s.iterations} iterations, median step {ms(s.step_us_median)} ms",
                   markup=False, highlight=False, soft_wrap=True)
     noise = trace.meta.noise
+    if noise is not None and noise.windows > 1:
+        console.print(f"took {noise.windows} profiled windows (the steps varied 10% or more), kept the steadiest: "
+                      f"its steps vary {noise.step_cv:.1%}", markup=False, highlight=False, soft_wrap=True)
     if noise is not None and noise.busy and not busy_ok:
         for line in noise.busy:
             console.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)

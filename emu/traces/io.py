@@ -273,8 +273,11 @@ def _load_noise(raw: dict[str, Any], where: _Where) -> CaptureNoise | None:
     busy = doc.get("busy", [])
     if not isinstance(busy, list) or len(busy) > 16 or not all(isinstance(b, str) and len(b) <= 1000 for b in busy):
         raise where.fail("meta.noise.busy", "must be a list of at most 16 lines of text")
+    windows = doc.get("windows", 1)
+    if not _is_count(windows) or not 1 <= windows <= 1000:
+        raise where.fail("meta.noise.windows", f"is {_show(windows)}; give the windows taken, an integer >= 1")
     return CaptureNoise(step_cv=values["step_cv"] or 0.0, compute_cv=values["compute_cv"] or 0.0,
-                        other_cores=values["other_cores"], steal=values["steal"], busy=tuple(busy))
+                        other_cores=values["other_cores"], steal=values["steal"], busy=tuple(busy), windows=windows)
 
 
 def _load_experts(raw: dict[str, Any], where: _Where) -> Experts | None:
@@ -403,7 +406,7 @@ def trace_to_dict(trace: Trace) -> dict[str, Any]:
     if meta.noise is not None:
         meta_doc["noise"] = {"step_cv": meta.noise.step_cv, "compute_cv": meta.noise.compute_cv,
                              "other_cores": meta.noise.other_cores, "steal": meta.noise.steal,
-                             "busy": list(meta.noise.busy)}
+                             "busy": list(meta.noise.busy), "windows": meta.noise.windows}
     for key in ("cpu_cores", "threads_per_rank"):
         if getattr(meta, key) is not None:
             meta_doc[key] = getattr(meta, key)

@@ -233,6 +233,7 @@ class CaptureNoise:
     other_cores: float | None = None  # cores other processes kept busy during the window (a capture's own)
     steal: float | None = None  # the share of the machine's CPU time its hypervisor took (a capture's own)
     busy: tuple[str, ...] = ()  # why the steps may not be a quiet machine's, one line each (empty: none found)
+    windows: int = 1  # profiled windows the capture took, the steadiest kept (emu capture --windows)
 
 
 @dataclass(frozen=True)

@@ -52,3 +52,25 @@ def test_meta_noise_round_trips_and_is_checked(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text(json.dumps(doc))
     with pytest.raises(TraceError, match="field 'meta.noise.step_cv' is -1; give a number >= 0"):
         load_trace(tmp_path / "bad.json")
+
+
+def test_a_capture_keeps_its_steadiest_window() -> None:
+    """emu capture --windows N: while the kept window's steps vary past the limit the ranks run
+    again, at most N windows in all; the steadiest is kept and says how many were taken."""
+    from emu.capture.run import CaptureConfig, _steadiest
+
+    def taking(cvs: list[float]):
+        made = iter(cvs)
+
+        def take():
+            cv = next(made)
+            trace = small_trace()
+            return replace(trace, meta=replace(trace.meta, noise=CaptureNoise(step_cv=cv, compute_cv=cv)))
+        return take
+
+    kept = _steadiest(CaptureConfig(windows=3), taking([0.30, 0.12, 0.20]))
+    assert kept.meta.noise.step_cv == 0.12 and kept.meta.noise.windows == 3
+    kept = _steadiest(CaptureConfig(windows=3), taking([0.30, 0.05, 0.01]))
+    assert kept.meta.noise.step_cv == 0.05 and kept.meta.noise.windows == 2  # steady enough: no third
+    kept = _steadiest(CaptureConfig(windows=1), taking([0.30]))
+    assert kept.meta.noise.windows == 1

@@ -30,7 +30,8 @@ def sparsity_line(sp: SparsityStats) -> str:
 
 def noise_line(s) -> str:
     """The steps' spread, and the machine's load where the capture measured it."""
-    text = f"steps vary {s.step_cv:.1%}, their compute {s.compute_cv:.1%} (std over mean)"
+    text = (f"steps vary {s.step_cv:.1%}, their compute {s.compute_cv:.1%}, the ranks' compute {s.rank_cv:.1%} "
+            "from each other (std over mean)")
     if s.noise is not None and s.noise.other_cores is not None:
         text += f"; other processes used {s.noise.other_cores:.2f} cores during them"
         if s.noise.steal:

@@ -262,8 +262,8 @@ def _load_noise(raw: dict[str, Any], where: _Where) -> CaptureNoise | None:
     if doc is None:
         return None
     values: dict[str, float | None] = {}
-    for key in ("step_cv", "compute_cv", "other_cores", "steal"):
-        value = doc.get(key)
+    for key in ("step_cv", "compute_cv", "rank_cv", "other_cores", "steal"):
+        value = doc.get(key, 0.0 if key == "rank_cv" else None)
         if value is None and key in ("other_cores", "steal"):
             values[key] = None
             continue
@@ -277,6 +277,7 @@ def _load_noise(raw: dict[str, Any], where: _Where) -> CaptureNoise | None:
     if not _is_count(windows) or not 1 <= windows <= 1000:
         raise where.fail("meta.noise.windows", f"is {_show(windows)}; give the windows taken, an integer >= 1")
     return CaptureNoise(step_cv=values["step_cv"] or 0.0, compute_cv=values["compute_cv"] or 0.0,
+                        rank_cv=values["rank_cv"] or 0.0,
                         other_cores=values["other_cores"], steal=values["steal"], busy=tuple(busy), windows=windows)
 
 
@@ -405,6 +406,7 @@ def trace_to_dict(trace: Trace) -> dict[str, Any]:
         meta_doc["experts"] = {"count": meta.experts.count, "params_per_expert": meta.experts.params_per_expert}
     if meta.noise is not None:
         meta_doc["noise"] = {"step_cv": meta.noise.step_cv, "compute_cv": meta.noise.compute_cv,
+                             "rank_cv": meta.noise.rank_cv,
                              "other_cores": meta.noise.other_cores, "steal": meta.noise.steal,
                              "busy": list(meta.noise.busy), "windows": meta.noise.windows}
     for key in ("cpu_cores", "threads_per_rank"):

@@ -230,6 +230,7 @@ class CaptureNoise:
 
     step_cv: float  # the profiled steps' durations: std over mean, the most varied rank's
     compute_cv: float  # a step's compute (its Compute ops summed): std over mean, the most varied rank's
+    rank_cv: float = 0.0  # the ranks' median compute a step: std over mean across the ranks in the file
     other_cores: float | None = None  # cores other processes kept busy during the window (a capture's own)
     steal: float | None = None  # the share of the machine's CPU time its hypervisor took (a capture's own)
     busy: tuple[str, ...] = ()  # why the steps may not be a quiet machine's, one line each (empty: none found)

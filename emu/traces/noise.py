@@ -4,7 +4,7 @@ docs/capture.md, "Noise").
 A trace freezes whatever the machine was doing: a capture beside another busy process times its
 ranks' compute slowed by it, and every replay of the trace carries that. So a trace says how much
 its profiled steps varied (``spread``: the durations' and the compute's standard deviation over
-their mean, the most varied rank's) and, for emu's own captures, how busy the machine was over the
+their mean, the most varied rank's, and the ranks' compute against each other's) and, for emu's own captures, how busy the machine was over the
 profiled window (``MachineLoad``: the CPU time other processes took, from /proc/stat against the
 ranks' own CPU time, and the hypervisor's steal). ``assess`` turns them into the reasons a trace
 may not be a quiet machine's, by the limits below, fixed in advance:
@@ -69,16 +69,20 @@ def cpu_ticks() -> tuple[float, float, float] | None:
     return busy / hz, steal / hz, (busy + idle + iowait + steal) / hz
 
 
-def spread(trace: Trace) -> tuple[float, float]:
+def spread(trace: Trace) -> tuple[float, float, float]:
     """The profiled steps' durations' and compute's std over mean, each the most varied rank's (0
-    with fewer than two steps)."""
-    steps, computes = [0.0], [0.0]
+    with fewer than two steps), and the ranks' median compute a step: std over mean across ranks
+    (0 with one rank)."""
+    steps, computes, medians = [0.0], [0.0], []
     for r in trace.ranks:
+        per_step = [sum(op.dur_us for op in it.ops if isinstance(op, Compute)) for it in r.iterations]
+        if per_step:
+            medians.append(statistics.median(per_step))
         if len(r.iterations) < 2:
             continue
         steps.append(_cv([it.measured_us for it in r.iterations]))
-        computes.append(_cv([sum(op.dur_us for op in it.ops if isinstance(op, Compute)) for it in r.iterations]))
-    return max(steps), max(computes)
+        computes.append(_cv(per_step))
+    return max(steps), max(computes), _cv(medians) if len(medians) > 1 else 0.0
 
 
 def _cv(values: list[float]) -> float:
@@ -89,7 +93,7 @@ def _cv(values: list[float]) -> float:
 def assess(trace: Trace, load: MachineLoad | None = None) -> CaptureNoise:
     """The trace's noise record: its spread, the machine's load where emu watched it, and the
     reasons (module docstring) its steps may not be a quiet machine's."""
-    step_cv, compute_cv = spread(trace)
+    step_cv, compute_cv, rank_cv = spread(trace)
     busy = []
     if load is not None and load.other_cores >= OTHER_CORES:
         busy.append(f"other processes kept {load.other_cores:.1f} cores busy on average during the profiled steps "
@@ -99,6 +103,6 @@ def assess(trace: Trace, load: MachineLoad | None = None) -> CaptureNoise:
                     f"(limit {STEAL:.0%})")
     if step_cv >= STEP_CV:
         busy.append(f"the profiled steps' durations vary {step_cv:.0%} (std over mean, limit {STEP_CV:.0%})")
-    return CaptureNoise(step_cv=round(step_cv, 6), compute_cv=round(compute_cv, 6),
+    return CaptureNoise(step_cv=round(step_cv, 6), compute_cv=round(compute_cv, 6), rank_cv=round(rank_cv, 6),
                         other_cores=None if load is None else round(load.other_cores, 4),
                         steal=None if load is None else round(load.steal, 4), busy=tuple(busy))

@@ -81,6 +81,7 @@ class TraceSummary:
     # the machine's load and the reasons not to trust the steps, where the trace records them
     step_cv: float = 0.0
     compute_cv: float = 0.0
+    rank_cv: float = 0.0
     noise: CaptureNoise | None = None
 
 
@@ -183,5 +184,5 @@ def summarize(trace: Trace) -> TraceSummary:
         mesh=m.mesh.text() if m.mesh is not None else None, all_to_all_imbalance=all_to_all_imbalance(trace),
         experts=m.experts.count if m.experts else None,
         params_per_expert=m.experts.params_per_expert if m.experts else None,
-        step_cv=cvs[0], compute_cv=cvs[1], noise=m.noise,
+        step_cv=cvs[0], compute_cv=cvs[1], rank_cv=cvs[2], noise=m.noise,
     )

@@ -26,9 +26,11 @@ def _steps(trace, durations: list[float]):
 
 def test_the_spread_is_the_most_varied_ranks() -> None:
     trace = _steps(small_trace(), [90.0, 110.0, 100.0, 100.0])
-    step_cv, compute_cv = spread(trace)
+    step_cv, compute_cv, rank_cv = spread(trace)
     assert step_cv == pytest.approx((50.0 ** 0.5) / 100.0)  # pstdev of 90, 110, 100, 100 over 100
     assert compute_cv == pytest.approx(step_cv)
+    other = sum(op.dur_us for op in trace.ranks[1].iterations[0].ops if isinstance(op, Compute))
+    assert rank_cv == pytest.approx(abs(100.0 - other) / (100.0 + other))  # two ranks: |a - b| / (a + b)
 
 
 def test_the_limits_name_each_reason() -> None:

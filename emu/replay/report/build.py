@@ -44,6 +44,7 @@ from emu.replay.report.model import (
 )
 from emu.traces.io import trace_digest
 from emu.traces.model import Trace
+from emu.traces.noise import assess
 
 LAG_TOLERANCE = 0.01  # of the median iteration: docs/design.md's bar for a trustworthy run
 
@@ -195,8 +196,9 @@ def _trace_doc(trace: Trace, trace_path: str | None) -> dict[str, Any]:
             "world_size": meta.world_size, "backend": meta.backend, "params": meta.params,
             "batch_size": meta.batch_size, "iterations": trace.iterations, "sha256": trace_digest(trace),
             "gaps": list(meta.gaps),  # what the source lacked (a live trace: how its compute was measured)
-            # why the trace's steps may not be a quiet machine's (meta.noise): only where it says so
-            **({"noise": list(meta.noise.busy)} if meta.noise is not None and meta.noise.busy else {})}
+            # why the trace's steps may not be a quiet machine's (meta.noise, or for a trace written
+            # before it, the spread of its steps): only where there is a reason
+            **({"noise": list(noise.busy)} if (noise := meta.noise or assess(trace)).busy else {})}
 
 
 def _compression(trace: Trace, config: ReplayConfig, records: dict[int, list[list[float]]],

@@ -14,6 +14,7 @@ import click
 
 from emu.cli import cli
 from emu.cli.output import Spinner, err, ms, out
+from emu.errors import CheckFailed
 
 
 @cli.command()
@@ -34,7 +35,7 @@ def validate(quick: bool, models: str, steps: int, calibrate: bool, keep: Path |
 
     from emu.errors import ConfigError, RunFailed
     from emu.traces.samples import MODELS
-    from emu.validate import DEFAULT_SETTINGS, QUICK_SETTINGS, run_validation
+    from emu.validate import DEFAULT_SETTINGS, QUICK_SETTINGS, run_validation, trusted_enough
 
     names = tuple(m.strip() for m in models.split(",") if m.strip())
     if quick:
@@ -65,11 +66,25 @@ def validate(quick: bool, models: str, steps: int, calibrate: bool, keep: Path |
         out().print(table)
         for f in result.failures:
             out().print(f"failed: {f.name}: {f.error}", markup=False, highlight=False, soft_wrap=True)
+        for c in result.cases:
+            for flag in c.flags:
+                out().print(f"flagged: {c.name} ({c.kind.value}): {flag}", markup=False, highlight=False,
+                            soft_wrap=True)
         s = result.summary
+        trusted = [f"{kind}: {s[f'{kind}_trusted_mean_abs_error_pct']:.1f}% / "
+                   f"{s[f'{kind}_trusted_max_abs_error_pct']:.1f}%" for kind in
+                   ("same", "extrapolated", "calibrated", "held out", "run")
+                   if any(c.kind.value == kind and not c.flags for c in result.cases)]
+        out().print(f"trusted cases: {s['trusted_cases']:g} of {s['trusted_cases'] + s['flagged_cases']:g} "
+                    f"(mean / max |error| by kind: {'; '.join(trusted) or 'none'})", markup=False, highlight=False)
         parts = [f"{kind}: {s[f'{kind}_mean_abs_error_pct']:.1f}% / {s[f'{kind}_max_abs_error_pct']:.1f}%"
                  for kind in ("same", "extrapolated", "calibrated", "held out", "run") if any(c.kind.value == kind for c in result.cases)]
         out().print(f"mean |error| {s['mean_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}% "
                     f"(mean / max by kind: {'; '.join(parts)})", markup=False, highlight=False)
+    if not result.failures and not trusted_enough(result.cases):
+        raise CheckFailed(f"{result.summary['flagged_cases']:g} of {len(result.cases)} cases are flagged (their real "
+                          "runs or captures were limited by the machine: each says why above): fewer than two "
+                          "thirds trusted, or a setting without a trusted case (docs/FIDELITY.md, 'Trusted cases')")
     if result.failures:
         where = f" and in {report}" if report is not None else ""
         raise RunFailed(f"{len(result.failures)} of {len(result.failures) + len(result.cases)} cases failed "

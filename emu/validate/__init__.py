@@ -9,8 +9,9 @@ from emu.validate.core import (
     ValidateReport,
     run_validation,
     save_report,
+    trusted_enough,
 )
 from emu.validate.fit import LinkFit, fit_link
 
 __all__ = ["DEFAULT_SETTINGS", "QUICK_SETTINGS", "CaseFailure", "CaseResult", "LinkFit", "Setting", "ValidateReport",
-           "fit_link", "run_validation", "save_report"]
+           "fit_link", "run_validation", "save_report", "trusted_enough"]

@@ -42,6 +42,7 @@ from emu.lifetime import current
 from emu.replay import ReplayConfig, ReplayError, replay
 from emu.traces import save_trace
 from emu.traces.model import Trace
+from emu.traces.noise import OTHER_CORES
 from emu.validate import netns
 from emu.validate.fit import fit_link
 
@@ -49,6 +50,13 @@ from emu.validate.fit import fit_link
 # segment of 1448 bytes of payload); emu counts every byte on the wire (1538 for 1456).
 # The link that moves payload at the same rate as a tbf of rate R has this bandwidth:
 TBF_TO_WIRE = (1448 / 1514) / (1456 / 1538)
+TCP_PAYLOAD = 1448 / 1514  # a tbf of rate R moves TCP payload at R x this at best
+# Trusted cases (docs/FIDELITY.md): the shaped link delivered at least this share of its payload
+# rate in the probes beside the real runs, and the capture's machine was not busy (meta.noise);
+# a validation fails when fewer than TRUSTED_SHARE of its cases, or no case of some setting, are trusted
+DELIVERED_SHARE = 0.95
+TRUSTED_SHARE = 2 / 3
+PROBE_SECONDS = 1.0
 A100_TRACE = Path(__file__).parent / "data" / "a100-ddp-nccl-world2-rank0.json.gz"
 VETH_LATENCY_US = 20.0
 
@@ -77,6 +85,16 @@ class CaseResult:
     predicted_us: float
     error_pct: float
     detail: str = ""
+    # what the shaped link delivered in probe transfers beside the real runs (payload bits a second,
+    # the lower of a probe before them and one after; None: unshaped, or no namespaces)
+    link_delivered_bps: float | None = None
+    # the prediction replayed with the link at that delivered rate, against the real runs (None:
+    # not measured, or an emu run case, whose live run is not repeated)
+    error_vs_delivered_pct: float | None = None
+    # why the case's ground truth may not be what its setting says (docs/FIDELITY.md, "Trusted
+    # cases"); empty: trusted
+    flags: tuple[str, ...] = ()
+    setting: str = ""  # the setting whose real runs are the case's truth (Setting.name)
 
 
 @dataclass(frozen=True)
@@ -243,7 +261,8 @@ def run_validation(models: tuple[str, ...] = ("mlp", "cnn"), settings: tuple[Set
             for setting in settings:
                 name = f"{model} {setting.name}"
                 try:
-                    times, trace = _real_runs(model, setting, steps, runs, work, status, namespaces=not why_not)
+                    times, trace, delivered = _real_runs(model, setting, steps, runs, work, status,
+                                                         namespaces=not why_not)
                 except EmuError as exc:
                     progress.fail(name, str(exc))
                     continue
@@ -252,21 +271,21 @@ def run_validation(models: tuple[str, ...] = ("mlp", "cnn"), settings: tuple[Set
                     save_trace(trace, keep / f"{_slug(model, setting)}.json.gz")
                 measured, spread = statistics.median(times), _spread(times)
                 status(f"{model} at {setting.name}: replay")
-                progress.case(name, partial(_replayed, name, CaseKind.SAME, measured, spread, trace, setting,
-                                            trace))
+                truth = _Truth(setting, measured, spread, delivered)
+                progress.case(name, partial(_replayed, name, CaseKind.SAME, truth, trace, trace))
                 if runs_too:
                     status(f"{model} at {setting.name}: emu run")
                     label = f"{name} (emu run)"
-                    progress.case(label, partial(_emu_run, label, model, setting, steps, measured, spread, trace))
+                    progress.case(label, partial(_emu_run, label, model, steps, truth, trace))
                 if calibrate and setting.rate_bps is not None:
-                    progress.case(f"{name} (fitted link)", partial(_calibrated, f"{name} (fitted link)", measured,
-                                                                   spread, trace))
+                    progress.case(f"{name} (fitted link)", partial(_calibrated, f"{name} (fitted link)", truth,
+                                                                   trace))
                 base = next((s for s in settings if s.rate_bps is None
                              and s.bucket_cap_mb == setting.bucket_cap_mb and s.name in traces), None)
                 if setting.rate_bps is not None and base is not None:
                     label = f"{name} from {base.name}"
-                    progress.case(label, partial(_replayed, label, CaseKind.EXTRAPOLATED, measured, spread,
-                                                 traces[base.name], setting, trace))
+                    progress.case(label, partial(_replayed, label, CaseKind.EXTRAPOLATED, truth, traces[base.name],
+                                                 trace))
         if a100_trace is not None and a100_trace.exists():
             status("A100 NCCL trace: replays with links fitted to the other steps")
             progress.case("a100-nccl world 2 (link fitted to the other steps)", partial(_a100, a100_trace))
@@ -287,12 +306,21 @@ def _slug(model: str, setting: Setting) -> str:
 
 
 def _real_runs(model: str, setting: Setting, steps: int, runs: _Runs, work: Path, status: Callable[[str], None],
-               namespaces: bool) -> tuple[list[float], Trace]:
-    """The real step times of a setting (two runs) and its capture, in its network (two
-    namespaces; loopback where they cannot be made)."""
+               namespaces: bool) -> tuple[list[float], Trace, float | None]:
+    """The real step times of a setting (two runs), its capture, in its network (two
+    namespaces; loopback where they cannot be made), and what the shaped link delivered in probe
+    transfers before the first run and after the last (the lower; None where unshaped)."""
     name, slug = f"{model} {setting.name}", _slug(model, setting)
     with netns.TwoHosts(setting.rate_bps) if namespaces else contextlib.nullcontext() as hosts:
         net = hosts.network if hosts else None
+
+        def probe() -> float | None:
+            if hosts is None or setting.rate_bps is None:
+                return None
+            status(f"{model} at {setting.name}: probe transfer")
+            return hosts.probe(int(min(64 << 20, setting.rate_bps / 8 * PROBE_SECONDS)))
+
+        before = probe()
 
         def real(part: str, n: int) -> list[float]:
             return runs.run(name, f"real run {part}", f"{slug}-real-{part}",
@@ -308,19 +336,53 @@ def _real_runs(model: str, setting: Setting, steps: int, runs: _Runs, work: Path
             bucket_cap_mb=setting.bucket_cap_mb))
         status(f"{model} at {setting.name}: real run, second half")
         times += real("b", steps // 2 + 1)
-    return times, trace
+        after = probe()
+    return times, trace, None if before is None or after is None else min(before, after)
 
 
-def _replayed(name: str, kind: CaseKind, measured: float, spread: float, trace: Trace, setting: Setting,
-              linked: Trace) -> CaseResult:
-    """``trace`` replayed with the link of ``setting`` (fitted to ``linked`` where unshaped)."""
-    return _case(name, kind, measured, spread, predict(trace, _link(setting, linked)))
+@dataclass(frozen=True)
+class _Truth:
+    """A setting's real runs: their median step and spread, and what its link delivered."""
+
+    setting: Setting
+    measured_us: float
+    spread_us: float
+    delivered_bps: float | None
+
+    def flags(self, trace: Trace | None) -> tuple[str, ...]:
+        """Why this ground truth may not be the setting's (docs/FIDELITY.md, "Trusted cases"):
+        the link under ``DELIVERED_SHARE`` of its payload rate, or ``trace`` captured on a busy machine."""
+        out = []
+        rate = self.setting.rate_bps
+        if rate and self.delivered_bps is not None and self.delivered_bps < DELIVERED_SHARE * rate * TCP_PAYLOAD:
+            out.append(f"the shaped link delivered {self.delivered_bps / (rate * TCP_PAYLOAD):.0%} of its payload "
+                       f"rate in the probes beside the real runs (under {DELIVERED_SHARE:.0%})")
+        noise = trace.meta.noise if trace is not None else None
+        if noise is not None and noise.other_cores is not None and noise.other_cores >= OTHER_CORES:
+            out.append(f"its capture's machine was busy: other processes kept {noise.other_cores:.1f} cores busy")
+        return tuple(out)
+
+    def delivered_link(self) -> LinkSpec | None:
+        """The link at the rate the probes measured (payload rate back to a tbf rate, then the wire's)."""
+        if self.delivered_bps is None:
+            return None
+        return LinkSpec(bandwidth_bps=self.delivered_bps / TCP_PAYLOAD * TBF_TO_WIRE, latency_us=VETH_LATENCY_US)
 
 
-def _calibrated(name: str, measured: float, spread: float, trace: Trace) -> CaseResult:
+def _replayed(name: str, kind: CaseKind, truth: _Truth, trace: Trace, linked: Trace) -> CaseResult:
+    """``trace`` replayed with the link of the truth's setting (fitted to ``linked`` where unshaped),
+    and with the link at the rate it delivered."""
+    case = _case(name, kind, truth, predict(trace, _link(truth.setting, linked)), flags=truth.flags(trace))
+    link = truth.delivered_link()
+    if link is None:
+        return case
+    return replace(case, error_vs_delivered_pct=_error(predict(trace, link), truth.measured_us))
+
+
+def _calibrated(name: str, truth: _Truth, trace: Trace) -> CaseResult:
     fit = fit_link(trace)
-    return _case(name, CaseKind.CALIBRATED, measured, spread, predict(trace, fit.link()),
-                 f"fit {fit.bandwidth_bps / 1e9:.3f} Gb/s ({fit.method})")
+    return _case(name, CaseKind.CALIBRATED, truth, predict(trace, fit.link()),
+                 f"fit {fit.bandwidth_bps / 1e9:.3f} Gb/s ({fit.method})", flags=truth.flags(trace))
 
 
 def _a100(path: Path) -> CaseResult:
@@ -337,8 +399,9 @@ def _a100(path: Path) -> CaseResult:
         fits.append(fit)
         predicted.append(predict(_steps(trace, [i]), fit.link()))
         measured.append(statistics.median(r.iterations[i].measured_us for r in trace.ranks))
-    return _case("a100-nccl world 2 (link fitted to the other steps)", CaseKind.HELD_OUT, statistics.median(measured),
-                 (max(measured) - min(measured)) / 2, statistics.median(predicted),
+    truth = _Truth(Setting("a100", None, 0), statistics.median(measured), (max(measured) - min(measured)) / 2, None)
+    return _case("a100-nccl world 2 (link fitted to the other steps)", CaseKind.HELD_OUT, truth,
+                 statistics.median(predicted),
                  f"{n} steps, each predicted with a link fitted to the others: "
                  f"{min(f.bandwidth_bps for f in fits) / 1e9:.1f} to {max(f.bandwidth_bps for f in fits) / 1e9:.1f} Gb/s")
 
@@ -349,13 +412,13 @@ def _steps(trace: Trace, keep: list[int]) -> Trace:
                                       for r in trace.ranks))
 
 
-def _emu_run(name: str, model: str, setting: Setting, steps: int, measured: float, spread: float,
-             trace: Trace) -> CaseResult:
+def _emu_run(name: str, model: str, steps: int, truth: _Truth, trace: Trace) -> CaseResult:
     """``emu run --workers 2 --real 2`` of the workload the real runs ran: both ranks real, their
     compute measured live with no profiler, the network emulated with the setting's link (as the
     ``same`` case's replay has it); the prediction is the median emulated step."""
     from emu.run.session import RunConfig, run_job
 
+    setting = truth.setting
     argv = ["python", "-m", "emu.capture.workload", "--model", model, "--steps", str(steps + 3),
             "--bucket-cap-mb", str(setting.bucket_cap_mb)]
     config = RunConfig(replay=ReplayConfig(workers=2, fabric="ring", link=_link(setting, trace)), real=2, warmup=3)
@@ -365,13 +428,20 @@ def _emu_run(name: str, model: str, setting: Setting, steps: int, measured: floa
     if result.checked.mismatches:  # the real ranks' own check of the results they were given
         raise ReplayError(f"emu run of {model} at {setting.name}: {result.checked.mismatches} of the real ranks' "
                           "results did not match what the ranks contributed")
-    return _case(name, CaseKind.RUN, measured, spread, result.report.summary.iteration_us_median,
-                 f"{len(result.trace.ranks[0].iterations)} steps, compute on the thread CPU clock")
+    return _case(name, CaseKind.RUN, truth, result.report.summary.iteration_us_median,
+                 f"{len(result.trace.ranks[0].iterations)} steps, compute on the thread CPU clock",
+                 flags=truth.flags(None))
 
 
-def _case(name: str, kind: CaseKind, measured: float, spread: float, predicted: float, detail: str = "") -> CaseResult:
-    return CaseResult(name=name, kind=kind, measured_us=measured, spread_us=spread, predicted_us=predicted,
-                      error_pct=100.0 * (predicted - measured) / measured, detail=detail)
+def _error(predicted: float, measured: float) -> float:
+    return 100.0 * (predicted - measured) / measured
+
+
+def _case(name: str, kind: CaseKind, truth: _Truth, predicted: float, detail: str = "",
+          flags: tuple[str, ...] = ()) -> CaseResult:
+    return CaseResult(name=name, kind=kind, measured_us=truth.measured_us, spread_us=truth.spread_us,
+                      predicted_us=predicted, error_pct=_error(predicted, truth.measured_us), detail=detail,
+                      link_delivered_bps=truth.delivered_bps, flags=flags, setting=truth.setting.name)
 
 
 def _summary(cases: list[CaseResult], failed: int = 0) -> dict[str, float]:
@@ -380,9 +450,26 @@ def _summary(cases: list[CaseResult], failed: int = 0) -> dict[str, float]:
         return (statistics.fmean(errs), max(errs)) if errs else (0.0, 0.0)
 
     out = dict(zip(("mean_abs_error_pct", "max_abs_error_pct"), stats(cases), strict=True))
+    trusted = [c for c in cases if not c.flags]
     for kind in CaseKind:
         mean, worst = stats([c for c in cases if c.kind == kind])
         out[f"{kind.value}_mean_abs_error_pct"] = mean
         out[f"{kind.value}_max_abs_error_pct"] = worst
+        mean, worst = stats([c for c in trusted if c.kind == kind])
+        out[f"{kind.value}_trusted_mean_abs_error_pct"] = mean
+        out[f"{kind.value}_trusted_max_abs_error_pct"] = worst
     out["failed_cases"] = failed
+    out["trusted_cases"] = len(trusted)
+    out["flagged_cases"] = len(cases) - len(trusted)
+    out["trusted"] = float(trusted_enough(cases))
     return out
+
+
+def trusted_enough(cases: list[CaseResult] | tuple[CaseResult, ...]) -> bool:
+    """At least ``TRUSTED_SHARE`` of the cases trusted, and a trusted case of every setting
+    (docs/FIDELITY.md, "Trusted cases")."""
+    if not cases:
+        return True
+    trusted = [c for c in cases if not c.flags]
+    settings = {c.setting for c in cases}
+    return len(trusted) >= TRUSTED_SHARE * len(cases) and settings <= {c.setting for c in trusted}

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,32 @@ from emu.lifetime import child_preexec, current, signals_held
 
 PREFIX = "emu-v"
 SUBNET = "10.213.0"
+PROBE_PORT = 40001
+# A probe transfer (``TwoHosts.probe``): a TCP stream from rank 0's host to rank 1's, timed at the
+# receiver from its first byte to its last; nothing but bytes crosses, each side bounded in time.
+_RECEIVER = """import json, socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); s.settimeout(30)
+c, _ = s.accept(); c.settimeout(30)
+n, first, last = 0, None, None
+while True:
+    b = c.recv(1 << 20)
+    if not b:
+        break
+    now = time.perf_counter(); first = first or now; last = now; n += len(b)
+print(json.dumps({"bytes": n, "seconds": (last - first) if first else 0.0}))
+"""
+_SENDER = """import socket, sys, time
+n, chunk = int(sys.argv[3]), bytes(1 << 20)
+for _ in range(200):
+    try:
+        s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30); break
+    except OSError:
+        time.sleep(0.05)
+while n > 0:
+    s.sendall(chunk[:min(n, len(chunk))]); n -= len(chunk)
+s.close()
+"""
 
 
 def available() -> str | None:
@@ -104,6 +132,28 @@ class TwoHosts:
         except BaseException:
             self.__exit__(None, None, None)
             raise
+
+    def probe(self, nbytes: int) -> float:
+        """Payload bits a second that a TCP transfer of ``nbytes`` got from rank 0's host to rank
+        1's (first byte received to last): what the shaped link delivers now, on this machine."""
+        receiver = subprocess.Popen(
+            ["ip", "netns", "exec", self.names[1], sys.executable, "-c", _RECEIVER, f"{SUBNET}.2", str(PROBE_PORT)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=child_preexec)
+        try:
+            sender = _call(["ip", "netns", "exec", self.names[0], sys.executable, "-c", _SENDER, f"{SUBNET}.2",
+                            str(PROBE_PORT), str(nbytes)], timeout=60)
+            out, err = receiver.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise ConfigError("a probe transfer between the validation's namespaces took over 60 s") from None
+        finally:
+            if receiver.poll() is None:
+                receiver.kill()
+                receiver.wait()
+        if sender.returncode or receiver.returncode:
+            raise ConfigError(f"a probe transfer between the validation's namespaces failed: "
+                              f"{(sender.stderr or err).strip()[-200:]}")
+        doc = json.loads(out)
+        return 8 * doc["bytes"] / doc["seconds"] if doc["seconds"] > 0 else 0.0
 
     def __exit__(self, *exc: object) -> None:
         for ns in reversed(self.made):  # deleting a namespace deletes its veth end and qdisc

@@ -9,13 +9,14 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from emu.traces import Coll, CollKind, Dtype, Iteration, RankProgram, Source, Trace, TraceMeta, Wait
 from emu.validate import Setting, fit_link, run_validation
-from emu.validate.core import CaseKind, _case, _summary
+from emu.validate.core import TCP_PAYLOAD, CaseKind, _case, _summary, _Truth, trusted_enough
 from emu.validate.netns import available
 from tests.conftest import processes_mentioning
 
@@ -90,13 +91,37 @@ def test_implausible_latency_falls_back_to_the_bandwidth_bound() -> None:
 
 
 def test_error_arithmetic() -> None:
-    cases = [_case("a", CaseKind.SAME, 100.0, 1.0, 103.0), _case("b", CaseKind.SAME, 200.0, 1.0, 190.0),
-             _case("c", CaseKind.EXTRAPOLATED, 100.0, 1.0, 120.0)]
+    def truth(measured: float, setting: str = "s") -> _Truth:
+        return _Truth(Setting(setting, 300e6, 25), measured, 1.0, None)
+
+    cases = [_case("a", CaseKind.SAME, truth(100.0), 103.0), _case("b", CaseKind.SAME, truth(200.0), 190.0),
+             _case("c", CaseKind.EXTRAPOLATED, truth(100.0), 120.0)]
     assert [c.error_pct for c in cases] == pytest.approx([3.0, -5.0, 20.0])
     s = _summary(cases)
     assert s["same_mean_abs_error_pct"] == pytest.approx(4.0) and s["same_max_abs_error_pct"] == pytest.approx(5.0)
     assert s["extrapolated_max_abs_error_pct"] == pytest.approx(20.0)
     assert s["mean_abs_error_pct"] == pytest.approx(28 / 3) and s["max_abs_error_pct"] == pytest.approx(20.0)
+    assert s["trusted"] == 1.0 and s["trusted_cases"] == 3
+
+
+def test_cases_are_trusted_by_criteria_fixed_in_advance() -> None:
+    """A link that delivered under 95% of its payload rate, or a capture on a busy machine, flags a
+    case; a validation is trusted with two thirds of its cases trusted and one of every setting."""
+    from emu.traces.model import CaptureNoise
+
+    slow = _Truth(Setting("300Mbit/25MB", 300e6, 25), 100.0, 1.0, 0.90 * 300e6 * TCP_PAYLOAD)
+    fine = _Truth(Setting("300Mbit/25MB", 300e6, 25), 100.0, 1.0, 0.99 * 300e6 * TCP_PAYLOAD)
+    assert slow.flags(None) == ("the shaped link delivered 90% of its payload rate in the probes beside the real "
+                                "runs (under 95%)",)
+    assert fine.flags(None) == ()
+    plain = trace_with({1000: 10.0})
+    busy = replace(plain, meta=replace(plain.meta, noise=CaptureNoise(0.01, 0.01, other_cores=1.0)))
+    assert fine.flags(busy) == ("its capture's machine was busy: other processes kept 1.0 cores busy",)
+    good = [_case(n, CaseKind.SAME, fine, 101.0) for n in "ab"]
+    assert trusted_enough([*good, _case("c", CaseKind.SAME, slow, 101.0, flags=slow.flags(None))])
+    assert not trusted_enough([good[0], *(_case(n, CaseKind.SAME, slow, 101.0, flags=("x",)) for n in "bc")])
+    other = _Truth(Setting("unshaped/25MB", None, 25), 100.0, 1.0, None)
+    assert not trusted_enough([*good, *good, _case("d", CaseKind.SAME, other, 101.0, flags=("x",))])
 
 
 @pytest.mark.slow

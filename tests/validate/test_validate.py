@@ -221,3 +221,24 @@ def test_interrupted_validation_keeps_finished_cases(no_leftovers: Path) -> None
     assert saved["complete"] is False and [c["name"] for c in saved["cases"]] == ["mlp unshaped/25MB"]
     if available() is None:
         assert "emu-v" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def test_a_flagged_setting_runs_again_at_most_twice(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from emu.validate import core
+
+    setting = Setting("300Mbit/25MB", 300e6, 25)
+    rates = iter([0.5, 0.6, 0.99, 0.99])  # shares of the payload rate the probes saw, run after run
+    calls = []
+
+    def real_runs(*args, **kwargs):
+        calls.append(1)
+        return [100.0, 101.0, 99.0], trace_with({1000: 10.0}), next(rates) * 300e6 * core.TCP_PAYLOAD
+
+    monkeypatch.setattr(core, "_real_runs", real_runs)
+    progress = core._Progress(None)
+    truth, _ = core._trusted_runs("mlp 300Mbit/25MB", "mlp", setting, 3, None, tmp_path, lambda _: None, True, progress)
+    assert len(calls) == 3 and truth.flags(None) == () and len(progress.notes) == 2
+    assert "ran again (the shaped link delivered 50% of its payload rate" in progress.notes[0]
+    rates = iter([0.5, 0.5, 0.5])
+    truth, _ = core._trusted_runs("x", "mlp", setting, 3, None, tmp_path, lambda _: None, True, core._Progress(None))
+    assert truth.flags(None)  # the last kept, still flagged: the case says so

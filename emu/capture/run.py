@@ -72,15 +72,18 @@ class CaptureConfig:
 MAX_WINDOWS = 10
 
 
-def _steadiest(config: CaptureConfig, take: Callable[[], Trace]) -> Trace:
+def _steadiest(config: CaptureConfig, take: Callable[[CaptureConfig], Trace]) -> Trace:
     """Captures taken while the steadiest so far has steps varying past ``STEP_CV``, at most
     ``config.windows`` in all; the steadiest kept (its noise says how many were taken). The whole
     window is kept, not a median of ops across windows: a window is one run's steps as they ran,
-    its ops' order and overlaps included, where a median would make a step no run took."""
+    its ops' order and overlaps included, where a median would make a step no run took. With
+    ``keep_kineto`` and more than one window, each window keeps its files in ``window<k>/``."""
     best: Trace | None = None
     taken = 0
     while taken < config.windows and (best is None or _cv(best) >= STEP_CV):
-        trace = take()
+        keep = config.keep_kineto
+        trace = take(config if keep is None or config.windows == 1 else
+                     replace(config, keep_kineto=keep / f"window{taken + 1}"))
         taken += 1
         if best is None or _cv(trace) < _cv(best):
             best = trace
@@ -219,7 +222,7 @@ def capture_parallel(model: str, config: CaptureConfig, *, batch_size: int | Non
     command = (f"emu capture --model {model} --world-size {config.world_size} --iters {config.profile_steps} "
                f"--warmup {config.warmup} --batch-size {batch} --seed {seed}"
                + (f" --bucket-cap-mb {bucket_cap_mb:g}" if model == "tp" else ""))
-    trace = _steadiest(config, lambda: _run(sys.executable, lambda _: [str(script), *args], config,
+    trace = _steadiest(config, lambda c: _run(sys.executable, lambda _: [str(script), *args], c,
                                             source_model=model, command=command, batch_size=batch, on_tick=on_tick))
     if model == "moe":  # what a replay at another expert-parallel size needs (emu.replay.plan.experts)
         trace = replace(trace, meta=replace(trace.meta, experts=MOE_EXPERTS))
@@ -259,7 +262,7 @@ def capture_model(model: str, config: CaptureConfig = CaptureConfig(), *, batch_
     command = (f"emu capture --model {model} --world-size {config.world_size} --iters "
                f"{config.profile_steps} --warmup {config.warmup} --bucket-cap-mb {bucket_cap_mb:g} "
                f"--batch-size {batch} --seed {seed}{'' if sparsity else ' --no-sparsity'}")
-    return _steadiest(config, lambda: _run(sys.executable, target, config, source_model=model, command=command,
+    return _steadiest(config, lambda c: _run(sys.executable, target, c, source_model=model, command=command,
                                            batch_size=batch, on_tick=on_tick, sparsity=sparsity))
 
 
@@ -270,5 +273,5 @@ def capture_script(argv: Sequence[str], config: CaptureConfig = CaptureConfig(),
     name = target[1] if target[0] == "-m" else Path(target[0]).stem
     command = (f"emu capture --world-size {config.world_size} --profile-steps {config.profile_steps} "
                f"--warmup {config.warmup} -- {shlex.join(argv)}")
-    return _steadiest(config, lambda: _run(interpreter, lambda _: target, config, source_model=name, command=command,
+    return _steadiest(config, lambda c: _run(interpreter, lambda _: target, c, source_model=name, command=command,
                                            batch_size=None, on_tick=on_tick))

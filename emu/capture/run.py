@@ -77,12 +77,12 @@ def _steadiest(config: CaptureConfig, take: Callable[[CaptureConfig], Trace]) ->
     ``config.windows`` in all; the steadiest kept (its noise says how many were taken). The whole
     window is kept, not a median of ops across windows: a window is one run's steps as they ran,
     its ops' order and overlaps included, where a median would make a step no run took. With
-    ``keep_kineto`` and more than one window, each window keeps its files in ``window<k>/``."""
+    ``keep_kineto``, the first window keeps its files there and each later one in ``window<k>/``."""
     best: Trace | None = None
     taken = 0
     while taken < config.windows and (best is None or _cv(best) >= STEP_CV):
         keep = config.keep_kineto
-        trace = take(config if keep is None or config.windows == 1 else
+        trace = take(config if keep is None or taken == 0 else
                      replace(config, keep_kineto=keep / f"window{taken + 1}"))
         taken += 1
         if best is None or _cv(trace) < _cv(best):

@@ -74,7 +74,7 @@ def test_a_capture_keeps_its_steadiest_window() -> None:
     kept: list = []
     trace = _steadiest(CaptureConfig(windows=3, keep_kineto=Path("k")), taking([0.30, 0.12, 0.20]))
     assert trace.meta.noise.step_cv == 0.12 and trace.meta.noise.windows == 3
-    assert kept == [Path("k/window1"), Path("k/window2"), Path("k/window3")]  # each window's files apart
+    assert kept == [Path("k"), Path("k/window2"), Path("k/window3")]  # each window's files apart
     trace = _steadiest(CaptureConfig(windows=3), taking([0.30, 0.05, 0.01]))
     assert trace.meta.noise.step_cv == 0.05 and trace.meta.noise.windows == 2  # steady enough: no third
     trace = _steadiest(CaptureConfig(windows=1), taking([0.30]))

@@ -54,7 +54,7 @@ from emu.replay import (
     programs_for,
     straggling,
 )
-from emu.traces.model import Coll, CollKind, Sparsity, Trace
+from emu.traces.model import Coll, CollKind, Sparsity, Splits, Trace
 
 # Past this many workers the programs are planned for fewer (plan_programs builds one per worker):
 # the first len(ranks) workers' programs are the same at any M but for send/recv peers and
@@ -219,9 +219,7 @@ class _Forms:
         position = {w: p for p, w in enumerate(members)}
         sent: list[list[int]] = [[] for _ in members]
         for i, run in entry.items():
-            sp = run.op.splits
-            sent[position[self.first[i]]] = (list(sp.send_elements) if sp is not None else
-                                              [run.op.count // len(members)] * len(members))
+            sent[position[self.first[i]]] = list(Splits.of(run.op).send_elements)
         if any(not row for row in sent):
             raise ConfigError(f"all_to_all {op.id} has per-peer sizes, and members of its group run one program: "
                               "emu predict needs each member's sizes; replay it (emu replay)")

@@ -163,6 +163,14 @@ class Splits:
     send_elements: tuple[int, ...]
     recv_elements: tuple[int, ...]
 
+    @classmethod
+    def of(cls, op: Coll) -> Splits:
+        """An all_to_all's sizes: its own, or where it has none ``count / group_size`` each way."""
+        if op.splits is not None:
+            return op.splits
+        even = (op.count // op.group_size,) * op.group_size
+        return cls(even, even)
+
     @property
     def imbalance(self) -> float:
         """The largest send or receive over their mean (1.0: even, or nothing moved)."""

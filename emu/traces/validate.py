@@ -17,7 +17,7 @@ import numpy as np
 
 from emu.errors import TraceError
 from emu.traces.mesh import Mesh
-from emu.traces.model import Coll, CollKind, Compute, GroupRole, Iteration, Op, Trace, Wait
+from emu.traces.model import Coll, CollKind, Compute, GroupRole, Iteration, Op, Splits, Trace, Wait
 
 _P2P = (CollKind.SEND, CollKind.RECV)
 
@@ -275,14 +275,6 @@ def validate_trace(trace: Trace, path: str) -> None:
     _check_samples(trace, path)
 
 
-def _exchange(op: Coll) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """An all_to_all's elements to and from each member (even: count / group_size each)."""
-    if op.splits is not None:
-        return op.splits.send_elements, op.splits.recv_elements
-    even = (op.count // op.group_size,) * op.group_size
-    return even, even
-
-
 def _check_exchanges(trace: Trace, path: str) -> None:
     """Where every member of a group is in the file, what member a sends member b in its i-th
     all_to_all of an iteration is what b receives from a in its i-th (``Coll.splits``)."""
@@ -302,8 +294,8 @@ def _check_exchanges(trace: Trace, path: str) -> None:
                 ops = [by_rank[r][i] for r in members]
                 if any(len(op.splits.send_elements if op.splits else ()) not in (0, len(members)) for op in ops):
                     continue  # a group's size the op's own check refuses
-                sent = np.array([_exchange(op)[0] for op in ops], np.int64)  # [a, b]: a sends b
-                got = np.array([_exchange(op)[1] for op in ops], np.int64)  # [b, a]: b receives from a
+                sent = np.array([Splits.of(op).send_elements for op in ops], np.int64)  # [a, b]: a sends b
+                got = np.array([Splits.of(op).recv_elements for op in ops], np.int64)  # [b, a]: b receives from a
                 bad = np.argwhere(sent != got.T)
                 if len(bad):
                     a, b = (int(x) for x in bad[0])

@@ -35,9 +35,10 @@ SUBNET = "10.213.0"
 PROBE_PORT = 40001
 # A probe transfer (``TwoHosts.probe``): a TCP stream from rank 0's host to rank 1's, timed at the
 # receiver from its first byte to its last; nothing but bytes crosses, each side bounded in time.
-_RECEIVER = """import json, socket, sys, time
+# (programs for ``python -c``, their host, port and size written in by ``probe``)
+_RECEIVER = """import json, socket, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); s.settimeout(30)
+s.bind(({host!r}, {port})); s.listen(1); s.settimeout(30)
 c, _ = s.accept(); c.settimeout(30)
 n, first, last = 0, None, None
 while True:
@@ -45,13 +46,13 @@ while True:
     if not b:
         break
     now = time.perf_counter(); first = first or now; last = now; n += len(b)
-print(json.dumps({"bytes": n, "seconds": (last - first) if first else 0.0}))
+print(json.dumps({{"bytes": n, "seconds": (last - first) if first else 0.0}}))
 """
-_SENDER = """import socket, sys, time
-n, chunk = int(sys.argv[3]), bytes(1 << 20)
+_SENDER = """import socket, time
+n, chunk = {nbytes}, bytes(1 << 20)
 for _ in range(200):
     try:
-        s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30); break
+        s = socket.create_connection(({host!r}, {port}), timeout=30); break
     except OSError:
         time.sleep(0.05)
 while n > 0:
@@ -136,12 +137,13 @@ class TwoHosts:
     def probe(self, nbytes: int) -> float:
         """Payload bits a second that a TCP transfer of ``nbytes`` got from rank 0's host to rank
         1's (first byte received to last): what the shaped link delivers now, on this machine."""
+        at = {"host": f"{SUBNET}.2", "port": PROBE_PORT}
         receiver = subprocess.Popen(
-            ["ip", "netns", "exec", self.names[1], sys.executable, "-c", _RECEIVER, f"{SUBNET}.2", str(PROBE_PORT)],
+            ["ip", "netns", "exec", self.names[1], sys.executable, "-c", _RECEIVER.format(**at)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=child_preexec)
         try:
-            sender = _call(["ip", "netns", "exec", self.names[0], sys.executable, "-c", _SENDER, f"{SUBNET}.2",
-                            str(PROBE_PORT), str(nbytes)], timeout=60)
+            sender = _call(["ip", "netns", "exec", self.names[0], sys.executable, "-c",
+                            _SENDER.format(nbytes=int(nbytes), **at)], timeout=60)
             out, err = receiver.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             raise ConfigError("a probe transfer between the validation's namespaces took over 60 s") from None

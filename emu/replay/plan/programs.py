@@ -119,9 +119,8 @@ def explicit_splits(trace: Trace) -> Trace:
         iterations = []
         for index, it in enumerate(r.iterations):
             fill = {id(op) for g, k, op in _numbered(it, world) if op.splits is None and (index, g, k) in uneven}
-            ops = tuple(replace(op, splits=Splits((op.count // op.group_size,) * op.group_size,
-                                                  (op.count // op.group_size,) * op.group_size))
-                        if id(op) in fill and isinstance(op, Coll) else op for op in it.ops)
+            ops = tuple(replace(op, splits=Splits.of(op)) if id(op) in fill and isinstance(op, Coll) else op
+                        for op in it.ops)
             iterations.append(replace(it, ops=ops))
         ranks.append(replace(r, iterations=tuple(iterations)))
     return replace(trace, ranks=tuple(ranks))

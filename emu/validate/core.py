@@ -26,6 +26,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
@@ -42,7 +43,7 @@ from emu.lifetime import current
 from emu.replay import ReplayConfig, ReplayError, replay
 from emu.traces import save_trace
 from emu.traces.model import Trace
-from emu.traces.noise import OTHER_CORES
+from emu.traces.noise import OTHER_CORES, MachineLoad, cpu_ticks
 from emu.validate import netns
 from emu.validate.fit import fit_link
 
@@ -55,6 +56,9 @@ TCP_PAYLOAD = 1448 / 1514  # a tbf of rate R moves TCP payload at R x this at be
 # rate in the probes beside the real runs, and the capture's machine was not busy (meta.noise);
 # a validation fails when fewer than TRUSTED_SHARE of its cases, or no case of some setting, are trusted
 DELIVERED_SHARE = 0.95
+# ... and TCP retransmitted under this share of its segments in the setting's namespaces (a link
+# reorders nothing; 0 to 2 of 240,000 with the veths steered, 0.08-0.25% when they were not)
+RETRANSMITTED_SHARE = 1e-4
 TRUSTED_SHARE = 2 / 3
 PROBE_SECONDS = 1.0
 A100_TRACE = Path(__file__).parent / "data" / "a100-ddp-nccl-world2-rank0.json.gz"
@@ -95,6 +99,11 @@ class CaseResult:
     # cases"); empty: trusted
     flags: tuple[str, ...] = ()
     setting: str = ""  # the setting whose real runs are the case's truth (Setting.name)
+    # cores other processes and the kernel kept busy beside the real runs (the busier run's; None:
+    # no /proc/stat), and TCP's retransmitted share of its segments in the setting's namespaces
+    # (None: loopback, no namespaces)
+    real_other_cores: float | None = None
+    tcp_retransmitted_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -311,20 +320,33 @@ def _trusted_runs(name: str, model: str, setting: Setting, steps: int, runs: _Ru
     """A setting's real runs and capture, run again (at most ``RERUNS`` times) while their truth
     is flagged (``_Truth.flags``); the last is kept, and the notes say why each ran again."""
     for attempt in range(RERUNS + 1):
-        times, trace, delivered = _real_runs(model, setting, steps, runs, work, status, namespaces)
-        truth = _Truth(setting, statistics.median(times), _spread(times), delivered)
-        flags = truth.flags(trace)
+        real = _real_runs(model, setting, steps, runs, work, status, namespaces)
+        truth = _Truth(setting, statistics.median(real.step_us), _spread(real.step_us), real.delivered_bps,
+                       real.other_cores, real.retransmitted)
+        flags = truth.flags(real.trace)
         if not flags or attempt == RERUNS:
-            return truth, trace
+            return truth, real.trace
         progress.notes.append(f"{name}: its real runs and capture ran again ({'; '.join(flags)})")
     raise AssertionError("unreachable")
 
 
+@dataclass(frozen=True)
+class _RealRuns:
+    """What a setting's real runs and capture gave, and how the machine and link were meanwhile."""
+
+    step_us: list[float]
+    trace: Trace
+    delivered_bps: float | None  # the lower probe's payload rate; None: unshaped, or no namespaces
+    other_cores: float | None  # the busier real run's ``MachineLoad.other_cores``; None: no /proc/stat
+    retransmitted: float | None  # TCP's retransmitted share of its segments; None: no namespaces
+
+
 def _real_runs(model: str, setting: Setting, steps: int, runs: _Runs, work: Path, status: Callable[[str], None],
-               namespaces: bool) -> tuple[list[float], Trace, float | None]:
+               namespaces: bool) -> _RealRuns:
     """The real step times of a setting (two runs), its capture, in its network (two
-    namespaces; loopback where they cannot be made), and what the shaped link delivered in probe
-    transfers before the first run and after the last (the lower; None where unshaped)."""
+    namespaces; loopback where they cannot be made), what the shaped link delivered in probe
+    transfers before the first run and after the last, the load beside the real runs and TCP's
+    retransmissions in the namespaces."""
     name, slug = f"{model} {setting.name}", _slug(model, setting)
     with netns.TwoHosts(setting.rate_bps) if namespaces else contextlib.nullcontext() as hosts:
         net = hosts.network if hosts else None
@@ -337,41 +359,70 @@ def _real_runs(model: str, setting: Setting, steps: int, runs: _Runs, work: Path
 
         before = probe()
 
-        def real(part: str, n: int) -> list[float]:
-            return runs.run(name, f"real run {part}", f"{slug}-real-{part}",
-                            lambda d: measure(model, setting, n, net, work / f"times-{slug}{part}.json", d))
+        def real(part: str, n: int) -> tuple[list[float], MachineLoad | None]:
+            return runs.run(name, f"real run {part}", f"{slug}-real-{part}", lambda d: _watched(
+                lambda: measure(model, setting, n, net, work / f"times-{slug}{part}.json", d)))
 
         # Real runs before and after the capture, pooled: this machine drifts (shared cores),
         # and a drift between truth and capture is not the error of the emulator.
         status(f"{model} at {setting.name}: real run, first half")
-        times = real("a", (steps + 1) // 2)
+        times, load_a = real("a", (steps + 1) // 2)
         status(f"{model} at {setting.name}: capture")
         trace = runs.run(name, "capture", f"{slug}-capture", lambda d: capture_model(
             model, CaptureConfig(profile_steps=5, warmup=3, network=net, keep_kineto=d),
             bucket_cap_mb=setting.bucket_cap_mb))
         status(f"{model} at {setting.name}: real run, second half")
-        times += real("b", steps // 2 + 1)
+        times_b, load_b = real("b", steps // 2 + 1)
         after = probe()
-    return times, trace, None if before is None or after is None else min(before, after)
+        sent, retransmitted = hosts.tcp_segments() if hosts else (0, 0)
+    loads = [x.other_cores for x in (load_a, load_b) if x is not None]
+    return _RealRuns(step_us=times + times_b, trace=trace,
+                     delivered_bps=None if before is None or after is None else min(before, after),
+                     other_cores=max(loads) if loads else None,
+                     retransmitted=retransmitted / sent if hosts and sent else None)
+
+
+def _watched(run: Callable[[], T]) -> tuple[T, MachineLoad | None]:
+    """``run()``, and the machine while it ran: the ranks are this process's children that ended
+    in it (``os.times``), everything else busy is other processes' or the kernel's."""
+    m0, t0, w0 = cpu_ticks(), os.times(), time.monotonic()
+    out = run()
+    m1, t1, w1 = cpu_ticks(), os.times(), time.monotonic()
+    if m0 is None or m1 is None:
+        return out, None
+    ranks = (t1.children_user + t1.children_system) - (t0.children_user + t0.children_system)
+    busy, steal, total = (b - a for a, b in zip(m0, m1, strict=True))
+    return out, MachineLoad(busy_s=busy, steal_s=steal, total_s=total, ranks_cpu_s=ranks, wall_s=w1 - w0)
 
 
 @dataclass(frozen=True)
 class _Truth:
-    """A setting's real runs: their median step and spread, and what its link delivered."""
+    """A setting's real runs: their median step and spread, what its link delivered, how busy the
+    rest of the machine was during them and how much TCP retransmitted (None: not measured)."""
 
     setting: Setting
     measured_us: float
     spread_us: float
     delivered_bps: float | None
+    other_cores: float | None = None
+    retransmitted: float | None = None
 
     def flags(self, trace: Trace | None) -> tuple[str, ...]:
         """Why this ground truth may not be the setting's (docs/FIDELITY.md, "Trusted cases"):
-        the link under ``DELIVERED_SHARE`` of its payload rate, or ``trace`` captured on a busy machine."""
+        the link under ``DELIVERED_SHARE`` of its payload rate, TCP retransmitting
+        ``RETRANSMITTED_SHARE`` of its segments or more, the real runs or ``trace``'s capture beside
+        other processes keeping ``OTHER_CORES`` busy."""
         out = []
         rate = self.setting.rate_bps
         if rate and self.delivered_bps is not None and self.delivered_bps < DELIVERED_SHARE * rate * TCP_PAYLOAD:
             out.append(f"the shaped link delivered {self.delivered_bps / (rate * TCP_PAYLOAD):.0%} of its payload "
                        f"rate in the probes beside the real runs (under {DELIVERED_SHARE:.0%})")
+        if self.retransmitted is not None and self.retransmitted >= RETRANSMITTED_SHARE:
+            out.append(f"TCP retransmitted {self.retransmitted:.3%} of its segments in the setting's namespaces "
+                       f"({RETRANSMITTED_SHARE:.2%} or more: packets lost or reordered on this machine)")
+        if self.other_cores is not None and self.other_cores >= OTHER_CORES:
+            out.append(f"the real runs' machine was busy: other processes and the kernel kept "
+                       f"{self.other_cores:.1f} cores busy")
         noise = trace.meta.noise if trace is not None else None
         if noise is not None and noise.other_cores is not None and noise.other_cores >= OTHER_CORES:
             out.append(f"its capture's machine was busy: other processes kept {noise.other_cores:.1f} cores busy")
@@ -456,7 +507,8 @@ def _case(name: str, kind: CaseKind, truth: _Truth, predicted: float, detail: st
           flags: tuple[str, ...] = ()) -> CaseResult:
     return CaseResult(name=name, kind=kind, measured_us=truth.measured_us, spread_us=truth.spread_us,
                       predicted_us=predicted, error_pct=_error(predicted, truth.measured_us), detail=detail,
-                      link_delivered_bps=truth.delivered_bps, flags=flags, setting=truth.setting.name)
+                      link_delivered_bps=truth.delivered_bps, flags=flags, setting=truth.setting.name,
+                      real_other_cores=truth.other_cores, tcp_retransmitted_share=truth.retransmitted)
 
 
 def _summary(cases: list[CaseResult], failed: int = 0) -> dict[str, float]:

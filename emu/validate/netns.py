@@ -4,7 +4,11 @@
 
 Rank r runs in namespace ``emu-v<pid>-<r>`` (pid: emu's) behind an interface of the same
 name with address 10.213.0.<r+1>/24. A bandwidth shapes both directions with ``tbf`` (this
-kernel has no ``netem``: delay and loss are not shaped). Everything is removed on exit,
+kernel has no ``netem``: delay and loss are not shaped). Each end's received packets are
+processed on one CPU of their own (``steer``): a veth hands a packet to the receiving stack on
+whichever CPU sent it, and the tbf sends from its timer and from the sending rank, on either
+core, so a flow's packets overtook each other, TCP took that for loss and retransmitted, and the
+mlp at 1 Gbit/s stepped in 300-360 ms where the link allows 240 (docs/FIDELITY.md). Everything is removed on exit,
 success or not, and a run first removes what runs that are gone left (``cleanup``). The
 names are the run's own, so that two validations do not share (or remove) each other's
 namespaces, and a dead run's record never names a live run's. Every command runs as a
@@ -124,6 +128,7 @@ class TwoHosts:
                 _run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{SUBNET}.{r + 1}/24", "dev", iface)
                 _run("ip", "netns", "exec", ns, "ip", "link", "set", iface, "up")
                 _run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+                steer(ns, iface, r)
                 if self.rate_bps:
                     rate = f"{int(self.rate_bps)}bit"
                     # a bucket of a few packets and a queue deep enough for a bucket of gradients
@@ -157,10 +162,33 @@ class TwoHosts:
         doc = json.loads(out)
         return 8 * doc["bytes"] / doc["seconds"] if doc["seconds"] > 0 else 0.0
 
+    def tcp_segments(self) -> tuple[int, int]:
+        """TCP segments sent and retransmitted in both namespaces since they were made (their own
+        counters, /proc/net/snmp): a link loses and reorders nothing, so retransmissions say that
+        the machine, not the shaped link, set the pace."""
+        sent = retransmitted = 0
+        for ns in self.names:
+            result = _call(["ip", "netns", "exec", ns, "cat", "/proc/net/snmp"])
+            rows = [line.split() for line in result.stdout.splitlines() if line.startswith("Tcp:")]
+            if result.returncode or len(rows) != 2:
+                raise ConfigError(f"no TCP counters in namespace {ns}: {result.stderr.strip()[:200]}")
+            counters = dict(zip(rows[0][1:], rows[1][1:], strict=True))
+            sent += int(counters["OutSegs"])
+            retransmitted += int(counters["RetransSegs"])
+        return sent, retransmitted
+
     def __exit__(self, *exc: object) -> None:
         for ns in reversed(self.made):  # deleting a namespace deletes its veth end and qdisc
             _call(["ip", "netns", "del", ns])
         self.made = []
+
+
+def steer(ns: str, iface: str, r: int) -> None:
+    """Process what ``iface`` (in ``ns``) receives on CPU r (mod the CPUs): receive packet
+    steering with one CPU keeps a flow's packets in order whichever CPU sent them, and rank r's
+    on a CPU of its own keeps the two ends' work apart."""
+    mask = 1 << (r % min(32, os.cpu_count() or 1))  # one 32-bit group of the mask
+    _run("ip", "netns", "exec", ns, "sh", "-c", f"echo {mask:x} > /sys/class/net/{iface}/queues/rx-0/rps_cpus")
 
 
 def _owner_alive(name: str) -> bool:

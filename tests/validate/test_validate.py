@@ -122,6 +122,32 @@ def test_cases_are_trusted_by_criteria_fixed_in_advance() -> None:
     assert not trusted_enough([good[0], *(_case(n, CaseKind.SAME, slow, 101.0, flags=("x",)) for n in "bc")])
     other = _Truth(Setting("unshaped/25MB", None, 25), 100.0, 1.0, None)
     assert not trusted_enough([*good, *good, _case("d", CaseKind.SAME, other, 101.0, flags=("x",))])
+    # TCP retransmitting (packets lost or reordered on the machine), a busy machine beside the real runs
+    lossy = replace(fine, retransmitted=2.5e-3, other_cores=0.7)
+    assert lossy.flags(None) == (
+        "TCP retransmitted 0.250% of its segments in the setting's namespaces (0.01% or more: packets lost or "
+        "reordered on this machine)",
+        "the real runs' machine was busy: other processes and the kernel kept 0.7 cores busy")
+    assert replace(fine, retransmitted=2e-5, other_cores=0.2).flags(None) == ()
+    case = _case("e", CaseKind.SAME, lossy, 101.0, flags=lossy.flags(None))
+    assert (case.real_other_cores, case.tcp_retransmitted_share) == (0.7, 2.5e-3)
+
+
+@pytest.mark.skipif(available() is not None, reason=f"no network namespaces here: {available()}")
+def test_two_hosts_deliver_their_rate_in_order() -> None:
+    """The shaped veth pair delivers its rate to a real TCP transfer, each end's receive steered to
+    one CPU of its own, and counts TCP's segments in its namespaces (none retransmitted)."""
+    from emu.validate.netns import TwoHosts
+
+    with TwoHosts(100e6) as hosts:
+        masks = [subprocess.run(["ip", "netns", "exec", ns, "cat", f"/sys/class/net/{ns}/queues/rx-0/rps_cpus"],
+                                capture_output=True, text=True, check=True).stdout.strip().lstrip("0,")
+                 for ns in hosts.names]
+        delivered = hosts.probe(4 << 20)
+        sent, retransmitted = hosts.tcp_segments()
+    assert masks == (["1", "2"] if (os.cpu_count() or 1) > 1 else ["1", "1"])
+    assert 0.95 * 100e6 * TCP_PAYLOAD < delivered < 1.1 * 100e6 * TCP_PAYLOAD
+    assert sent > (4 << 20) / 1448 and retransmitted <= sent * 1e-4
 
 
 @pytest.mark.slow
@@ -232,7 +258,8 @@ def test_a_flagged_setting_runs_again_at_most_twice(monkeypatch: pytest.MonkeyPa
 
     def real_runs(*args, **kwargs):
         calls.append(1)
-        return [100.0, 101.0, 99.0], trace_with({1000: 10.0}), next(rates) * 300e6 * core.TCP_PAYLOAD
+        return core._RealRuns([100.0, 101.0, 99.0], trace_with({1000: 10.0}), next(rates) * 300e6 * core.TCP_PAYLOAD,
+                              0.1, 0.0)
 
     monkeypatch.setattr(core, "_real_runs", real_runs)
     progress = core._Progress(None)

@@ -20,13 +20,49 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from emu.capture.models import WORKLOADS
+from emu.traces.noise import cpu_ticks
+
+
+def _ran_and_waited() -> tuple[float, float] | None:
+    """Seconds this process's main thread (its compute: one intra-op thread) has run on a core and
+    waited, ready, for one (Linux's /proc/self/schedstat); None where there is none."""
+    try:
+        with open("/proc/self/schedstat") as fh:
+            ran, waited = fh.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return int(ran) / 1e9, int(waited) / 1e9
+
+
+def _machine_busy(opened: tuple[float, float, float] | None) -> float | None:
+    """The machine's busy share of all its cores' time since ``opened`` (``cpu_ticks``)."""
+    closed = cpu_ticks()
+    if opened is None or closed is None or closed[2] <= opened[2]:
+        return None
+    return (closed[0] - opened[0]) / (closed[2] - opened[2])
+
+
+def _core_shares(opened: tuple[float, float] | None) -> list[float] | None:
+    """Each rank's share of a core since ``opened``: the time its main thread ran over the time it
+    was ready to run (ran or waited for a core); every rank takes part (one all_gather)."""
+    closed = _ran_and_waited()
+    mine = [-1.0]
+    if opened is not None and closed is not None:
+        ran, waited = (b - a for a, b in zip(opened, closed, strict=True))
+        mine = [ran / (ran + waited) if ran + waited > 0 else 1.0]
+    shares = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(shares, torch.tensor(mine, dtype=torch.float64))
+    out = [float(t[0]) for t in shares]
+    return None if any(x < 0 for x in out) else out
 
 
 def train(model: str, steps: int, batch_size: int | None, bucket_cap_mb: float, seed: int,
           times_out: str | None = None, skip: int = 3, sparsity_dir: str | None = None) -> None:
     """DDP training; with ``times_out``, rank 0 writes the wall time of every step after the
-    first ``skip`` as JSON (microseconds), measured from optimizer step to optimizer step; with
-    ``sparsity_dir``, every rank writes its gradient buckets' block masks there."""
+    first ``skip`` as JSON (microseconds), measured from optimizer step to optimizer step, each
+    rank's share of a core over those steps (``_core_shares``) and how busy the machine's cores
+    were meanwhile (``_machine_busy``); with ``sparsity_dir``, every rank writes its gradient
+    buckets' block masks there."""
     torch.set_num_threads(1)
     work = WORKLOADS[model]
     dist.init_process_group("gloo")
@@ -42,6 +78,7 @@ def train(model: str, steps: int, batch_size: int | None, bucket_cap_mb: float, 
         gen = torch.Generator().manual_seed(seed + 1 + dist.get_rank())
         batch = batch_size or work.default_batch_size
         marks = []
+        opened = machine = None
         for step in range(steps):
             x, y = work.batch(batch, gen)
             if recorder is not None:
@@ -51,14 +88,18 @@ def train(model: str, steps: int, batch_size: int | None, bucket_cap_mb: float, 
             work.loss(out, y).backward()
             opt.step()
             marks.append(time.perf_counter())
+            if step == skip:
+                opened, machine = _ran_and_waited(), cpu_ticks()  # where the timed steps start (their first mark)
         if recorder is not None:
             from emu.capture.sparsity import mask_path
 
             recorder.save(mask_path(Path(sparsity_dir), dist.get_rank()))
+        busy = _machine_busy(machine)
+        shares = _core_shares(opened) if times_out else None
         if times_out and dist.get_rank() == 0:
             steps_us = [(b - a) * 1e6 for a, b in zip(marks[skip:], marks[skip + 1:], strict=False)]
             with open(times_out, "w") as fh:
-                json.dump({"step_us": steps_us}, fh)
+                json.dump({"step_us": steps_us, "core_shares": shares, "machine_busy": busy}, fh)
     finally:
         dist.destroy_process_group()
 

@@ -59,8 +59,15 @@ DELIVERED_SHARE = 0.95
 # ... and TCP retransmitted under this share of its segments in the setting's namespaces (a link
 # reorders nothing; 0 to 2 of 240,000 with the veths steered, 0.08-0.25% when they were not)
 RETRANSMITTED_SHARE = 1e-4
+# ... and each rank's compute thread ran at least this share of the time it was ready to run (it
+# waited for a core the rest: /proc/<pid>/schedstat) over the real runs' timed steps
+CORE_SHARE = 0.9
+# ... and the machine's cores were under this share busy over those steps (the two emulated hosts
+# share this machine's cores: with none to spare, the real runs are the cores', not the network's)
+SATURATED = 0.9
 TRUSTED_SHARE = 2 / 3
 PROBE_SECONDS = 1.0
+CAPTURE_WINDOWS = 3  # as `emu capture`'s default: a window whose steps vary past STEP_CV is taken again
 A100_TRACE = Path(__file__).parent / "data" / "a100-ddp-nccl-world2-rank0.json.gz"
 VETH_LATENCY_US = 20.0
 
@@ -104,6 +111,10 @@ class CaseResult:
     # (None: loopback, no namespaces)
     real_other_cores: float | None = None
     tcp_retransmitted_share: float | None = None
+    # the least share of a core a rank's compute got while ready to run in the real runs, and the
+    # busier run's busy share of the machine's cores over its timed steps (None: not measured)
+    real_core_share: float | None = None
+    real_machine_busy: float | None = None
 
 
 @dataclass(frozen=True)
@@ -147,17 +158,29 @@ def _link(setting: Setting, trace: Trace) -> LinkSpec:
     return LinkSpec(bandwidth_bps=setting.rate_bps * TBF_TO_WIRE, latency_us=VETH_LATENCY_US)
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A real run's timed steps: their times, the least share of a core a rank's compute thread
+    got while ready to run, and the machine's busy share of its cores (None: not Linux)."""
+
+    step_us: list[float]
+    core_share: float | None
+    machine_busy: float | None
+
+
 def measure(model: str, setting: Setting, steps: int, network: RankNetwork | None, times_out: Path,
-            rundir: Path) -> list[float]:
-    """Step times (us) of a real run without the profiler: ``steps`` - 1 of them, from
-    optimizer step to optimizer step, after 3 untimed steps. The ranks' logs go to rundir."""
+            rundir: Path) -> Measured:
+    """A real run without the profiler: ``steps`` - 1 timed steps, from optimizer step to
+    optimizer step, after 3 untimed steps. The ranks' logs go to rundir."""
     # Through the ranks' entry point with no profiled step: no profiler, and the rank ends the
     # way captured ranks do (emu.capture.inject explains why that matters to gloo).
     argv = [sys.executable, "-m", "emu.capture", "--out", str(rundir), "--warmup", "0", "--steps", "0", "--",
             "-m", "emu.capture.workload", "--model", model, "--steps", str(steps + 3),
             "--bucket-cap-mb", str(setting.bucket_cap_mb), "--times-out", str(times_out), "--skip", "3"]
     run_ranks(argv, 2, rundir, timeout_s=1800, network=network)
-    return json.loads(times_out.read_text())["step_us"]
+    doc = json.loads(times_out.read_text())
+    shares = doc.get("core_shares")
+    return Measured(doc["step_us"], min(shares) if shares else None, doc.get("machine_busy"))
 
 
 def predict(trace: Trace, link: LinkSpec) -> float:
@@ -322,7 +345,7 @@ def _trusted_runs(name: str, model: str, setting: Setting, steps: int, runs: _Ru
     for attempt in range(RERUNS + 1):
         real = _real_runs(model, setting, steps, runs, work, status, namespaces)
         truth = _Truth(setting, statistics.median(real.step_us), _spread(real.step_us), real.delivered_bps,
-                       real.other_cores, real.retransmitted)
+                       real.other_cores, real.retransmitted, real.core_share, real.machine_busy)
         flags = truth.flags(real.trace)
         if not flags or attempt == RERUNS:
             return truth, real.trace
@@ -339,6 +362,8 @@ class _RealRuns:
     delivered_bps: float | None  # the lower probe's payload rate; None: unshaped, or no namespaces
     other_cores: float | None  # the busier real run's ``MachineLoad.other_cores``; None: no /proc/stat
     retransmitted: float | None  # TCP's retransmitted share of its segments; None: no namespaces
+    core_share: float | None  # the least share of a core a rank got while ready (``measure``)
+    machine_busy: float | None  # the busier real run's busy share of the machine's cores (``measure``)
 
 
 def _real_runs(model: str, setting: Setting, steps: int, runs: _Runs, work: Path, status: Callable[[str], None],
@@ -359,27 +384,30 @@ def _real_runs(model: str, setting: Setting, steps: int, runs: _Runs, work: Path
 
         before = probe()
 
-        def real(part: str, n: int) -> tuple[list[float], MachineLoad | None]:
+        def real(part: str, n: int) -> tuple[Measured, MachineLoad | None]:
             return runs.run(name, f"real run {part}", f"{slug}-real-{part}", lambda d: _watched(
                 lambda: measure(model, setting, n, net, work / f"times-{slug}{part}.json", d)))
 
         # Real runs before and after the capture, pooled: this machine drifts (shared cores),
         # and a drift between truth and capture is not the error of the emulator.
         status(f"{model} at {setting.name}: real run, first half")
-        times, load_a = real("a", (steps + 1) // 2)
+        run_a, load_a = real("a", (steps + 1) // 2)
         status(f"{model} at {setting.name}: capture")
         trace = runs.run(name, "capture", f"{slug}-capture", lambda d: capture_model(
-            model, CaptureConfig(profile_steps=5, warmup=3, network=net, keep_kineto=d),
+            model, CaptureConfig(profile_steps=5, warmup=3, network=net, keep_kineto=d, windows=CAPTURE_WINDOWS),
             bucket_cap_mb=setting.bucket_cap_mb))
         status(f"{model} at {setting.name}: real run, second half")
-        times_b, load_b = real("b", steps // 2 + 1)
+        run_b, load_b = real("b", steps // 2 + 1)
         after = probe()
         sent, retransmitted = hosts.tcp_segments() if hosts else (0, 0)
     loads = [x.other_cores for x in (load_a, load_b) if x is not None]
-    return _RealRuns(step_us=times + times_b, trace=trace,
+    shares = [x.core_share for x in (run_a, run_b) if x.core_share is not None]
+    busy = [x.machine_busy for x in (run_a, run_b) if x.machine_busy is not None]
+    return _RealRuns(step_us=run_a.step_us + run_b.step_us, trace=trace,
                      delivered_bps=None if before is None or after is None else min(before, after),
                      other_cores=max(loads) if loads else None,
-                     retransmitted=retransmitted / sent if hosts and sent else None)
+                     retransmitted=retransmitted / sent if hosts and sent else None,
+                     core_share=min(shares) if shares else None, machine_busy=max(busy) if busy else None)
 
 
 def _watched(run: Callable[[], T]) -> tuple[T, MachineLoad | None]:
@@ -406,12 +434,15 @@ class _Truth:
     delivered_bps: float | None
     other_cores: float | None = None
     retransmitted: float | None = None
+    core_share: float | None = None
+    machine_busy: float | None = None
 
     def flags(self, trace: Trace | None) -> tuple[str, ...]:
         """Why this ground truth may not be the setting's (docs/FIDELITY.md, "Trusted cases"):
         the link under ``DELIVERED_SHARE`` of its payload rate, TCP retransmitting
-        ``RETRANSMITTED_SHARE`` of its segments or more, the real runs or ``trace``'s capture beside
-        other processes keeping ``OTHER_CORES`` busy."""
+        ``RETRANSMITTED_SHARE`` of its segments or more, a rank getting under ``CORE_SHARE`` of a
+        core while ready to run, the machine's cores ``SATURATED`` during the timed steps, the real
+        runs or ``trace``'s capture beside other processes keeping ``OTHER_CORES`` busy."""
         out = []
         rate = self.setting.rate_bps
         if rate and self.delivered_bps is not None and self.delivered_bps < DELIVERED_SHARE * rate * TCP_PAYLOAD:
@@ -420,6 +451,13 @@ class _Truth:
         if self.retransmitted is not None and self.retransmitted >= RETRANSMITTED_SHARE:
             out.append(f"TCP retransmitted {self.retransmitted:.3%} of its segments in the setting's namespaces "
                        f"({RETRANSMITTED_SHARE:.2%} or more: packets lost or reordered on this machine)")
+        if self.core_share is not None and self.core_share < CORE_SHARE:
+            out.append(f"a rank's compute got {self.core_share:.0%} of a core while ready to run in the real runs "
+                       f"(under {CORE_SHARE:.0%}: the ranks and their networking had too few cores)")
+        if self.machine_busy is not None and self.machine_busy >= SATURATED:
+            out.append(f"the machine's cores were {self.machine_busy:.0%} busy during the real runs' timed steps "
+                       f"({SATURATED:.0%} or more: the two hosts' ranks and networking had no core to spare, so "
+                       "the cores, not the link, set their pace)")
         if self.other_cores is not None and self.other_cores >= OTHER_CORES:
             out.append(f"the real runs' machine was busy: other processes and the kernel kept "
                        f"{self.other_cores:.1f} cores busy")
@@ -508,7 +546,8 @@ def _case(name: str, kind: CaseKind, truth: _Truth, predicted: float, detail: st
     return CaseResult(name=name, kind=kind, measured_us=truth.measured_us, spread_us=truth.spread_us,
                       predicted_us=predicted, error_pct=_error(predicted, truth.measured_us), detail=detail,
                       link_delivered_bps=truth.delivered_bps, flags=flags, setting=truth.setting.name,
-                      real_other_cores=truth.other_cores, tcp_retransmitted_share=truth.retransmitted)
+                      real_other_cores=truth.other_cores, tcp_retransmitted_share=truth.retransmitted,
+                      real_core_share=truth.core_share, real_machine_busy=truth.machine_busy)
 
 
 def _summary(cases: list[CaseResult], failed: int = 0) -> dict[str, float]:

@@ -33,7 +33,7 @@ from typing import Any
 from emu.capture.groups import Attributor
 from emu.capture.kineto import Event, KinetoTrace
 from emu.errors import KinetoError
-from emu.traces.model import CollKind, Dtype, GroupRole, Splits
+from emu.traces.model import DTYPE_SPELLINGS, CollKind, Dtype, GroupRole, Splits
 
 
 @dataclass(frozen=True)
@@ -130,23 +130,12 @@ _GLOO_LAUNCH: dict[str, tuple[CollKind, int, bool, bool, tuple[str, ...]]] = {
 }
 _UNSUPPORTED = ("c10d::reduce_", "c10d::gather_", "c10d::scatter_", "c10d::allgather_coalesced_")
 
-# Dtype spellings: record_param_comms' "dtype" and gloo's "Input type".
-_DTYPES: dict[str, Dtype] = {
-    "Float": Dtype.FLOAT32, "float": Dtype.FLOAT32, "Half": Dtype.FLOAT16, "c10::Half": Dtype.FLOAT16,
-    "BFloat16": Dtype.BFLOAT16, "c10::BFloat16": Dtype.BFLOAT16, "Double": Dtype.FLOAT64,
-    "double": Dtype.FLOAT64, "Long": Dtype.INT64, "long int": Dtype.INT64, "long": Dtype.INT64,
-    "Int": Dtype.INT32, "int": Dtype.INT32, "Short": Dtype.INT16, "short int": Dtype.INT16,
-    "Char": Dtype.INT8, "signed char": Dtype.INT8, "Byte": Dtype.UINT8, "unsigned char": Dtype.UINT8,
-    "Bool": Dtype.BOOL, "bool": Dtype.BOOL,
-}
-
-
 def _dtype(kt: KinetoTrace, ev: Event, spelled: Any, key: str) -> Dtype:
     try:
-        return _DTYPES[str(spelled)]
+        return DTYPE_SPELLINGS[str(spelled)]
     except KeyError:
         raise KinetoError(f"{kt.where(ev)}: argument {key!r} is {str(spelled)[:40]!r}, a dtype emu does not "
-                          f"know; known: {', '.join(sorted(set(_DTYPES)))}") from None
+                          f"know; known: {', '.join(sorted(set(DTYPE_SPELLINGS)))}") from None
 
 
 def _count(kt: KinetoTrace, ev: Event, key: str) -> int:

@@ -79,6 +79,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 from emu.cli import capture as _capture  # noqa: E402,F401  (commands register themselves)
 from emu.cli import check as _check  # noqa: E402,F401
 from emu.cli import clean as _clean  # noqa: E402,F401
+from emu.cli import export as _export  # noqa: E402,F401
 from emu.cli import inspect as _inspect  # noqa: E402,F401
 from emu.cli import predict as _predict  # noqa: E402,F401
 from emu.cli import replay as _replay  # noqa: E402,F401

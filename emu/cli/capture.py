@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -10,6 +11,9 @@ from emu.cli import cli
 from emu.cli.output import err, ms
 from emu.errors import ConfigError
 from emu.traces.samples import BUILT_IN, PARALLEL_MODELS
+
+if TYPE_CHECKING:
+    from emu.traces.model import Trace
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
@@ -20,10 +24,14 @@ from emu.traces.samples import BUILT_IN, PARALLEL_MODELS
                    "all_to_alls).")
 @click.option("--kineto", is_flag=True,
               help="Import existing profiler traces: the arguments are files or folders, one file per rank.")
+@click.option("--chakra", is_flag=True,
+              help="Import MLCommons Chakra execution traces: the arguments are .et files or folders, one file "
+                   "per rank (docs/trace-format.md, 'Chakra'; needs the protobuf package).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="The emu trace to write (.json or .json.gz).")
 @click.option("--world-size", type=int, default=None,
-              help="Rank processes to start  [default: 4 for fsdp, tp, pp and moe, else 2]")
+              help="Rank processes to start  [default: 4 for fsdp, tp, pp and moe, else 2]; with --chakra, the "
+                   "job's ranks where the files do not say (default: the files given)")
 @click.option("--iters", "--profile-steps", "iters", type=int, default=5, show_default=True,
               help="Steps to record after the warm-up.")
 @click.option("--warmup", type=int, default=3, show_default=True,
@@ -46,7 +54,7 @@ from emu.traces.samples import BUILT_IN, PARALLEL_MODELS
               help="Record the machine's load and the steps' spread (meta.noise) without warning about them "
                    "(CI, where load is the norm).")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def capture(model: str | None, kineto: bool, output: Path, world_size: int | None, iters: int, warmup: int,
+def capture(model: str | None, kineto: bool, chakra: bool, output: Path, world_size: int | None, iters: int, warmup: int,
             bucket_cap_mb: float, batch_size: int | None, seed: int, no_sparsity: bool,
             keep_kineto: Path | None, timeout: float, windows: int, busy_ok: bool, args: tuple[str, ...]) -> None:
     """Record what a data-parallel run does as an emu trace.
@@ -54,13 +62,21 @@ def capture(model: str | None, kineto: bool, output: Path, world_size: int | Non
     \b
       emu capture --model mlp -o mlp.json.gz
       emu capture --kineto traces/ -o job.json.gz
+      emu capture --chakra et/ -o job.json.gz
       emu capture --world-size 2 -o t.json.gz -- python train.py --lr 0.1
     """
     from emu.capture import CaptureConfig, capture_model, capture_script, import_kineto
-    from emu.traces import save_trace, summarize
 
-    if sum((model is not None, kineto, bool(args) and not kineto)) != 1:
-        raise ConfigError("give exactly one of --model NAME, --kineto FILE..., or -- python train.py")
+    imported = kineto or chakra
+    if sum((model is not None, kineto, chakra, bool(args) and not imported)) != 1:
+        raise ConfigError("give exactly one of --model NAME, --kineto FILE..., --chakra FILE..., or -- python train.py")
+    if chakra:
+        from emu.traces.chakra import import_chakra
+
+        with err().status("importing Chakra traces"):
+            trace = import_chakra(list(args), world_size=world_size)
+        _written(trace, output, busy_ok)
+        return
     if world_size is None:
         world_size = 4 if model in PARALLEL_MODELS else 2
     config = CaptureConfig(world_size=world_size, profile_steps=iters, warmup=warmup,
@@ -81,6 +97,14 @@ def capture(model: str | None, kineto: bool, output: Path, world_size: int | Non
                                       on_tick=tick)
             else:
                 trace = capture_script(list(args), config, on_tick=tick)
+    _written(trace, output, busy_ok)
+
+
+def _written(trace: Trace, output: Path, busy_ok: bool) -> None:
+    """Save the trace and say what it holds, and whether its steps are a quiet machine's."""
+    from emu.traces import save_trace, summarize
+
+    console = err()
     save_trace(trace, output)
     s = summarize(trace)
     console.print(f"wrote {output}: {s.model or 'trace'}, ranks {len(s.ranks_in_file)} of "

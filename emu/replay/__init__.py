@@ -22,7 +22,7 @@ from emu.replay.jobs import Jobs, replay_jobs
 from emu.replay.machines.cluster import JOIN_TIMEOUT_S, from_environment, join, spread
 from emu.replay.orchestrator import replay
 from emu.replay.plan.layout import has_subgroups, parse_mesh, plan_mesh
-from emu.replay.plan.programs import WorkerProgram, plan_programs, programs_for, straggling
+from emu.replay.plan.programs import WorkerProgram, laid_out, plan_programs, programs_for, straggling
 from emu.replay.plan.scale import choose_payload_scale, scale_for
 from emu.replay.report.model import (
     AdaptiveReport,
@@ -37,7 +37,7 @@ __all__ = [
     "DESIGN_KEYS", "FLAG_KEYS", "JOIN_TIMEOUT_S", "AdaptiveReport", "Clock", "CollRun", "CompressOption", "CompressionReport",
     "FabricReport", "FakeWorker", "IterationRecord", "WorkerState",
     "Jobs", "NetworkDesign", "ReplayConfig", "ReplayError", "ReplayReport", "SparsityOption", "Straggler",
-    "Verification", "WorkerProgram", "apply_design", "choose_payload_scale", "from_environment", "has_subgroups", "join", "load_design",
+    "Verification", "WorkerProgram", "apply_design", "choose_payload_scale", "from_environment", "has_subgroups", "join", "laid_out", "load_design",
     "parse_mesh", "parse_packet_rate", "plan_mesh", "plan_programs", "programs_for", "replay", "replay_jobs",
     "scale_for", "spread", "straggling", "topology_from_flags", "union_us", "write_chrome_trace",
 ]

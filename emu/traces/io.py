@@ -363,8 +363,15 @@ LOADERS: dict[int, Callable[[dict[str, Any], _Where], Trace]] = {1: _load_v1}
 
 
 def load_trace(path: str | os.PathLike[str]) -> Trace:
-    """Load and validate an emu trace; raises TraceError naming what is wrong."""
+    """Load and validate an emu trace, or import a Chakra execution trace (a ``.et`` file,
+    recognised by its content); raises TraceError naming what is wrong."""
     path = Path(path)
+    from emu.traces.chakra.read import is_chakra
+
+    if is_chakra(path):
+        from emu.traces.chakra import import_chakra
+
+        return import_chakra([path])
     doc = read_json(path, max_bytes=MAX_TRACE_BYTES, error=TraceError,
                     expected="the path of an emu trace (.json or .json.gz) made by 'emu capture'")
     where = _Where(str(path))
@@ -383,9 +390,8 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
     return trace
 
 
-def trace_to_dict(trace: Trace) -> dict[str, Any]:
-    """The JSON document of a trace, in the current schema version."""
-    meta = trace.meta
+def meta_to_dict(meta: TraceMeta) -> dict[str, Any]:
+    """A trace's ``meta`` object, as the trace file has it."""
     meta_doc: dict[str, Any] = {
         "source": meta.source.value, "model": meta.model, "world_size": meta.world_size,
         "backend": meta.backend, "device": meta.device, "framework": meta.framework,
@@ -412,10 +418,26 @@ def trace_to_dict(trace: Trace) -> dict[str, Any]:
     for key in ("cpu_cores", "threads_per_rank"):
         if getattr(meta, key) is not None:
             meta_doc[key] = getattr(meta, key)
+    return meta_doc
+
+
+def meta_from_dict(raw: Any, path: str) -> TraceMeta:
+    """``meta_to_dict``'s inverse; raises TraceError naming ``path`` and the field."""
+    return _load_meta(raw, _Where(path))
+
+
+def op_from_dict(raw: Any, path: str) -> Op:
+    """``op_to_dict``'s inverse; raises TraceError naming ``path`` and the field."""
+    return _load_op(raw, _Where(path))
+
+
+def trace_to_dict(trace: Trace) -> dict[str, Any]:
+    """The JSON document of a trace, in the current schema version."""
+    meta_doc = meta_to_dict(trace.meta)
     doc = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "meta": meta_doc,
         "ranks": [{"rank": r.rank, "iterations": [
-            {"step": it.step, "measured_us": _us(it.measured_us), "ops": [_op_to_dict(op) for op in it.ops]}
+            {"step": it.step, "measured_us": _us(it.measured_us), "ops": [op_to_dict(op) for op in it.ops]}
             for it in r.iterations]} for r in trace.ranks],
     }
     if trace.gradient_samples:
@@ -443,7 +465,8 @@ def _us(value: float) -> float:
     return round(value, 3)
 
 
-def _op_to_dict(op: Op) -> dict[str, Any]:
+def op_to_dict(op: Op) -> dict[str, Any]:
+    """One op as the trace file has it."""
     if isinstance(op, Compute):
         return {"op": "compute", "name": op.name, "dur_us": _us(op.dur_us)}
     if isinstance(op, Wait):

@@ -85,6 +85,18 @@ _NUMPY = {
 }
 
 
+# Dtype spellings of PyTorch's traces: record_param_comms' "dtype", gloo's "Input type", the
+# execution trace's "Tensor(float)" (Kineto and Chakra imports)
+DTYPE_SPELLINGS: dict[str, Dtype] = {
+    "Float": Dtype.FLOAT32, "float": Dtype.FLOAT32, "Half": Dtype.FLOAT16, "c10::Half": Dtype.FLOAT16,
+    "BFloat16": Dtype.BFLOAT16, "c10::BFloat16": Dtype.BFLOAT16, "Double": Dtype.FLOAT64,
+    "double": Dtype.FLOAT64, "Long": Dtype.INT64, "long int": Dtype.INT64, "long": Dtype.INT64,
+    "Int": Dtype.INT32, "int": Dtype.INT32, "Short": Dtype.INT16, "short int": Dtype.INT16,
+    "Char": Dtype.INT8, "signed char": Dtype.INT8, "Byte": Dtype.UINT8, "unsigned char": Dtype.UINT8,
+    "Bool": Dtype.BOOL, "bool": Dtype.BOOL,
+}
+
+
 class Source(str, Enum):
     """Where a trace came from."""
 
@@ -92,6 +104,7 @@ class Source(str, Enum):
     KINETO = "kineto"  # imported from profiler traces a user already had
     SYNTHETIC = "synthetic"  # made by emu for a physics check (emu.traces.synthetic)
     LIVE = "live"  # recorded by emu run from the real ranks' calls into its backend (emu.run)
+    CHAKRA = "chakra"  # imported from MLCommons Chakra execution traces (emu.traces.chakra)
 
 
 @dataclass(frozen=True)

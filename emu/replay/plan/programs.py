@@ -36,7 +36,7 @@ from emu.replay.plan.compression import with_compression
 from emu.replay.plan.layout import GroupKey, MeshPlan, has_subgroups, plan_mesh
 from emu.replay.plan.sparsity import with_sparsity
 from emu.traces.mesh import Mesh
-from emu.traces.model import Coll, CollKind, Iteration, Op, Splits, Trace
+from emu.traces.model import Coll, CollKind, Iteration, Op, RankProgram, Splits, Trace
 
 _ONE_ORDER = (CollKind.ALL_REDUCE, CollKind.REDUCE_SCATTER, CollKind.ALL_GATHER)
 
@@ -218,6 +218,18 @@ def plan_programs(trace: Trace, workers: int, path: str = "trace", sparsity: Spa
     if first is None:
         _check_p2p(programs, path)
     return programs
+
+
+def laid_out(trace: Trace, workers: int, mesh: Mesh | None = None, path: str = "trace", seed: int = 0) -> Trace:
+    """The trace as a replay at ``workers`` lays it out: one rank per worker, each with the program
+    the replay gives it (``plan_programs``), the mesh the layout took (what ``emu export --workers``
+    writes). Gradient samples stay behind: their ranks are the file's."""
+    programs = plan_programs(trace, workers, path, mesh=mesh, seed=seed)
+    layout = plan_mesh(trace, workers, mesh, path, None, seed)
+    note = f"laid out at {workers} workers by emu's replay rule from a trace of {trace.meta.world_size} ranks"
+    meta = replace(trace.meta, world_size=workers, mesh=layout.mesh if layout is not None else None,
+                   gaps=trace.meta.gaps + ((note,) if workers != trace.meta.world_size or mesh is not None else ()))
+    return Trace(meta=meta, ranks=tuple(RankProgram(rank=p.worker, iterations=p.iterations) for p in programs))
 
 
 def _plan_groups(trace: Trace, layout: MeshPlan, path: str, sparsity: SparsityOption | None,

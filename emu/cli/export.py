@@ -33,7 +33,7 @@ def export(trace_path: str, chakra: Path, workers: int | None, mesh: str | None,
     from emu.cli.options import trace_path as resolve
     from emu.replay import laid_out, parse_mesh
     from emu.traces import load_trace
-    from emu.traces.chakra.write import check_folder, write_chakra
+    from emu.traces.chakra.write import check_folder, safe_name, write_chakra
 
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers {workers}: give 1 or more")
@@ -44,6 +44,6 @@ def export(trace_path: str, chakra: Path, workers: int | None, mesh: str | None,
     trace = load_trace(path)
     if workers is not None:
         trace = laid_out(trace, workers, parse_mesh(mesh) if mesh else None, str(path), seed)
-    files = write_chakra(trace, chakra, name or trace.meta.model or "trace")
+    files = write_chakra(trace, chakra, name or safe_name(trace.meta.model or "trace"))
     err().print(f"wrote {len(files)} Chakra traces to {chakra} ({files[0].name} .. {files[-1].name})",
                 markup=False, highlight=False, soft_wrap=True)

@@ -23,7 +23,7 @@ from emu.traces import load_trace, sample_path, trace_to_dict
 from emu.traces.chakra import import_chakra, is_chakra, read_et
 from emu.traces.chakra.schema import messages
 from emu.traces.chakra.write import write_chakra
-from emu.traces.model import CollKind
+from emu.traces.model import CollKind, Iteration, RankProgram, Source, Trace, TraceMeta
 
 DATA = Path(__file__).parent.parent / "data" / "chakra" / "chakra.0.et.gz"
 FAST = settings(deadline=None, database=None, derandomize=True, max_examples=200,
@@ -149,8 +149,13 @@ def test_chakras_own_reader_loads_what_emu_writes(tmp_path: Path) -> None:
     from chakra.schema.protobuf.et_def_pb2 import GlobalMetadata, Node, NodeType
     from chakra.src.third_party.utils.protolib import decodeMessage, openFileRd
 
-    trace = load_trace(sample_path("tp"))
-    for path, program in zip(write_chakra(trace, tmp_path, "tp"), trace.ranks, strict=True):
+    from emu.replay import laid_out
+
+    tp, mlp = load_trace(sample_path("tp")), laid_out(load_trace(sample_path("mlp")), 8)
+    pairs = [*zip(write_chakra(tp, tmp_path / "tp", "tp"), tp.ranks, strict=True),
+             *zip(write_chakra(mlp, tmp_path / "mlp", "mlp"), mlp.ranks, strict=True)]
+    assert len(pairs) == 4 + 8
+    for path, program in pairs:
         f = openFileRd(str(path))
         meta = GlobalMetadata()
         assert decodeMessage(f, meta) and meta.version == "1.0.0"
@@ -224,3 +229,59 @@ def test_fuzzed_chakra_input_is_a_trace_or_one_trace_error(data: st.DataObject, 
         import_chakra([path], world_size=4)
     except TraceError as exc:
         assert str(path) in str(exc) and "\n" not in str(exc)
+
+
+def _two_ranks(ops) -> Trace:
+    meta = TraceMeta(source=Source.SYNTHETIC, world_size=2, backend="gloo", device="cpu", framework="test",
+                     dtype="float32", captured_at="2026-12-04T00:00:00Z", model="hand")
+    it = Iteration(step=0, measured_us=100.0, ops=tuple(ops))
+    return Trace(meta=meta, ranks=tuple(RankProgram(rank=r, iterations=(it,)) for r in range(2)))
+
+
+def test_chakra_dependencies_hold_a_wait_until_the_next_compute(tmp_path: Path) -> None:
+    """Coll A, Wait(A), Coll B, Compute K: K depends on A (Chakra schedules by data_deps alone), and
+    so does B; without emu's attributes the walk puts the wait before B, where emu had it."""
+    from emu.traces.model import Coll, Compute, Dtype, Wait
+
+    a = Coll(id=0, kind=CollKind.ALL_REDUCE, dtype=Dtype.FLOAT32, count=1000, bytes=4000, group_size=2)
+    b = Coll(id=1, kind=CollKind.ALL_REDUCE, dtype=Dtype.FLOAT32, count=10, bytes=40, group_size=2)
+    trace = _two_ranks([Compute("f", 10.0), a, Wait(ids=(0,)), b, Compute("k", 5.0), Wait(ids=(1,))])
+    files = write_chakra(trace, tmp_path / "w", "hand")
+    nodes = {n.name: n for n in read_et(files[0]).nodes}
+    coll_a, coll_b = (n for n in read_et(files[0]).nodes if n.name == "emu:all_reduce")
+    assert coll_a.id in nodes["k"].data_deps and coll_a.id in coll_b.data_deps
+    assert nodes["f"].id in nodes["k"].data_deps
+    back = import_chakra(_stripped(files, tmp_path / "bare"))
+    assert [type(op).__name__ for op in back.ranks[0].iterations[0].ops] == \
+        ["Compute", "Coll", "Wait", "Coll", "Compute", "Wait"]
+
+
+def test_exports_and_imports_refuse_to_mix(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert CliRunner().invoke(cli, ["export", "mlp", "--chakra", str(out), "--workers", "4"]).exit_code == 0
+    result = CliRunner().invoke(cli, ["export", "mlp", "--chakra", str(out), "--workers", "2"])
+    assert result.exit_code == 2 and "mlp.2.et, mlp.3.et of another export" in result.stderr
+    other = tmp_path / "other"
+    CliRunner().invoke(cli, ["export", "cnn", "--chakra", str(other), "--name", "mlp"])
+    (out / "mlp.0.et").write_bytes((other / "mlp.0.et").read_bytes())
+    result = CliRunner().invoke(cli, ["capture", "--chakra", str(out), "-o", str(tmp_path / "t.json")])
+    assert result.exit_code == 2 and "different exports" in result.stderr
+    for args in (["capture", "--chakra", "-o", str(tmp_path / "t.json")],
+                 ["export", "mlp", "--chakra", str(tmp_path / "n"), "--name", "../up"],
+                 ["export", "mlp", "--chakra", str(tmp_path / "m"), "--mesh", "dp=2"]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, (args, result.output)
+
+
+def test_damaged_gzip_and_bad_groups_are_one_line(tmp_path: Path) -> None:
+    damaged = tmp_path / "t.json.gz"
+    damaged.write_bytes(gzip.compress(b'{"schema": "emu-trace"}' * 100)[:40] + b"\x00" * 40)
+    with pytest.raises(TraceError):
+        load_trace(damaged)
+    classes = messages()
+    init = classes["Node"](id=1, name="## process_group:init ##", type=1)
+    init.inputs.values = json.dumps([{"pg_name": "0", "ranks": ["a"], "group_size": 1}])
+    compute = classes["Node"](id=2, name="c", type=4, duration_micros=3)
+    bad = tmp_path / "g.0.et"
+    bad.write_bytes(b"".join(_framed(m) for m in (classes["GlobalMetadata"](version="1.0.0"), init, compute)))
+    _fails_in_one_line(bad, tmp_path)

@@ -34,13 +34,23 @@ ITERATION = "emu.iteration"
 WAITS = "emu.waits"
 
 
+def load_json(text: str, where: str, name: str) -> Any:
+    """JSON text of a Chakra attribute or node, bounded as emu's trace files are (depth, digits)."""
+    from emu.traces.jsonfile import MAX_JSON_DEPTH, json_depth_exceeds
+
+    data = text.encode()
+    if json_depth_exceeds(data):
+        raise TraceError(f"{where}: {name} nests its JSON more than {MAX_JSON_DEPTH} deep")
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise TraceError(f"{where}: {name} is not JSON ({str(exc)[:80]})") from None
+
+
 def _json(text: Any, where: str, name: str) -> Any:
     if not isinstance(text, str):
         raise TraceError(f"{where}: attribute {name!r} must be a string_val of JSON")
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise TraceError(f"{where}: attribute {name!r} is not JSON ({exc})") from None
+    return load_json(text, where, f"attribute {name!r}")
 
 
 def meta(attrs: dict[str, Any], where: str = "Chakra GlobalMetadata") -> TraceMeta | None:
@@ -50,11 +60,6 @@ def meta(attrs: dict[str, Any], where: str = "Chakra GlobalMetadata") -> TraceMe
     if META not in attrs:
         return None
     return meta_from_dict(_json(attrs[META], where, META), where)
-
-
-def world_size(attrs: dict[str, Any]) -> int | None:
-    m = meta(attrs)
-    return m.world_size if m is not None else None
 
 
 def coll(value: Any, where: str) -> Coll:
@@ -69,10 +74,16 @@ def coll(value: Any, where: str) -> Coll:
 def waits(value: Any, where: str) -> tuple[Wait, ...]:
     doc = _json(value, where, WAITS)
     try:
-        return tuple(Wait(ids=tuple(int(i) for i in ids), blocked_us=None if blocked is None else float(blocked))
+        return tuple(Wait(ids=tuple(_id(i) for i in ids), blocked_us=None if blocked is None else float(blocked))
                      for ids, blocked in doc)
     except (TypeError, ValueError):
         raise TraceError(f"{where}: attribute {WAITS!r} must be a list of [ids, blocked_us]") from None
+
+
+def _id(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**31:
+        raise ValueError(value)
+    return value
 
 
 def waits_text(ws: list[Wait]) -> str:
@@ -84,9 +95,15 @@ def iterations(attrs: dict[str, Any], where: str) -> list[dict[str, Any]] | None
     if ITERATIONS not in attrs:
         return None
     doc = _json(attrs[ITERATIONS], where, ITERATIONS)
-    if not isinstance(doc, list) or not all(isinstance(d, dict) and {"step", "measured_us", "waits"} <= d.keys()
-                                            for d in doc):
-        raise TraceError(f"{where}: attribute {ITERATIONS!r} must be a list of {{step, measured_us, waits}}")
+
+    def good(d: Any) -> bool:
+        return (isinstance(d, dict) and isinstance(d.get("step"), int) and not isinstance(d["step"], bool)
+                and 0 <= d["step"] <= 2**40 and isinstance(d.get("measured_us"), int | float)
+                and isinstance(d.get("waits"), list))
+
+    if not isinstance(doc, list) or not all(good(d) for d in doc):
+        raise TraceError(f"{where}: attribute {ITERATIONS!r} must be a list of {{step (an integer >= 0), "
+                         "measured_us (a number), waits (a list)}}")
     for d in doc:
         d["waits"] = waits(json.dumps(d["waits"]), where)
     return doc

@@ -34,7 +34,8 @@ class Program:
     world: int
     groups: dict[str, tuple[int, ...]]
     gaps: list[str] = field(default_factory=list)
-    next_id: int = 0  # the next collective's id where the node carries no emu.op
+    next_id: int = 0  # the next collective's id where the node carries no emu.op (after every emu.op's)
+    everyone: tuple[int, ...] = ()  # the whole job's ranks
     streams: dict[int, int] = field(default_factory=dict)  # a stream attribute's value -> emu's stream
 
     def iterations(self) -> tuple[Iteration, ...]:
@@ -46,6 +47,8 @@ class Program:
         except TraceError as exc:
             raise TraceError(f"{self.f.path}: {exc}") from None
         records = emu_attrs.iterations(self.f.attrs, str(self.f.path))
+        self.next_id = _after_exact_ids(nodes)
+        self.everyone = tuple(range(self.world))
         ops: dict[int, list[Op]] = {}
         skipped: Counter[str] = Counter()
         issued: dict[int, int] = {}  # node id -> emu collective id, while not waited for
@@ -60,6 +63,9 @@ class Program:
                 continue
             where = f"{self.f.path}: node {node.id}"
             index = _int_attr(node, emu_attrs.ITERATION) or 0
+            if not 0 <= index <= (len(records) - 1 if records is not None else 0):
+                raise TraceError(f"{where}: attribute {emu_attrs.ITERATION!r} is {index}, not an iteration of the "
+                                 "file's emu.iterations")
             program = ops.setdefault(index, [])
             explicit = next((attr_value(a) for a in node.attr if a.name == emu_attrs.WAITS), None)
             if explicit is not None or records is not None:  # emu's own waits, exactly
@@ -150,14 +156,19 @@ class Program:
         members = self.groups.get(str(pg)) if pg is not None else None
         if pg is not None and members is None:
             self._note(f"pg_name {str(pg)[:20]!r} has no process_group:init entry: its collectives span every rank")
-        members = members or tuple(range(self.world))
+        members = members or self.everyone
         dtype = dtype_of(node.inputs.types)
         if dtype is None:
             dtype = Dtype.FLOAT32 if size % 4 == 0 else Dtype.UINT8
-            self._note(f"dtype: Chakra records none where inputs.types names no tensor; {dtype.value} taken")
+            self._note(f"dtype: Chakra records none where inputs.types names no tensor; {dtype.value} taken "
+                       "(uint8 where the size is not a multiple of 4)")
+        if size % dtype.itemsize:
+            self._note(f"sizes: a comm_size that is not a whole number of {dtype.value} elements is rounded down")
         count = size // dtype.itemsize * (len(members) if kind == CollKind.ALL_GATHER else 1)
         if kind == CollKind.BARRIER:
             count = 0
+        if kind == CollKind.BROADCAST:
+            self._note("broadcast roots: Chakra records none; the group's first rank taken")
         self.next_id += 1
         return Coll(id=self.next_id - 1, kind=kind, dtype=dtype, count=count, bytes=count * dtype.itemsize,
                     group_size=len(members), observed_us=float(node.duration_micros) or None,
@@ -182,6 +193,24 @@ class Program:
     def _note(self, text: str) -> None:
         if text not in self.gaps:
             self.gaps.append(text)
+
+
+def _after_exact_ids(nodes: tuple[Any, ...]) -> int:
+    """One past the largest collective id emu's attributes (``emu.op``) give: where the ids of the
+    collectives without them start, so that the two never meet."""
+    import json
+
+    largest = -1
+    for node in nodes:
+        for a in node.attr:
+            if a.name == emu_attrs.OP and a.WhichOneof("value") == "string_val":
+                try:
+                    value = json.loads(a.string_val).get("id")
+                except (ValueError, RecursionError, AttributeError):
+                    continue  # emu_attrs.coll says what is wrong with it
+                if isinstance(value, int) and value > largest:
+                    largest = value
+    return largest + 1
 
 
 def timeline_us(ops: list[Op]) -> float:

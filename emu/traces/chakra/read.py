@@ -30,21 +30,21 @@ from __future__ import annotations
 
 import gzip
 import heapq
-import json
 import os
 import re
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from emu.errors import TraceError
+from emu.errors import ConfigError, TraceError
 from emu.traces.chakra import attrs as emu_attrs
 from emu.traces.chakra.schema import VERSIONS, CommType, NodeType, messages
 from emu.traces.model import DTYPE_SPELLINGS, CollKind, Dtype, RankProgram, Source, Trace, TraceMeta
 
 MAX_MESSAGE_BYTES = 64 << 20
-MAX_FILE_BYTES = 2 << 30  # after decompression
+MAX_FILE_BYTES = 1 << 30  # after decompression (as emu's own traces)
 MAX_NODES = 2_000_000
 KINDS = {CommType.ALL_REDUCE: CollKind.ALL_REDUCE, CommType.ALL_GATHER: CollKind.ALL_GATHER,
          CommType.REDUCE_SCATTER: CollKind.REDUCE_SCATTER, CommType.BROADCAST: CollKind.BROADCAST,
@@ -68,8 +68,8 @@ def is_chakra(path: Path) -> bool:
     if re.search(r"\.et(\.gz)?$", path.name):
         return path.is_file()
     try:
-        head = _open(path).read(1 << 16)
-    except (OSError, EOFError, gzip.BadGzipFile):
+        head = _read(path, 1 << 16)
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error):
         return False
     length, used = _varint(head, 0)
     if used == 0 or used + length > len(head) or head[used:used + 1] not in (b"\x0a", b"\x12"):
@@ -84,15 +84,17 @@ def is_chakra(path: Path) -> bool:
 def read_et(path: Path) -> EtFile:
     """Read and frame one file; raises TraceError naming the file and the message."""
     try:
-        data = _open(path).read(MAX_FILE_BYTES + 1)
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
-        raise TraceError(f"{path}: cannot read it as a Chakra execution trace: {exc}") from None
+        data = _read(path, MAX_FILE_BYTES + 1)
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise TraceError(f"{path}: cannot read it as a Chakra execution trace ({exc})") from None
+    except MemoryError:
+        raise TraceError(f"{path}: too large to read into this machine's memory") from None
     if len(data) > MAX_FILE_BYTES:
         raise TraceError(f"{path}: over {MAX_FILE_BYTES >> 30} GiB once decompressed; emu reads smaller Chakra traces")
-    chunks = list(_frames(path, data))
+    chunks = list(_frames(path, memoryview(data)))
     if not chunks:
         raise TraceError(f"{path}: empty: a Chakra execution trace starts with its GlobalMetadata")
-    if chunks[0][:1] == b"\x08":  # field 1 as a varint: a node's id, where GlobalMetadata has its version
+    if bytes(chunks[0][:1]) == b"\x08":  # field 1 as a varint: a node's id, where GlobalMetadata has its version
         raise TraceError(f"{path}: a Chakra schema from before 0.0.4 (2023: the file starts with a node, not "
                          f"GlobalMetadata); emu reads {', '.join(v for v in VERSIONS if v)} and the PyTorch "
                          "converter's traces: convert it again with a current Chakra")
@@ -106,13 +108,15 @@ def read_et(path: Path) -> EtFile:
     return EtFile(path=path, version=meta.version, attrs={a.name: attr_value(a) for a in meta.attr}, nodes=nodes)
 
 
-def _open(path: Path) -> Any:
+def _read(path: Path, limit: int) -> bytes:
+    """At most ``limit`` bytes of the file, decompressed where it is gzipped."""
     with open(path, "rb") as fh:
         magic = fh.read(2)
-    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+    with (gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")) as fh:
+        return fh.read(limit)
 
 
-def _varint(data: bytes, at: int) -> tuple[int, int]:
+def _varint(data: bytes | memoryview, at: int) -> tuple[int, int]:
     """The varint at ``at`` and the bytes it took (0: none there, or cut short)."""
     value = shift = 0
     for used, byte in enumerate(data[at:at + 10], 1):
@@ -123,7 +127,7 @@ def _varint(data: bytes, at: int) -> tuple[int, int]:
     return 0, 0
 
 
-def _frames(path: Path, data: bytes) -> Iterable[bytes]:
+def _frames(path: Path, data: memoryview) -> Iterable[memoryview]:
     at = count = 0
     while at < len(data):
         length, used = _varint(data, at)
@@ -139,11 +143,11 @@ def _frames(path: Path, data: bytes) -> Iterable[bytes]:
         at += used + length
 
 
-def _parse(path: Path, cls: Any, chunk: bytes, index: int) -> Any:
+def _parse(path: Path, cls: Any, chunk: bytes | memoryview, index: int) -> Any:
     from google.protobuf.message import DecodeError
 
     try:
-        return cls.FromString(chunk)
+        return cls.FromString(bytes(chunk))
     except (DecodeError, ValueError, RuntimeError) as exc:
         what = "GlobalMetadata" if index == 0 else "Node"
         raise TraceError(f"{path}: message {index} is not a Chakra {what} ({exc}); "
@@ -193,35 +197,47 @@ def import_chakra(paths: Sequence[str | os.PathLike[str]], *, world_size: int | 
     """``emu capture --chakra``: an emu trace from Chakra execution traces, one file per rank;
     ``world_size``: the job's ranks, where the files do not say (``_world``)."""
     from emu.traces.chakra.program import Program
-    from emu.traces.noise import assess
-    from emu.traces.validate import validate_trace
 
-    files = [read_et(p) for p in expand(paths)]
+    found = expand(paths)
+    if not found:
+        raise ConfigError("--chakra: give the ranks' .et files, or a folder of them")
+    files = [read_et(p) for p in found]
     ranks = [rank_of(f.path, i) for i, f in enumerate(files)]
-    if len(set(ranks)) != len(ranks):
-        raise TraceError(f"{files[0].path.parent}: two files name the same rank ({sorted(ranks)}); "
-                         "name them <name>.<rank>.et")
-    first = files[0]
+    seen: dict[int, Path] = {}
+    for f, rank in zip(files, ranks, strict=True):
+        if rank in seen:
+            raise TraceError(f"{f.path}: names rank {rank}, as {seen[rank].name} does; name the files <name>.<rank>.et")
+        seen[rank] = f.path
     gaps: list[str] = []
-    world = _world(files, ranks, world_size, gaps)
+    exported = _exported_meta(files)
+    world = _world(files, ranks, world_size, exported, gaps)
     groups = _process_groups(files, world)
     programs = []
     for f, rank in sorted(zip(files, ranks, strict=True), key=lambda x: x[1]):
         program = Program(f, rank, world, groups)
         programs.append(RankProgram(rank=rank, iterations=program.iterations()))
         gaps.extend(g for g in program.gaps if g not in gaps)
-    exported = emu_attrs.meta(first.attrs, str(first.path))
-    if exported is not None:  # written by emu export: its own meta, whole (source aside)
+    return _checked(files, tuple(programs), world, exported, gaps, model)
+
+
+def _checked(files: list[EtFile], programs: tuple[RankProgram, ...], world: int, exported: TraceMeta | None,
+             gaps: list[str], model: str | None) -> Trace:
+    """The trace with its meta (emu's own where the files carry it, source aside), validated."""
+    from emu.traces.noise import assess
+    from emu.traces.validate import validate_trace
+
+    first = files[0]
+    if exported is not None:
         meta = replace(exported, source=Source.CHAKRA, model=model or exported.model,
                        gaps=exported.gaps + tuple(g for g in gaps if g not in exported.gaps))
-        trace = Trace(meta=meta, ranks=tuple(programs))
+        trace = Trace(meta=meta, ranks=programs)
     else:
         meta = TraceMeta(source=Source.CHAKRA, world_size=world, backend="unknown", device="unknown",
-                         framework=f"Chakra ET {first.version or first.attrs.get('schema') or '(no version)'}",
-                         dtype="float32", captured_at=str(first.attrs.get("time") or ""), model=model,
+                         framework=f"Chakra ET {first.version or first.attrs.get('schema') or '(no version)'}"[:200],
+                         dtype="float32", captured_at=str(first.attrs.get("time") or "")[:100], model=model,
                          command=f"emu capture --chakra {' '.join(f.path.name for f in files)}"[:1000],
                          gaps=tuple(gaps))
-        trace = Trace(meta=meta, ranks=tuple(programs))
+        trace = Trace(meta=meta, ranks=programs)
         trace = replace(trace, meta=replace(meta, noise=assess(trace)))
     try:
         validate_trace(trace, str(first.path))
@@ -230,15 +246,37 @@ def import_chakra(paths: Sequence[str | os.PathLike[str]], *, world_size: int | 
     return trace
 
 
-def _world(files: list[EtFile], ranks: list[int], given: int | None, gaps: list[str]) -> int:
-    """The job's ranks: what emu's own attributes or the process groups say, else ``given``, else
-    the files' (said in ``gaps``); never fewer than a file's rank number or a group holds."""
-    said = max([emu_attrs.world_size(files[0].attrs) or 0, *_group_sizes(files)])
+def _exported_meta(files: list[EtFile]) -> TraceMeta | None:
+    """The meta ``emu export`` wrote (None: none); every file must carry the same."""
+    texts = {f.attrs.get(emu_attrs.META) for f in files}
+    if len(texts) > 1:
+        odd = next(f for f in files if f.attrs.get(emu_attrs.META) != files[0].attrs.get(emu_attrs.META))
+        raise TraceError(f"{odd.path}: its emu.meta differs from {files[0].path.name}'s: the files come from "
+                         "different exports (or a folder holds two); give one export's files")
+    return emu_attrs.meta(files[0].attrs, str(files[0].path))
+
+
+def _world(files: list[EtFile], ranks: list[int], given: int | None, exported: TraceMeta | None,
+           gaps: list[str]) -> int:
+    """The job's ranks: what emu's own meta or the process groups say, else ``given``, else the
+    files' (said in ``gaps``); never fewer than a file's rank number or a group holds."""
+    from emu.traces.validate import MAX_WORLD
+
+    declared = _groups_declared(files)
+    sizes = [g["group_size"] for f in files for g in _pg_init(f)
+             if isinstance(g.get("group_size"), int) and 0 < g["group_size"] <= MAX_WORLD]
+    said = max([exported.world_size if exported else 0, *(len(m) for m in declared.values() if m), *sizes])
     least = max(ranks) + 1
+    if least > MAX_WORLD:
+        raise TraceError(f"{files[ranks.index(least - 1)].path}: its name says rank {least - 1}; a job has at most "
+                         f"{MAX_WORLD} ranks: name the files <name>.<rank>.et")
     if given is not None:
-        if given < max(said, least):
-            raise TraceError(f"--world-size {given}: the Chakra files hold rank {least - 1}"
-                             + (f" and groups of {said}" if said else "") + f"; give {max(said, least)} or more")
+        if exported is not None and given != exported.world_size:
+            raise TraceError(f"{files[0].path}: written by emu export for {exported.world_size} ranks: drop --world-size")
+        if not max(said, least) <= given <= MAX_WORLD:
+            raise ConfigError(f"--world-size {given}: the Chakra files hold rank {least - 1}"
+                              + (f" and groups of {said}" if said else "")
+                              + f"; give {max(said, least)} to {MAX_WORLD}")
         return given
     if said:
         return max(said, least)
@@ -257,27 +295,39 @@ def _pg_init(f: EtFile) -> list[dict[str, Any]]:
             inner = text[start + 1:end].strip() if start >= 0 < end else ""
             for candidate in (inner.strip("'\""), text):
                 try:
-                    doc = json.loads(candidate.encode().decode("unicode_escape"))
-                except ValueError:
+                    doc = emu_attrs.load_json(candidate.encode().decode("unicode_escape"), str(f.path),
+                                              "process_group:init")
+                except (TraceError, UnicodeError):
                     continue
                 if isinstance(doc, list):
                     return [g for g in doc if isinstance(g, dict)]
     return []
 
 
-def _group_sizes(files: list[EtFile]) -> list[int]:
-    return [int(g["group_size"]) for g in _pg_init(files[0])
-            if isinstance(g.get("group_size"), int) and 0 < g["group_size"] <= 1 << 20]
+def _groups_declared(files: list[EtFile]) -> dict[str, tuple[int, ...] | None]:
+    """pg_name to its ranks as the files' ``process_group:init`` nodes give them (None: every rank),
+    every file's merged (PyTorch lists in each rank's trace only the groups it belongs to)."""
+    from emu.traces.validate import MAX_WORLD
+
+    out: dict[str, tuple[int, ...] | None] = {}
+    for f in files:
+        for g in _pg_init(f):
+            ranks, name = g.get("ranks"), str(g.get("pg_name"))[:100]
+            if not isinstance(ranks, list) or not all(isinstance(r, int) and 0 <= r < MAX_WORLD for r in ranks):
+                raise TraceError(f"{f.path}: process_group:init gives group {name!r} the ranks {str(ranks)[:60]}; "
+                                 f"a group's ranks are integers in 0..{MAX_WORLD - 1}")
+            members = tuple(ranks) or None
+            if name in out and out[name] != members:
+                raise TraceError(f"{f.path}: process_group:init gives group {name!r} other ranks than another "
+                                 "file does; give one job's files")
+            out[name] = members
+    return out
 
 
 def _process_groups(files: list[EtFile], world: int) -> dict[str, tuple[int, ...]]:
     """pg_name to its ranks (every rank where the init lists none)."""
-    out: dict[str, tuple[int, ...]] = {}
-    for g in _pg_init(files[0]):
-        ranks = g.get("ranks")
-        members = tuple(int(r) for r in ranks) if isinstance(ranks, list) and ranks else tuple(range(world))
-        out[str(g.get("pg_name"))] = members
-    return out
+    everyone = tuple(range(world))
+    return {name: members or everyone for name, members in _groups_declared(files).items()}
 
 
 def dtype_of(types: str) -> Dtype | None:

@@ -94,9 +94,11 @@ def messages() -> dict[str, Any]:
     'emu[chakra]')."""
     try:
         from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-    except ImportError:
-        raise TraceError("reading or writing Chakra traces needs the protobuf package: "
-                         "pip install 'protobuf>=4.21' (or the emu[chakra] extra)") from None
+
+        make = message_factory.GetMessageClass  # protobuf 4.22 and later
+    except (ImportError, AttributeError):
+        raise TraceError("reading or writing Chakra traces needs the protobuf package, 4.22 or later: "
+                         "pip install 'protobuf>=4.22' (or the emu[chakra] extra)") from None
     proto = descriptor_pb2.FieldDescriptorProto
     file = descriptor_pb2.FileDescriptorProto(name="emu_chakra_et_def.proto", package=PACKAGE, syntax="proto3")
     for name, fields in MESSAGES.items():
@@ -115,5 +117,4 @@ def messages() -> dict[str, Any]:
                 field.oneof_index = 0
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
-    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{name}"))
-            for name in MESSAGES}
+    return {name: make(pool.FindMessageTypeByName(f"{PACKAGE}.{name}")) for name in MESSAGES}

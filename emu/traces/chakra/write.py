@@ -14,12 +14,14 @@ on the collectives the program waits for before it. Chakra's fields carry what t
 
 from __future__ import annotations
 
+import glob
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from emu.errors import TraceError
+from emu.errors import ConfigError
 from emu.files import check_writable, write_atomic
 from emu.traces.chakra import attrs as emu_attrs
 from emu.traces.chakra.schema import CommType, NodeType, messages
@@ -36,9 +38,22 @@ SPELLED = {Dtype.FLOAT32: "float", Dtype.FLOAT16: "c10::Half", Dtype.BFLOAT16: "
            Dtype.INT8: "signed char", Dtype.UINT8: "unsigned char", Dtype.BOOL: "bool"}
 
 
+def safe_name(name: str) -> str:
+    """A model's name as the files' stem: what a path would take apart (/, \\, a leading dot) becomes _."""
+    return re.sub(r"[/\\\x00]", "_", name).lstrip(".") or "trace"
+
+
 def write_chakra(trace: Trace, out: Path, name: str = "trace") -> list[Path]:
-    """Write one file per rank of ``trace`` into the folder ``out`` (made if missing); returns them."""
+    """Write one file per rank of ``trace`` into the folder ``out`` (made if missing); returns them.
+    A folder holding another export's files of that name is refused (a later import would mix them)."""
+    if name != safe_name(name):
+        raise ConfigError(f"--name {name!r}: a file name's stem, without /, \\ or a leading dot")
     out.mkdir(parents=True, exist_ok=True)
+    mine = {f"{name}.{r.rank}.et" for r in trace.ranks}
+    stale = sorted(p.name for p in out.glob(f"{glob.escape(name)}.*.et") if p.name not in mine)
+    if stale:
+        raise ConfigError(f"--chakra {out}: already holds {', '.join(stale[:3])}{' ...' if len(stale) > 3 else ''} "
+                          "of another export, which a later import would mix in: give an empty folder")
     groups = _groups(trace)
     paths = []
     for program in trace.ranks:
@@ -90,14 +105,15 @@ class _Writer:
     last_compute: int | None = None
     coll_node: dict[int, int] = field(default_factory=dict)  # emu collective id -> node id, this iteration
     waits: list[Wait] = field(default_factory=list)  # the waits since the last node
-    carry: list[int] = field(default_factory=list)  # collectives the last iteration ended waiting for
+    # the collective nodes waited for since the last compute: every node until the next compute
+    # depends on them (Chakra schedules by data_deps alone), the last iteration's final waits included
+    held: list[int] = field(default_factory=list)
 
     def node(self, kind: int, name: str, duration_us: float, iteration: int, extra: list[Any]) -> Any:
         node = messages()["Node"](id=len(self.nodes) + 1, name=name, type=kind,
                                   duration_micros=max(0, round(duration_us)))
-        deps = [self.last_compute] if self.last_compute is not None else []
-        deps += [self.coll_node[i] for w in self.waits for i in w.ids if i in self.coll_node] + self.carry
-        self.carry = []
+        self.held += [self.coll_node[i] for w in self.waits for i in w.ids if i in self.coll_node]
+        deps = ([self.last_compute] if self.last_compute is not None else []) + self.held
         node.data_deps.extend(sorted(set(deps)))
         node.attr.extend([_attr("is_cpu_op", bool_val=False), *extra,
                           _attr(emu_attrs.ITERATION, int64_val=iteration)])
@@ -109,7 +125,7 @@ class _Writer:
 
     def compute(self, op: Compute, iteration: int) -> None:
         node = self.node(NodeType.COMP, op.name, op.dur_us, iteration, [_attr(emu_attrs.DUR_US, double_val=op.dur_us)])
-        self.last_compute = node.id
+        self.last_compute, self.held = node.id, []  # what it waited for, it passes on
 
     def coll(self, op: Coll, iteration: int) -> None:
         members = op.group or self.world
@@ -151,7 +167,7 @@ def _file(trace: Trace, program: RankProgram, groups: dict[tuple[int, ...], str]
                 w.coll(op, index)
         records.append({"step": it.step, "measured_us": it.measured_us,
                         "waits": [[list(x.ids), x.blocked_us] for x in w.waits]})
-        w.carry = [w.coll_node[i] for x in w.waits for i in x.ids if i in w.coll_node]
+        w.held += [w.coll_node[i] for x in w.waits for i in x.ids if i in w.coll_node]
         w.waits = []
     meta = classes["GlobalMetadata"](version=VERSION)
     meta.attr.extend([_attr("schema", string_val="emu-trace-1"),
@@ -163,5 +179,5 @@ def _file(trace: Trace, program: RankProgram, groups: dict[tuple[int, ...], str]
 def check_folder(out: Path) -> None:
     """Refuse, before any work, a folder that cannot be written (ConfigError: exit code 2)."""
     if out.exists() and not out.is_dir():
-        raise TraceError(f"--chakra {out}: not a folder; give the folder to write the ranks' .et files into")
+        raise ConfigError(f"--chakra {out}: not a folder; give the folder to write the ranks' .et files into")
     check_writable(out / "rank.et", "--chakra")

@@ -111,6 +111,9 @@ def _interpreter_and_target(argv: Sequence[str], command: str = "emu capture -o 
     if not rest or (rest[0] == "-m" and len(rest) < 2):
         raise ConfigError("give the script after python: '-- python train.py [args]' or "
                           "'-- python -m package.module [args]'")
+    if rest[0].startswith("-") and rest[0] != "-m":
+        raise ConfigError(f"python {rest[0]}: emu runs a script file or a module (-m), not python's "
+                          f"{rest[0]} option: save the code to train.py and give '-- python train.py'")
     if rest[0] != "-m" and not Path(rest[0]).is_file():
         raise ConfigError(f"{rest[0]}: no such script")
     interpreter = sys.executable if first in ("python", "python3") else first

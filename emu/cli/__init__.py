@@ -50,7 +50,8 @@ class _Group(click.Group):
 
         standalone = extra.pop("standalone_mode", True)
         try:
-            rv = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
+            rv = super().main(args=_debug_first(sys.argv[1:] if args is None else list(args)), prog_name=prog_name,
+                              standalone_mode=False, **extra)
         except click.UsageError as exc:
             hint = f" (emu {exc.ctx.command_path.split(' ', 1)[1]} --help)" if exc.ctx and " " in exc.ctx.command_path \
                 else " (emu --help)"
@@ -65,6 +66,15 @@ class _Group(click.Group):
         if not standalone:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _debug_first(args: list[str]) -> list[str]:
+    """``--debug`` wherever a user types it before ``--`` (``emu replay x --debug``), moved to where
+    the group's option is read (``emu --debug replay x``); after ``--`` it is the script's."""
+    end = args.index("--") if "--" in args else len(args)
+    if "--debug" not in args[:end]:
+        return args
+    return ["--debug", *(a for a in args[:end] if a != "--debug"), *args[end:]]
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -101,7 +101,9 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, ne
         payload = load_payload(payload_file)
     reports = []
     for config, (out_path, chrome) in zip(configs, outputs, strict=True):
-        label = f"{config.fabric} x{workers_arg}" + ("" if cluster is None else f" on {cluster.world} machines")
+        # the workers replayed (a --mesh sets them: dp=64,tp=2 is 128 whatever --workers said); jobs: each job's
+        label = (f"{config.fabric} x{workers_arg if several else config.workers}"
+                 + ("" if cluster is None else f" on {cluster.world} machines"))
         with _partial_saved(out_path), ProgressBar(label, quiet=quiet) as bar:
             if several:
                 report = _jobs(traces, paths, config, counts, flags, network, bar)

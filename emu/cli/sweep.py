@@ -122,7 +122,9 @@ def sweep(ctx: click.Context, out_dir: Path, no_plots: bool, no_predict: bool, *
     with ProgressBar(f"sweep ({len(pts)} points)") as bar:
         result = run_sweep(pts, out_dir, traces, with_prediction=not no_predict, on_point=done,
                            on_start=lambda i, p: bar.status(f"{i + 1}/{len(pts)} {p.slug}"),
-                           on_progress=bar.update)
+                           on_progress=bar.update,
+                           on_note=lambda text: err().print(f"note: {text}", markup=False, highlight=False,
+                                                            soft_wrap=True))
     rows = list(result.rows)
     _table(rows)
     for line in _speedups(rows):

@@ -25,6 +25,7 @@ from emu.replay.plan.layout import has_subgroups, parse_mesh, plan_mesh
 from emu.replay.plan.programs import WorkerProgram, laid_out, plan_programs, programs_for, straggling
 from emu.replay.plan.scale import choose_payload_scale, scale_for
 from emu.replay.report.model import (
+    REPORT_VERSION,
     AdaptiveReport,
     CompressionReport,
     FabricReport,
@@ -34,7 +35,7 @@ from emu.replay.report.model import (
 )
 
 __all__ = [
-    "DESIGN_KEYS", "FLAG_KEYS", "JOIN_TIMEOUT_S", "AdaptiveReport", "Clock", "CollRun", "CompressOption", "CompressionReport",
+    "DESIGN_KEYS", "REPORT_VERSION", "FLAG_KEYS", "JOIN_TIMEOUT_S", "AdaptiveReport", "Clock", "CollRun", "CompressOption", "CompressionReport",
     "FabricReport", "FakeWorker", "IterationRecord", "WorkerState",
     "Jobs", "NetworkDesign", "ReplayConfig", "ReplayError", "ReplayReport", "SparsityOption", "Straggler",
     "Verification", "WorkerProgram", "apply_design", "choose_payload_scale", "from_environment", "has_subgroups", "join", "laid_out", "load_design",

@@ -116,8 +116,10 @@ def run_sweep(points: list[Point], out: Path, traces: TraceCache, *, with_predic
               on_point: Callable[[int, Point, Row], None] | None = None,
               on_start: Callable[[int, Point], None] | None = None,
               on_progress: Callable[[float], None] | None = None,
-              on_status: Callable[[str], None] | None = None) -> SweepResult:
-    """Replay every point into ``out`` (resuming what is there) and write the study's tables."""
+              on_status: Callable[[str], None] | None = None,
+              on_note: Callable[[str], None] | None = None) -> SweepResult:
+    """Replay every point into ``out`` (resuming what is there) and write the study's tables;
+    ``on_note`` hears why an earlier report found there could not stand."""
     from emu.replay import plan_programs, replay
 
     # a trace that cannot scale, or be compressed as asked, fails before any replay (the grid's sparsity
@@ -138,7 +140,9 @@ def run_sweep(points: list[Point], out: Path, traces: TraceCache, *, with_predic
             prediction, unpredictable = (_predict(traces.get(point.trace), point) if with_prediction or why
                                          else (None, None))
             predicted = None if prediction is None else prediction.iteration_us_median
-            done = _finished(out, point)
+            done, bad = _finished(out, point)
+            if bad is not None and on_note is not None:
+                on_note(f"points/{point.slug}.json: {bad}: replaying the point again")
             if done is not None:
                 skipped += 1
                 row = _replayed(point, done, predicted, attempts=0)
@@ -196,21 +200,33 @@ def _replay_point(replay: Callable[..., ReplayReport], trace: Trace, point: Poin
     return _base(point, Status.FAILED, predicted, reason=reason, log=log_name, attempts=RETRIES + 1)
 
 
-def _finished(out: Path, point: Point) -> dict[str, Any] | None:
-    """An earlier run's report of this very point that can stand (complete, verified, trustworthy,
-    of the same trace content), or None: then the point runs again."""
+def _finished(out: Path, point: Point) -> tuple[dict[str, Any] | None, str | None]:
+    """An earlier run's report of this very point that can stand (a report of this emu's version,
+    whole by the replay's own reader, complete, verified, trustworthy, of the same trace content),
+    or None and why not where a file is there (then the point runs again and says so)."""
+    from emu.replay import REPORT_VERSION
+
+    path = out / "points" / f"{point.slug}.json"
     try:
-        doc = json.loads((out / "points" / f"{point.slug}.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(doc, dict) or not doc.get("complete") or not isinstance(doc.get("summary"), dict):
-        return None
-    trace, verification, emulator = (doc.get(k) if isinstance(doc.get(k), dict) else {}
-                                     for k in ("trace", "verification", "emulator"))
-    if trace.get("sha256") != point.trace_sha256 or verification.get("ok") is not True \
-            or emulator.get("trustworthy") is not True:
-        return None
-    return doc
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError, RecursionError) as exc:
+        return None, f"not readable JSON ({str(exc)[:80]})"
+    if not isinstance(doc, dict) or doc.get("report_version") != REPORT_VERSION:
+        version = doc.get("report_version") if isinstance(doc, dict) else None
+        return None, f"report_version {version!r}, not this emu's {REPORT_VERSION}"
+    try:
+        doc = ReplayReport.from_dict(doc).to_dict()  # the replay's own reader: every field of its kind
+    except (ConfigError, TypeError, ValueError, KeyError) as exc:
+        return None, f"not a whole report ({str(exc)[:120]})"
+    if not doc.get("complete") or doc.get("summary") is None:
+        return None, "incomplete"
+    if doc["trace"].get("sha256") != point.trace_sha256:
+        return None, "of another trace's content"
+    if not doc["verification"].get("ok") or not doc["emulator"].get("trustworthy"):
+        return None, "not verified or not trustworthy"
+    return doc, None
 
 
 def _predict(trace: Trace, point: Point) -> tuple[Prediction | None, str | None]:

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from emu.cli import cli
+from emu.errors import ConfigError
 from tests.conftest import A100, GLOO_MLP
 
 
@@ -117,9 +118,36 @@ def test_not_a_python_script(tmp_path: Path) -> None:
                           "not python")
     assert_one_line_error(run("capture", "-o", str(tmp_path / "o.json"), "--", "python", str(tmp_path / "nope.py")),
                           "no such script")
+    # python -c: not "-c: no such script" (issue 37), in capture and in emu run alike
+    assert_one_line_error(run("capture", "-o", str(tmp_path / "o.json"), "--", "python", "-c", "print(1)"),
+                          "python -c: emu runs a script file or a module", "save the code to train.py")
+    assert_one_line_error(run("run", "--workers", "8", "--", "python", "-c", "print(1)"),
+                          "python -c: emu runs a script file or a module")
 
 
-@pytest.mark.parametrize("debug_flag", [["--debug"]])
-def test_debug_shows_traceback(tmp_path: Path, debug_flag: list[str]) -> None:
-    result = CliRunner().invoke(cli, [*debug_flag, "inspect", str(tmp_path / "none.json")])
+@pytest.mark.parametrize("where", ["first", "after", "end"])
+def test_debug_shows_traceback(tmp_path: Path, where: str) -> None:
+    """--debug wherever a user types it before -- (issue 37: it worked only before the command)."""
+    args = ["inspect", str(tmp_path / "none.json")]
+    args = {"first": ["--debug", *args], "after": [args[0], "--debug", args[1]], "end": [*args, "--debug"]}[where]
+    result = CliRunner().invoke(cli, args)
     assert result.exit_code != 0 and result.exception is not None
+
+
+def test_debug_after_the_separator_is_the_scripts() -> None:
+    from emu.cli import _debug_first
+
+    assert _debug_first(["run", "--", "python", "t.py", "--debug"]) == ["run", "--", "python", "t.py", "--debug"]
+    assert _debug_first(["capture", "--model", "mlp", "--debug", "-o", "x"]) == \
+        ["--debug", "capture", "--model", "mlp", "-o", "x"]
+
+
+def test_a_duration_without_a_unit_is_refused() -> None:
+    """--latency 5: 5 what? Every other message asks for a unit; 0 needs none (issue 37)."""
+    assert_one_line_error(run("replay", "mlp", "--latency", "5"), "--latency '5'", "give a duration with a unit")
+    assert_one_line_error(run("replay", "mlp", "--jitter", "2.5"), "give a duration with a unit")
+    from emu.emulator.links.spec import parse_duration_us
+
+    assert parse_duration_us("0") == 0.0 and parse_duration_us("5us") == 5.0
+    with pytest.raises(ConfigError, match="has no unit: give one, e.g. 7us or 7ms"):
+        parse_duration_us("7")

@@ -393,3 +393,14 @@ def test_a_coarse_payload_scale_says_which_segments_carried_no_data(tmp_path: Pa
     v = json.loads(report.read_text())["verification"]
     assert fine.exit_code == 0 and v["segments"] > 0 and v["segments_without_data"] == 0
     assert "segments empty" not in fine.stdout and "no real element" not in fine.stderr
+
+
+def test_the_progress_line_counts_the_workers_a_mesh_sets() -> None:
+    """--mesh dp=8,tp=2 replays 16 workers: the progress line says x16, not --workers' default 8 (issue 37)."""
+    from click.testing import CliRunner
+
+    from emu.cli import cli
+
+    result = CliRunner().invoke(cli, ["replay", "tp", "--mesh", "dp=8,tp=2", "--iters", "1", "--fabric", "ring"])
+    assert result.exit_code == 0, result.output
+    assert "ring x16" in result.stderr and "x8" not in result.stderr

@@ -60,3 +60,12 @@ def test_the_report_records_the_topology_resolved() -> None:
     doc = Topology(workers_per_node=4, placement=Placement.SPREAD).to_dict(link)
     assert doc["placement"] == "spread" and doc["spine_latency_us"] == 7.0 and doc["leaf_ports"] == 32
     assert doc["intra_node_bandwidth_bps"] == 7.2e12 and doc["algorithm"] == "flat"
+
+
+def test_a_placement_with_empty_nodes_is_said() -> None:
+    """[0, 0, 5, 9] leaves nodes 1-4 and 6-8 empty: replay and predict say so (issue 37: not a word)."""
+    topo = Topology(workers_per_node=2, placement=Placement.LIST, nodes=(0, 0, 5, 9))
+    topo.check(4)
+    assert topo.warning(4) == ("topology.placement leaves nodes 1, 2, 3, 4, 6 ... empty below node 9: they count in "
+                               "the leaves, their NICs idle; number the nodes 0 to 2 for none empty (docs/topology.md)")
+    assert Topology(workers_per_node=2, placement=Placement.LIST, nodes=(1, 0, 1, 0)).warning(4) is None

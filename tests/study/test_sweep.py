@@ -79,6 +79,41 @@ def test_sweep_resumes_finished_points(study: Path, monkeypatch) -> None:
     assert "(resumed)" in result.output
 
 
+@pytest.mark.parametrize("edit", ["empty summary", "median as text", "iterations without compute",
+                                  "report_version 99"])
+def test_a_bad_point_is_replayed_again_and_says_so(study: Path, monkeypatch, edit: str) -> None:
+    """A point report edited or from elsewhere is read by the replay's own reader: never a traceback,
+    never "(resumed)", replayed again with a line saying why (issue 37)."""
+    before = rows(study)
+    victim = study / before[0]["report"]
+    doc = json.loads(victim.read_text())
+    if edit == "empty summary":
+        doc["summary"] = {}
+    elif edit == "median as text":
+        doc["summary"]["iteration_us_median"] = "fast"
+    elif edit == "iterations without compute":
+        for it in doc["iterations"]:
+            it.pop("compute_us")
+    else:
+        doc["report_version"] = 99
+    victim.write_text(json.dumps(doc))
+    calls = []
+    real = sweep_mod._replay_point
+
+    def counted(replay, trace, point, *args):
+        calls.append(point.slug)
+        return real(replay, trace, point, *args)
+
+    monkeypatch.setattr(sweep_mod, "_replay_point", counted)
+    result = run("mlp", "--workers", "2,4", "--fabric", "ina,ring", *FAST, "--out", str(study))
+    assert result.exit_code == 0, result.output
+    assert calls == [victim.stem]
+    assert f"points/{victim.name}: " in result.output and "replaying the point again" in result.output
+    assert [r["iteration_us_median"] for r in rows(study)] == [r["iteration_us_median"] for r in before]
+    checked = CliRunner().invoke(cli, ["check", str(study / "points"), "--baseline", str(study / "points")])
+    assert checked.exit_code == 0, checked.output  # and emu check reads the folder the sweep left
+
+
 def test_point_past_the_limit_is_an_estimate_labelled_as_such(tmp_path: Path, monkeypatch) -> None:
     from emu.emulator import fabric
 

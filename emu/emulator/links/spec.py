@@ -58,11 +58,14 @@ def format_bandwidth(bps: float | None, sep: str = "") -> str:
 
 
 def parse_duration_us(text: str, option: str = "--latency") -> float:
-    """'5us', '1ms', '0', '2.5 µs', '1s' -> microseconds (at most a day)."""
+    """'5us', '1ms', '0', '2.5 µs', '1s' -> microseconds (at most a day); a bare number other than 0
+    is refused (is 5 microseconds or milliseconds? the user says)."""
     t = text.strip().lower().replace(" ", "").replace("µ", "u")
     m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)(ns|us|ms|s)?", t)
     if not m:
         raise ConfigError(f"{option} {text!r}: give a duration with a unit, e.g. 5us, 1ms")
+    if m.group(2) is None and float(m.group(1)) != 0:  # 0 needs none: it is 0 in every unit
+        raise ConfigError(f"{option} {text!r} has no unit: give one, e.g. {m.group(1)}us or {m.group(1)}ms")
     scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6, None: 1.0}[m.group(2)]
     value = float(m.group(1)) * scale
     if not value <= MAX_DELAY_US:

@@ -153,7 +153,14 @@ class Topology:
 
     def warning(self, workers: int) -> str | None:
         """What the design sets that cannot act at this size, or None: an oversubscription where every
-        NIC sits in one leaf (no traffic crosses the spine it slows)."""
+        NIC sits in one leaf (no traffic crosses the spine it slows), or a placement that leaves nodes
+        empty below its last (they count in the leaves, their NICs idle: a typo as often as a wish)."""
+        empty = sorted(set(range(max(self.nodes, default=0) + 1)) - set(self.nodes))
+        if self.placement == Placement.LIST and empty:
+            shown = ", ".join(map(str, empty[:5])) + (" ..." if len(empty) > 5 else "")
+            return (f"topology.placement leaves node{'s' if len(empty) > 1 else ''} {shown} empty below node "
+                    f"{max(self.nodes)}: they count in the leaves, their NICs idle; number the nodes 0 to "
+                    f"{len(set(self.nodes)) - 1} for none empty (docs/topology.md)")
         lay = self.layout(workers)
         if self.oversubscription > 1 and lay.leaves == 1:
             ports = len(set(lay.nic.tolist()))  # the NICs the workers use

@@ -66,7 +66,9 @@ def capture(model: str | None, kineto: bool, chakra: bool, output: Path, world_s
       emu capture --world-size 2 -o t.json.gz -- python train.py --lr 0.1
     """
     from emu.capture import CaptureConfig, capture_model, capture_script, import_kineto
+    from emu.files import check_writable
 
+    check_writable(output, "-o")  # before the work: a capture's minutes are not lost to a bad path
     imported = kineto or chakra
     if sum((model is not None, kineto, chakra, bool(args) and not imported)) != 1:
         raise ConfigError("give exactly one of --model NAME, --kineto FILE..., --chakra FILE..., or -- python train.py")

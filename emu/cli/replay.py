@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -205,7 +206,9 @@ def _outputs(configs: list[ReplayConfig], report_path: Path | None, chrome_trace
 
 @contextlib.contextmanager
 def _partial_saved(out_path: Path | None) -> Iterator[None]:
-    """A failed or interrupted replay's partial report is written where the report would go."""
+    """A failed or interrupted replay's partial report is written where the report would go, or,
+    where a complete report is there already (an earlier run's good result), beside it as
+    ``<name>.partial.json``, and the line says where."""
     from emu.lifetime import Terminated
 
     try:
@@ -214,12 +217,26 @@ def _partial_saved(out_path: Path | None) -> Iterator[None]:
         partial = getattr(exc, "partial_report", None)
         if partial is not None and out_path is not None:
             try:
-                partial.save(out_path)
+                target = out_path.with_name(f"{out_path.name.removesuffix('.json')}.partial.json") \
+                    if _complete_report(out_path) else out_path
+                partial.save(target)
                 note = "" if partial.complete else " (partial: complete is false)"
-                err().print(f"wrote {out_path}{note}", markup=False, highlight=False)
+                kept = f"; kept the complete report {out_path}" if target != out_path else ""
+                err().print(f"wrote {target}{note}{kept}", markup=False, highlight=False, soft_wrap=True)
             except EmuError as save_error:  # the run's own failure is what the exit code says
                 err().print(f"emu: {save_error}", markup=False, highlight=False)
         raise
+
+
+def _complete_report(path: Path) -> bool:
+    """Whether ``path`` holds a complete replay report (one an interrupted run must not replace)."""
+    try:
+        if path.stat().st_size > 256 << 20:
+            return False
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and "report_version" in doc and doc.get("complete") is True
 
 
 def _jobs(traces: list, paths: list[Path], config: ReplayConfig, counts: tuple[int, ...], flags: dict[str, Any],

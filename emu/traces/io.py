@@ -509,4 +509,4 @@ def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
     data = json.dumps(trace_to_dict(trace), separators=(",", ":")).encode()
     if path.suffix == ".gz":
         data = gzip.compress(data, compresslevel=9, mtime=0)
-    return write_atomic(path, data, "the trace", TraceError)
+    return write_atomic(path, data, "the trace")  # RunFailed: an output not written is a failed run (exit 1)

@@ -151,3 +151,18 @@ def test_a_duration_without_a_unit_is_refused() -> None:
     assert parse_duration_us("0") == 0.0 and parse_duration_us("5us") == 5.0
     with pytest.raises(ConfigError, match="has no unit: give one, e.g. 7us or 7ms"):
         parse_duration_us("7")
+
+
+def test_an_unwritable_trace_path_is_refused_before_the_capture(tmp_path: Path) -> None:
+    """-o under a file: refused before any rank starts (exit 2), as replay's --report is; a trace
+    that cannot be written once made is a failed run (exit 1), as a report is (issue 37)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    result = run("capture", "--model", "mlp", "-o", str(blocker / "t.json.gz"))
+    assert_one_line_error(result, "-o", "not a folder")
+    from emu.errors import RunFailed
+    from emu.traces import load_trace, sample_path, save_trace
+
+    with pytest.raises(RunFailed) as info:
+        save_trace(load_trace(sample_path("mlp")), blocker / "t.json")
+    assert info.value.exit_code == 1 and "cannot write the trace" in str(info.value)

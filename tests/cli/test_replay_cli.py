@@ -250,7 +250,15 @@ def test_dead_process_is_reported_and_the_rest_stopped(tmp_path: Path, victim: s
 
 
 def test_sigterm_is_a_clean_stop(tmp_path: Path) -> None:
-    """SIGTERM stops like Ctrl-C: children stopped, sockets removed, the partial report written."""
+    """SIGTERM stops like Ctrl-C: children stopped, sockets removed, the partial report written;
+    beside a complete report of an earlier run, not over it (issue 37)."""
+    from click.testing import CliRunner
+
+    from emu.cli import cli
+
+    done = CliRunner().invoke(cli, ["replay", "mlp", "--workers", "2", "--iters", "1", "--report", str(tmp_path / "r.json")])
+    assert done.exit_code == 0, done.output
+    good = (tmp_path / "r.json").read_text()
     proc = _replay_process(tmp_path, "--report", str(tmp_path / "r.json"))
     try:
         kids = _wait_children(proc.pid, 3)
@@ -265,7 +273,9 @@ def test_sigterm_is_a_clean_stop(tmp_path: Path) -> None:
     time.sleep(0.2)
     assert _alive(kids) == []
     assert folders and not [f for f in folders if Path(f).exists()]
-    doc = json.loads((tmp_path / "r.json").read_text())
+    assert (tmp_path / "r.json").read_text() == good  # the earlier complete report kept whole
+    assert f"wrote {tmp_path / 'r.partial.json'} (partial: complete is false); kept the complete report" in err.decode()
+    doc = json.loads((tmp_path / "r.partial.json").read_text())
     assert doc["complete"] is False and doc["reason"] == "terminated"
     assert doc["verification"]["elements_checked"] > 0 and doc["fabric"]["packets"] > 0
 

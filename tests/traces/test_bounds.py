@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from emu import files
-from emu.errors import TraceError
+from emu.errors import RunFailed, TraceError
 from emu.traces import Compute, Iteration, RankProgram, Trace, load_trace, save_trace, trace_to_dict
 from emu.traces import io as trace_io
 from emu.traces.jsonfile import json_depth_exceeds
@@ -160,7 +160,7 @@ def test_a_full_disk_leaves_the_old_trace_and_no_temporary_file(tmp_path: Path, 
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(files.os, "fsync", full)
-    with pytest.raises(TraceError) as err:
+    with pytest.raises(RunFailed) as err:  # an output not written is a failed run: exit 1 (issue 37)
         save_trace(small_trace(world=3), path)
     assert str(err.value) == (f"{path}: cannot write the trace (No space left on device); the file was left as it "
                               "was: free space or pick another path")

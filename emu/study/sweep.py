@@ -3,7 +3,9 @@
 The output folder holds one report per point (``points/SLUG.json``), a log for each point that
 failed (``points/SLUG.log``), and the study's tables (``results.csv``, ``results.json``), rewritten
 whole after every point so that an interrupted sweep leaves tables of what it finished. Run again
-with the same ``--out``, a sweep skips the points whose complete report is there.
+with the same ``--out``, a sweep skips the points whose complete report is there (read by the
+replay's own reader; any other is replayed again, and ``on_note`` hears why). One sweep at a time
+writes a folder (``.emu-sweep.lock``).
 
 A point emu refuses to replay (a real ring or parameter server past its worker limit) gets the
 analytic estimate (``emu.study.predict``) instead, labelled ``estimate`` in every table and plot.
@@ -23,7 +25,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import emu
 from emu.errors import ConfigError, RunFailed
@@ -129,6 +131,7 @@ def run_sweep(points: list[Point], out: Path, traces: TraceCache, *, with_predic
                       point.config.compress, switch_sums=point.config.switch_sums, mesh=point.config.mesh)
     folder = out / "points"
     folder.mkdir(parents=True, exist_ok=True)
+    lock = _one_writer(out)
     rows: list[Row] = []
     skipped = 0
     written = 0.0
@@ -159,9 +162,32 @@ def run_sweep(points: list[Point], out: Path, traces: TraceCache, *, with_predic
             if on_point is not None:
                 on_point(i, point, row)
     finally:  # an interrupted sweep leaves the tables of what it finished
-        if rows:
-            write_results(out, with_derived(rows))
+        try:
+            if rows:
+                write_results(out, with_derived(rows))
+        finally:
+            lock.close()  # releases the folder
     return SweepResult(rows=tuple(with_derived(rows)), out=out, skipped=skipped)
+
+
+LOCK_NAME = ".emu-sweep.lock"
+
+
+def _one_writer(out: Path) -> BinaryIO:
+    """The folder's lock (``out/.emu-sweep.lock``, an exclusive flock held while the sweep runs and
+    released by the kernel however it ends): a second sweep into the same folder would rewrite the
+    tables with its points only, so it is refused (ConfigError) instead."""
+    import fcntl
+
+    fh = open(out / LOCK_NAME, "a+b")  # noqa: SIM115 (held open for the sweep's life, closed by the caller)
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        raise ConfigError(f"--out {out}: another emu sweep is writing this folder now; wait for it to end, or give "
+                          "another --out (two sweeps into one folder would each keep only their own points in "
+                          "results.csv)") from None
+    return fh
 
 
 def _replay_point(replay: Callable[..., ReplayReport], trace: Trace, point: Point, out: Path,

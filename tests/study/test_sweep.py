@@ -331,3 +331,29 @@ def test_sigterm_mid_sweep_stops_every_process_and_keeps_whole_tables(tmp_path: 
     table = rows(out)
     assert table and all(r["status"] == "replayed" for r in table)
     assert json.loads((out / "results.json").read_text())["points"][0]["workers"] == 2
+
+
+def test_a_second_sweep_into_the_same_folder_is_refused(tmp_path: Path) -> None:
+    """Two sweeps sharing --out would each write results.csv with their own points (issue 37): while
+    one holds the folder (another process here), the second gets one line and exit 2."""
+    import subprocess
+    import sys
+    import time
+
+    from emu.study.sweep import LOCK_NAME
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, sys, time; f = open(sys.argv[1], 'a+b'); fcntl.flock(f, fcntl.LOCK_EX); "
+        "print('held', flush=True); time.sleep(60)"), str(tmp_path / LOCK_NAME)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        result = CliRunner().invoke(cli, ["sweep", "mlp", "--workers", "2", "--fabric", "ring", *FAST, "--no-plots",
+                                          "--out", str(tmp_path)])
+        assert result.exit_code == 2, result.output
+        assert "another emu sweep is writing this folder now" in result.stderr
+        assert not (tmp_path / "results.csv").exists()
+    finally:
+        holder.kill()
+        holder.wait(10)
+    time.sleep(0.1)  # the holder gone, the kernel released its lock: the folder is free again
+    assert run("mlp", "--workers", "2", "--fabric", "ring", *FAST, "--no-plots", "--out", str(tmp_path)).exit_code == 0

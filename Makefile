@@ -12,6 +12,16 @@ DEMO := out/demo
 
 .PHONY: install demo test test-all test-p4 bench clean
 
+# A .venv copied from another checkout runs that checkout's code (its scripts' #! lines and the
+# editable install name the folder it was built in) while its stamp says it is installed: one whose
+# pip names another folder is removed here and built again.
+ifneq ($(wildcard $(BIN)/pip),)
+ifeq ($(findstring $(CURDIR)/$(VENV)/bin/python,$(shell head -1 $(BIN)/pip)),)
+$(info $(VENV) was built for another folder ($(shell head -1 $(BIN)/pip)); building it again here)
+$(shell rm -rf $(VENV))
+endif
+endif
+
 install: $(STAMP)
 
 $(STAMP): pyproject.toml

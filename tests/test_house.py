@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 EMU = Path(__file__).resolve().parents[1] / "emu"
 MAX_FUNCTION_LINES = 80
 
@@ -44,3 +46,28 @@ def test_nothing_imports_the_cli() -> None:
              if p.relative_to(EMU).parts[0] not in ("cli", "__main__.py") for node in ast.walk(tree)
              if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("emu.cli")]
     assert found == []
+
+
+def test_make_install_rebuilds_a_venv_copied_from_another_folder(tmp_path: Path) -> None:
+    """A checkout copied with its .venv ran the other tree's code, and `make install` said "Nothing
+    to be done" (issue 37): a .venv whose pip names another folder is removed and built again."""
+    import shutil
+    import subprocess
+
+    root = Path(__file__).parent.parent
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+    shutil.copy(root / "Makefile", tmp_path / "Makefile")
+    (tmp_path / "pyproject.toml").write_text("")
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "pip").write_text("#!/elsewhere/checkout/.venv/bin/python3\n")
+    (tmp_path / ".venv" / ".installed").write_text("")
+    done = subprocess.run(["make", "-n", "install"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert "was built for another folder (#!/elsewhere/checkout/.venv/bin/python3); building it again" in done.stdout
+    assert not (tmp_path / ".venv").exists() and "-m venv .venv" in done.stdout
+    (bin_dir).mkdir(parents=True)  # a .venv of this very folder is left alone
+    (bin_dir / "pip").write_text(f"#!{tmp_path}/.venv/bin/python3\n")
+    (tmp_path / ".venv" / ".installed").write_text("")
+    done = subprocess.run(["make", "-n", "install"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert "another folder" not in done.stdout and (bin_dir / "pip").exists()

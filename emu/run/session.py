@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import zmq
@@ -28,14 +29,14 @@ from emu.capture.launcher import free_port, run_ranks
 from emu.capture.run import _interpreter_and_target
 from emu.emulator.payload.recorded import payload_arrays
 from emu.errors import ConfigError, EmuError, RunFailed, TraceError
-from emu.files import write_atomic
+from emu.files import sync_dir
 from emu.lifetime import current
 from emu.replay import ReplayConfig, ReplayReport, choose_payload_scale, replay, scale_for
 from emu.run.compress import live_compressor
 from emu.run.coordinator import Coordinator
 from emu.run.protocol import Checked
 from emu.run.training import Curve, TrainingReport, curve, training_report
-from emu.traces.io import save_trace
+from emu.traces.io import encoded
 from emu.traces.model import Source, Trace, TraceMeta
 from emu.traces.noise import assess
 from emu.traces.validate import validate_trace
@@ -98,6 +99,33 @@ class RunResult:
                      None if summary is None else summary.iteration_us_median, warmup)
 
 
+def save_recorded(trace: Trace, trace_out: Path, write_payload: Callable[[BinaryIO], object] | None) -> Path | None:
+    """Write the recorded trace and its payload (returned: its path, or None) as a pair: both to new
+    files first, then renamed over the old ones, so that a full disk or an error leaves the old pair
+    whole, never a new trace beside an old payload or a trace without its payload (RunFailed, exit 1)."""
+    data = encoded(trace, trace_out)  # a trace emu would refuse to read is refused here, before any file
+    staged = [(trace_out.with_name(f".new-{trace_out.name}"), trace_out, lambda f: f.write(data))]
+    if write_payload is not None:
+        staged.append((payload_path(staged[0][0]), payload_path(trace_out), write_payload))
+    try:
+        trace_out.parent.mkdir(parents=True, exist_ok=True)
+        for new, _, write in staged:
+            with open(new, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+        for new, final, _ in reversed(staged):  # the payload first: the trace names the pair
+            os.replace(new, final)
+        sync_dir(trace_out.parent)
+    except OSError as exc:
+        raise RunFailed(f"{trace_out}: cannot write the recorded trace and its payload ({exc.strerror or exc}); the "
+                        "files there were left as they were: free space or pick another --trace-out") from None
+    finally:
+        for new, _, _ in staged:
+            new.unlink(missing_ok=True)
+    return staged[1][1] if write_payload is not None else None
+
+
 def payload_path(trace_out: Path) -> Path:
     """Where the payload of a trace written to ``trace_out`` goes: ``live.json.gz`` gives
     ``live.payload.npz``."""
@@ -145,10 +173,8 @@ def run_job(argv: Sequence[str], config: RunConfig, *, cores: int,
         payload = payload.trimmed([op.count for it in programs[0].iterations for op in it.colls], scale)
     payload_out = None
     if trace_out is not None:
-        save_trace(trace, trace_out)
-        if payload is not None:
-            payload_out = payload_path(trace_out)
-            write_atomic(payload_out, lambda f: np.savez(f, **payload_arrays(payload)), "the payload")
+        payload_out = save_recorded(trace, trace_out, None if payload is None else
+                                    (lambda f: np.savez(f, **payload_arrays(payload))))
     if on_status is not None:
         on_status(f"replaying the {steps} recorded iterations at {m} workers")
     report = replay(trace, config.replay, trace_path=None if trace_out is None else str(trace_out),

@@ -505,8 +505,12 @@ def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
     (``emu.files.write_atomic``): a full disk, a crash or Ctrl-C leaves either the old file or
     the new one, never a truncated or emptied trace."""
     path = Path(path)
+    return write_atomic(path, encoded(trace, path), "the trace")
+
+
+def encoded(trace: Trace, path: str | os.PathLike[str]) -> bytes:
+    """The bytes of the trace's file at ``path`` (gzipped where the name ends in .gz), checked first."""
+    path = Path(path)
     validate_trace(trace, str(path))
     data = json.dumps(trace_to_dict(trace), separators=(",", ":")).encode()
-    if path.suffix == ".gz":
-        data = gzip.compress(data, compresslevel=9, mtime=0)
-    return write_atomic(path, data, "the trace")  # RunFailed: an output not written is a failed run (exit 1)
+    return gzip.compress(data, compresslevel=9, mtime=0) if path.suffix == ".gz" else data  # RunFailed: an output not written is a failed run (exit 1)

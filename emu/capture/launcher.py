@@ -115,6 +115,22 @@ def _last_line(log: Path) -> str:
     return (useful or lines or [""])[-1][:300]
 
 
+FULL_BYTES = 4 << 20  # a disk with less free is full for a rank's profiler and logs
+
+
+def _full_disk(workdir: Path) -> str:
+    """Where the ranks' folder's disk is full (its logs empty, its traces cut), the words that say so:
+    a rank that cannot write dies with a message it could not write either."""
+    import shutil
+
+    try:
+        free = shutil.disk_usage(workdir).free
+    except OSError:
+        return ""
+    return (f"; the disk holding {workdir} is full ({free:,} bytes free): free space or keep the ranks' files "
+            "elsewhere (--keep-kineto)") if free < FULL_BYTES else ""
+
+
 def _first_failure(ranks: Sequence[RankProcess]) -> RankProcess | None:
     failed = [r for r in ranks if r.proc.poll() not in (None, 0)]
     # A rank killed by a signal crashed; its peers then often exit with a gloo error of
@@ -156,7 +172,7 @@ def run_ranks(argv: Sequence[str], world_size: int, workdir: Path, *, timeout_s:
             if failed is not None:
                 last = _last_line(failed.log)
                 raise CaptureError(f"rank {failed.rank} {_how(failed.proc.returncode)}{': ' + last if last else ''} "
-                                   f"(log: {failed.log})")
+                                   f"(log: {failed.log}){_full_disk(workdir)}")
             if all(r.proc.returncode == 0 for r in ranks):
                 return
             elapsed = time.monotonic() - start

@@ -112,8 +112,11 @@ def _interpreter_and_target(argv: Sequence[str], command: str = "emu capture -o 
         raise ConfigError("give the script after python: '-- python train.py [args]' or "
                           "'-- python -m package.module [args]'")
     if rest[0].startswith("-") and rest[0] != "-m":
-        raise ConfigError(f"python {rest[0]}: emu runs a script file or a module (-m), not python's "
-                          f"{rest[0]} option: save the code to train.py and give '-- python train.py'")
+        fix = ("save the code to train.py and give '-- python train.py'" if rest[0] == "-c" else
+               "give '-- python train.py' and set python's options in its environment (PYTHONUNBUFFERED, "
+               "PYTHONOPTIMIZE, PYTHONWARNINGS, ...)")
+        raise ConfigError(f"python {rest[0]}: emu runs a script file or a module (-m), not python's own "
+                          f"options: {fix}")
     if rest[0] != "-m" and not Path(rest[0]).is_file():
         raise ConfigError(f"{rest[0]}: no such script")
     interpreter = sys.executable if first in ("python", "python3") else first

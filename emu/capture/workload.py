@@ -95,7 +95,7 @@ def train(model: str, steps: int, batch_size: int | None, bucket_cap_mb: float, 
 
             recorder.save(mask_path(Path(sparsity_dir), dist.get_rank()))
         busy = _machine_busy(machine)
-        shares = _core_shares(opened) if times_out else None
+        shares = _core_shares(opened)  # every rank takes part (one all_gather), whoever writes the times
         if times_out and dist.get_rank() == 0:
             steps_us = [(b - a) * 1e6 for a, b in zip(marks[skip:], marks[skip + 1:], strict=False)]
             with open(times_out, "w") as fh:

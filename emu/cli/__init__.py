@@ -69,12 +69,33 @@ class _Group(click.Group):
 
 
 def _debug_first(args: list[str]) -> list[str]:
-    """``--debug`` wherever a user types it before ``--`` (``emu replay x --debug``), moved to where
-    the group's option is read (``emu --debug replay x``); after ``--`` it is the script's."""
-    end = args.index("--") if "--" in args else len(args)
-    if "--debug" not in args[:end]:
+    """``--debug`` wherever a user types it among emu's own options (``emu replay x --debug``),
+    moved to where the group's option is read (``emu --debug replay x``). Not past ``--``, not as
+    the value of an option that takes one, and not past the first word of a command that hands the
+    rest to a script (``emu capture -o t.json python train.py --debug``: the script's)."""
+    sub = next((i for i, a in enumerate(args) if not a.startswith("-")), None)
+    command = cli.commands.get(args[sub]) if sub is not None else None
+    if command is None:
         return args
-    return ["--debug", *(a for a in args[:end] if a != "--debug"), *args[end:]]
+    takes_value = {name for p in command.params if isinstance(p, click.Option) and not p.is_flag
+                   for name in (*p.opts, *p.secondary_opts)}
+    hands_on = any(isinstance(p, click.Argument) and p.nargs == -1 and isinstance(p.type, click.types.UnprocessedParamType)
+                   for p in command.params)
+    kept, hoist, i = args[:sub + 1], False, sub + 1
+    while i < len(args):
+        a = args[i]
+        if a == "--" or (hands_on and not a.startswith("-")):
+            kept += args[i:]
+            break
+        if a == "--debug":
+            hoist = True
+        else:
+            kept.append(a)
+            if a in takes_value and i + 1 < len(args):
+                kept.append(args[i + 1])
+                i += 1
+        i += 1
+    return ["--debug", *kept] if hoist else args
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -208,7 +208,7 @@ def _outputs(configs: list[ReplayConfig], report_path: Path | None, chrome_trace
 def _partial_saved(out_path: Path | None) -> Iterator[None]:
     """A failed or interrupted replay's partial report is written where the report would go, or,
     where a complete report is there already (an earlier run's good result), beside it as
-    ``<name>.partial.json``, and the line says where."""
+    ``<name>.partial``, and the line says where."""
     from emu.lifetime import Terminated
 
     try:
@@ -217,8 +217,8 @@ def _partial_saved(out_path: Path | None) -> Iterator[None]:
         partial = getattr(exc, "partial_report", None)
         if partial is not None and out_path is not None:
             try:
-                target = out_path.with_name(f"{out_path.name.removesuffix('.json')}.partial.json") \
-                    if _complete_report(out_path) else out_path
+                # beside, not over, a complete report; named so that `emu check`'s *.json skips it
+                target = out_path.with_name(f"{out_path.name}.partial") if _complete_report(out_path) else out_path
                 partial.save(target)
                 note = "" if partial.complete else " (partial: complete is false)"
                 kept = f"; kept the complete report {out_path}" if target != out_path else ""
@@ -231,8 +231,6 @@ def _partial_saved(out_path: Path | None) -> Iterator[None]:
 def _complete_report(path: Path) -> bool:
     """Whether ``path`` holds a complete replay report (one an interrupted run must not replace)."""
     try:
-        if path.stat().st_size > 256 << 20:
-            return False
         doc = json.loads(path.read_bytes())
     except (OSError, ValueError, RecursionError):
         return False

@@ -145,7 +145,7 @@ def run_sweep(points: list[Point], out: Path, traces: TraceCache, *, with_predic
             predicted = None if prediction is None else prediction.iteration_us_median
             done, bad = _finished(out, point)
             if bad is not None and on_note is not None:
-                on_note(f"points/{point.slug}.json: {bad}: replaying the point again")
+                on_note(f"{bad}: replaying the point again")
             if done is not None:
                 skipped += 1
                 row = _replayed(point, done, predicted, attempts=0)
@@ -227,32 +227,27 @@ def _replay_point(replay: Callable[..., ReplayReport], trace: Trace, point: Poin
 
 
 def _finished(out: Path, point: Point) -> tuple[dict[str, Any] | None, str | None]:
-    """An earlier run's report of this very point that can stand (a report of this emu's version,
-    whole by the replay's own reader, complete, verified, trustworthy, of the same trace content),
-    or None and why not where a file is there (then the point runs again and says so)."""
-    from emu.replay import REPORT_VERSION
+    """An earlier run's report of this very point that can stand (read by ``emu check``'s reader,
+    whole by the replay's own, complete, verified, trustworthy, of the same trace content), or None
+    and, where a file is there, why not (then the point runs again and says so)."""
+    from emu.study.reports import read_report
 
     path = out / "points" / f"{point.slug}.json"
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.exists():
         return None, None
-    except (OSError, ValueError, RecursionError) as exc:
-        return None, f"not readable JSON ({str(exc)[:80]})"
-    if not isinstance(doc, dict) or doc.get("report_version") != REPORT_VERSION:
-        version = doc.get("report_version") if isinstance(doc, dict) else None
-        return None, f"report_version {version!r}, not this emu's {REPORT_VERSION}"
     try:
-        doc = ReplayReport.from_dict(doc).to_dict()  # the replay's own reader: every field of its kind
+        loaded = read_report(path)
+        if loaded is None:
+            return None, f"{path}: no report_version: not a replay report"
+        doc = ReplayReport.from_dict(loaded.doc).to_dict()  # every field of its kind, as the replay wrote it
     except (ConfigError, TypeError, ValueError, KeyError) as exc:
-        return None, f"not a whole report ({str(exc)[:120]})"
-    if not doc.get("complete") or doc.get("summary") is None:
-        return None, "incomplete"
-    if doc["trace"].get("sha256") != point.trace_sha256:
-        return None, "of another trace's content"
-    if not doc["verification"].get("ok") or not doc["emulator"].get("trustworthy"):
-        return None, "not verified or not trustworthy"
-    return doc, None
+        why = (str(exc).splitlines() or [""])[0][:300]
+        return None, why if why.startswith(str(path)) else f"{path}: {why}"
+    problem = ("incomplete" if not doc.get("complete") or doc.get("summary") is None else
+               "of another trace's content" if doc["trace"].get("sha256") != point.trace_sha256 else
+               "not verified or not trustworthy" if not doc["verification"].get("ok")
+               or not doc["emulator"].get("trustworthy") else None)
+    return (None, f"{path}: {problem}") if problem else (doc, None)
 
 
 def _predict(trace: Trace, point: Point) -> tuple[Prediction | None, str | None]:

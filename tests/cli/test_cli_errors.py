@@ -140,6 +140,13 @@ def test_debug_after_the_separator_is_the_scripts() -> None:
     assert _debug_first(["run", "--", "python", "t.py", "--debug"]) == ["run", "--", "python", "t.py", "--debug"]
     assert _debug_first(["capture", "--model", "mlp", "--debug", "-o", "x"]) == \
         ["--debug", "capture", "--model", "mlp", "-o", "x"]
+    # the script's, without -- too (capture and run hand what follows the first word to the script)
+    assert _debug_first(["capture", "-o", "t.json", "python", "train.py", "--debug"]) == \
+        ["capture", "-o", "t.json", "python", "train.py", "--debug"]
+    # an option's value, not emu's flag
+    assert _debug_first(["export", "mlp", "--chakra", "out", "--name", "--debug"]) == \
+        ["export", "mlp", "--chakra", "out", "--name", "--debug"]
+    assert _debug_first(["replay", "mlp", "--workers", "2", "--debug"]) == ["--debug", "replay", "mlp", "--workers", "2"]
 
 
 def test_a_duration_without_a_unit_is_refused() -> None:

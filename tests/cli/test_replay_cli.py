@@ -274,8 +274,8 @@ def test_sigterm_is_a_clean_stop(tmp_path: Path) -> None:
     assert _alive(kids) == []
     assert folders and not [f for f in folders if Path(f).exists()]
     assert (tmp_path / "r.json").read_text() == good  # the earlier complete report kept whole
-    assert f"wrote {tmp_path / 'r.partial.json'} (partial: complete is false); kept the complete report" in err.decode()
-    doc = json.loads((tmp_path / "r.partial.json").read_text())
+    assert f"wrote {tmp_path / 'r.json.partial'} (partial: complete is false); kept the complete report" in err.decode()
+    doc = json.loads((tmp_path / "r.json.partial").read_text())
     assert doc["complete"] is False and doc["reason"] == "terminated"
     assert doc["verification"]["elements_checked"] > 0 and doc["fabric"]["packets"] > 0
 

@@ -155,21 +155,22 @@ class Topology:
         """What the design sets that cannot act at this size, or None: an oversubscription where every
         NIC sits in one leaf (no traffic crosses the spine it slows), or a placement that leaves nodes
         empty below its last (they count in the leaves, their NICs idle: a typo as often as a wish)."""
+        said = []
         empty = sorted(set(range(max(self.nodes, default=0) + 1)) - set(self.nodes))
         if self.placement == Placement.LIST and empty:
             shown = ", ".join(map(str, empty[:5])) + (" ..." if len(empty) > 5 else "")
-            return (f"topology.placement leaves node{'s' if len(empty) > 1 else ''} {shown} empty below node "
-                    f"{max(self.nodes)}: they count in the leaves, their NICs idle; number the nodes 0 to "
-                    f"{len(set(self.nodes)) - 1} for none empty (docs/topology.md)")
+            said.append(f"topology.placement leaves node{'s' if len(empty) > 1 else ''} {shown} empty below node "
+                        f"{max(self.nodes)}: they count in the leaves, their NICs idle; number the nodes 0 to "
+                        f"{len(set(self.nodes)) - 1} for none empty (docs/topology.md)")
         lay = self.layout(workers)
         if self.oversubscription > 1 and lay.leaves == 1:
             ports = len(set(lay.nic.tolist()))  # the NICs the workers use
             fix = (f"give --leaf-ports {max(1, ports // 2)} to split them over two leaves" if ports > 1 else
                    "give more workers or NICs (one NIC is one leaf)")
-            return (f"oversubscription {self.oversubscription:g}:1 slows the links from leaves to the spine, but "
-                    f"the {workers} workers' {ports} NIC{'s' if ports != 1 else ''} all sit in one leaf of "
-                    f"{self.leaf_ports} ports: it changes nothing; {fix} (docs/topology.md)")
-        return None
+            said.append(f"oversubscription {self.oversubscription:g}:1 slows the links from leaves to the spine, but "
+                        f"the {workers} workers' {ports} NIC{'s' if ports != 1 else ''} all sit in one leaf of "
+                        f"{self.leaf_ports} ports: it changes nothing; {fix} (docs/topology.md)")
+        return "; and ".join(said) or None
 
     def to_dict(self, link: LinkSpec) -> dict:
         """As the report records it (docs/design.md, ``config.design.topology``)."""

@@ -194,7 +194,7 @@ def _design(doc: dict[str, Any], source: str) -> NetworkDesign:
         if k.name in table:
             values.append((k.key, k.check(table[k.name], source, k.key)))
     found = dict(values)
-    if not found and not labels and not doc.get("jobs"):  # an empty file, comments or empty tables: a mistake
+    if not found and not doc.get("jobs"):  # empty, comments, empty tables or a name alone: a mistake
         raise ConfigError(f"{source}: sets nothing: a design sets at least one key (fabric = \"ina\", [link] "
                           "bandwidth = \"100Gbps\", ...); for the defaults, give no --network")
     if found.get("link.bandwidth_schedule") is not None and found.get("link.bandwidth") is not None:

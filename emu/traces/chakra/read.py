@@ -10,8 +10,9 @@ one walk of it in dependency order (ties by node id, the order Chakra's converte
   only order it (counted in ``meta.gaps``);
 - a collective node (with ``comm_type``) is a ``Coll`` issued where the walk meets it, its
   ``duration_micros`` the observed time; a send or receive a ``Coll`` to its ``comm_dst`` or
-  from its ``comm_src``; a compute node that depends on them, directly or through host
-  operators, first waits for them (``Wait``), and every collective is waited for at the end;
+  from its ``comm_src``; a node that depends on them (a compute or another collective), directly
+  or through host operators, first waits for them (``Wait``), and every collective is waited for at
+  the end;
 - sizes: ``comm_size`` is bytes (Chakra's PyTorch converter sums the input tensors), so an
   all_gather's full count is the input's times the group; the dtype is the input's
   (``Tensor(float)`` in ``inputs.types``), else float32, said in ``meta.gaps``;

@@ -14,7 +14,6 @@ on the collectives the program waits for before it. Chakra's fields carry what t
 
 from __future__ import annotations
 
-import glob
 import json
 import re
 from dataclasses import dataclass, field
@@ -48,9 +47,12 @@ def write_chakra(trace: Trace, out: Path, name: str = "trace") -> list[Path]:
     A folder holding another export's files of that name is refused (a later import would mix them)."""
     if name != safe_name(name):
         raise ConfigError(f"--name {name!r}: a file name's stem, without /, \\ or a leading dot")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--chakra {out}: cannot make the folder ({exc.strerror or exc}); give another") from None
     mine = {f"{name}.{r.rank}.et" for r in trace.ranks}
-    stale = sorted(p.name for p in out.glob(f"{glob.escape(name)}.*.et") if p.name not in mine)
+    stale = sorted(p.name for p in out.iterdir() if re.search(r"\.et(\.gz)?$", p.name) and p.name not in mine)
     if stale:
         raise ConfigError(f"--chakra {out}: already holds {', '.join(stale[:3])}{' ...' if len(stale) > 3 else ''} "
                           "of another export, which a later import would mix in: give an empty folder")

@@ -175,10 +175,23 @@ def _run(interpreter: str, target: Callable[[Path], list[str]], config: CaptureC
         failed = True
         raise
     finally:
-        # A failed capture keeps its folder: its error names a log or file in it. A successful
-        # or interrupted one leaves nothing.
-        if not failed and config.keep_kineto is None:
+        # A failed capture keeps its folder: its error names a log or file in it (its fragments go).
+        # A successful or interrupted one leaves nothing.
+        if failed:
+            _fragments_removed(workdir)
+        elif config.keep_kineto is None:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _fragments_removed(workdir: Path) -> None:
+    """What a failed rank left half-written (``*.tmp``, empty files; a full disk leaves them), gone;
+    the logs the error names stay."""
+    for p in workdir.glob("*"):
+        try:
+            if p.is_file() and not p.name.endswith(".log") and (p.name.endswith(".tmp") or p.stat().st_size == 0):
+                p.unlink()
+        except OSError:
+            continue
 
 
 _SPLIT = (GroupRole.TP, GroupRole.PP, GroupRole.EP)

@@ -300,3 +300,22 @@ def test_a_capture_beside_a_busy_process_says_so(tmp_path: Path) -> None:
     assert any(line.startswith("other processes kept") for line in json.loads(replayed.stdout)["trace"]["noise"])
     table = CliRunner().invoke(cli, ["replay", str(out), "--iters", "1"])
     assert table.exit_code == 0 and "the trace: other processes kept" in table.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a full disk is a small tmpfs, which needs root to mount")
+def test_keep_kineto_on_a_full_disk_says_so(tmp_path: Path) -> None:
+    """--keep-kineto on a full disk: the error says the disk is full (it said "rank 1 exited with
+    code 1" with an empty log), exit 1, and no half-written file is left (issue 37)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(disk)]).returncode != 0:
+        pytest.skip("mount -t tmpfs failed here")
+    try:
+        result = CliRunner().invoke(cli, ["capture", "--model", "mlp", "--iters", "2", "--warmup", "1",
+                                          "--keep-kineto", str(disk / "kin"), "-o", str(tmp_path / "t.json")])
+        assert result.exit_code == 1, result.output
+        assert f"the disk holding {disk / 'kin'} is full" in result.stderr, result.stderr
+        left = sorted(p.name for p in (disk / "kin").iterdir())
+        assert all(name.endswith(".log") for name in left) and left, left
+    finally:
+        subprocess.run(["umount", str(disk)])

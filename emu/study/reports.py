@@ -123,9 +123,15 @@ def read_report(path: str | os.PathLike[str]) -> LoadedReport | None:
     """The report in the JSON file at ``path``; None when it is JSON but no report (no
     ``report_version``: a sweep's results.json, a Chrome trace). A file that is not JSON at all is
     an error: it may be a report cut short, and skipping it would hide a point."""
+    from emu.traces.jsonfile import MAX_JSON_DEPTH, json_depth_exceeds
+
     path = Path(path)
     try:
-        doc = json.loads(path.read_bytes())
+        data = path.read_bytes()
+        if json_depth_exceeds(data):  # as inspect's guard: Python's parser would recurse past its limit
+            raise ConfigError(f"{path}: nests arrays and objects more than {MAX_JSON_DEPTH} deep, which no report "
+                              f"does; the file is corrupted: {_FIX}, or move it out of the folder")
+        doc = json.loads(data)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc}); check the path and its permissions") \
             from None

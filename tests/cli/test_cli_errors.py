@@ -173,3 +173,11 @@ def test_an_unwritable_trace_path_is_refused_before_the_capture(tmp_path: Path) 
     with pytest.raises(RunFailed) as info:
         save_trace(load_trace(sample_path("mlp")), blocker / "t.json")
     assert info.value.exit_code == 1 and "cannot write the trace" in str(info.value)
+
+
+def test_a_design_refused_by_the_run_names_its_file(tmp_path: Path) -> None:
+    """A hierarchical ps design: the message names the file, not "--fabric ps" (issue 37)."""
+    design = tmp_path / "hps.toml"
+    design.write_text('fabric = "ps"\n[topology]\nworkers_per_node = 2\nalgorithm = "hierarchical"\n')
+    assert_one_line_error(run("replay", "mlp", "--network", str(design)),
+                          f"{design}: topology.algorithm = \"hierarchical\" on the fabric ps", "give \"flat\"")

@@ -133,8 +133,8 @@ def test_topology_keys() -> None:
     refused("[topology]\noversubscription = 0.5\n", "topology.oversubscription = 0.5", "2 for 2:1")
     hier = parse_design('[topology]\nalgorithm = "hierarchical"\n', "d.toml")
     hier.overlay(ReplayConfig(fabric="ina"), frozenset()).check()
-    with pytest.raises(ConfigError, match="no hierarchical variant"):  # refused by the run's check
-        hier.overlay(ReplayConfig(fabric="ps"), frozenset()).check()
+    with pytest.raises(ConfigError, match="on the fabric ps: it has no hierarchical variant"):
+        hier.overlay(ReplayConfig(fabric="ps"), frozenset()).check()  # refused by the run's check
 
 
 def test_wrong_types() -> None:
@@ -168,6 +168,8 @@ def test_out_of_range() -> None:
 
 def test_syntax_errors_and_sizes() -> None:
     refused("[link]\nbandwidth = 100Gbps\n", "not valid TOML", "line 2, column", "need quotes")
+    msg = refused('[link]\nbandwidth = "1Gbps"\nbandwidth = "2Gbps"\n', "Cannot overwrite", "given twice: keep one")
+    assert "quotes" not in msg  # issue 37: a duplicate key was told to quote its text
     refused("a = " + "[" * 5000, "too deeply")
     refused("[switch]\nslots = " + "9" * 5000 + "\n", "thousands of digits", "ordinary size")
     refused("# " + "x" * MAX_DESIGN_BYTES, "larger than", "a few lines")

@@ -343,3 +343,15 @@ def test_odd_names_stay_valid_xml_and_markdown(tmp_path: Path, real: dict[str, A
     case = ET.parse(junit).getroot().find("testsuite/testcase")
     assert case is not None and case.get("name") == "a|b<c>? ina x2 100Gbps 5us"
     assert "| a\\|b<c>\x01 ina x2 100Gbps 5us |" in md.read_text()
+
+
+def test_a_report_nested_too_deep_is_one_line(tmp_path: Path) -> None:
+    """A report nested 100,000 deep: the same depth guard as the trace loader, not Python's
+    'maximum recursion depth exceeded' (issue 37)."""
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"report_version": 5, "deep": ' + "[" * 100_000 + "0" + "]" * 100_000 + "}")
+    result = CliRunner().invoke(cli, ["check", str(deep), "--baseline", str(deep)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (f"emu: error: {deep}: nests arrays and objects more than 64 deep, which no "
+                                     "report does; the file is corrupted: re-run emu replay --report to write it "
+                                     "again, or move it out of the folder")

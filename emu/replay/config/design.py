@@ -174,8 +174,10 @@ def parse_design(text: str, source: str) -> NetworkDesign:
     try:
         doc = tomllib.loads(text.removeprefix("\ufeff"))  # editors on Windows begin UTF-8 with a BOM
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML: {one_line(str(exc))}: fix the syntax there (values that "
-                          'are text need quotes: bandwidth = "100Gbps")') from None
+        text = one_line(str(exc))
+        fix = ("a key or table is given twice: keep one" if text.startswith(("Cannot overwrite", "Cannot declare"))
+               else 'fix the syntax there (values that are text need quotes: bandwidth = "100Gbps")')
+        raise ConfigError(f"{source}: not valid TOML: {text}: {fix}") from None
     except RecursionError:
         raise ConfigError(f"{source}: nests arrays or tables too deeply: a design is a few keys in [link] and "
                           "[switch]") from None

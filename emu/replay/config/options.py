@@ -300,6 +300,26 @@ class ReplayConfig:
     (``--moe-imbalance 1.5``; 1: balanced routing). None: the trace's measured routing, resampled
     (``emu.replay.plan.experts``, docs/moe.md)."""
 
+    def _check_topology(self, net: Fabric) -> None:
+        """The topology's own check, named after where it came from, and the fabric's support for it."""
+        if not isinstance(self.topology, Topology):
+            raise ConfigError(f"topology must be a Topology, got {self.topology!r}")
+        try:
+            self.topology.check(self.workers)
+        except ConfigError as exc:  # name where the topology came from
+            where = (f"{self.design_file} (with any topology flag typed beside it)" if self.design_file
+                     else "the topology flags")
+            raise ConfigError(f"{where}: {exc}") from None
+        if self.topology.algorithm == Hierarchy.HIERARCHICAL and not net.hierarchical:
+            have = ", ".join(n for n in fabrics.names() if fabrics.get(n).hierarchical)
+            raise ConfigError(f'{self.design_file + ": " if self.design_file else ""}topology.algorithm = '
+                              f'"hierarchical" on the fabric {self.fabric}: it has no hierarchical variant '
+                              f'({have} do; docs/topology.md); give "flat", or one of those fabrics')
+        if not net.topologies:
+            have = ", ".join(n for n in fabrics.names() if fabrics.get(n).topologies)
+            raise ConfigError(f"--fabric {self.fabric}: a topology runs on the software fabrics ({have}); "
+                              "an external switch is one switch with one port per worker")
+
     def check(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS_SOFTWARE:
             raise ConfigError(f"--workers must be in 1..{MAX_WORKERS_SOFTWARE}, got {self.workers}")
@@ -348,22 +368,7 @@ class ReplayConfig:
                               "only the synchronized clock does: drop --clock wall and --tdf, or use a fabric "
                               "that takes part in it")
         if self.topology is not None:
-            if not isinstance(self.topology, Topology):
-                raise ConfigError(f"topology must be a Topology, got {self.topology!r}")
-            try:
-                self.topology.check(self.workers)
-            except ConfigError as exc:  # name where the topology came from
-                where = (f"{self.design_file} (with any topology flag typed beside it)" if self.design_file
-                         else "the topology flags")
-                raise ConfigError(f"{where}: {exc}") from None
-            if self.topology.algorithm == Hierarchy.HIERARCHICAL and not net.hierarchical:
-                have = ", ".join(n for n in fabrics.names() if fabrics.get(n).hierarchical)
-                raise ConfigError(f'topology.algorithm = "hierarchical" on --fabric {self.fabric}: it has no '
-                                  f'hierarchical variant ({have} do; docs/topology.md); give "flat"')
-            if not net.topologies:
-                have = ", ".join(n for n in fabrics.names() if fabrics.get(n).topologies)
-                raise ConfigError(f"--fabric {self.fabric}: a topology runs on the software fabrics ({have}); "
-                                  "an external switch is one switch with one port per worker")
+            self._check_topology(net)
         if self.mesh is not None:
             if not isinstance(self.mesh, Mesh):
                 raise ConfigError(f"mesh must be a Mesh (emu.replay.plan.layout.parse_mesh('dp=64,tp=2')), got {self.mesh!r}")

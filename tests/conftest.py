@@ -65,3 +65,14 @@ def no_children():
         time.sleep(0.05)
     multiprocessing.active_children()  # reaps
     assert children() == [], "replay left child processes behind"
+
+
+def as_in_a_terminal() -> None:
+    """``preexec_fn`` of a child a test sends Ctrl-C: SIGINT back to its default, as a foreground
+    process in a terminal has it. A test runner started in the background (``cmd &`` in a
+    non-interactive shell, ``nohup``) ignores SIGINT and SIGQUIT, and every process it starts
+    inherits that: Ctrl-C would never reach emu (found 2026-12-04: the Ctrl-C tests hung 30 s
+    under `.ci/run &`, on every commit)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -18,7 +18,7 @@ from emu.traces import Coll, CollKind, Dtype, Iteration, RankProgram, Source, Tr
 from emu.validate import Setting, fit_link, run_validation
 from emu.validate.core import TCP_PAYLOAD, CaseKind, _case, _summary, _Truth, trusted_enough
 from emu.validate.netns import available
-from tests.conftest import processes_mentioning
+from tests.conftest import as_in_a_terminal, processes_mentioning
 
 # Rank 1 of every rank process (real run or capture) whose command line holds
 # EMU_TEST_CRASH_ON aborts as it starts: a real process that really dies of SIGABRT, as
@@ -233,7 +233,7 @@ def test_interrupted_validation_keeps_finished_cases(no_leftovers: Path) -> None
     proc = subprocess.Popen([sys.executable, "-m", "emu", "validate", "--quick", "--steps", "3", "--report",
                              str(report), "--keep", str(no_leftovers / "keep")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, "NO_COLOR": "1"})
+                            env={**os.environ, "NO_COLOR": "1"}, preexec_fn=as_in_a_terminal)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:

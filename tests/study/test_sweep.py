@@ -59,11 +59,9 @@ def test_sweep_writes_tables_reports_and_plots(study: Path) -> None:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
 
 
-def test_sweep_resumes_finished_points(study: Path, monkeypatch) -> None:
-    before = rows(study)
-    victim = study / before[1]["report"]
-    victim.unlink()
-    calls = []
+def _counted_replays(monkeypatch) -> list[str]:
+    """The slugs of the points the sweep replays from now on (not resumes), in order."""
+    calls: list[str] = []
     real = sweep_mod._replay_point
 
     def counted(replay, trace, point, *args):
@@ -71,6 +69,14 @@ def test_sweep_resumes_finished_points(study: Path, monkeypatch) -> None:
         return real(replay, trace, point, *args)
 
     monkeypatch.setattr(sweep_mod, "_replay_point", counted)
+    return calls
+
+
+def test_sweep_resumes_finished_points(study: Path, monkeypatch) -> None:
+    before = rows(study)
+    victim = study / before[1]["report"]
+    victim.unlink()
+    calls = _counted_replays(monkeypatch)
     result = run("mlp", "--workers", "2,4", "--fabric", "ina,ring", *FAST, "--out", str(study))
     assert result.exit_code == 0, result.output
     assert calls == [victim.stem]  # only the missing point ran again
@@ -97,14 +103,7 @@ def test_a_bad_point_is_replayed_again_and_says_so(study: Path, monkeypatch, edi
     else:
         doc["report_version"] = 99
     victim.write_text(json.dumps(doc))
-    calls = []
-    real = sweep_mod._replay_point
-
-    def counted(replay, trace, point, *args):
-        calls.append(point.slug)
-        return real(replay, trace, point, *args)
-
-    monkeypatch.setattr(sweep_mod, "_replay_point", counted)
+    calls = _counted_replays(monkeypatch)
     result = run("mlp", "--workers", "2,4", "--fabric", "ina,ring", *FAST, "--out", str(study))
     assert result.exit_code == 0, result.output
     assert calls == [victim.stem]

@@ -72,7 +72,11 @@ def coll(value: Any, where: str) -> Coll:
 
 
 def waits(value: Any, where: str) -> tuple[Wait, ...]:
-    doc = _json(value, where, WAITS)
+    return _waits(_json(value, where, WAITS), where)
+
+
+def _waits(doc: Any, where: str) -> tuple[Wait, ...]:
+    """Waits from their JSON, already parsed: a list of [ids, blocked_us]."""
     try:
         return tuple(Wait(ids=tuple(_id(i) for i in ids), blocked_us=None if blocked is None else float(blocked))
                      for ids, blocked in doc)
@@ -105,5 +109,5 @@ def iterations(attrs: dict[str, Any], where: str) -> list[dict[str, Any]] | None
         raise TraceError(f"{where}: attribute {ITERATIONS!r} must be a list of {{step (an integer >= 0), "
                          "measured_us (a number), waits (a list)}}")
     for d in doc:
-        d["waits"] = waits(json.dumps(d["waits"]), where)
+        d["waits"] = _waits(d["waits"], where)
     return doc

@@ -64,10 +64,13 @@ class EtFile:
 
 def is_chakra(path: Path) -> bool:
     """Whether ``path`` is a Chakra ET, as ``emu inspect`` and ``emu replay`` ask before loading a
-    file as emu's: named ``.et`` or ``.et.gz``, or opening with a GlobalMetadata of a version emu
-    reads or a ``schema`` attribute (what Chakra's writers put there)."""
+    file as emu's: named ``.et`` or ``.et.gz``; not if named ``.json`` or ``.json.gz``; otherwise
+    if it opens with a GlobalMetadata of a version emu reads or a ``schema`` attribute (what
+    Chakra's writers put there)."""
     if re.search(r"\.et(\.gz)?$", path.name):
         return path.is_file()
+    if re.search(r"\.json(\.gz)?$", path.name):
+        return False  # emu's and Kineto's own names: every load_trace asks, so no file is opened for them
     try:
         head = _read(path, 1 << 16)
     except (OSError, EOFError, gzip.BadGzipFile, zlib.error):

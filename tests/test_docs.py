@@ -1,0 +1,218 @@
+"""The docs run as written (issue 37): every ``emu ...`` command in README.md and docs/*.md is
+read by the CLI's own parser and checked as the command would check it before it runs (flags,
+values, design files, the files and scripts the repository ships); every wall-time figure the
+docs mark comes from benchmarks/docs_figures.py's last run. The slow tier runs the commands whose
+output the docs show and compares their emulated numbers (tests/test_docs_outputs.py).
+
+Which commands are checked how:
+
+- a *synopsis* names placeholders (``TRACE``, ``M[,M...]``, ``NAME[:PARAM]``, ``a|b``, ``$trace``)
+  or is a line of a diagram (``->``, ``(what-if grids)``, `` / ``): its subcommand and every flag
+  it names must exist;
+- a *mention* (inline code ending in an option that wants a value, or a bare ``emu replay``):
+  the same;
+- every other command is *concrete*: parsed by click exactly as typed, then checked by the
+  command's own before-the-run code (``emu.cli.replay._configs``, ``emu.cli.sweep.build_grid``,
+  ``emu.cli.options.design_values``, the design file's loader). A path under a folder the
+  repository ships (examples/, emu/, docs/, tests/, benchmarks/) must exist, and so must the
+  script after ``-- python``; any other file name (``job.json.gz``) is the user's own.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SHIPPED = ("examples/", "emu/", "docs/", "tests/", "benchmarks/")
+PLACEHOLDER = re.compile(r"(^|[\s=,:])([A-Z][A-Z0-9_]*)(?=$|[\s,:.\[\]])|\[|\]|\||\.\.\.|\$\w|->|\(| / ")
+OPTION = re.compile(r"^--?[a-z]")
+
+
+@dataclass(frozen=True)
+class DocCommand:
+    """One ``emu ...`` command as a doc shows it."""
+
+    file: str
+    line: int
+    text: str
+    inline: bool
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.text}"
+
+
+def doc_commands() -> list[DocCommand]:
+    """Every ``emu`` command in the docs: inline code and lines of code blocks (fenced or
+    indented), continuation lines joined, a shell prompt ``$ `` and trailing comments dropped."""
+    found = []
+    for path in DOCS:
+        text = path.read_text()
+        name = str(path.relative_to(ROOT))
+        for m in re.finditer(r"`(emu [^`]+)`", text):
+            found.append(DocCommand(name, text.count("\n", 0, m.start()) + 1, " ".join(m.group(1).split()), True))
+        found += _block_commands(name, text.splitlines())
+    return found
+
+
+def _block_commands(name: str, lines: list[str]) -> list[DocCommand]:
+    found, fenced, i = [], False, 0
+    while i < len(lines):
+        line, start = lines[i], i
+        if line.strip().startswith("```"):
+            fenced = not fenced
+        elif fenced or line.startswith("    "):
+            text = re.sub(r"^\$ ", "", line.strip())
+            if text.startswith("emu "):
+                while text.endswith("\\") and i + 1 < len(lines):
+                    i += 1
+                    text = text[:-1] + " " + lines[i].strip()
+                found.append(DocCommand(name, start + 1, _uncommented(text), False))
+        i += 1
+    return found
+
+
+def _uncommented(text: str) -> str:
+    return " ".join(shlex.split(text, comments=True)) if "#" in text else " ".join(text.split())
+
+
+def _group() -> click.Group:
+    from emu.cli import cli
+
+    return cli
+
+
+def _flags(command: click.Command) -> set[str]:
+    return {o for p in command.params for o in (*p.opts, *p.secondary_opts)} | {"--help", "-h", "--debug"}
+
+
+def _wants_value(command: click.Command, flag: str) -> bool:
+    return any(flag in p.opts and isinstance(p, click.Option) and not p.is_flag and not p.count
+               for p in command.params)
+
+
+def _kind(doc: DocCommand, words: list[str], command: click.Command) -> str:
+    if PLACEHOLDER.search(doc.text):
+        return "synopsis"
+    if doc.inline and (len(words) == 2 or _wants_value(command, words[-1])):
+        return "mention"
+    return "concrete"
+
+
+COMMANDS = doc_commands()
+
+
+@pytest.fixture(autouse=True)
+def _in_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paths in the docs are relative to the repository's root, as a reader types them there."""
+    monkeypatch.chdir(ROOT)
+
+
+def test_the_docs_name_commands() -> None:
+    """The extraction itself: the README's quick tour is among what is checked."""
+    assert len(COMMANDS) > 150
+    assert any(c.file == "README.md" and c.text.startswith("emu replay mlp --workers 8 --fabric ina,ring")
+               for c in COMMANDS)
+
+
+@pytest.mark.parametrize("doc", COMMANDS, ids=lambda c: f"{c.file}:{c.line}")
+def test_a_doc_command_is_one_emu_takes(doc: DocCommand) -> None:
+    words = shlex.split(doc.text)
+    group = _group()
+    command = group.commands.get(words[1])
+    assert command is not None, f"{doc}: emu has no command {words[1]!r}"
+    kind = _kind(doc, words, command)
+    own = words[2:words.index("--")] if "--" in words else words[2:]
+    unknown = [w.split("=")[0] for w in own if OPTION.match(w) and w.split("=")[0] not in _flags(command)]
+    assert unknown == [], f"{doc}: emu {words[1]} has no option {', '.join(unknown)}"
+    if kind != "concrete":
+        return
+    args = [w for w in words[2:] if w != "--debug"]
+    try:
+        ctx = command.make_context(words[1], args, parent=click.Context(group, info_name="emu"))
+    except click.MissingParameter:
+        if doc.inline:  # prose naming a form (`emu capture -- python train.py`), not a whole command
+            return
+        raise
+    except click.ClickException as e:
+        pytest.fail(f"{doc}: {e.format_message()}")
+    _files_exist(doc, words)
+    _checked_as_before_the_run(doc, words[1], ctx)
+
+
+def _files_exist(doc: DocCommand, words: list[str]) -> None:
+    missing = [w for w in words[2:] if w.startswith(SHIPPED) and not (ROOT / w).exists()]
+    if "--" in words:
+        script = words[words.index("--") + 1:]
+        if script[:1] == ["python"] and len(script) > 1 and script[1] != "-c":
+            missing += [script[1]] if not (ROOT / script[1]).exists() else []
+    assert missing == [], f"{doc}: the repository ships no {', '.join(missing)}"
+
+
+def _checked_as_before_the_run(doc: DocCommand, name: str, ctx: click.Context) -> None:
+    """What the command checks before it starts work, by its own code; files of the user's own
+    (not in the repository) stand where a trace is needed only to be named."""
+    from emu.errors import EmuError
+
+    try:
+        with ctx:
+            {"replay": _replay_checked, "sweep": _grid_checked, "predict": _grid_checked,
+             "run": _run_checked}.get(name, lambda c: None)(ctx)
+    except EmuError as e:
+        pytest.fail(f"{doc}: {e}")
+
+
+def _shipped(path: str | None) -> str | None:
+    """The path where the repository ships it, None for a file of the user's own."""
+    return path if path is not None and path.startswith(SHIPPED) else None
+
+
+def _replay_checked(ctx: click.Context) -> None:
+    import inspect
+
+    from emu.cli.replay import _base_config, _configs, _refuse_for_several, _worker_counts, replay
+
+    named = set(inspect.signature(replay.callback).parameters)
+    params = ctx.params
+    params["network"] = _shipped(params["network"])
+    flags = {k: v for k, v in params.items() if k not in named}
+    counts = _worker_counts(params["workers_arg"], len(params["trace_args"]))
+    several = len(params["trace_args"]) > 1
+    _refuse_for_several(several, flags, params["payload_file"], params["chrome_trace"])
+    _configs(ctx, _base_config(params, sum(counts)), params["fabric"], params["network"], several, None, flags)
+
+
+def _grid_checked(ctx: click.Context) -> None:
+    from emu.cli.sweep import build_grid
+    from emu.traces import SAMPLES
+
+    if all(t in SAMPLES or (ROOT / t).exists() for t in ctx.params["traces"]):
+        build_grid(ctx, ctx.params, ctx.info_name)
+
+
+def _run_checked(ctx: click.Context) -> None:
+    from emu.cli.options import design_values
+    from emu.replay import load_design
+
+    design_values(ctx, ctx.params, "run")
+    if _shipped(ctx.params["network"]) is not None:
+        load_design(ctx.params["network"])
+
+
+def test_a_wrong_doc_command_is_caught() -> None:
+    """The checks fail where they should: an unknown flag, a bad value, a missing shipped file."""
+    bad = [DocCommand("x.md", 1, "emu replay mlp --workerz 8", False),
+           DocCommand("x.md", 1, "emu replay mlp --fabric nosuch", False),
+           DocCommand("x.md", 1, "emu replay mlp --bandwidth fast", False),
+           DocCommand("x.md", 1, "emu replay mlp --network examples/designs/nosuch.toml", False),
+           DocCommand("x.md", 1, "emu run --workers 8 -- python train.py", False),
+           DocCommand("x.md", 1, "emu sweep mlp --workers 8 --fabric ina --latency 5 --out s", False)]
+    for doc in bad:
+        with pytest.raises((AssertionError, pytest.fail.Exception)):
+            test_a_doc_command_is_one_emu_takes(doc)

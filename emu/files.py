@@ -10,10 +10,11 @@ package (and the code emu injects into a user's ranks) may use it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -53,6 +54,58 @@ def write_atomic(path: str | os.PathLike[str], content: Content, what: str,
     return path
 
 
+def write_together(files: Sequence[tuple[Path, Content]], what: str, fix: str = "pick another path",
+                   error: type[EmuError] = RunFailed) -> None:
+    """Write several files as one set (a trace and its payload, a Chakra export's ranks): each to a
+    new temporary file beside its target, flushed to the disk, and only when every one is whole,
+    all renamed over their targets, the first last (the file that names the others): a full disk
+    or an error leaves the old set whole, never a mix of old and new files. ``error`` names the
+    first file and ``what`` the set is."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, content in files:
+            make_folder(path.parent, what, error)
+            tmp, fd = _create_beside(path)
+            staged.append((tmp, path))
+            with os.fdopen(fd, "wb") as f:
+                if callable(content):
+                    content(f)
+                else:
+                    f.write(content.encode() if isinstance(content, str) else content)
+                f.flush()
+                os.fsync(f.fileno())
+        for tmp, path in reversed(staged):
+            os.replace(tmp, path)
+        for folder in dict.fromkeys(path.parent for _, path in staged):
+            sync_dir(folder)
+    except OSError as exc:
+        raise error(f"{files[0][0]}: cannot write {what} ({exc.strerror or exc}); the files there were left as "
+                    f"they were: free space or {fix}") from None
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+
+
+def make_folder(folder: Path, what: str, error: type[EmuError] = RunFailed) -> Path:
+    """``folder`` and its missing parents; an OSError (a full disk: a new folder needs a block where
+    an empty file does not) becomes ``error`` naming the folder and what it is for."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _full_or(error, exc)(f"{folder}: cannot make the folder for {what} ({exc.strerror or exc}): free "
+                                   "space or pick another path") from None
+    return folder
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _full_or(error: type[EmuError], exc: OSError) -> type[EmuError]:
+    """A full disk is a run that could not finish (RunFailed, exit 1) whenever it is found, before
+    the work or after; any other cause of an unwritable path is ``error``'s."""
+    return RunFailed if exc.errno in FULL else error
+
+
 def _create_beside(path: Path) -> tuple[Path, int]:
     """A new, exclusively created file in the target's folder, mode 0666 less the umask (mkstemp's
     0600 would make every file emu writes private)."""
@@ -80,7 +133,8 @@ def sync_dir(folder: Path) -> None:
 
 
 def check_writable(path: str | os.PathLike[str], option: str) -> None:
-    """Refuse, before any work, an output path that cannot be written (ConfigError: exit code 2)."""
+    """Refuse, before any work, an output path that cannot be written: ConfigError (exit code 2)
+    for a path that never can be, RunFailed (exit 1) for a full disk."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{option} {path}: is a folder; give a file name")
@@ -92,6 +146,18 @@ def check_writable(path: str | os.PathLike[str], option: str) -> None:
     try:  # the real test (permission bits say nothing to root, nor of a read-only mount)
         with tempfile.NamedTemporaryFile(prefix=".emu-check-", dir=folder):
             pass
+        if disk_full(folder):  # an empty file needs no block: the work would run, then fail to write
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     except OSError as exc:
-        raise ConfigError(f"{option} {path}: cannot write in {folder} ({exc.strerror or exc}); "
-                          "choose another path") from None
+        raise _full_or(ConfigError, exc)(f"{option} {path}: cannot write in {folder} ({exc.strerror or exc}); "
+                                         "free space or choose another path") from None
+
+
+def disk_full(folder: Path) -> bool:
+    """Whether the disk holding ``folder`` has no block left for this user (root may use the
+    blocks kept for it)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return (st.f_bfree if getattr(os, "geteuid", lambda: 1)() == 0 else st.f_bavail) == 0

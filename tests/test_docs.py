@@ -216,3 +216,49 @@ def test_a_wrong_doc_command_is_caught() -> None:
     for doc in bad:
         with pytest.raises((AssertionError, pytest.fail.Exception)):
             test_a_doc_command_is_one_emu_takes(doc)
+
+
+def _figures_module():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("docs_figures", ROOT / "benchmarks" / "docs_figures.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_quoted_wall_time_is_the_figures_scripts() -> None:
+    """A wall time in the docs stands between markers benchmarks/docs_figures.py writes from
+    docs/figures.json (its machine, date and commit); every figure it measures is shown somewhere."""
+    import json
+
+    figures_module = _figures_module()
+    kept = json.loads(figures_module.FIGURES_JSON.read_text())["figures"]
+    shown = set()
+    for path in DOCS:
+        for m in figures_module.MARKER.finditer(path.read_text()):
+            name = m.group(1)
+            assert name in figures_module.BY_ID, f"{path.name}: marker {name!r} names no figure of docs_figures.py"
+            assert name in kept, f"{path.name}: figure {name!r} was never measured (docs/figures.json)"
+            assert m.group(2) == figures_module.rendered(kept[name]), (
+                f"{path.name}: figure {name!r} reads {m.group(2)!r}; run benchmarks/docs_figures.py --write-docs")
+            shown.add(name)
+    assert set(figures_module.BY_ID) - shown == set(), "figures no doc shows"
+    for name, entry in kept.items():
+        assert {"seconds", "date", "commit", "machine", "commands"} <= set(entry), name
+
+
+def test_the_figures_script_measures_a_figure(tmp_path: Path) -> None:
+    """The script itself, on its quickest figure: a real run, timed, written with its machine."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "figures.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "docs_figures.py"), "--only", "what-if-predict",
+                           "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    entry = json.loads(out.read_text())["figures"]["what-if-predict"]
+    assert 0 < entry["seconds"] < 120 and "cores" in entry["machine"] and entry["commands"][0].startswith("emu predict")

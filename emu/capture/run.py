@@ -27,6 +27,7 @@ from emu.capture.launcher import RankNetwork, run_ranks
 from emu.capture.merge import merge_ranks
 from emu.capture.sparsity import attach_sparsity, mask_path, read_masks
 from emu.errors import CaptureError, ConfigError, EmuError
+from emu.files import make_folder
 from emu.lifetime import current
 from emu.traces.model import Experts, GroupRole, Source, Trace
 from emu.traces.noise import STEP_CV, MachineLoad, assess
@@ -135,8 +136,7 @@ def _run(interpreter: str, target: Callable[[Path], list[str]], config: CaptureC
         if record is not None:  # `emu clean` removes it if this run is killed outright
             record.add_folder(str(workdir))
     else:
-        workdir = config.keep_kineto
-        workdir.mkdir(parents=True, exist_ok=True)
+        workdir = make_folder(config.keep_kineto, "--keep-kineto's files", ConfigError)
     argv = [interpreter, "-m", "emu.capture", "--out", str(workdir), "--warmup", str(config.warmup),
             "--steps", str(config.profile_steps), "--", *target(workdir)]
     failed = False

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from emu.capture.models import WORKLOADS
+from emu.files import write_atomic
 from emu.traces.noise import cpu_ticks
 
 
@@ -98,8 +99,8 @@ def train(model: str, steps: int, batch_size: int | None, bucket_cap_mb: float, 
         shares = _core_shares(opened)  # every rank takes part (one all_gather), whoever writes the times
         if times_out and dist.get_rank() == 0:
             steps_us = [(b - a) * 1e6 for a, b in zip(marks[skip:], marks[skip + 1:], strict=False)]
-            with open(times_out, "w") as fh:
-                json.dump({"step_us": steps_us, "core_shares": shares, "machine_busy": busy}, fh)
+            write_atomic(times_out, json.dumps({"step_us": steps_us, "core_shares": shares, "machine_busy": busy}),
+                         "the step times")
     finally:
         dist.destroy_process_group()
 

@@ -47,16 +47,16 @@ def check(current: Path, baseline: Path, tolerance: str, junit: Path | None, mar
     if junit is not None and markdown is not None and junit.resolve() == markdown.resolve():
         raise ConfigError(f"--junit and --markdown are both {junit}; give two files")
     comparison = run_check(current, baseline, fraction, ignore_config)
+    if as_json:  # the verdict first: a file that cannot be written below does not hide it
+        click.echo(json.dumps(comparison.to_dict(), indent=2))
+    else:
+        _table(comparison, current, baseline)
     if junit is not None:
         write_atomic(junit, render_junit(comparison), "the JUnit XML")
         err().print(f"wrote {junit}", markup=False, highlight=False)
     if markdown is not None:
         write_atomic(markdown, render_markdown(comparison), "the Markdown summary")
         err().print(f"wrote {markdown}", markup=False, highlight=False)
-    if as_json:
-        click.echo(json.dumps(comparison.to_dict(), indent=2))
-    else:
-        _table(comparison, current, baseline)
     if not comparison.ok:
         raise CheckFailed(comparison.summary())
     err().print(f"emu check: {comparison.summary()}", markup=False, highlight=False)

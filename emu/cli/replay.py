@@ -115,6 +115,8 @@ def replay(ctx: click.Context, trace_args: tuple[str, ...], workers_arg: str, ne
         reports.append(report)
         if out_path is not None:
             report.save(out_path)
+            # a partial report an earlier failed run left beside this path is superseded now
+            out_path.with_name(f"{out_path.name}.partial").unlink(missing_ok=True)
             err().print(f"wrote {out_path}", markup=False, highlight=False)
     _show(reports, paths[0], several, as_json, cluster if quiet else None)
 
@@ -224,7 +226,7 @@ def _partial_saved(out_path: Path | None) -> Iterator[None]:
                 kept = f"; kept the complete report {out_path}" if target != out_path else ""
                 err().print(f"wrote {target}{note}{kept}", markup=False, highlight=False, soft_wrap=True)
             except EmuError as save_error:  # the run's own failure is what the exit code says
-                err().print(f"emu: {save_error}", markup=False, highlight=False)
+                err().print(f"emu: error: {save_error}", markup=False, highlight=False, soft_wrap=True)
         raise
 
 

@@ -29,7 +29,7 @@ from emu.capture.launcher import free_port, run_ranks
 from emu.capture.run import _interpreter_and_target
 from emu.emulator.payload.recorded import payload_arrays
 from emu.errors import ConfigError, EmuError, RunFailed, TraceError
-from emu.files import sync_dir
+from emu.files import Content, write_together
 from emu.lifetime import current
 from emu.replay import ReplayConfig, ReplayReport, choose_payload_scale, replay, scale_for
 from emu.run.compress import live_compressor
@@ -104,26 +104,11 @@ def save_recorded(trace: Trace, trace_out: Path, write_payload: Callable[[Binary
     files first, then renamed over the old ones, so that a full disk or an error leaves the old pair
     whole, never a new trace beside an old payload or a trace without its payload (RunFailed, exit 1)."""
     data = encoded(trace, trace_out)  # a trace emu would refuse to read is refused here, before any file
-    staged = [(trace_out.with_name(f".new-{trace_out.name}"), trace_out, lambda f: f.write(data))]
+    files: list[tuple[Path, Content]] = [(trace_out, data)]
     if write_payload is not None:
-        staged.append((payload_path(staged[0][0]), payload_path(trace_out), write_payload))
-    try:
-        trace_out.parent.mkdir(parents=True, exist_ok=True)
-        for new, _, write in staged:
-            with open(new, "wb") as f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
-        for new, final, _ in reversed(staged):  # the payload first: the trace names the pair
-            os.replace(new, final)
-        sync_dir(trace_out.parent)
-    except OSError as exc:
-        raise RunFailed(f"{trace_out}: cannot write the recorded trace and its payload ({exc.strerror or exc}); the "
-                        "files there were left as they were: free space or pick another --trace-out") from None
-    finally:
-        for new, _, _ in staged:
-            new.unlink(missing_ok=True)
-    return staged[1][1] if write_payload is not None else None
+        files.append((payload_path(trace_out), write_payload))
+    write_together(files, "the recorded trace and its payload", fix="pick another --trace-out")
+    return files[1][0] if write_payload is not None else None
 
 
 def payload_path(trace_out: Path) -> Path:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from emu.emulator.links.spec import format_bandwidth
+from emu.files import make_folder
 from emu.study.sweep import Row, Status
 
 
@@ -23,8 +24,9 @@ def write_plots(out: Path, rows: list[Row]) -> list[Path]:
     matplotlib.use("Agg")  # no display on CI machines and servers
     import matplotlib.pyplot as plt
 
-    folder = out / "plots"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = make_folder(out / "plots", "the plots")
+    for old in folder.glob("*.png"):  # the folder is the study's plots of this run's rows, never an older run's
+        old.unlink(missing_ok=True)
     written = []
     for trace in dict.fromkeys(r.trace for r in rows):
         mine = [r for r in rows if r.trace == trace and r.comparable]

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import emu
 from emu.errors import ConfigError, RunFailed
-from emu.files import write_atomic
+from emu.files import make_folder, write_atomic
 from emu.replay import ReplayReport
 from emu.study.grid import Point, TraceCache
 from emu.traces.model import Trace
@@ -130,7 +130,7 @@ def run_sweep(points: list[Point], out: Path, traces: TraceCache, *, with_predic
         plan_programs(traces.get(point.trace), point.config.workers, point.trace, point.config.sparsity,
                       point.config.compress, switch_sums=point.config.switch_sums, mesh=point.config.mesh)
     folder = out / "points"
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder, "the sweep's points", ConfigError)
     lock = _one_writer(out)
     rows: list[Row] = []
     skipped = 0

@@ -38,7 +38,7 @@ from emu.capture import CaptureConfig, capture_model, import_kineto
 from emu.capture.launcher import RankNetwork, run_ranks
 from emu.emulator.links.spec import LinkSpec
 from emu.errors import CaptureError, ConfigError, EmuError
-from emu.files import write_atomic
+from emu.files import make_folder, write_atomic
 from emu.lifetime import current
 from emu.replay import ReplayConfig, ReplayError, replay
 from emu.traces import save_trace
@@ -244,8 +244,7 @@ class _Runs:
     def run(self, case: str, what: str, slug: str, run: Callable[[Path], T]) -> T:
         """``run(folder)``, once more if it crashed; raises CaptureError if it crashed twice."""
         for attempt in (1, 2):
-            folder = self.root / f"{slug}-{attempt}"
-            folder.mkdir(parents=True, exist_ok=True)
+            folder = make_folder(self.root / f"{slug}-{attempt}", f"{case}'s files")
             try:
                 result = run(folder)
             except CaptureError as exc:
@@ -275,7 +274,7 @@ def run_validation(models: tuple[str, ...] = ("mlp", "cnn"), settings: tuple[Set
             on_status(text)
 
     if keep is not None:
-        keep.mkdir(parents=True, exist_ok=True)
+        make_folder(keep, "--keep's traces and step times", ConfigError)
     progress = _Progress(report_path)
     progress.save()  # an unwritable path fails now, not after the first case
     why_not = netns.available()

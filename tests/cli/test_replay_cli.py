@@ -118,7 +118,10 @@ def test_full_disk_keeps_the_old_report(tmp_path: Path, no_children) -> None:
             while True:
                 f.write(b"\0" * 4096)
                 f.flush()
-        result = run("replay", "mlp", "--workers", "2", "--iters", "1", "--payload-scale", "64",
+        # one block left: the check before the run passes (a full disk is refused there,
+        # tests/test_files.py), the report does not fit
+        os.truncate(filler, filler.stat().st_size - 4096)
+        result = run("replay", "mlp", "--workers", "2", "--iters", "8", "--payload-scale", "64",  # > 4 KB
                      "--report", str(old))
         assert_one_line_error(result, "cannot write the report", "the file was left as it was", code=1)
         assert old.read_text() == '{"old": true}'
@@ -414,3 +417,13 @@ def test_the_progress_line_counts_the_workers_a_mesh_sets() -> None:
     result = CliRunner().invoke(cli, ["replay", "tp", "--mesh", "dp=8,tp=2", "--iters", "1", "--fabric", "ring"])
     assert result.exit_code == 0, result.output
     assert "ring x16" in result.stderr and "x8" not in result.stderr
+
+
+def test_a_complete_report_supersedes_an_earlier_partial_one(tmp_path: Path, no_children) -> None:
+    """The partial report a failed run left beside a complete one goes when the next run writes
+    its complete report there (it stayed, older than the report it stood beside)."""
+    report = tmp_path / "r.json"
+    (tmp_path / "r.json.partial").write_text('{"complete": false}')
+    result = run("replay", "mlp", "--workers", "2", "--iters", "1", "--payload-scale", "64", "--report", str(report))
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]

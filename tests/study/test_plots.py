@@ -60,3 +60,12 @@ def test_plots_of_edge_cases(tmp_path: Path, rows: list[Row], files: set[str], r
     for p in written:
         assert p.read_bytes()[:4] == b"\x89PNG"
     assert not [w for w in recwarn if "No artists" in str(w.message)]
+
+
+def test_an_older_runs_plots_do_not_stay_beside_new_tables(tmp_path: Path) -> None:
+    """A rerun with other rows rewrites plots/ whole: a plot of the earlier run's rows that this
+    run does not draw is removed, not left beside the new results (issue 37's full-disk audit)."""
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "plots" / "cnn-iteration.png").write_bytes(b"\x89PNG old")
+    written = write_plots(tmp_path, with_derived([row("ina", 8, 50)]))
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == sorted(p.name for p in written)

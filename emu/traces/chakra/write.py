@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from emu.errors import ConfigError
-from emu.files import check_writable, write_atomic
+from emu.files import check_writable, make_folder, write_together
 from emu.traces.chakra import attrs as emu_attrs
 from emu.traces.chakra.schema import CommType, NodeType, messages
 from emu.traces.io import meta_to_dict, op_to_dict
@@ -47,22 +47,16 @@ def write_chakra(trace: Trace, out: Path, name: str = "trace") -> list[Path]:
     A folder holding another export's files of that name is refused (a later import would mix them)."""
     if name != safe_name(name):
         raise ConfigError(f"--name {name!r}: a file name's stem, without /, \\ or a leading dot")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--chakra {out}: cannot make the folder ({exc.strerror or exc}); give another") from None
+    make_folder(out, "--chakra's files", ConfigError)
     mine = {f"{name}.{r.rank}.et" for r in trace.ranks}
     stale = sorted(p.name for p in out.iterdir() if re.search(r"\.et(\.gz)?$", p.name) and p.name not in mine)
     if stale:
         raise ConfigError(f"--chakra {out}: already holds {', '.join(stale[:3])}{' ...' if len(stale) > 3 else ''} "
                           "of another export, which a later import would mix in: give an empty folder")
     groups = _groups(trace)
-    paths = []
-    for program in trace.ranks:
-        path = out / f"{name}.{program.rank}.et"
-        write_atomic(path, _file(trace, program, groups), f"rank {program.rank}'s Chakra trace")
-        paths.append(path)
-    return paths
+    files = [(out / f"{name}.{p.rank}.et", _file(trace, p, groups)) for p in trace.ranks]
+    write_together(files, f"the {len(files)} ranks' Chakra traces", fix="give another --chakra folder")
+    return [path for path, _ in files]
 
 
 def _groups(trace: Trace) -> dict[tuple[int, ...], str]:

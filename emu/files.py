@@ -86,6 +86,21 @@ def write_together(files: Sequence[tuple[Path, Content]], what: str, fix: str = 
             tmp.unlink(missing_ok=True)
 
 
+def hold_folder(folder: Path, lock_name: str, refusal: str) -> BinaryIO:
+    """The folder's lock (``folder/lock_name``, an exclusive flock held while the returned file is
+    open, released by the kernel however the holder ends), for a command writing a set of files
+    there that a second writer would mix with its own; a second one gets ConfigError ``refusal``."""
+    import fcntl
+
+    fh = open(folder / lock_name, "a+b")  # noqa: SIM115 (held open for the writer's life, closed by the caller)
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        raise ConfigError(refusal) from None
+    return fh
+
+
 def make_folder(folder: Path, what: str, error: type[EmuError] = RunFailed) -> Path:
     """``folder`` and its missing parents; an OSError (a full disk: a new folder needs a block where
     an empty file does not) becomes ``error`` naming the folder and what it is for."""

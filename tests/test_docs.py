@@ -262,3 +262,54 @@ def test_the_figures_script_measures_a_figure(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     entry = json.loads(out.read_text())["figures"]["what-if-predict"]
     assert 0 < entry["seconds"] < 120 and "cores" in entry["machine"] and entry["commands"][0].startswith("emu predict")
+
+
+def _toml_blocks() -> list[tuple[str, int, str]]:
+    found = []
+    for path in DOCS:
+        text = path.read_text()
+        for m in re.finditer(r"```toml\n(.*?)```", text, re.S):
+            found.append((str(path.relative_to(ROOT)), text.count("\n", 0, m.start()) + 1, m.group(1)))
+    return found
+
+
+@pytest.mark.parametrize("name, line, block", _toml_blocks(), ids=lambda v: str(v) if isinstance(v, (str, int)) and
+                         len(str(v)) < 40 else "toml")
+def test_a_doc_design_is_one_emu_loads(tmp_path: Path, name: str, line: int, block: str) -> None:
+    """Every design a doc shows loads as a design; one named after a shipped file is that file."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    from emu.replay import load_design
+
+    design = tmp_path / "design.toml"
+    design.write_text(block)
+    load_design(str(design))
+    shown = tomllib.loads(block)
+    shipped = sorted((ROOT / "examples" / "designs").rglob(f"{shown.get('name', '-')}.toml"))
+    if shipped:
+        assert tomllib.loads(shipped[0].read_text()) == shown, f"{name}:{line}: differs from {shipped[0].name}"
+
+
+def test_every_test_the_docs_cite_exists() -> None:
+    """docs/reliability.md and the others name the test proving each row: ``tests/x.py::test_y``
+    or a bare ``test_y`` (in the row's file, or any); each must be a test of the suite."""
+    defined = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        for name in re.findall(r"^(?:async )?def (test_\w+)", path.read_text(), re.M):
+            defined.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    missing = []
+    for path in DOCS:
+        text = path.read_text()
+        for file, name in re.findall(r"(tests/[\w/]+\.py)::(test_\w+)", text):
+            if file not in defined.get(name, set()):
+                missing.append(f"{path.name}: {file}::{name}")
+        for name in re.findall(r"`(test_\w+)(?:\[[^\]]*\])?`", text):
+            if name not in defined:
+                missing.append(f"{path.name}: {name}")
+        for file in re.findall(r"`(tests/[\w/]+\.py)`", text):
+            if not (ROOT / file).exists():
+                missing.append(f"{path.name}: {file}")
+    assert missing == [], "the docs cite tests that do not exist:\n" + "\n".join(missing)

@@ -101,3 +101,56 @@ def test_a_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
                      "--out", str(disk / "study"))
         assert result.exit_code == 1, result.output
         assert "Traceback" not in result.output and "No space left on device" in result.stderr, result.stderr
+
+
+# Every command that writes a file, its output on a disk with no block left: one line naming the
+# full disk, exit 1, before the work (nothing printed: no result was made), the file already there
+# kept whole, nothing left beside it (docs/reliability.md, "Every command").
+EVERY_WRITER = {
+    "replay --report": ["replay", "mlp", "--workers", "2", "--iters", "1", "--report", "{disk}/out.json"],
+    "replay --chrome-trace": ["replay", "mlp", "--workers", "2", "--iters", "1", "--chrome-trace", "{disk}/out.json"],
+    "capture -o": ["capture", "--model", "mlp", "-o", "{disk}/out.json"],
+    "run --report": ["run", "--workers", "2", "--report", "{disk}/out.json", "--", "python", "examples/ddp_train.py"],
+    "run --trace-out": ["run", "--workers", "2", "--trace-out", "{disk}/out.json", "--", "python",
+                        "examples/ddp_train.py"],
+    "sweep --out": ["sweep", "mlp", "--workers", "2", "--iters", "1", "--out", "{disk}"],
+    "check --junit": ["check", "{reports}", "--baseline", "{reports}", "--junit", "{disk}/out.json"],
+    "check --markdown": ["check", "{reports}", "--baseline", "{reports}", "--markdown", "{disk}/out.json"],
+    "export --chakra": ["export", "mlp", "--chakra", "{disk}"],
+    "validate --report": ["validate", "--quick", "--report", "{disk}/out.json"],
+}
+
+
+@pytest.mark.parametrize("writer", list(EVERY_WRITER))
+def test_every_command_names_a_full_disk(tmp_path: Path, writer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # examples/ddp_train.py
+    reports = tmp_path / "reports"
+    if "{reports}" in EVERY_WRITER[writer]:
+        assert run("replay", "mlp", "--workers", "2", "--iters", "1", "--report", str(reports / "mlp.json")).exit_code == 0
+    with small_disk(tmp_path, "size=256k") as disk:
+        old = disk / ("out.json" if "{disk}/" in " ".join(EVERY_WRITER[writer]) else "results.json")
+        old.write_text('{"old": true}')
+        fill(disk)
+        args = [a.format(disk=disk, reports=reports) for a in EVERY_WRITER[writer]]
+        result = run(*args)
+        assert_one_line_error(result, "No space left on device", code=1)
+        assert result.stdout == "", "refused after the work (it printed its results), not before"
+        assert old.read_text() == '{"old": true}'
+        assert sorted(p.name for p in disk.iterdir()) == sorted(["filler", old.name])
+
+
+def test_a_second_export_into_a_folder_being_written_is_refused(tmp_path: Path) -> None:
+    """Two exports into one folder at once would mix their ranks' files: the one that comes second
+    (another process, holding the folder's lock here) gets one line and exit 2, and writes nothing."""
+    import fcntl
+    import sys
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(out / ".emu-export.lock", "a+b") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = subprocess.run([sys.executable, "-m", "emu", "export", "mlp", "--chakra", str(out)],
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().startswith("emu: error: --chakra") and "another emu export" in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".emu-export.lock"]

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import emu
 from emu.errors import ConfigError, RunFailed
-from emu.files import make_folder, write_atomic
+from emu.files import hold_folder, make_folder, write_atomic
 from emu.replay import ReplayReport
 from emu.study.grid import Point, TraceCache
 from emu.traces.model import Trace
@@ -177,17 +177,9 @@ def _one_writer(out: Path) -> BinaryIO:
     """The folder's lock (``out/.emu-sweep.lock``, an exclusive flock held while the sweep runs and
     released by the kernel however it ends): a second sweep into the same folder would rewrite the
     tables with its points only, so it is refused (ConfigError) instead."""
-    import fcntl
-
-    fh = open(out / LOCK_NAME, "a+b")  # noqa: SIM115 (held open for the sweep's life, closed by the caller)
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        fh.close()
-        raise ConfigError(f"--out {out}: another emu sweep is writing this folder now; wait for it to end, or give "
-                          "another --out (two sweeps into one folder would each keep only their own points in "
-                          "results.csv)") from None
-    return fh
+    return hold_folder(out, LOCK_NAME, f"--out {out}: another emu sweep is writing this folder now; wait for it to "
+                       "end, or give another --out (two sweeps into one folder would each keep only their own points "
+                       "in results.csv)")
 
 
 def _replay_point(replay: Callable[..., ReplayReport], trace: Trace, point: Point, out: Path,

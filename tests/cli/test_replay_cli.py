@@ -336,14 +336,17 @@ def test_sockets_are_private(tmp_path: Path) -> None:
 
 def test_concurrent_replays_do_not_collide(tmp_path: Path) -> None:
     """No port to be already in use: each replay's sockets live in its own private folder, so two at
-    once both finish, with the same (exact) results."""
+    once both finish, with the same (exact) results. Given one --report, it holds one of the two
+    reports whole (the last to finish; each is written to a file of its own and renamed)."""
     cmd = [sys.executable, "-m", "emu", "replay", "mlp", "--workers", "2", "--iters", "1", "--payload-scale", "64",
-           "--json"]
+           "--json", "--report", "r.json"]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path) for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     docs = [json.loads(out) for out, _ in outs]
     assert docs[0]["iterations"] == docs[1]["iterations"] and docs[0]["verification"]["ok"]
+    assert json.loads((tmp_path / "r.json").read_text()) in docs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from emu.errors import ConfigError
-from emu.files import check_writable, make_folder, write_together
+from emu.files import check_writable, hold_folder, make_folder, write_together
 from emu.traces.chakra import attrs as emu_attrs
 from emu.traces.chakra.schema import CommType, NodeType, messages
 from emu.traces.io import meta_to_dict, op_to_dict
@@ -48,6 +48,12 @@ def write_chakra(trace: Trace, out: Path, name: str = "trace") -> list[Path]:
     if name != safe_name(name):
         raise ConfigError(f"--name {name!r}: a file name's stem, without /, \\ or a leading dot")
     make_folder(out, "--chakra's files", ConfigError)
+    with hold_folder(out, ".emu-export.lock", f"--chakra {out}: another emu export is writing this folder now; "
+                     "wait for it to end, or give another folder (their ranks' files would mix)"):
+        return _write_ranks(trace, out, name)
+
+
+def _write_ranks(trace: Trace, out: Path, name: str) -> list[Path]:
     mine = {f"{name}.{r.rank}.et" for r in trace.ranks}
     stale = sorted(p.name for p in out.iterdir() if re.search(r"\.et(\.gz)?$", p.name) and p.name not in mine)
     if stale:

@@ -4,7 +4,9 @@ folder, and every line the doc shows must be among what the command prints now, 
 numbers: the emulated ones are exact on any machine, so a doc that quotes them stays true or
 this fails. A ``$ echo $?`` line checks the exit code. Where a block needs files a command before
 it made (docs/ci.md's reports), that command's block runs first (``SETUP``). Wall times are never
-in these blocks: benchmarks/docs_figures.py keeps those (tests/test_docs.py).
+in these blocks: benchmarks/docs_figures.py keeps those (tests/test_docs.py). The tables a
+benchmark wrote (docs/topology.md's, docs/compression.md's, ...) are that benchmark's output, named
+with its command beside each; rerunning the benchmark reproduces them.
 """
 
 from __future__ import annotations

@@ -105,6 +105,7 @@ FIGURES = (
     Figure("what-if-sweep", ((EMU, "sweep", *WHAT_IF_GRID, "--out", "{out}/study"),)),
     Figure("what-if-predict", ((EMU, "predict", *WHAT_IF_GRID),)),
     Figure("validate-quick", ((EMU, "validate", "--quick"),), needs=(Need.ROOT,), heavy=True),
+    Figure("validate-full", ((EMU, "validate", "--json"),), needs=(Need.ROOT,), heavy=True),
 )
 BY_ID = {f.id: f for f in FIGURES}
 
@@ -195,6 +196,9 @@ def main() -> None:
         for f in FIGURES:
             print(f"{f.id:18} {'heavy ' if f.heavy else ''}{' ; '.join(' '.join(c) for c in f.commands)}")
         return
+    unknown = [i for i in (args.only or "").split(",") if i and i not in BY_ID]
+    if unknown:
+        parser.error(f"--only {','.join(unknown)}: no such figure; --list lists them")
     chosen = [BY_ID[i] for i in args.only.split(",")] if args.only else [f for f in FIGURES if args.all or not f.heavy]
     figures = json.loads(args.json.read_text())["figures"] if args.json.exists() else {}
     for figure in chosen:

@@ -23,6 +23,7 @@ Without ``--only`` every figure but the heavy ones (``make test``, the full vali
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -127,42 +128,79 @@ def seconds_text(seconds: float) -> str:
 
 
 def rendered(entry: dict) -> str:
-    """A figure as the docs show it, from its docs/figures.json entry."""
+    """A figure as the docs show it, from its docs/figures.json entry (``by``: who measured it,
+    where not this script)."""
     value = seconds_text(entry["seconds"])
     if entry.get("tests") is not None:
         value = f"{entry['tests']:,} tests in {value}"
-    return f"{value} (measured on {entry['date']}, benchmarks/docs_figures.py)"
+    return f"{value} (measured on {entry['date']}, {entry.get('by', 'benchmarks/docs_figures.py')})"
 
 
-def measure(figure: Figure, keep: Path | None = None) -> dict:
+class Failed(Exception):
+    """A figure's command failed or ran out of time (its last lines)."""
+
+
+def measure(figure: Figure, commit: str, keep: Path | None = None) -> dict:
     """Run the figure's commands in turn; its entry for docs/figures.json. A failing command
-    raises, naming it and its last lines. ``keep``: a folder for each command's stdout."""
+    raises Failed, naming it and its last lines. ``keep``: a folder for each command's stdout."""
     with tempfile.TemporaryDirectory(prefix="emu-figures-") as out:
         start, output = time.perf_counter(), ""
-        for command in figure.commands:
+        for i, command in enumerate(figure.commands):
             argv = [a.replace("{out}", out) for a in command]
-            done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=3600,
-                                  stdin=subprocess.DEVNULL)
-            output = done.stdout + done.stderr
+            code, stdout, stderr = _run(argv)
+            output = stdout + stderr
             if keep is not None:
                 keep.mkdir(parents=True, exist_ok=True)
-                (keep / f"{figure.id}.{figure.commands.index(command)}.out").write_text(done.stdout)
-            if done.returncode != 0:
+                (keep / f"{figure.id}.{i}.out").write_text(stdout)
+            if code != 0:
                 tail = "\n".join(output.strip().splitlines()[-5:])
-                raise RuntimeError(f"{figure.id}: {' '.join(argv)} exited {done.returncode}:\n{tail}")
+                raise Failed(f"{figure.id}: {_shown(command)} exited {code}:\n{tail}")
         seconds = time.perf_counter() - start
-    entry = {"seconds": round(seconds, 1), "date": datetime.date.today().isoformat(), "commit": _commit(),
-             "machine": _machine(), "commands": [" ".join(c).replace(EMU, "emu") for c in figure.commands]}
+    entry = {"seconds": round(seconds, 1), "date": datetime.date.today().isoformat(), "commit": commit,
+             "machine": _machine(), "commands": [_shown(c) for c in figure.commands]}
     if figure.shown is Shown.TESTS:
         found = re.search(r"(\d+) passed(?:, (\d+) skipped)?", output)
         entry["tests"] = int(found.group(1)) + int(found.group(2) or 0) if found else None
     return entry
 
 
-def _commit() -> str:
+def _run(argv: list[str], timeout_s: float = 3600) -> tuple[int, str, str]:
+    """The command's exit code and output; past ``timeout_s`` it and everything it started (its own
+    session) get SIGTERM, then SIGKILL, and the code is -1."""
+    import signal
+
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+        return proc.returncode, stdout, stderr
+    except BaseException:  # the timeout, Ctrl-C: nothing this started outlives it
+        for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                stdout, stderr = proc.communicate(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            stdout, stderr = "", ""
+        if sys.exc_info()[0] is not subprocess.TimeoutExpired:
+            raise
+        return -1, stdout, stderr + f"\n(timed out after {timeout_s:.0f} s)"
+
+
+def _shown(command: tuple[str, ...]) -> str:
+    """A command as the docs write it (emu and python by name)."""
+    return " ".join("emu" if a == EMU else "python" if a == sys.executable else a for a in command)
+
+
+def commit_measured() -> str:
+    """The commit whose code the figures measure: HEAD, ``+changes`` where code (not the docs, whose
+    markers this script rewrites) differs from it or is new and untracked."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "emu", "benchmarks", "examples", "tests", "Makefile",
+                            "pyproject.toml"], cwd=ROOT, capture_output=True, text=True)
     return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
@@ -196,11 +234,13 @@ def main() -> None:
         for f in FIGURES:
             print(f"{f.id:18} {'heavy ' if f.heavy else ''}{' ; '.join(' '.join(c) for c in f.commands)}")
         return
-    unknown = [i for i in (args.only or "").split(",") if i and i not in BY_ID]
-    if unknown:
-        parser.error(f"--only {','.join(unknown)}: no such figure; --list lists them")
-    chosen = [BY_ID[i] for i in args.only.split(",")] if args.only else [f for f in FIGURES if args.all or not f.heavy]
+    only = [i.strip() for i in (args.only or "").split(",") if i.strip()]
+    unknown = [i for i in only if i not in BY_ID]
+    if unknown or (args.only is not None and not only):
+        parser.error(f"--only {','.join(unknown) or args.only!r}: no such figure; --list lists them")
+    chosen = [BY_ID[i] for i in only] if only else [f for f in FIGURES if args.all or not f.heavy]
     figures = json.loads(args.json.read_text())["figures"] if args.json.exists() else {}
+    commit, failed = commit_measured(), []
     for figure in chosen:
         lacks = missing(figure)
         if lacks:
@@ -208,12 +248,20 @@ def main() -> None:
                   f"kept: {figures.get(figure.id, {}).get('date', 'never measured')}", file=sys.stderr)
             continue
         print(f"{figure.id}: running", file=sys.stderr, flush=True)
-        figures[figure.id] = measure(figure, args.keep)
+        try:
+            figures[figure.id] = measure(figure, commit, args.keep)
+        except Failed as exc:
+            print(f"{exc}\n{figure.id}: not measured, kept: {figures.get(figure.id, {}).get('date', 'never')}",
+                  file=sys.stderr)
+            failed.append(figure.id)
+            continue
         print(f"{figure.id}: {rendered(figures[figure.id])}", file=sys.stderr, flush=True)
         args.json.write_text(json.dumps({"figures": dict(sorted(figures.items()))}, indent=1) + "\n")
     if args.write_docs:
         for name in write_docs(figures):
             print(f"wrote {name}", file=sys.stderr)
+    if failed:
+        sys.exit(f"not measured: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

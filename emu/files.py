@@ -61,9 +61,13 @@ def write_together(files: Sequence[tuple[Path, Content]], what: str, fix: str = 
     all renamed over their targets, the first last (the file that names the others): a full disk
     or an error leaves the old set whole, never a mix of old and new files. ``error`` names the
     first file and ``what`` the set is."""
+    if not files:
+        return
     staged: list[tuple[Path, Path]] = []
+    current, renamed = files[0][0], 0
     try:
         for path, content in files:
+            current = path
             make_folder(path.parent, what, error)
             tmp, fd = _create_beside(path)
             staged.append((tmp, path))
@@ -74,13 +78,18 @@ def write_together(files: Sequence[tuple[Path, Content]], what: str, fix: str = 
                     f.write(content.encode() if isinstance(content, str) else content)
                 f.flush()
                 os.fsync(f.fileno())
+            with contextlib.suppress(FileNotFoundError):  # a replaced file keeps its mode, as write_atomic's
+                os.chmod(tmp, path.stat().st_mode & 0o7777)
         for tmp, path in reversed(staged):
+            current = path
             os.replace(tmp, path)
+            renamed += 1
         for folder in dict.fromkeys(path.parent for _, path in staged):
             sync_dir(folder)
     except OSError as exc:
-        raise error(f"{files[0][0]}: cannot write {what} ({exc.strerror or exc}); the files there were left as "
-                    f"they were: free space or {fix}") from None
+        kept = ("the files there were left as they were" if renamed == 0 else
+                f"{renamed} of the {len(staged)} files were replaced before it failed")
+        raise error(f"{current}: cannot write {what} ({exc.strerror or exc}); {kept}: free space or {fix}") from None
     finally:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
@@ -92,7 +101,11 @@ def hold_folder(folder: Path, lock_name: str, refusal: str) -> BinaryIO:
     there that a second writer would mix with its own; a second one gets ConfigError ``refusal``."""
     import fcntl
 
-    fh = open(folder / lock_name, "a+b")  # noqa: SIM115 (held open for the writer's life, closed by the caller)
+    try:
+        fh = open(folder / lock_name, "a+b")  # noqa: SIM115 (held open for the writer's life, closed by the caller)
+    except OSError as exc:
+        raise _full_or(ConfigError, exc)(f"{folder / lock_name}: cannot make the folder's lock "
+                                         f"({exc.strerror or exc}): free space or pick another folder") from None
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -174,5 +187,7 @@ def disk_full(folder: Path) -> bool:
     try:
         st = os.statvfs(folder)
     except OSError:
+        return False
+    if st.f_blocks == 0:  # a filesystem that reports no sizes (some FUSE and network ones): not known full
         return False
     return (st.f_bfree if getattr(os, "geteuid", lambda: 1)() == 0 else st.f_bavail) == 0

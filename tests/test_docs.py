@@ -62,20 +62,33 @@ def doc_commands() -> list[DocCommand]:
 
 
 def _block_commands(name: str, lines: list[str]) -> list[DocCommand]:
-    found, fenced, i = [], False, 0
+    """A block's ``emu`` lines (``sudo`` and ``.venv/bin/`` dropped); inside a shell loop
+    ``for VAR in A B; do ... done``, one command per value of ``$VAR``."""
+    found, fenced, i, loop = [], False, 0, None
     while i < len(lines):
         line, start = lines[i], i
         if line.strip().startswith("```"):
-            fenced = not fenced
+            fenced, loop = not fenced, None
         elif fenced or line.startswith("    "):
-            text = re.sub(r"^\$ ", "", line.strip())
+            text = re.sub(r"^(\$ )?(sudo )?(\.venv/bin/)?", "", line.strip())
+            header = re.fullmatch(r"for (\w+) in ([^;]+); do", text)
+            loop = (header.group(1), header.group(2).split()) if header else None if text == "done" else loop
             if text.startswith("emu "):
                 while text.endswith("\\") and i + 1 < len(lines):
                     i += 1
                     text = text[:-1] + " " + lines[i].strip()
-                found.append(DocCommand(name, start + 1, _uncommented(text), False))
+                values = loop[1] if loop and f"${loop[0]}" in text else [None]
+                found += [DocCommand(name, start + 1, _uncommented(text if v is None else text.replace(f"${loop[0]}", v)),
+                                     False) for v in values]
         i += 1
     return found
+
+
+def _own_words(text: str) -> list[str]:
+    """The command's words, up to a shell redirection or pipe (``> out.json``, ``| jq``)."""
+    words = shlex.split(text)
+    cut = next((i for i, w in enumerate(words) if re.match(r"^(\d?>|\||&&|;)", w)), len(words))
+    return words[:cut]
 
 
 def _uncommented(text: str) -> str:
@@ -123,7 +136,7 @@ def test_the_docs_name_commands() -> None:
 
 @pytest.mark.parametrize("doc", COMMANDS, ids=lambda c: f"{c.file}:{c.line}")
 def test_a_doc_command_is_one_emu_takes(doc: DocCommand) -> None:
-    words = shlex.split(doc.text)
+    words = _own_words(doc.text)
     group = _group()
     command = group.commands.get(words[1])
     assert command is not None, f"{doc}: emu has no command {words[1]!r}"
@@ -212,7 +225,9 @@ def test_a_wrong_doc_command_is_caught() -> None:
            DocCommand("x.md", 1, "emu replay mlp --bandwidth fast", False),
            DocCommand("x.md", 1, "emu replay mlp --network examples/designs/nosuch.toml", False),
            DocCommand("x.md", 1, "emu run --workers 8 -- python train.py", False),
-           DocCommand("x.md", 1, "emu sweep mlp --workers 8 --fabric ina --latency 5 --out s", False)]
+           DocCommand("x.md", 1, "emu sweep mlp --workers 8 --fabric ina --latency 5 --out s", False),
+           DocCommand("x.md", 1, "emu replay TRACE --workerz M", False),  # a synopsis's flags
+           DocCommand("x.md", 1, "emu replay --nosuch", True)]  # a mention's
     for doc in bad:
         with pytest.raises((AssertionError, pytest.fail.Exception)):
             test_a_doc_command_is_one_emu_takes(doc)
@@ -295,7 +310,7 @@ def test_a_doc_design_is_one_emu_loads(tmp_path: Path, name: str, line: int, blo
 
 def test_every_test_the_docs_cite_exists() -> None:
     """docs/reliability.md and the others name the test proving each row: ``tests/x.py::test_y``
-    or a bare ``test_y`` (in the row's file, or any); each must be a test of the suite."""
+    (a test of that file) or a bare ``test_y`` (a test of some file); each must exist."""
     defined = {}
     for path in (ROOT / "tests").rglob("test_*.py"):
         for name in re.findall(r"^(?:async )?def (test_\w+)", path.read_text(), re.M):
@@ -313,3 +328,47 @@ def test_every_test_the_docs_cite_exists() -> None:
             if not (ROOT / file).exists():
                 missing.append(f"{path.name}: {file}")
     assert missing == [], "the docs cite tests that do not exist:\n" + "\n".join(missing)
+
+
+WALL_TIME = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?(?:s|min|minutes|seconds)\b")
+DATE = re.compile(r"20\d\d-\d\d-\d\d")
+LOGS = ("design-notes.md", "FIDELITY.md")  # dated logs: each measurement with its run (their headers say so)
+# Durations the docs give that are no wall time of a run: settings, emulated times, syntax.
+NOT_MEASURED = ("(1800 s)", "after 5 s", "0s:100Gbps", "qsgd 3.9 s", "qsgd 313 ms (1.1 s)", "within 120 s",
+                "every 0.5 s", "quiet for 10 s", "for 10 s", "quiet for\n     4 s", "in 5 s", "its 5 s timeout",
+                "from 0s", "(2 s + 2L)", "86,400 s")
+
+
+def test_a_wall_time_in_the_docs_says_when_it_was_measured() -> None:
+    """Every wall time in README.md and docs/*.md is a figure of benchmarks/docs_figures.py (a
+    marker), or stands in a paragraph (or the two before it, a table's caption) that dates it;
+    the logs (design-notes.md, FIDELITY.md) date their runs themselves."""
+    undated = []
+    for path in DOCS:
+        if path.name in LOGS:
+            continue
+        text = re.sub(r"<!-- fig:.*?<!-- /fig -->", "", path.read_text(), flags=re.S)
+        for allowed in NOT_MEASURED:
+            text = text.replace(allowed, "")
+        text = re.sub(r"```.*?```", "", text, flags=re.S)
+        paragraphs = re.split(r"\n\s*\n", text)
+        for i, para in enumerate(paragraphs):
+            if any(DATE.search(p) for p in paragraphs[max(0, i - 2):i + 1]):
+                continue
+            undated += [f"{path.name}: ...{para[max(0, m.start() - 40):m.end()]}" for m in WALL_TIME.finditer(para)]
+    assert undated == [], "wall times with no date (mark them for docs_figures.py, or date them):\n" + "\n".join(undated)
+
+
+def test_every_marker_is_whole() -> None:
+    """A marker the regular expression would skip (unclosed, misspelt, nested) is an error, and
+    docs/figures.json keeps no figure the script does not know."""
+    import json
+
+    figures_module = _figures_module()
+    for path in DOCS:
+        text = path.read_text()
+        found = figures_module.MARKER.findall(text)
+        assert text.count("<!-- fig:") == len(found) == text.count("<!-- /fig -->"), f"{path.name}: a broken marker"
+        assert not [t for _, t in found if "<!--" in t], f"{path.name}: a marker inside a marker"
+    kept = json.loads(figures_module.FIGURES_JSON.read_text())["figures"]
+    assert set(kept) <= set(figures_module.BY_ID), "docs/figures.json keeps figures docs_figures.py does not measure"

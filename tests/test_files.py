@@ -61,9 +61,13 @@ def test_a_set_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
 
     with pytest.raises(RunFailed) as info:
         write_together([(files[0], b"new"), (files[1], full), (files[2], b"new")], "the set")
-    assert "No space left on device" in str(info.value) and info.value.exit_code == 1
+    assert str(info.value).startswith(f"{files[1]}: cannot write the set (No space left on device)")
+    assert info.value.exit_code == 1
     assert [p.read_bytes() for p in files] == [b"old"] * 3
     assert sorted(p.name for p in tmp_path.iterdir()) == [p.name for p in files]
+    files[0].chmod(0o600)  # a replaced file keeps its mode
+    write_together([(p, b"new") for p in files], "the set")
+    assert files[0].stat().st_mode & 0o777 == 0o600 and [p.read_bytes() for p in files] == [b"new"] * 3
 
 
 def test_an_export_on_a_full_disk_keeps_the_old_set(tmp_path: Path) -> None:
@@ -133,7 +137,7 @@ def test_every_command_names_a_full_disk(tmp_path: Path, writer: str, monkeypatc
         fill(disk)
         args = [a.format(disk=disk, reports=reports) for a in EVERY_WRITER[writer]]
         result = run(*args)
-        assert_one_line_error(result, "No space left on device", code=1)
+        assert_one_line_error(result, str(disk), "No space left on device", code=1)
         assert result.stdout == "", "refused after the work (it printed its results), not before"
         assert old.read_text() == '{"old": true}'
         assert sorted(p.name for p in disk.iterdir()) == sorted(["filler", old.name])

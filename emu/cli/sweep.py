@@ -124,17 +124,14 @@ def sweep(ctx: click.Context, out_dir: Path, no_plots: bool, no_predict: bool, *
                            on_start=lambda i, p: bar.status(f"{i + 1}/{len(pts)} {p.slug}"),
                            on_progress=bar.update,
                            on_note=lambda text: err().print(f"note: {text}", markup=False, highlight=False,
-                                                            soft_wrap=True))
+                                                            soft_wrap=True), plots=not no_plots)
     rows = list(result.rows)
     _table(rows)
     for line in _speedups(rows):
         out().print(line, markup=False, highlight=False, soft_wrap=True)
     if not no_plots:
-        from emu.study.plots import write_plots
-
-        files = write_plots(out_dir, rows)
-        err().print(f"wrote {out_dir / 'results.csv'}, {out_dir / 'results.json'} and {len(files)} plots in "
-                    f"{out_dir / 'plots'}", markup=False, highlight=False, soft_wrap=True)
+        err().print(f"wrote {out_dir / 'results.csv'}, {out_dir / 'results.json'} and {len(result.plots)} plots "
+                    f"in {out_dir / 'plots'}", markup=False, highlight=False, soft_wrap=True)
     failed = [r for r in rows if r.status == Status.FAILED or r.verification_ok is False]
     if failed:
         from emu.errors import CheckFailed

@@ -8,13 +8,16 @@ mixed silently. Failed points are left out (results.csv lists them).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from emu.emulator.links.spec import format_bandwidth
-from emu.files import make_folder
+from emu.files import make_folder, write_together
 from emu.study.sweep import Row, Status
+
+OUR_PLOT = re.compile(r".+-(iteration|speedup|efficiency|breakdown)\.png")  # the names write_plots gives
 
 
 def write_plots(out: Path, rows: list[Row]) -> list[Path]:
@@ -25,9 +28,7 @@ def write_plots(out: Path, rows: list[Row]) -> list[Path]:
     import matplotlib.pyplot as plt
 
     folder = make_folder(out / "plots", "the plots")
-    for old in folder.glob("*.png"):  # the folder is the study's plots of this run's rows, never an older run's
-        old.unlink(missing_ok=True)
-    written = []
+    written: list[tuple[Path, bytes]] = []
     for trace in dict.fromkeys(r.trace for r in rows):
         mine = [r for r in rows if r.trace == trace and r.comparable]
         if not mine:
@@ -54,9 +55,16 @@ def write_plots(out: Path, rows: list[Row]) -> list[Path]:
             ax.grid(True, which="both", alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
-            written.append(_save(fig, folder / f"{trace}-{name}.png", plt))
-        written.append(_breakdown(plt, folder / f"{trace}-breakdown.png", trace, mine))
-    return written
+            written.append((folder / f"{trace}-{name}.png", _png(fig, plt)))
+        written.append((folder / f"{trace}-breakdown.png", _breakdown(plt, trace, mine)))
+    # the set as one (a full disk keeps the earlier run's plots whole), then the earlier run's plots
+    # of points this run does not draw go: the folder shows this run's rows only
+    write_together(written, "the plots")
+    paths = {path for path, _ in written}
+    for old in folder.iterdir():
+        if OUR_PLOT.fullmatch(old.name) and old not in paths:
+            old.unlink(missing_ok=True)
+    return [path for path, _ in written]
 
 
 def _series(rows: list[Row]) -> dict[str, list[Row]]:
@@ -94,7 +102,7 @@ def _lines(ax: Any, series: dict[str, list[Row]], value: Callable[[Row], float |
                     label=f"{name} ({est_label})")
 
 
-def _breakdown(plt: Any, path: Path, trace: str, rows: list[Row]) -> Path:
+def _breakdown(plt: Any, trace: str, rows: list[Row]) -> bytes:
     fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(rows) + 2), 4.5))
     labels, compute, exposed, hatches = [], [], [], []
     for r in rows:
@@ -114,15 +122,16 @@ def _breakdown(plt: Any, path: Path, trace: str, rows: list[Row]) -> Path:
     ax.set_title(f"{trace}: compute and exposed communication" + (" (hatched: analytic estimate)"
                                                                   if any(hatches) else ""))
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    return _save(fig, path, plt)
+    return _png(fig, plt)
 
 
-def _save(fig: Any, path: Path, plt: Any) -> Path:
-    from emu.files import write_atomic
+def _png(fig: Any, plt: Any) -> bytes:
+    import io
 
     fig.tight_layout()
     try:
-        return write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110), "the plot")
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=110)
+        return buffer.getvalue()
     finally:
         plt.close(fig)

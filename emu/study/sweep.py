@@ -102,6 +102,7 @@ class SweepResult:
     rows: tuple[Row, ...]
     out: Path
     skipped: int  # points resumed from an earlier run
+    plots: tuple[Path, ...] = ()  # the PNG files written (``run_sweep(plots=True)``)
 
 
 def refusal(point: Point) -> str | None:
@@ -119,9 +120,10 @@ def run_sweep(points: list[Point], out: Path, traces: TraceCache, *, with_predic
               on_start: Callable[[int, Point], None] | None = None,
               on_progress: Callable[[float], None] | None = None,
               on_status: Callable[[str], None] | None = None,
-              on_note: Callable[[str], None] | None = None) -> SweepResult:
-    """Replay every point into ``out`` (resuming what is there) and write the study's tables;
-    ``on_note`` hears why an earlier report found there could not stand."""
+              on_note: Callable[[str], None] | None = None, plots: bool = False) -> SweepResult:
+    """Replay every point into ``out`` (resuming what is there) and write the study's tables, and
+    with ``plots`` its plots, all while holding the folder; ``on_note`` hears why an earlier report
+    found there could not stand."""
     from emu.replay import plan_programs, replay
 
     # a trace that cannot scale, or be compressed as asked, fails before any replay (the grid's sparsity
@@ -134,7 +136,7 @@ def run_sweep(points: list[Point], out: Path, traces: TraceCache, *, with_predic
     lock = _one_writer(out)
     rows: list[Row] = []
     skipped = 0
-    written = 0.0
+    written, tables_done, plotted = 0.0, False, []
     try:
         for i, point in enumerate(points):
             if on_start is not None:
@@ -161,13 +163,19 @@ def run_sweep(points: list[Point], out: Path, traces: TraceCache, *, with_predic
                 on_progress((i + 1) / len(points))
             if on_point is not None:
                 on_point(i, point, row)
+        write_results(out, with_derived(rows))
+        tables_done = True
+        if plots:
+            from emu.study.plots import write_plots
+
+            plotted = write_plots(out, with_derived(rows))
     finally:  # an interrupted sweep leaves the tables of what it finished
         try:
-            if rows:
+            if rows and not tables_done:
                 write_results(out, with_derived(rows))
         finally:
             lock.close()  # releases the folder
-    return SweepResult(rows=tuple(with_derived(rows)), out=out, skipped=skipped)
+    return SweepResult(rows=tuple(with_derived(rows)), out=out, skipped=skipped, plots=tuple(plotted))
 
 
 LOCK_NAME = ".emu-sweep.lock"

@@ -25,7 +25,8 @@ def test_the_pair_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
 
     with pytest.raises(RunFailed) as info:
         save_recorded(load_trace(sample_path("cnn")), out, full)
-    assert str(info.value) == (f"{out}: cannot write the recorded trace and its payload (No space left on device); "
+    assert str(info.value) == (f"{payload_path(out)}: cannot write the recorded trace and its payload (No space left "
+                               "on device); "
                                "the files there were left as they were: free space or pick another --trace-out")
     assert info.value.exit_code == 1
     assert (out.read_bytes(), payload_path(out).read_bytes()) == before  # the old pair, whole

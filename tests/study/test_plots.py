@@ -67,5 +67,6 @@ def test_an_older_runs_plots_do_not_stay_beside_new_tables(tmp_path: Path) -> No
     run does not draw is removed, not left beside the new results (issue 37's full-disk audit)."""
     (tmp_path / "plots").mkdir()
     (tmp_path / "plots" / "cnn-iteration.png").write_bytes(b"\x89PNG old")
+    (tmp_path / "plots" / "my-notes.png").write_bytes(b"\x89PNG the user's")  # not a name emu gives: kept
     written = write_plots(tmp_path, with_derived([row("ina", 8, 50)]))
-    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == sorted(p.name for p in written)
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == sorted([p.name for p in written] + ["my-notes.png"])

@@ -179,7 +179,8 @@ def _file(trace: Trace, program: RankProgram, groups: dict[tuple[int, ...], str]
 
 
 def check_folder(out: Path) -> None:
-    """Refuse, before any work, a folder that cannot be written (ConfigError: exit code 2)."""
+    """Refuse, before any work, a folder that cannot be written: ConfigError (exit code 2), or
+    RunFailed (exit 1) for a full disk (``emu.files.check_writable``)."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--chakra {out}: not a folder; give the folder to write the ranks' .et files into")
     check_writable(out / "rank.et", "--chakra")

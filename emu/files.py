@@ -60,7 +60,7 @@ def write_together(files: Sequence[tuple[Path, Content]], what: str, fix: str = 
     new temporary file beside its target, flushed to the disk, and only when every one is whole,
     all renamed over their targets, the first last (the file that names the others): a full disk
     or an error leaves the old set whole, never a mix of old and new files. ``error`` names the
-    first file and ``what`` the set is."""
+    file that failed and ``what`` the set is."""
     if not files:
         return
     staged: list[tuple[Path, Path]] = []

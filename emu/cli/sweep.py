@@ -129,6 +129,10 @@ def sweep(ctx: click.Context, out_dir: Path, no_plots: bool, no_predict: bool, *
     _table(rows)
     for line in _speedups(rows):
         out().print(line, markup=False, highlight=False, soft_wrap=True)
+    if result.plots_error is not None:
+        from emu.errors import RunFailed
+
+        raise RunFailed(f"the tables were written; the plots were not: {result.plots_error}")
     if not no_plots:
         err().print(f"wrote {out_dir / 'results.csv'}, {out_dir / 'results.json'} and {len(result.plots)} plots "
                     f"in {out_dir / 'plots'}", markup=False, highlight=False, soft_wrap=True)

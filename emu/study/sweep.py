@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import emu
-from emu.errors import ConfigError, RunFailed
+from emu.errors import ConfigError, EmuError, RunFailed
 from emu.files import hold_folder, make_folder, write_atomic
 from emu.replay import ReplayReport
 from emu.study.grid import Point, TraceCache
@@ -103,6 +103,7 @@ class SweepResult:
     out: Path
     skipped: int  # points resumed from an earlier run
     plots: tuple[Path, ...] = ()  # the PNG files written (``run_sweep(plots=True)``)
+    plots_error: str | None = None  # why they could not be written (the tables were)
 
 
 def refusal(point: Point) -> str | None:
@@ -136,7 +137,7 @@ def run_sweep(points: list[Point], out: Path, traces: TraceCache, *, with_predic
     lock = _one_writer(out)
     rows: list[Row] = []
     skipped = 0
-    written, tables_done, plotted = 0.0, False, []
+    written, tables_done, plotted, plots_error = 0.0, False, [], None
     try:
         for i, point in enumerate(points):
             if on_start is not None:
@@ -168,14 +169,18 @@ def run_sweep(points: list[Point], out: Path, traces: TraceCache, *, with_predic
         if plots:
             from emu.study.plots import write_plots
 
-            plotted = write_plots(out, with_derived(rows))
+            try:
+                plotted = write_plots(out, with_derived(rows))
+            except EmuError as exc:  # the caller still shows the tables, then says so
+                plots_error = str(exc)
     finally:  # an interrupted sweep leaves the tables of what it finished
         try:
             if rows and not tables_done:
                 write_results(out, with_derived(rows))
         finally:
             lock.close()  # releases the folder
-    return SweepResult(rows=tuple(with_derived(rows)), out=out, skipped=skipped, plots=tuple(plotted))
+    return SweepResult(rows=tuple(with_derived(rows)), out=out, skipped=skipped, plots=tuple(plotted),
+                       plots_error=plots_error)
 
 
 LOCK_NAME = ".emu-sweep.lock"

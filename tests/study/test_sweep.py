@@ -356,3 +356,21 @@ def test_a_second_sweep_into_the_same_folder_is_refused(tmp_path: Path) -> None:
         holder.wait(10)
     time.sleep(0.1)  # the holder gone, the kernel released its lock: the folder is free again
     assert run("mlp", "--workers", "2", "--fabric", "ring", *FAST, "--no-plots", "--out", str(tmp_path)).exit_code == 0
+
+
+def test_plots_that_cannot_be_written_leave_the_tables_shown(study: Path, monkeypatch) -> None:
+    """The plots are written last, under the folder's lock; where they cannot be (a full disk),
+    the table is still printed and the tables kept, then one line and exit 1."""
+    from emu.study import plots
+
+    def full(out, rows):
+        raise RunFailed(f"{out / 'plots' / 'mlp-iteration.png'}: cannot write the plots (No space left on device)")
+
+    monkeypatch.setattr(plots, "write_plots", full)
+    result = CliRunner().invoke(cli, ["sweep", "mlp", "--workers", "2,4", "--fabric", "ina,ring", *FAST,
+                                      "--out", str(study)])
+    assert result.exit_code == 1, result.output
+    assert "ina" in result.stdout and "(resumed)" in result.stderr  # the table, of the finished points
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "emu: error: the tables were written; the plots were not: ") and "No space left" in result.stderr
+    assert len(rows(study)) == 4

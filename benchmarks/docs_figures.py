@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from emu.files import write_atomic
+
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES_JSON = ROOT / "docs" / "figures.json"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -216,7 +218,7 @@ def write_docs(figures: dict) -> list[str]:
         text = path.read_text()
         new = MARKER.sub(lambda m: f"<!-- fig:{m.group(1)} -->{rendered(figures[m.group(1)])}<!-- /fig -->", text)
         if new != text:
-            path.write_text(new)
+            write_atomic(path, new, "the docs' figures")
             changed.append(str(path.relative_to(ROOT)))
     return changed
 
@@ -256,7 +258,7 @@ def main() -> None:
             failed.append(figure.id)
             continue
         print(f"{figure.id}: {rendered(figures[figure.id])}", file=sys.stderr, flush=True)
-        args.json.write_text(json.dumps({"figures": dict(sorted(figures.items()))}, indent=1) + "\n")
+        write_atomic(args.json, json.dumps({"figures": dict(sorted(figures.items()))}, indent=1) + "\n", "the figures")
     if args.write_docs:
         for name in write_docs(figures):
             print(f"wrote {name}", file=sys.stderr)

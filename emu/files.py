@@ -59,8 +59,9 @@ def write_together(files: Sequence[tuple[Path, Content]], what: str, fix: str = 
     """Write several files as one set (a trace and its payload, a Chakra export's ranks): each to a
     new temporary file beside its target, flushed to the disk, and only when every one is whole,
     all renamed over their targets, the first last (the file that names the others): a full disk
-    or an error leaves the old set whole, never a mix of old and new files. ``error`` names the
-    file that failed and ``what`` the set is."""
+    or an error while writing leaves the old set whole, never a mix of old and new files (only a
+    rename failing partway could, and the error then says how many were replaced). ``error``
+    names the file or folder that failed and ``what`` the set is."""
     if not files:
         return
     staged: list[tuple[Path, Path]] = []

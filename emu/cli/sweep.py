@@ -129,19 +129,22 @@ def sweep(ctx: click.Context, out_dir: Path, no_plots: bool, no_predict: bool, *
     _table(rows)
     for line in _speedups(rows):
         out().print(line, markup=False, highlight=False, soft_wrap=True)
+    failed = [r for r in rows if r.status == Status.FAILED or r.verification_ok is False]
+    failing = (f"{len(failed)} of {len(rows)} points failed or did not verify: see results.csv and the logs in "
+               "points/ (run again to retry them)") if failed else None
     if result.plots_error is not None:
         from emu.errors import RunFailed
 
+        if failing:
+            err().print(f"emu: {failing}", markup=False, highlight=False, soft_wrap=True)
         raise RunFailed(f"the tables were written; the plots were not: {result.plots_error}")
     if not no_plots:
         err().print(f"wrote {out_dir / 'results.csv'}, {out_dir / 'results.json'} and {len(result.plots)} plots "
                     f"in {out_dir / 'plots'}", markup=False, highlight=False, soft_wrap=True)
-    failed = [r for r in rows if r.status == Status.FAILED or r.verification_ok is False]
-    if failed:
+    if failing:
         from emu.errors import CheckFailed
 
-        raise CheckFailed(f"{len(failed)} of {len(rows)} points failed or did not verify: see results.csv "
-                          "and the logs in points/ (run again to retry them)")
+        raise CheckFailed(failing)
 
 
 def split_axes(rows: list[Any], get: Callable[[Any, str], Any]) -> tuple[dict[str, Callable[[Any], str]], list[str]]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from emu.emulator.links.spec import format_bandwidth
+from emu.errors import RunFailed
 from emu.files import make_folder, write_together
 from emu.study.sweep import Row, Status
 
@@ -63,7 +64,11 @@ def write_plots(out: Path, rows: list[Row]) -> list[Path]:
     paths = {path for path, _ in written}
     for old in folder.iterdir():
         if OUR_PLOT.fullmatch(old.name) and old not in paths:
-            old.unlink(missing_ok=True)
+            try:
+                old.unlink(missing_ok=True)
+            except OSError as exc:
+                raise RunFailed(f"{old}: cannot remove an earlier run's plot ({exc.strerror or exc}); remove it "
+                                "by hand") from None
     return [path for path, _ in written]
 
 

@@ -29,29 +29,36 @@ def write_atomic(path: str | os.PathLike[str], content: Content, what: str,
     umask's mode, a replaced one keeps its own. An OSError becomes ``error`` naming the file and
     ``what`` it is, saying that nothing changed there."""
     path = Path(path)
-    tmp: Path | None = None
+    staged: list[tuple[Path, Path]] = []
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp, fd = _create_beside(path)
-        with os.fdopen(fd, "wb") as f:
-            if callable(content):
-                content(f)
-            else:
-                f.write(content.encode() if isinstance(content, str) else content)
-            f.flush()
-            os.fsync(f.fileno())
-        with contextlib.suppress(FileNotFoundError):
-            os.chmod(tmp, path.stat().st_mode & 0o7777)
-        os.replace(tmp, path)
-        tmp = None
+        _stage(path, content, staged)
+        os.replace(staged[0][0], path)
+        staged.clear()
     except OSError as exc:
         raise error(f"{path}: cannot write {what} ({exc.strerror or exc}); the file was left as it was: free "
                     "space or pick another path") from None
     finally:
-        if tmp is not None:  # on any failure, KeyboardInterrupt included
+        for tmp, _ in staged:  # on any failure, KeyboardInterrupt included
             tmp.unlink(missing_ok=True)
     sync_dir(path.parent)
     return path
+
+
+def _stage(path: Path, content: Content, staged: list[tuple[Path, Path]]) -> None:
+    """``content`` in a new temporary file beside ``path`` (noted in ``staged`` first, so that a
+    failure removes it), flushed to the disk, with the mode of the file it will replace."""
+    tmp, fd = _create_beside(path)
+    staged.append((tmp, path))
+    with os.fdopen(fd, "wb") as f:
+        if callable(content):
+            content(f)
+        else:
+            f.write(content.encode() if isinstance(content, str) else content)
+        f.flush()
+        os.fsync(f.fileno())
+    with contextlib.suppress(FileNotFoundError):
+        os.chmod(tmp, path.stat().st_mode & 0o7777)
 
 
 def write_together(files: Sequence[tuple[Path, Content]], what: str, fix: str = "pick another path",
@@ -70,26 +77,17 @@ def write_together(files: Sequence[tuple[Path, Content]], what: str, fix: str = 
         for path, content in files:
             current = path
             make_folder(path.parent, what, error)
-            tmp, fd = _create_beside(path)
-            staged.append((tmp, path))
-            with os.fdopen(fd, "wb") as f:
-                if callable(content):
-                    content(f)
-                else:
-                    f.write(content.encode() if isinstance(content, str) else content)
-                f.flush()
-                os.fsync(f.fileno())
-            with contextlib.suppress(FileNotFoundError):  # a replaced file keeps its mode, as write_atomic's
-                os.chmod(tmp, path.stat().st_mode & 0o7777)
-        for tmp, path in reversed(staged):
-            current = path
-            os.replace(tmp, path)
+            _stage(path, content, staged)
+        while staged:  # the first file last: it names the others
+            tmp, current = staged[-1]
+            os.replace(tmp, current)
+            staged.pop()
             renamed += 1
-        for folder in dict.fromkeys(path.parent for _, path in staged):
+        for folder in dict.fromkeys(path.parent for path, _ in files):
             sync_dir(folder)
     except OSError as exc:
         kept = ("the files there were left as they were" if renamed == 0 else
-                f"{renamed} of the {len(staged)} files were replaced before it failed")
+                f"{renamed} of the {len(files)} files were replaced before it failed")
         raise error(f"{current}: cannot write {what} ({exc.strerror or exc}); {kept}: free space or {fix}") from None
     finally:
         for tmp, _ in staged:

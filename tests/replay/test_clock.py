@@ -153,10 +153,40 @@ def test_windows_past_the_uplinks_queues_change_no_number(mlp, fabric: str, monk
 
 
 def test_windows_keep_one_latency_where_a_pass_could_miss_its_own_events() -> None:
-    """Real rows lost (retransmission timers), leaves' links: the bound stays at one lookahead past
-    the earliest event."""
+    """Real rows lost (retransmission timers): the bound stays at one lookahead past the earliest
+    event. Leaves' links do not keep it there (their queues count: Host.departures)."""
+    from emu.emulator.links.topology import Topology
+
     assert not ReplayConfig(workers=4, link=LinkSpec(loss=0.01), payload_scale=1).queues_bound_windows()
     assert ReplayConfig(workers=4, link=LinkSpec(loss=0.01), payload_scale=8).queues_bound_windows()
+    leaves = ReplayConfig(workers=8, topology=Topology(workers_per_node=2, leaf_ports=2))
+    assert leaves.layout().leaves == 2 and leaves.queues_bound_windows()
+
+
+@pytest.mark.parametrize("fabric,algorithm", [("ina", "flat"), ("ina", "hierarchical"), ("ring", "flat")])
+def test_leaves_links_ahead_of_the_window_change_no_number(fabric: str, algorithm: str, monkeypatch,
+                                                           no_children) -> None:
+    """Four leaves at 2:1, a slow jittery link: the leaves' links send what no later row can come
+    before (Host.leaf_horizon) and the bound counts their queues, in far fewer windows than one a
+    lookahead, with every emulated number of those (to float rounding), the same on every layout."""
+    import math
+
+    from emu.emulator.links.topology import Hierarchy, Topology
+    from emu.replay.host.runtime import Host
+
+    link = LinkSpec(bandwidth_bps=10e9, latency_us=2.0, jitter_us=1.0)
+    topo = Topology(workers_per_node=2, leaf_ports=2, oversubscription=2, algorithm=Hierarchy(algorithm))
+    config = ReplayConfig(workers=8, fabric=fabric, iters=1, payload_scale=16, link=link, topology=topo,
+                          stragglers=(Straggler.parse("lognormal:0.1"),))
+    trace = single_collective(CollKind.ALL_REDUCE, 500_000, iterations=2)
+    ahead = [replay(trace, replace(config, processes=p)) for p in (0, 2)]
+    monkeypatch.setattr(ReplayConfig, "queues_bound_windows", lambda self, inside_nodes=True: False)
+    monkeypatch.setattr(Host, "leaf_horizon", lambda self, bound, into: into.fill(-math.inf))
+    latency = replay(trace, replace(config, processes=0))
+    assert ahead[0].verification.ok and ahead[0].fabric.busiest_link["kind"] is not None
+    assert exact_part(ahead[0]) == exact_part(ahead[1])
+    assert golden.differences(golden.strip(latency.to_dict()), golden.strip(ahead[0].to_dict())) == []
+    assert ahead[0].emulator.windows * 2 < latency.emulator.windows
 
 
 @pytest.mark.slow  # 11 s here: one window a hop inside a node is the slow reference

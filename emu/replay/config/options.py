@@ -422,10 +422,16 @@ class ReplayConfig:
             least = min(least, self.node_lookahead_us())
         return least
 
+    def nic_hop_us(self) -> float:
+        """The least emulated time from a NIC's (or an endpoint's link's) start of sending to the
+        first packet at the far end: its latency plus the smallest packet's serialization at the
+        link's highest bandwidth (jitter only adds)."""
+        peak = self.link.peak_bps
+        return self.link.latency_us + (0.0 if math.isinf(peak) else MIN_WIRE_BYTES * 8e6 / peak)
+
     def _network_hop_us(self) -> float:
         """The least hop between a node and the switch: a link's, or a leaf's up to the spine."""
-        peak = self.link.peak_bps
-        least = self.link.latency_us + (0.0 if math.isinf(peak) else MIN_WIRE_BYTES * 8e6 / peak)
+        least = self.nic_hop_us()
         topo = self.topology
         layout = self.layout()
         if topo is not None and layout is not None and layout.leaves > 1:  # a leaf's hop to the spine
@@ -463,12 +469,12 @@ class ReplayConfig:
         (``emu.replay.switch.daemon.Windows``): only where nothing a host does in a window can fall
         due at that same host inside the window, after its pass went by: no retransmission timers
         (real rows lost: loss without payload scale), no traffic inside a node (``inside_nodes``
-        on a topology), no leaves' links to the spine, and a lookahead above 0."""
-        layout = self.layout()
+        on a topology) and a lookahead above 0. Leaves' links to the spine may be there: what
+        they queue counts (``emu.replay.host.runtime.Host.departures``)."""
         inside = (self.topology is not None and self.topology.workers_per_node > 1 and inside_nodes
                   and not self.node_passes)
         return (self.lookahead_us(inside_nodes) > 0 and not (self.link.loss > 0 and self.scale == 1)
-                and not inside and (layout is None or layout.leaves == 1))
+                and not inside)
 
     def layout(self) -> Layout | None:
         """Where the workers sit on the topology (None without one)."""

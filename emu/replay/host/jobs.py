@@ -67,8 +67,11 @@ class JobsHost:
             h.measure_lag = self.measure_lag
             h.advance(bound, inclusive, now)
         if leaves is not None:
+            horizon = np.full(len(leaves.leaves), math.inf)  # every job's NICs on a leaf feed its link
+            for h in self.hosts.values():
+                h.leaf_horizon(bound, horizon)
             leaves.advance(0, bound, inclusive, lambda s: self._host(_seg_job(s)).p2p.outgoing.append(s),
-                           lambda b, _: self._host(_batch_job(b)).ina.outgoing.append(b))
+                           lambda b, _: self._host(_batch_job(b)).ina.outgoing.append(b), horizon)
 
     def take_outgoing(self) -> tuple[AggBatch | None, SegmentRows]:
         batches, segs = [], []

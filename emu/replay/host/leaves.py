@@ -157,8 +157,10 @@ class LeafStage:
                       if topo.algorithm == Hierarchy.HIERARCHICAL else None)
         return cls(held, spine, cfg.seed, partial_of, cfg.real_slots)
 
-    def next_us(self) -> float:
-        return min((h[0][0] for h in self._heaps if h), default=math.inf)
+    def next_us(self, direction: int | None = None) -> float:
+        """The earliest row waiting for a leaf's link (``direction``: 0 up, 1 down, None either)."""
+        heaps = self._heaps if direction is None else self._heaps[direction:direction + 1]
+        return min((h[0][0] for h in heaps if h), default=math.inf)
 
     def _push(self, direction: int, rows: _Rows) -> None:
         if not len(rows.first):
@@ -269,18 +271,31 @@ class LeafStage:
                 del self._done[key]
 
     def advance(self, direction: int, bound: float, inclusive: bool,
-                on_segment: Callable[[Segment], None], on_batch: Callable[[AggBatch, np.ndarray | None], None]) -> None:
+                on_segment: Callable[[Segment], None], on_batch: Callable[[AggBatch, np.ndarray | None], None],
+                horizon: np.ndarray | None = None) -> None:
         """Hand every row due before the bound to its leaf's link, per link in arrival order, and
-        pass what comes out, with its new times, on."""
+        pass what comes out, with its new times, on. ``horizon`` (per leaf held, up only): the
+        earliest a row not yet here can reach the leaf's link (``Host.leaf_horizon``); rows
+        before it go now, however far past the bound: no later row can come before them on
+        their link, and the switch holds what reaches it early until its window."""
         heap = self._heaps[direction]
+        reach = bound if horizon is None else max(bound, float(horizon.max(initial=-math.inf)))
         parts: list[_Rows] = []
-        while heap and (heap[0][0] <= bound if inclusive else heap[0][0] < bound):
+        later: list[_Rows] = []
+        while heap and (heap[0][0] <= reach if inclusive else heap[0][0] < reach):
             _, _, rows = heapq.heappop(heap)
             due = rows.first <= bound if inclusive else rows.first < bound
+            if horizon is not None:
+                due |= rows.first < horizon[rows.leaf]
+            if not due.any():
+                later.append(rows)
+                continue
             if not due.all():
-                self._push(direction, rows.take(np.flatnonzero(~due)))
+                later.append(rows.take(np.flatnonzero(~due)))
                 rows = rows.take(np.flatnonzero(due))
             parts.append(rows)
+        for rows in later:
+            self._push(direction, rows)
         if not parts:
             return
         leaf = np.concatenate([p.leaf for p in parts])

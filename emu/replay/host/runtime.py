@@ -106,6 +106,7 @@ class Host:
         self.setup = setup
         self.job = setup.job
         self.own_leaves = leaves is None
+        self._leaf_of_link: np.ndarray | None = None  # per uplink, its leaf's index in the leaves' stage
         cfg = setup.config
         self.cfg = cfg
         self.net = cfg.network
@@ -196,10 +197,12 @@ class Host:
     def departures(self) -> Departures:
         """When the uplinks can next start to send (``emu.emulator.protocol.transport.Departures``):
         every uplink is a FIFO (``emu.emulator.links.spec.LinkArray``), busy until its free time,
-        and sends only for an event of an endpoint on it. Unknown with leaves' links, whose
-        queues hold what already left a NIC."""
-        if self.wiring.leaves is not None:
-            return Departures()
+        and sends only for an event of an endpoint on it. With leaves' links, a row queued for
+        one up (what already left a NIC) counts as a departure at its arrival there: a leaf's
+        link sends no earlier, and what its NICs send reaches it a NIC's hop later, past the
+        window (one lookahead at most); a row queued down wakes a NIC no earlier than it is free,
+        as a segment the switch just forwarded does (``Windows._queued``: so the bound does not
+        depend on whether a forwarded segment reached its host before the host's report)."""
         self.ina.pump()
         free = self.up.free_us
         nxt = np.full(len(free), math.inf)
@@ -218,10 +221,27 @@ class Host:
             local = min(local, float(np.maximum(free[self._link_of], self._run_t).min()))
             if self._timers:  # a retransmission timer: on any link
                 local = min(local, max(least, min(e[0] for e in self.heap if e[1] == _RETX)))
+        leaves = self.wiring.leaves
+        if leaves is not None:
+            local = min(local, leaves.next_us(0), max(float(free.min(initial=math.inf)), leaves.next_us(1)))
         waiting = [(math.inf, math.inf)] * (1 + max((p for p, _, _ in pools), default=-1))
         for p, links, results in pools:
             waiting[p] = (min(waiting[p][0], float(free[links].min(initial=math.inf))), min(waiting[p][1], results))
         return Departures(least, local, tuple(waiting))
+
+    def leaf_horizon(self, bound: float, into: np.ndarray) -> None:
+        """Into ``into`` (per leaf of ``self.wiring.leaves``, its index there): the earliest a row
+        this host's NICs have not yet handed on can reach the leaf's link up, after a window's
+        uplinks ran to ``bound``: a NIC (a FIFO) sends what it is given later no earlier than the
+        bound and than it is free, and the row arrives a NIC's hop after that."""
+        w = self.wiring
+        assert w.leaves is not None and w.layout is not None
+        if self._leaf_of_link is None:
+            ends = np.fromiter(w.link.keys(), np.int64, len(w.link))
+            links = np.fromiter(w.link.values(), np.int64, len(w.link))
+            self._leaf_of_link = np.zeros(len(w.up.free_us), np.int64)
+            self._leaf_of_link[links] = np.searchsorted(w.leaves.leaves, w.layout.leaf[ends])
+        np.minimum.at(into, self._leaf_of_link, np.maximum(w.up.free_us, bound) + self.cfg.nic_hop_us())
 
     # -- collectives ------------------------------------------------------------------
     def _start_coll(self, worker: FakeWorker, run: CollRun) -> None:
@@ -323,8 +343,11 @@ class Host:
             self._events(bound, inclusive, now)
         self.ina.pump()
         self._uplinks(bound, inclusive)
-        if leaves is not None:  # what the NICs delivered to the leaves before, on up to the spine
-            leaves.advance(0, bound, inclusive, self.p2p.outgoing.append, lambda b, _: self.ina.outgoing.append(b))
+        if leaves is not None:  # what the NICs delivered to the leaves, on up to the spine
+            horizon = np.full(len(leaves.leaves), math.inf)
+            self.leaf_horizon(bound, horizon)
+            leaves.advance(0, bound, inclusive, self.p2p.outgoing.append, lambda b, _: self.ina.outgoing.append(b),
+                           horizon)
         self._advances += 1
         self._check_segments()  # every window: a segment that gave up must not reach a report
         if self._advances % _STALL_EVERY == 0:

@@ -330,7 +330,7 @@ class Windows:
         plus the lookahead is known. Minima over every link of every host: the windows, and so
         every number, are the same however the endpoints are spread over processes. Only valid
         where no event a host's pass creates falls due at that host inside the window after its
-        pass went by (no retransmission timers, no leaves' links: ``queue_bound``)."""
+        pass went by (no retransmission timers: ``queue_bound``)."""
         held_by_pool = self.held_by_pool(len(d.waiting))
         results = min((max(w, min(h, r) + self.lookahead_us) for (w, r), h in zip(d.waiting, held_by_pool, strict=True)),
                       default=math.inf)

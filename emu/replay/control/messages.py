@@ -9,6 +9,7 @@ results, segments, the clock's Go and Done) is binary: ``emu.emulator.protocol.t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -187,18 +188,26 @@ def decode(data: bytes) -> Message:
 def _build(cls: type, doc: Any) -> Any:
     if not isinstance(doc, dict):
         raise FrameError(f"control message {cls.__name__}: not an object")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    if set(doc) - names:
-        raise FrameError(f"control message {cls.__name__}: unknown fields {sorted(set(doc) - names)}")
+    hints, fields = _layout(cls)
+    if not doc.keys() <= hints.keys():
+        raise FrameError(f"control message {cls.__name__}: unknown fields {sorted(set(doc) - set(hints))}")
     args = {}
-    for f in dataclasses.fields(cls):
+    for f in fields:
         if f.name not in doc:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise FrameError(f"control message {cls.__name__}: no {f.name}")
             continue
         args[f.name] = _check(cls.__name__, f.name, hints[f.name], doc[f.name])
     return cls(**args)
+
+
+@functools.cache
+def _layout(cls: type) -> tuple[dict[str, Any], tuple[dataclasses.Field, ...]]:
+    """A message class's fields and their types, resolved once (a host's result names every worker
+    it ran: resolving the string annotations per record took 0.6 s at 8,192 workers)."""
+    fields = dataclasses.fields(cls)
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields}, fields
 
 
 def _check(where: str, name: str, hint: Any, value: Any) -> Any:

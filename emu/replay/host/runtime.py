@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from emu.emulator.links.spec import GIVE_UP_ROUNDS
-from emu.emulator.mechanisms import choose
+from emu.emulator.mechanisms import Mechanism, choose
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol.transport import AggBatch, Departures, SegmentRows
 from emu.errors import RunFailed
@@ -43,7 +43,7 @@ from emu.replay.host.p2p import P2PEndpoint
 from emu.replay.host.p2p_batched import BatchedP2P
 from emu.replay.host.pools import InaPools, pools_of
 from emu.replay.host.wiring import Wiring
-from emu.replay.host.worker import CollRun, FakeWorker, WorkerState
+from emu.replay.host.worker import CollRun, FakeWorker, WorkerState, roles_done
 from emu.replay.plan.programs import WorkerProgram, straggling
 
 _RUN, _RETX = 0, 1  # local event kinds, in the order they are handled at equal times
@@ -106,6 +106,7 @@ class Host:
         self.setup = setup
         self.job = setup.job
         self.own_leaves = leaves is None
+        self._mechs: dict[int, Mechanism] = {}  # per op (by id): what runs it (emu.emulator.mechanisms.choose)
         self._leaf_of_link: np.ndarray | None = None  # per uplink, its leaf's index in the leaves' stage
         cfg = setup.config
         self.cfg = cfg
@@ -158,7 +159,7 @@ class Host:
             for prog in setup.programs:
                 state = WorkerState(program=prog, iters=setup.iters, straggle=float(factor[prog.worker]),
                                     noise_sigma=float(sigma[prog.worker]), seed=cfg.seed,
-                                    timed=cfg.compress.adaptive)
+                                    timed=cfg.compress.adaptive, keep_spans=setup.spans)
                 self.workers[prog.worker] = FakeWorker(state, self._start_coll, self._resume_at)
 
     def begin(self) -> None:
@@ -247,7 +248,9 @@ class Host:
     def _start_coll(self, worker: FakeWorker, run: CollRun) -> None:
         op = run.op
         real = -(-op.count // self.r) if op.count else 0
-        mech = choose(op, self.cfg.setting)
+        mech = self._mechs.get(id(op))  # the programs hold their ops: an id stays theirs
+        if mech is None:
+            mech = self._mechs[id(op)] = choose(op, self.cfg.setting)
         if mech.stream:
             if self.ina.start(worker.w, run, real):
                 worker.completed(run, run.start_us)
@@ -461,7 +464,7 @@ class Host:
             payload_segments=self.p2p.payload_segments, empty_segments=self.p2p.empty_segments,
             carried=_carried(self.p2p.carried, self.ina.carried),
             lag=self.lag.to_dict() if self.measure_lag else None,
-            completed=_sum_counts(fw.s.completed for fw in self.workers.values()),
+            completed=_sum_counts(roles_done(fw.s) for fw in self.workers.values()),
             links=self.wiring.usage(np.asarray(self.setup.endpoints, np.int64), self.setup.role == "workers",
                                     leaves=self.own_leaves))
 

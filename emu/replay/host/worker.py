@@ -19,7 +19,7 @@ import numpy as np
 
 from emu.emulator.links.spec import uniform
 from emu.replay.plan.programs import WorkerProgram
-from emu.traces.model import Coll, Compute, Wait
+from emu.traces.model import Coll, Compute, GroupRole, Wait
 
 _SPAN_LIMIT = 200_000  # spans kept per worker for the Chrome trace
 
@@ -66,12 +66,14 @@ class WorkerState:
     stream_free_us: dict[int, float] = field(default_factory=dict)
     finished: bool = False
     spans: list[tuple[str, str, float, float]] = field(default_factory=list)  # (cat, name, start, end)
-    completed: dict[str, int] = field(default_factory=dict)  # collectives done, by their group's role
+    # collectives done, by their group's role (None: no role; its value, "", in reports: ``roles_done``)
+    completed: dict[GroupRole | None, int] = field(default_factory=dict)
     timed: bool = False  # keep every completed collective's times (``coll_times``)
     coll_times: list[tuple[int, int, float, float]] = field(default_factory=list)  # iteration, id, start, end
+    keep_spans: bool = True  # record ``spans`` (only where the report's Chrome trace asks for them)
 
     def span(self, cat: str, name: str, start: float, end: float) -> None:
-        if len(self.spans) < _SPAN_LIMIT and end >= start:
+        if self.keep_spans and len(self.spans) < _SPAN_LIMIT and end >= start:
             self.spans.append((cat, name, start, end))
 
 
@@ -105,11 +107,12 @@ class FakeWorker:
     def run(self) -> None:
         """Execute ops until the worker must wait for time or for a collective."""
         s = self.s
+        ops = self._iteration().ops
         while not s.finished:
-            ops = self._iteration().ops
             if s.op >= len(ops):
                 if not self._end_iteration():
                     return
+                ops = self._iteration().ops
                 continue
             op = ops[s.op]
             if isinstance(op, Compute):
@@ -169,11 +172,12 @@ class FakeWorker:
         """The host reports that a collective finished on this worker at ``end_us``."""
         s = self.s
         run.end_us = max(end_us, run.start_us or end_us)
-        role = run.op.group_role.value if run.op.group_role is not None else ""
+        role = run.op.group_role
         s.completed[role] = s.completed.get(role, 0) + 1
         key = run.op.stream or 0
         s.stream_free_us[key] = max(s.stream_free_us.get(key, 0.0), run.end_us)
-        s.span("comm", run.op.kind.value, run.start_us or run.issue_us, run.end_us)
+        if s.keep_spans:
+            s.span("comm", run.op.kind.value, run.start_us or run.issue_us, run.end_us)
         if s.timed:
             s.coll_times.append((s.it, run.op.id, run.start_us if run.start_us is not None else run.issue_us,
                                  run.end_us))
@@ -187,6 +191,11 @@ class FakeWorker:
             self._resume_at(self, max(s.t, max(s.colls[i].end_us for i in s.waiting)))
         elif s.op >= len(self._iteration().ops) and all(r.end_us is not None for r in s.colls.values()):
             self._resume_at(self, max([s.t] + [r.end_us for r in s.colls.values()]))
+
+
+def roles_done(state: WorkerState) -> dict[str, int]:
+    """A worker's completed collectives by their group's role, as reports name it ("": none)."""
+    return {("" if role is None else role.value): n for role, n in state.completed.items()}
 
 
 def union_us(spans) -> float:

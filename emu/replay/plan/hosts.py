@@ -52,11 +52,21 @@ def on_stream(op: Coll, config: ReplayConfig) -> bool:
 def distinct_colls(programs: list[WorkerProgram]) -> list[Coll]:
     """Every collective of the programs once (by id, group and sparsity)."""
     seen: dict[tuple, Coll] = {}
-    for prog in programs:
-        for it in prog.iterations:
-            for op in it.colls:
-                seen.setdefault((op.id, op.group, op.kind, op.sparsity), op)
+    for op in _colls(programs):
+        seen.setdefault((op.id, op.group, op.kind, op.sparsity), op)
     return list(seen.values())
+
+
+def _colls(programs: list[WorkerProgram]) -> list[Coll]:
+    """Every collective of the programs, each program's iterations once: the workers a rank's
+    program is scaled to share one (emu.replay.plan.programs), 8,192 of them at 8,192 workers."""
+    done: set[int] = set()
+    out: list[Coll] = []
+    for prog in programs:
+        if id(prog.iterations) not in done:
+            done.add(id(prog.iterations))
+            out += [op for it in prog.iterations for op in it.colls]
+    return out
 
 
 def ina_pools(programs: list[WorkerProgram], config: ReplayConfig) -> tuple[tuple[tuple[int, ...], ...],
@@ -67,14 +77,12 @@ def ina_pools(programs: list[WorkerProgram], config: ReplayConfig) -> tuple[tupl
     SwitchML's among jobs: docs/parallelism.md)."""
     groups: set[tuple[int, ...]] = set()
     whole = False
-    for prog in programs:
-        for it in prog.iterations:
-            for op in it.colls:
-                if on_stream(op, config):  # a group's reduce_scatters and all_gathers share its pool
-                    if op.group is None:
-                        whole = True
-                    else:
-                        groups.add(op.group)
+    for op in _colls(programs):
+        if on_stream(op, config):  # a group's reduce_scatters and all_gathers share its pool
+            if op.group is None:
+                whole = True
+            else:
+                groups.add(op.group)
     if not groups:
         return (), ()
     share = max(1, config.emulated_slots // (len(groups) + whole))

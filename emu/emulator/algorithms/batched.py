@@ -21,7 +21,7 @@ import numpy as np
 from emu.emulator.algorithms.p2p import Check, Chunks
 from emu.emulator.links.fifo import turns
 from emu.emulator.payload.generated import dense_parts
-from emu.emulator.protocol.transport import row_bounds, spans
+from emu.emulator.protocol.transport import gather, row_bounds
 
 # The real elements of one collective whose values and sums a kernel keeps once made (16 bytes each:
 # 64 MB): each element passes every member of a ring; past this they are made per window.
@@ -45,7 +45,7 @@ class Arrivals:
 
     def take(self, rows: np.ndarray) -> Arrivals:
         return Arrivals(self.dst[rows], self.segment[rows], self.t[rows], row_bounds(np.diff(self.bounds)[rows]),
-                        self.values[spans(self.bounds, rows)])
+                        gather(self.values, self.bounds, rows))
 
 
 @dataclass(frozen=True)
@@ -284,7 +284,7 @@ class RingKernel(_Kernel):
         mem.took(slot, t)
         rows = np.flatnonzero(np.where(reducing, ~last_reduce | self.gather, chunk != (o + 2) % m))
         return Sends(a.dst[rows], (rank[rows] + 1) % m, a.segment[rows], lay.chunk_bytes[chunk[rows]], t[rows],
-                     row_bounds(np.diff(a.bounds)[rows]), out[spans(a.bounds, rows)])
+                     row_bounds(np.diff(a.bounds)[rows]), gather(out, a.bounds, rows))
 
 
 class ClientKernel(_Kernel):

@@ -26,7 +26,7 @@ from emu.emulator.algorithms.p2p import Seg
 from emu.emulator.algorithms.sparse_p2p import SPARSE_SEGMENT
 from emu.emulator.mechanisms import Mechanism
 from emu.emulator.protocol import wire
-from emu.emulator.protocol.transport import FrameError, SegmentRows, row_bounds, spans
+from emu.emulator.protocol.transport import FrameError, SegmentRows, gather, row_bounds
 from emu.emulator.protocol.wire import DTYPE_CODES
 from emu.replay.control.messages import CARRIED_UNIT
 from emu.replay.host.p2p import P2PEndpoint
@@ -268,7 +268,7 @@ class BatchedP2P(P2PEndpoint):
                 sel = sel[on]
             if len(sel):
                 got = Arrivals(dst[sel], rows.segment[sel], t[sel], row_bounds(rows.lengths()[sel]),
-                               rows.values[spans(rows.bounds, sel)])
+                               gather(rows.values, rows.bounds, sel))
                 sends, done = kernel.arrive(got)
                 self._push(sends, seq, int(rows.code[sel[0]]))
                 self._finished(seq, done)

@@ -82,3 +82,15 @@ def test_forged_batches_are_refused(which: str, why: str) -> None:
 def test_frame_count_is_checked() -> None:
     with pytest.raises(FrameError, match="expected 4 frames"):
         SegmentBatch.parse([b"", b""])
+
+
+@pytest.mark.parametrize("lengths", [[5000, 7000, 3000, 9000], [3, 0, 5, 1, 2, 7, 0, 4]], ids=["long", "short"])
+def test_gather_is_the_rows_values_in_any_order(lengths: list[int]) -> None:
+    """Long runs of consecutive rows are copied as slices, many short ones by index: the same
+    values either way, in the order asked, a new array."""
+    bounds = transport.row_bounds(np.asarray(lengths))
+    values = np.arange(bounds[-1], dtype=np.float64)
+    for rows in ([0, 1, 2, 3], [2, 3, 0], [3, 1, 2], [1], [], [3, 2, 1, 0]):
+        got = transport.gather(values, bounds, np.asarray(rows, np.int64))
+        want = values[transport.spans(bounds, np.asarray(rows, np.int64))]
+        assert np.array_equal(got, want) and not np.shares_memory(got, values)

@@ -16,6 +16,7 @@ the wire. The emulated size of a chunk is its share of the collective's bytes.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -118,11 +119,51 @@ def _shared_layout(real: int, parts: int, emu_bytes: float, seg_elements: int) -
 def _shared_block(seed: int, seq: int, lo: int, n: int, workers: int, dtype: str, sparsity: Sparsity | None) -> Block:
     """A small block, made once for every worker that sends or checks it (a ring's chunk is asked
     for by each of its M workers), read only."""
-    out = block(seed, seq, lo, n, workers, dtype, sparsity)
-    for a in (out.owner, out.common, out.own, out.beta, out.scale, out.holders, out.mul, out.add):
-        if a is not None:
-            a.setflags(write=False)
-    return out
+    return _read_only(block(seed, seq, lo, n, workers, dtype, sparsity))
+
+
+def _arrays(blk: Block) -> list[np.ndarray]:
+    return [a for a in (blk.owner, blk.common, blk.own, blk.beta, blk.scale, blk.holders, blk.mul, blk.add)
+            if a is not None]
+
+
+def _read_only(blk: Block) -> Block:
+    for a in _arrays(blk):
+        a.setflags(write=False)
+    return blk
+
+
+LARGE_BLOCKS_BYTES = 64 << 20  # the large blocks kept at once (least recently used out)
+
+
+class _LargeBlocks:
+    """Blocks above ``SHARED_BLOCK`` elements, read only, kept while they fit in ``limit`` bytes:
+    the workers of a ring, and the rings of other groups running the same collective, ask for
+    the same chunk one after another (the tp sample at dp=8: each block 7 times, 33,000
+    elements of four hashes each)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.bytes = 0
+        self.blocks: OrderedDict[tuple, tuple[Block, int]] = OrderedDict()
+
+    def get(self, key: tuple) -> Block:
+        got = self.blocks.get(key)
+        if got is not None:
+            self.blocks.move_to_end(key)
+            return got[0]
+        blk = _read_only(block(*key))
+        size = sum(a.nbytes for a in _arrays(blk))
+        if size <= self.limit // 4:
+            self.blocks[key] = (blk, size)
+            self.bytes += size
+            while self.bytes > self.limit:
+                _, (_, old) = self.blocks.popitem(last=False)
+                self.bytes -= old
+        return blk
+
+
+_large_blocks = _LargeBlocks(LARGE_BLOCKS_BYTES)
 
 
 @lru_cache(maxsize=1024)
@@ -187,7 +228,7 @@ class Algorithm:
         n, w = hi - lo, workers or self.summed_over
         if n <= SHARED_BLOCK:
             return _shared_block(self.seed, self.seq, lo, n, w, self.dtype, self.sparsity)
-        return block(self.seed, self.seq, lo, n, w, self.dtype, self.sparsity)
+        return _large_blocks.get((self.seed, self.seq, lo, n, w, self.dtype, self.sparsity))
 
     def own(self, lo: int, hi: int, worker: int | None = None) -> np.ndarray:
         return self._block(lo, hi).values(self.rank if worker is None else worker)

@@ -233,16 +233,30 @@ class Host:
     def leaf_horizon(self, bound: float, into: np.ndarray) -> None:
         """Into ``into`` (per leaf of ``self.wiring.leaves``, its index there): the earliest a row
         this host's NICs have not yet handed on can reach the leaf's link up, after a window's
-        uplinks ran to ``bound``: a NIC (a FIFO) sends what it is given later no earlier than the
-        bound and than it is free, and the row arrives a NIC's hop after that."""
+        uplinks ran to ``bound``. A NIC (a FIFO) sends what it is given later no earlier than it
+        is free, nor before something makes it send: an event of an endpoint on it (a worker's
+        program, a packet or segment due, a segment inside a node, a retransmission timer: any
+        link), or a wake from outside (a result or segment held here, or one not yet here, which
+        leaves the switch no earlier than the bound and crosses a NIC's hop down). The row then
+        arrives a NIC's hop later."""
         w = self.wiring
-        assert w.leaves is not None and w.layout is not None
+        assert w.leaves is not None and w.layout is not None and not isinstance(self.p2p, BatchedP2P)
         if self._leaf_of_link is None:
             ends = np.fromiter(w.link.keys(), np.int64, len(w.link))
             links = np.fromiter(w.link.values(), np.int64, len(w.link))
             self._leaf_of_link = np.zeros(len(w.up.free_us), np.int64)
             self._leaf_of_link[links] = np.searchsorted(w.leaves.leaves, w.layout.leaf[ends])
-        np.minimum.at(into, self._leaf_of_link, np.maximum(w.up.free_us, bound) + self.cfg.nic_hop_us())
+        hop = self.cfg.nic_hop_us()
+        nxt = np.full(len(w.up.free_us), math.inf)
+        held = min((r for _, _, r in self.ina.link_events(nxt)), default=math.inf)
+        self.p2p.link_events(nxt)
+        if self.heap:
+            np.minimum.at(nxt, self._link_of, self._run_t)
+            if self._timers:
+                nxt = np.minimum(nxt, min(e[0] for e in self.heap if e[1] == _RETX))
+        wake = min(bound + hop, held, w.leaves.next_us(1))
+        start = np.maximum(np.maximum(w.up.free_us, np.minimum(nxt, wake)), bound)
+        np.minimum.at(into, self._leaf_of_link, start + hop)
 
     # -- collectives ------------------------------------------------------------------
     def _start_coll(self, worker: FakeWorker, run: CollRun) -> None:

@@ -16,7 +16,9 @@ the spine hop's latency, lossless). What crosses between leaves passes them:
 Items wait in a heap keyed by their arrival at the link, and each window hands the due ones to
 the links in arrival order, all at once. An arrival is at least a hop's latency after the event
 that caused it, and the clock's lookahead is at most that, so everything due in a window is known
-when it starts.
+when it starts. Up, a window also hands over the rows before the leaf's horizon, however far
+past its bound: the earliest a row not yet here can arrive (``Host.leaf_horizon``), so nothing
+can come before them on the link (docs/physics.md, "The clock").
 
 A leaf's link is faster than each NIC that feeds it, and a row (a segment, or a row of payload
 scale standing for many packets) arrives spread over ``[first, last]`` at its NIC's pace. Real

@@ -121,6 +121,11 @@ class FakeWorker:
                 s.records[-1].compute_us += dur
                 s.t += dur
                 s.op += 1
+                # another compute next, not the iteration's last op: nothing reaches a computing
+                # worker, so it runs on to that one's end without an event between them (the last
+                # stays apart: a collective done meanwhile wakes a worker past its last op)
+                if s.op + 1 < len(ops) and isinstance(ops[s.op], Compute):
+                    continue
                 self._resume_at(self, s.t)
                 return
             if isinstance(op, Coll):

@@ -104,7 +104,15 @@ class Chunks:
     def segment_map(self) -> dict[int, tuple[int, int, int]]:
         """segment number -> (chunk, lo, hi), built once per layout (read only: every worker's
         algorithm of the collective shares it)."""
-        return _segment_map(self)
+        return self._segment_map
+
+    @cached_property
+    def _segment_map(self) -> dict[int, tuple[int, int, int]]:
+        out = {}
+        for j in range(self.parts):
+            for seg, lo, hi in self.segments(j):
+                out[seg] = (j, lo, hi)
+        return out
 
     def seg_emu_bytes(self, j: int) -> float:
         return self.emu_bytes / self.parts / len(self.segments(j))
@@ -172,15 +180,6 @@ def _shared_sum(seed: int, seq: int, lo: int, n: int, workers: int, dtype: str, 
     ring's M workers checks every chunk), read only."""
     out = _shared_block(seed, seq, lo, n, workers, dtype, sparsity).expected_sum(workers)
     out.setflags(write=False)
-    return out
-
-
-@lru_cache(maxsize=256)
-def _segment_map(layout: Chunks) -> dict[int, tuple[int, int, int]]:
-    out = {}
-    for j in range(layout.parts):
-        for seg, lo, hi in layout.segments(j):
-            out[seg] = (j, lo, hi)
     return out
 
 

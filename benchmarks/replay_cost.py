@@ -28,6 +28,13 @@ measured in the same run.
     .venv/bin/python benchmarks/replay_cost.py --emu OLD/.venv/bin/emu --emu .venv/bin/emu \\
         [--set quick|issue30] [--timeout 600] [--out results.json]
 
+A commit's build without a virtual environment of its own: a worktree of it (``git worktree add
+OLD COMMIT``) and a script ``OLD/emu-run`` that runs it with this interpreter, ``-P`` so that the
+folder the benchmark runs in does not come first on the path (``python -m`` puts it there)::
+
+    #!/bin/sh
+    PYTHONPATH=OLD exec .venv/bin/python -P -m emu "$@"
+
 Writes a markdown table to stdout and every measurement to ``--out``.
 """
 
@@ -185,8 +192,10 @@ def _cell(r: Run, iters: int) -> str:
 
 
 def label(emu: str) -> str:
-    """A build's name: its checkout's folder (``OLD/.venv/bin/emu`` is ``OLD``)."""
-    return Path(emu).absolute().parents[2].name
+    """A build's name: its checkout's folder (``OLD/.venv/bin/emu`` is ``OLD``, ``OLD/emu-run``
+    is ``OLD``)."""
+    path = Path(emu).absolute()
+    return path.parents[2].name if path.parent.name == "bin" else path.parent.name
 
 
 def _ratio(wall: float | None, bound: float | None) -> str:

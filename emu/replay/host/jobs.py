@@ -17,6 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from emu.emulator.protocol.transport import AggBatch, Departures, FrameError, Segment, SegmentRows
+from emu.replay.config.options import Clock
 from emu.replay.control.messages import HostResult
 from emu.replay.host.leaves import LeafStage
 from emu.replay.host.runtime import Counters, Host, HostSetup
@@ -67,9 +68,11 @@ class JobsHost:
             h.measure_lag = self.measure_lag
             h.advance(bound, inclusive, now)
         if leaves is not None:
-            horizon = np.full(len(leaves.leaves), math.inf)  # every job's NICs on a leaf feed its link
-            for h in self.hosts.values():
-                h.leaf_horizon(bound, horizon)
+            horizon = None
+            if self.cfg.resolved_clock == Clock.SYNC:  # as Host.advance
+                horizon = np.full(len(leaves.leaves), math.inf)  # every job's NICs on a leaf feed its link
+                for h in self.hosts.values():
+                    h.leaf_horizon(bound, horizon)
             leaves.advance(0, bound, inclusive, lambda s: self._host(_seg_job(s)).p2p.outgoing.append(s),
                            lambda b, _: self._host(_batch_job(b)).ina.outgoing.append(b), horizon)
 

@@ -164,6 +164,13 @@ class LeafStage:
         heaps = self._heaps if direction is None else self._heaps[direction:direction + 1]
         return min((h[0][0] for h in heaps if h), default=math.inf)
 
+    def down_wakes_us(self, free_by_leaf: np.ndarray) -> float:
+        """The earliest a row waiting for a leaf's link down can wake a NIC that sends: no earlier
+        than it arrives and than the least free time of the NICs on its leaf (``free_by_leaf``,
+        per leaf held)."""
+        return min((float(np.maximum(rows.first, free_by_leaf[rows.leaf]).min()) for _, _, rows in self._heaps[1]),
+                   default=math.inf)
+
     def _push(self, direction: int, rows: _Rows) -> None:
         if not len(rows.first):
             return
@@ -279,7 +286,8 @@ class LeafStage:
         pass what comes out, with its new times, on. ``horizon`` (per leaf held, up only): the
         earliest a row not yet here can reach the leaf's link (``Host.leaf_horizon``); rows
         before it go now, however far past the bound: no later row can come before them on
-        their link, and the switch holds what reaches it early until its window."""
+        their link, and what reaches the switch early waits for its window (a contribution at the
+        switch, a forwarded segment at the host it is for)."""
         heap = self._heaps[direction]
         reach = bound if horizon is None else max(bound, float(horizon.max(initial=-math.inf)))
         parts: list[_Rows] = []

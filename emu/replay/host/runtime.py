@@ -34,7 +34,7 @@ from emu.emulator.mechanisms import Mechanism, choose
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol.transport import AggBatch, Departures, SegmentRows
 from emu.errors import RunFailed
-from emu.replay.config.options import ReplayConfig
+from emu.replay.config.options import Clock, ReplayConfig
 from emu.replay.control.messages import HostResult, WorkerRecord
 from emu.replay.host.ina import InaEndpoint, Pool, take
 from emu.replay.host.lag import LagHistogram
@@ -201,9 +201,11 @@ class Host:
         and sends only for an event of an endpoint on it. With leaves' links, a row queued for
         one up (what already left a NIC) counts as a departure at its arrival there: a leaf's
         link sends no earlier, and what its NICs send reaches it a NIC's hop later, past the
-        window (one lookahead at most); a row queued down wakes a NIC no earlier than it is free,
-        as a segment the switch just forwarded does (``Windows._queued``: so the bound does not
-        depend on whether a forwarded segment reached its host before the host's report)."""
+        window (one lookahead at most); a row queued down wakes a NIC no earlier than the least
+        free time of its leaf's NICs (a host holds whole leaves: the same on every layout), and
+        never earlier than the switch counts a segment it just forwarded (``Windows._queued``),
+        so the bound does not depend on whether a forwarded segment reached its host before the
+        host's report."""
         self.ina.pump()
         free = self.up.free_us
         nxt = np.full(len(free), math.inf)
@@ -224,7 +226,9 @@ class Host:
                 local = min(local, max(least, min(e[0] for e in self.heap if e[1] == _RETX)))
         leaves = self.wiring.leaves
         if leaves is not None:
-            local = min(local, leaves.next_us(0), max(float(free.min(initial=math.inf)), leaves.next_us(1)))
+            by_leaf = np.full(len(leaves.leaves), math.inf)
+            np.minimum.at(by_leaf, self._leaf_links(), free)
+            local = min(local, leaves.next_us(0), leaves.down_wakes_us(by_leaf))
         waiting = [(math.inf, math.inf)] * (1 + max((p for p, _, _ in pools), default=-1))
         for p, links, results in pools:
             waiting[p] = (min(waiting[p][0], float(free[links].min(initial=math.inf))), min(waiting[p][1], results))
@@ -236,27 +240,36 @@ class Host:
         uplinks ran to ``bound``. A NIC (a FIFO) sends what it is given later no earlier than it
         is free, nor before something makes it send: an event of an endpoint on it (a worker's
         program, a packet or segment due, a segment inside a node, a retransmission timer: any
-        link), or a wake from outside (a result or segment held here, or one not yet here, which
-        leaves the switch no earlier than the bound and crosses a NIC's hop down). The row then
-        arrives a NIC's hop later."""
+        link), or a wake from outside (a result or segment held here, due at or past the bound,
+        or one not yet here, which leaves the switch no earlier: either crosses a NIC's hop
+        down). The row then arrives a NIC's hop later. The synchronized clock only."""
         w = self.wiring
-        assert w.leaves is not None and w.layout is not None and not isinstance(self.p2p, BatchedP2P)
-        if self._leaf_of_link is None:
-            ends = np.fromiter(w.link.keys(), np.int64, len(w.link))
-            links = np.fromiter(w.link.values(), np.int64, len(w.link))
-            self._leaf_of_link = np.zeros(len(w.up.free_us), np.int64)
-            self._leaf_of_link[links] = np.searchsorted(w.leaves.leaves, w.layout.leaf[ends])
+        assert w.leaves is not None and not isinstance(self.p2p, BatchedP2P)
         hop = self.cfg.nic_hop_us()
         nxt = np.full(len(w.up.free_us), math.inf)
-        held = min((r for _, _, r in self.ina.link_events(nxt)), default=math.inf)
+        self.ina.link_events(nxt)
         self.p2p.link_events(nxt)
         if self.heap:
             np.minimum.at(nxt, self._link_of, self._run_t)
             if self._timers:
                 nxt = np.minimum(nxt, min(e[0] for e in self.heap if e[1] == _RETX))
-        wake = min(bound + hop, held, w.leaves.next_us(1))
-        start = np.maximum(np.maximum(w.up.free_us, np.minimum(nxt, wake)), bound)
-        np.minimum.at(into, self._leaf_of_link, start + hop)
+        # from outside: what is held here (results, a leaf's rows down) is due at or past the
+        # bound, what is not here yet leaves the switch no earlier; either crosses a NIC's
+        # downlink first. Per host, not per leaf's share of it, would make the horizon depend on
+        # the layout (and on whether a forwarded segment reached this host before its pass)
+        start = np.maximum(np.maximum(w.up.free_us, np.minimum(nxt, bound + hop)), bound)
+        np.minimum.at(into, self._leaf_links(), start + hop)
+
+    def _leaf_links(self) -> np.ndarray:
+        """Per uplink, its leaf's index in the leaves' stage."""
+        w = self.wiring
+        if self._leaf_of_link is None:
+            assert w.leaves is not None and w.layout is not None
+            ends = np.fromiter(w.link.keys(), np.int64, len(w.link))
+            links = np.fromiter(w.link.values(), np.int64, len(w.link))
+            self._leaf_of_link = np.zeros(len(w.up.free_us), np.int64)
+            self._leaf_of_link[links] = np.searchsorted(w.leaves.leaves, w.layout.leaf[ends])
+        return self._leaf_of_link
 
     # -- collectives ------------------------------------------------------------------
     def _start_coll(self, worker: FakeWorker, run: CollRun) -> None:
@@ -361,8 +374,10 @@ class Host:
         self.ina.pump()
         self._uplinks(bound, inclusive)
         if leaves is not None:  # what the NICs delivered to the leaves, on up to the spine
-            horizon = np.full(len(leaves.leaves), math.inf)
-            self.leaf_horizon(bound, horizon)
+            horizon = None
+            if self.cfg.resolved_clock == Clock.SYNC:  # the wall clock's switch answers as things come
+                horizon = np.full(len(leaves.leaves), math.inf)
+                self.leaf_horizon(bound, horizon)
             leaves.advance(0, bound, inclusive, self.p2p.outgoing.append, lambda b, _: self.ina.outgoing.append(b),
                            horizon)
         self._advances += 1

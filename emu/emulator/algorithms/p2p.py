@@ -16,6 +16,7 @@ the wire. The emulated size of a chunk is its share of the collective's bytes.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -154,20 +155,24 @@ class _LargeBlocks:
         self.limit = limit
         self.bytes = 0
         self.blocks: OrderedDict[tuple, tuple[Block, int]] = OrderedDict()
+        self._lock = threading.Lock()  # one set for the process (emu run serves its ranks in a thread)
 
     def get(self, key: tuple) -> Block:
-        got = self.blocks.get(key)
-        if got is not None:
-            self.blocks.move_to_end(key)
-            return got[0]
+        with self._lock:
+            got = self.blocks.get(key)
+            if got is not None:
+                self.blocks.move_to_end(key)
+                return got[0]
         blk = _read_only(block(*key))
         size = sum(a.nbytes for a in _arrays(blk))
         if size <= self.limit // 4:
-            self.blocks[key] = (blk, size)
-            self.bytes += size
-            while self.bytes > self.limit:
-                _, (_, old) = self.blocks.popitem(last=False)
-                self.bytes -= old
+            with self._lock:
+                if key not in self.blocks:
+                    self.blocks[key] = (blk, size)
+                    self.bytes += size
+                while self.bytes > self.limit:
+                    _, (_, old) = self.blocks.popitem(last=False)
+                    self.bytes -= old
         return blk
 
 

@@ -255,8 +255,8 @@ class Host:
                 nxt = np.minimum(nxt, min(e[0] for e in self.heap if e[1] == _RETX))
         # from outside: what is held here (results, a leaf's rows down) is due at or past the
         # bound, what is not here yet leaves the switch no earlier; either crosses a NIC's
-        # downlink first. Per host, not per leaf's share of it, would make the horizon depend on
-        # the layout (and on whether a forwarded segment reached this host before its pass)
+        # downlink first. (The earliest held here would make the horizon follow which leaves a
+        # host holds, and whether a forwarded segment reached it before its pass.)
         start = np.maximum(np.maximum(w.up.free_us, np.minimum(nxt, bound + hop)), bound)
         np.minimum.at(into, self._leaf_links(), start + hop)
 

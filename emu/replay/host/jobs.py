@@ -17,10 +17,9 @@ from dataclasses import replace
 import numpy as np
 
 from emu.emulator.protocol.transport import AggBatch, Departures, FrameError, Segment, SegmentRows
-from emu.replay.config.options import Clock
 from emu.replay.control.messages import HostResult
 from emu.replay.host.leaves import LeafStage
-from emu.replay.host.runtime import Counters, Host, HostSetup
+from emu.replay.host.runtime import Counters, Host, HostSetup, leaf_horizons
 from emu.replay.host.worker import FakeWorker
 
 
@@ -68,13 +67,9 @@ class JobsHost:
             h.measure_lag = self.measure_lag
             h.advance(bound, inclusive, now)
         if leaves is not None:
-            horizon = None
-            if self.cfg.resolved_clock == Clock.SYNC:  # as Host.advance
-                horizon = np.full(len(leaves.leaves), math.inf)  # every job's NICs on a leaf feed its link
-                for h in self.hosts.values():
-                    h.leaf_horizon(bound, horizon)
             leaves.advance(0, bound, inclusive, lambda s: self._host(_seg_job(s)).p2p.outgoing.append(s),
-                           lambda b, _: self._host(_batch_job(b)).ina.outgoing.append(b), horizon)
+                           lambda b, _: self._host(_batch_job(b)).ina.outgoing.append(b),
+                           leaf_horizons(list(self.hosts.values()), leaves, bound))
 
     def take_outgoing(self) -> tuple[AggBatch | None, SegmentRows]:
         batches, segs = [], []

@@ -374,12 +374,8 @@ class Host:
         self.ina.pump()
         self._uplinks(bound, inclusive)
         if leaves is not None:  # what the NICs delivered to the leaves, on up to the spine
-            horizon = None
-            if self.cfg.resolved_clock == Clock.SYNC:  # the wall clock's switch answers as things come
-                horizon = np.full(len(leaves.leaves), math.inf)
-                self.leaf_horizon(bound, horizon)
             leaves.advance(0, bound, inclusive, self.p2p.outgoing.append, lambda b, _: self.ina.outgoing.append(b),
-                           horizon)
+                           leaf_horizons([self], leaves, bound))
         self._advances += 1
         self._check_segments()  # every window: a segment that gave up must not reach a report
         if self._advances % _STALL_EVERY == 0:
@@ -507,6 +503,18 @@ def _carried(*parts: dict[int, list[int]]) -> dict[str, list[int]]:
             got[0] += payload
             got[1] += header
     return out
+
+
+def leaf_horizons(hosts: list[Host], leaves: LeafStage, bound: float) -> np.ndarray | None:
+    """Per leaf of ``leaves``, the least of the ``hosts``' horizons (``Host.leaf_horizon``: every
+    job's NICs on a leaf feed its link); None on the wall clock, whose switch answers as things
+    come."""
+    if not hosts or hosts[0].cfg.resolved_clock != Clock.SYNC:
+        return None
+    horizon = np.full(len(leaves.leaves), math.inf)
+    for h in hosts:
+        h.leaf_horizon(bound, horizon)
+    return horizon
 
 
 def _sum_counts(counts) -> dict[str, int]:

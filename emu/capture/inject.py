@@ -12,6 +12,9 @@ wrapped to note its name: PyTorch's fp16, bf16 and PowerSGD hooks compress the b
 so the trace's all_reduces are then the compressed ones). A third, ``rank<R>.comms.json``,
 gives the process group of every collective of the window and the script's device meshes
 (``emu.capture.commlog``: gloo's profiler events do not say which group a collective ran on).
+The steps past the window run without the profiler, and each one's wall time goes into the
+sidecar (``unprofiled_step_us``): against them the profiled steps show the profiler's overhead
+(``meta.noise``, docs/capture.md "Noise").
 With ``steps`` 0 the script runs without the profiler and writes no sidecar
 (``emu validate``'s real runs, whose step times must not carry its overhead).
 
@@ -41,7 +44,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
@@ -67,6 +70,9 @@ class RankReport:
     machine_busy_s: float | None = None
     machine_steal_s: float | None = None
     machine_total_s: float | None = None
+    # the steps after the window, without the profiler: each one's wall time, from the end of one
+    # optimizer step's hook to the start of the next (the export between them not counted)
+    unprofiled_step_us: list[float] = field(default_factory=list)
 
 
 def _load_now() -> tuple[float, float, tuple[float, float, float] | None]:
@@ -140,6 +146,14 @@ def hook_name(hook: object, depth: int = 0) -> str:
     return name[:200]
 
 
+def _time_step(report: RankReport, ended: list[float]) -> None:
+    """A step past the window, from the end of the last hook (``ended``) to now, into the report."""
+    began = time.perf_counter()
+    if ended:
+        report.unprofiled_step_us.append((began - ended[-1]) * 1e6)
+    ended.append(time.perf_counter())
+
+
 def run(out: Path, warmup: int, steps: int, target: list[str]) -> int:
     """Run target (``script.py args`` or ``-m module args``) under the profiler (none if steps
     is 0); the script's exit status, for the entry point to ``end`` the rank with."""
@@ -176,6 +190,7 @@ def run(out: Path, warmup: int, steps: int, target: list[str]) -> int:
         activities=activities, record_shapes=True, on_trace_ready=export,
         schedule=torch.profiler.schedule(skip_first=warmup, wait=0, warmup=1, active=steps, repeat=1))
     followed: list[int] = []
+    after: list[float] = []  # when each hook past the window ended (perf_counter)
 
     def on_step(optimizer: torch.optim.Optimizer, *_: object) -> None:
         if not followed:
@@ -183,7 +198,10 @@ def run(out: Path, warmup: int, steps: int, target: list[str]) -> int:
             params = {id(p): p.numel() for g in optimizer.param_groups for p in g["params"]
                       if p.requires_grad}
             report.params = sum(params.values())
-        if followed[0] != id(optimizer) or report.trace_written:
+        if followed[0] != id(optimizer):
+            return
+        if report.trace_written:  # past the window: the profiler is off
+            _time_step(report, after)
             return
         report.optimizer_steps += 1
         if report.optimizer_steps == warmup:  # the profiler warms up next: its window opens
@@ -191,6 +209,8 @@ def run(out: Path, warmup: int, steps: int, target: list[str]) -> int:
         if report.optimizer_steps == warmup + 1:  # the profiled steps begin
             opened.append(_load_now())
         prof.step()
+        if report.trace_written:  # the window just closed (and exported): unprofiled steps follow
+            after.append(time.perf_counter())
 
     handle = register_optimizer_step_post_hook(on_step)
     ddp = torch.nn.parallel.DistributedDataParallel

@@ -35,8 +35,6 @@ from emu.traces.samples import BUILT_IN, MODELS, PARALLEL_MODELS
 from emu.traces.validate import validate_trace
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
-
-
 @dataclass(frozen=True)
 class CaptureConfig:
     """How a capture runs, whatever it runs."""
@@ -71,6 +69,17 @@ class CaptureConfig:
 
 
 MAX_WINDOWS = 10
+
+# Steps the built-in workloads run past the profiled window, without the profiler: the capture's
+# own unprofiled step time (``meta.noise.unprofiled_step_us``), against which its profiled steps
+# show the profiler's overhead (docs/capture.md, "Noise"). The first closes the window.
+AFTER_STEPS = 5
+
+
+def built_in_steps(config: CaptureConfig) -> int:
+    """Optimizer steps a built-in workload runs: the warm-up, one for the profiler's own warm-up,
+    the profiled ones, and ``AFTER_STEPS`` without the profiler."""
+    return config.warmup + 1 + config.profile_steps + AFTER_STEPS
 
 
 def _steadiest(config: CaptureConfig, take: Callable[[CaptureConfig], Trace]) -> Trace:
@@ -159,7 +168,7 @@ def _run(interpreter: str, target: Callable[[Path], list[str]], config: CaptureC
                             params=_params(reports), command=command,
                             comm_hook=reports[0].get("comm_hook"), cpu_cores=reports[0].get("cpu_cores"),
                             threads_per_rank=threads.pop() if len(threads) == 1 else None)
-        trace = replace(trace, meta=replace(trace.meta, noise=assess(trace, _machine_load(reports))))
+        trace = replace(trace, meta=replace(trace.meta, noise=assess(trace, _machine_load(reports), _after(reports))))
         if trace.meta.mesh is not None and any(d.role in _SPLIT for d in trace.meta.mesh.dims):
             # each rank holds a part of the model: rank 0's optimizer's count is not the model's
             trace = replace(trace, meta=replace(trace.meta, params=None))
@@ -208,6 +217,11 @@ def _machine_load(reports: list[dict]) -> MachineLoad | None:
                        ranks_cpu_s=sum(r["window_cpu_s"] for r in reports), wall_s=med["window_wall_s"])
 
 
+def _after(reports: list[dict]) -> list[list[float]]:
+    """Each rank's unprofiled steps past the window (``RankReport.unprofiled_step_us``), in us."""
+    return [[float(x) for x in r.get("unprofiled_step_us") or ()] for r in reports]
+
+
 def _params(reports: list[dict]) -> int | None:
     """The model's parameters: what the ranks' optimizers step, where they agree (FSDP's sharded
     parameters count whole); None where ranks hold different parts (pipeline stages)."""
@@ -232,7 +246,7 @@ def capture_parallel(model: str, config: CaptureConfig, *, batch_size: int | Non
     scripts of ``emu/capture/scripts/``, which ``examples/`` links to) on gloo and capture it."""
     script = SCRIPTS / f"{model}_train.py"
     batch = batch_size or (256 if model == "moe" else 32)  # moe: tokens a rank
-    steps = config.warmup + 1 + config.profile_steps + 1
+    steps = built_in_steps(config)
     args = ["--steps", str(steps), "--batch-size", str(batch), "--seed", str(seed)]
     if model == "tp":
         args += ["--bucket-cap-mb", f"{bucket_cap_mb:g}"]
@@ -271,7 +285,7 @@ def capture_model(model: str, config: CaptureConfig = CaptureConfig(), *, batch_
         raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
     from_models = {"mlp": 32, "cnn": 32, "transformer": 4, "dlrm": 128}
     batch = batch_size or from_models[model]
-    steps = config.warmup + 1 + config.profile_steps + 1
+    steps = built_in_steps(config)
 
     def target(workdir: Path) -> list[str]:
         return ["-m", "emu.capture.workload", "--model", model, "--steps", str(steps), "--batch-size", str(batch),

@@ -36,6 +36,11 @@ def noise_line(s) -> str:
         text += f"; other processes used {s.noise.other_cores:.2f} cores during them"
         if s.noise.steal:
             text += f", the hypervisor {s.noise.steal:.0%}"
+    if s.noise is not None and s.noise.unprofiled_step_us:
+        text += (f"; {s.noise.unprofiled_steps} steps past the window without the profiler: median "
+                 f"{s.noise.unprofiled_step_us / 1e3:.1f} ms")
+        if s.profiler_overhead is not None:
+            text += f", the profiled ones {s.profiler_overhead:+.1%}"
     return text
 
 

@@ -276,9 +276,18 @@ def _load_noise(raw: dict[str, Any], where: _Where) -> CaptureNoise | None:
     windows = doc.get("windows", 1)
     if not _is_count(windows) or not 1 <= windows <= 1000:
         raise where.fail("meta.noise.windows", f"is {_show(windows)}; give the windows taken, an integer >= 1")
+    unprofiled = doc.get("unprofiled_step_us")
+    if unprofiled is not None and (isinstance(unprofiled, bool) or not isinstance(unprofiled, int | float)
+                                   or not 0 < unprofiled <= MAX_US):
+        raise where.fail("meta.noise.unprofiled_step_us", f"is {_show(unprofiled)}; give a time in us > 0, or null")
+    steps = doc.get("unprofiled_steps", 0 if unprofiled is None else 1)
+    if not _is_count(steps) or not (steps >= 1 if unprofiled is not None else steps == 0) or steps > 1_000_000:
+        raise where.fail("meta.noise.unprofiled_steps", f"is {_show(steps)}; give the steps timed: at least 1 "
+                         "with unprofiled_step_us, 0 without")
     return CaptureNoise(step_cv=values["step_cv"] or 0.0, compute_cv=values["compute_cv"] or 0.0,
                         rank_cv=values["rank_cv"] or 0.0,
-                        other_cores=values["other_cores"], steal=values["steal"], busy=tuple(busy), windows=windows)
+                        other_cores=values["other_cores"], steal=values["steal"], busy=tuple(busy), windows=windows,
+                        unprofiled_step_us=None if unprofiled is None else float(unprofiled), unprofiled_steps=steps)
 
 
 def _load_experts(raw: dict[str, Any], where: _Where) -> Experts | None:
@@ -415,6 +424,9 @@ def meta_to_dict(meta: TraceMeta) -> dict[str, Any]:
                              "rank_cv": meta.noise.rank_cv,
                              "other_cores": meta.noise.other_cores, "steal": meta.noise.steal,
                              "busy": list(meta.noise.busy), "windows": meta.noise.windows}
+        if meta.noise.unprofiled_step_us is not None:
+            meta_doc["noise"].update(unprofiled_step_us=meta.noise.unprofiled_step_us,
+                                     unprofiled_steps=meta.noise.unprofiled_steps)
     for key in ("cpu_cores", "threads_per_rank"):
         if getattr(meta, key) is not None:
             meta_doc[key] = getattr(meta, key)

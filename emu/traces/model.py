@@ -256,6 +256,10 @@ class CaptureNoise:
     steal: float | None = None  # the share of the machine's CPU time its hypervisor took (a capture's own)
     busy: tuple[str, ...] = ()  # why the steps may not be a quiet machine's, one line each (empty: none found)
     windows: int = 1  # profiled windows the capture took, the steadiest kept (emu capture --windows)
+    # the capture's steps past its window, without the profiler: their median wall time (the
+    # ranks' median), and how many each rank ran (None, 0: not measured, as in imports)
+    unprofiled_step_us: float | None = None
+    unprofiled_steps: int = 0
 
 
 @dataclass(frozen=True)

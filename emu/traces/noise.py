@@ -29,6 +29,9 @@ from emu.traces.model import CaptureNoise, Compute, Trace
 OTHER_CORES = 0.5
 STEAL = 0.05
 STEP_CV = 0.10
+# A capture's profiled steps this much slower than its own unprofiled ones (the steps it ran past
+# its window): its compute carries the profiler's overhead, and a replay's report says so
+PROFILER_OVERHEAD = 0.05
 
 
 @dataclass(frozen=True)
@@ -90,10 +93,49 @@ def _cv(values: list[float]) -> float:
     return statistics.pstdev(values) / mean if mean > 0 else 0.0
 
 
-def assess(trace: Trace, load: MachineLoad | None = None) -> CaptureNoise:
-    """The trace's noise record: its spread, the machine's load where emu watched it, and the
+def profiled_step_us(trace: Trace) -> float:
+    """The profiled steps' median duration: the ranks' median of each rank's median step."""
+    per_rank = [statistics.median(it.measured_us for it in r.iterations) for r in trace.ranks if r.iterations]
+    return statistics.median(per_rank) if per_rank else 0.0
+
+
+def profiler_overhead(trace: Trace) -> float | None:
+    """How much longer the capture's profiled steps took than its own unprofiled steps past the
+    window (medians; 0.1: 10% longer), or None where the capture did not time any (imports, traces
+    written before ``meta.noise.unprofiled_step_us``)."""
+    noise = trace.meta.noise
+    if noise is None or not noise.unprofiled_step_us:
+        return None
+    return profiled_step_us(trace) / noise.unprofiled_step_us - 1.0
+
+
+def overhead_line(trace: Trace) -> str | None:
+    """What a replay's reader must know of the profiler's overhead, where it reaches
+    ``PROFILER_OVERHEAD``; else None."""
+    overhead = profiler_overhead(trace)
+    if overhead is None or overhead < PROFILER_OVERHEAD:
+        return None
+    noise = trace.meta.noise
+    assert noise is not None and noise.unprofiled_step_us
+    return (f"its profiled steps took {overhead:.0%} longer than the same capture's steps without the profiler "
+            f"(median {profiled_step_us(trace) / 1e3:.1f} ms against {noise.unprofiled_step_us / 1e3:.1f} ms over "
+            f"{noise.unprofiled_steps} steps): the profiler's overhead")
+
+
+def _after_median(after: list[list[float]]) -> tuple[float | None, int]:
+    """The ranks' median of each rank's median unprofiled step, and the fewest steps a rank timed."""
+    timed = [statistics.median(steps) for steps in after if steps]
+    if not timed or len(timed) < len(after):
+        return None, 0
+    return round(statistics.median(timed), 3), min(len(steps) for steps in after)
+
+
+def assess(trace: Trace, load: MachineLoad | None = None, after: list[list[float]] | None = None) -> CaptureNoise:
+    """The trace's noise record: its spread, the machine's load where emu watched it, its ranks'
+    unprofiled steps past the window (``after``: each rank's, in us) where it timed them, and the
     reasons (module docstring) its steps may not be a quiet machine's."""
     step_cv, compute_cv, rank_cv = spread(trace)
+    unprofiled, steps = _after_median(after or [])
     busy = []
     if load is not None and load.other_cores >= OTHER_CORES:
         busy.append(f"other processes kept {load.other_cores:.1f} cores busy on average during the profiled steps "
@@ -105,4 +147,5 @@ def assess(trace: Trace, load: MachineLoad | None = None) -> CaptureNoise:
         busy.append(f"the profiled steps' durations vary {step_cv:.0%} (std over mean, limit {STEP_CV:.0%})")
     return CaptureNoise(step_cv=round(step_cv, 6), compute_cv=round(compute_cv, 6), rank_cv=round(rank_cv, 6),
                         other_cores=None if load is None else round(load.other_cores, 4),
-                        steal=None if load is None else round(load.steal, 4), busy=tuple(busy))
+                        steal=None if load is None else round(load.steal, 4), busy=tuple(busy),
+                        unprofiled_step_us=unprofiled, unprofiled_steps=steps)

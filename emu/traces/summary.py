@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 
 from emu.traces.model import CaptureNoise, Coll, CollKind, Compute, Iteration, Trace, Wait
-from emu.traces.noise import spread
+from emu.traces.noise import profiler_overhead, spread
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,9 @@ class TraceSummary:
     compute_cv: float = 0.0
     rank_cv: float = 0.0
     noise: CaptureNoise | None = None
+    # how much longer the profiled steps took than the capture's own unprofiled ones (0.1: 10%),
+    # where the capture timed those (emu.traces.noise.profiler_overhead)
+    profiler_overhead: float | None = None
 
 
 def iteration_comm_us(it: Iteration) -> float | None:
@@ -184,5 +187,5 @@ def summarize(trace: Trace) -> TraceSummary:
         mesh=m.mesh.text() if m.mesh is not None else None, all_to_all_imbalance=all_to_all_imbalance(trace),
         experts=m.experts.count if m.experts else None,
         params_per_expert=m.experts.params_per_expert if m.experts else None,
-        step_cv=cvs[0], compute_cv=cvs[1], rank_cv=cvs[2], noise=m.noise,
+        step_cv=cvs[0], compute_cv=cvs[1], rank_cv=cvs[2], noise=m.noise, profiler_overhead=profiler_overhead(trace),
     )

@@ -68,6 +68,13 @@ RETRANSMITTED_SHARE = 1e-4
 # where a starved run measured 0.58 and 0.97 (docs/FIDELITY.md, "Trusted cases").
 CORE_SHARE = 0.8
 SATURATED = 0.95
+# ... and the truth is one number: the real runs before and after the capture have medians within
+# this share of each other (the targets judge errors of 2% to 4%: a truth that moved more between
+# its halves cannot judge them), and the capture's own steps without the profiler (those it ran past
+# its window, emu.capture.run.AFTER_STEPS) have a median within CAPTURE_AGREEMENT of the truth's (else
+# the machine ran the workload at another speed while capturing, and the trace froze that speed)
+TRUTH_AGREEMENT = 0.04
+CAPTURE_AGREEMENT = 0.05
 TRUSTED_SHARE = 2 / 3
 PROBE_SECONDS = 1.0
 CAPTURE_WINDOWS = 3  # as `emu capture`'s default: a window whose steps vary past STEP_CV is taken again
@@ -292,6 +299,7 @@ def run_validation(models: tuple[str, ...] = ("mlp", "cnn"), settings: tuple[Set
     try:
         for model in models:
             traces: dict[str, Trace] = {}
+            truths: dict[str, _Truth] = {}  # each setting's real runs, by its name
             for setting in settings:
                 name = f"{model} {setting.name}"
                 try:
@@ -300,7 +308,7 @@ def run_validation(models: tuple[str, ...] = ("mlp", "cnn"), settings: tuple[Set
                 except EmuError as exc:
                     progress.fail(name, str(exc))
                     continue
-                traces[setting.name] = trace
+                traces[setting.name], truths[setting.name] = trace, truth
                 if keep is not None:
                     save_trace(trace, keep / f"{_slug(model, setting)}.json.gz")
                 status(f"{model} at {setting.name}: replay")
@@ -317,7 +325,7 @@ def run_validation(models: tuple[str, ...] = ("mlp", "cnn"), settings: tuple[Set
                 if setting.rate_bps is not None and base is not None:
                     label = f"{name} from {base.name}"
                     progress.case(label, partial(_replayed, label, CaseKind.EXTRAPOLATED, truth, traces[base.name],
-                                                 trace))
+                                                 trace, truths[base.name]))
         if a100_trace is not None and a100_trace.exists():
             status("A100 NCCL trace: replays with links fitted to the other steps")
             progress.case("a100-nccl world 2 (link fitted to the other steps)", partial(_a100, a100_trace))
@@ -347,7 +355,7 @@ def _trusted_runs(name: str, model: str, setting: Setting, steps: int, runs: _Ru
     for attempt in range(RERUNS + 1):
         real = _real_runs(model, setting, steps, runs, work, status, namespaces)
         truth = _Truth(setting, statistics.median(real.step_us), _spread(real.step_us), real.delivered_bps,
-                       real.other_cores, real.retransmitted, real.core_share, real.machine_busy)
+                       real.other_cores, real.retransmitted, real.core_share, real.machine_busy, real.halves_us)
         flags = truth.flags(real.trace)
         if not flags or attempt == RERUNS:
             return truth, real.trace
@@ -360,6 +368,7 @@ class _RealRuns:
     """What a setting's real runs and capture gave, and how the machine and link were meanwhile."""
 
     step_us: list[float]
+    halves_us: tuple[float, float]  # the median step of the run before the capture, and after it
     trace: Trace
     delivered_bps: float | None  # the lower probe's payload rate; None: unshaped, or no namespaces
     other_cores: float | None  # the busier real run's ``MachineLoad.other_cores``; None: no /proc/stat
@@ -406,6 +415,7 @@ def _real_runs(model: str, setting: Setting, steps: int, runs: _Runs, work: Path
     shares = [x.core_share for x in (run_a, run_b) if x.core_share is not None]
     busy = [x.machine_busy for x in (run_a, run_b) if x.machine_busy is not None]
     return _RealRuns(step_us=run_a.step_us + run_b.step_us, trace=trace,
+                     halves_us=(statistics.median(run_a.step_us), statistics.median(run_b.step_us)),
                      delivered_bps=None if before is None or after is None else min(before, after),
                      other_cores=max(loads) if loads else None,
                      retransmitted=retransmitted / sent if hosts and sent else None,
@@ -438,13 +448,27 @@ class _Truth:
     retransmitted: float | None = None
     core_share: float | None = None
     machine_busy: float | None = None
+    halves_us: tuple[float, float] | None = None  # the real runs' medians before and after the capture
 
-    def flags(self, trace: Trace | None) -> tuple[str, ...]:
+    def flags(self, trace: Trace | None, captured: _Truth | None = None) -> tuple[str, ...]:
         """Why this ground truth may not be the setting's (docs/FIDELITY.md, "Trusted cases"):
         the link under ``DELIVERED_SHARE`` of its payload rate, TCP retransmitting
         ``RETRANSMITTED_SHARE`` of its segments or more, a rank getting under ``CORE_SHARE`` of a
         core while ready to run, the machine's cores ``SATURATED`` during the timed steps, the real
-        runs or ``trace``'s capture beside other processes keeping ``OTHER_CORES`` busy."""
+        runs' halves ``TRUTH_AGREEMENT`` or more apart, the real runs or ``trace``'s capture beside
+        other processes keeping ``OTHER_CORES`` busy, or the capture's unprofiled steps
+        ``CAPTURE_AGREEMENT`` or more from the truth of the setting it was captured at
+        (``captured``; default: this one)."""
+        out = list(self._machine_flags())
+        if self.halves_us is not None:
+            a, b = self.halves_us
+            if abs(a / b - 1) >= TRUTH_AGREEMENT:
+                out.append(f"the real runs before and after the capture took {a / 1e3:.1f} and {b / 1e3:.1f} ms a "
+                           f"step ({abs(a / b - 1):.0%} apart, {TRUTH_AGREEMENT:.0%} or more: the machine's speed "
+                           "moved between them, so the truth is not one number)")
+        return tuple(out) + _capture_flags(trace, captured or self)
+
+    def _machine_flags(self) -> tuple[str, ...]:
         out = []
         rate = self.setting.rate_bps
         if rate and self.delivered_bps is not None and self.delivered_bps < DELIVERED_SHARE * rate * TCP_PAYLOAD:
@@ -463,9 +487,6 @@ class _Truth:
         if self.other_cores is not None and self.other_cores >= OTHER_CORES:
             out.append(f"the real runs' machine was busy: other processes and the kernel kept "
                        f"{self.other_cores:.1f} cores busy")
-        noise = trace.meta.noise if trace is not None else None
-        if noise is not None and noise.other_cores is not None and noise.other_cores >= OTHER_CORES:
-            out.append(f"its capture's machine was busy: other processes kept {noise.other_cores:.1f} cores busy")
         return tuple(out)
 
     def delivered_link(self) -> LinkSpec | None:
@@ -475,10 +496,31 @@ class _Truth:
         return LinkSpec(bandwidth_bps=self.delivered_bps / TCP_PAYLOAD * TBF_TO_WIRE, latency_us=VETH_LATENCY_US)
 
 
-def _replayed(name: str, kind: CaseKind, truth: _Truth, trace: Trace, linked: Trace) -> CaseResult:
+def _capture_flags(trace: Trace | None, captured: _Truth) -> tuple[str, ...]:
+    """Why ``trace``'s capture may not be its setting's (``captured``: that setting's real runs): its
+    machine busy with other processes, or its own steps without the profiler at another speed than
+    the real runs'."""
+    noise = trace.meta.noise if trace is not None else None
+    if noise is None:
+        return ()
+    out = []
+    if noise.other_cores is not None and noise.other_cores >= OTHER_CORES:
+        out.append(f"its capture's machine was busy: other processes kept {noise.other_cores:.1f} cores busy")
+    if noise.unprofiled_step_us and captured.measured_us > 0:
+        off = noise.unprofiled_step_us / captured.measured_us - 1
+        if abs(off) >= CAPTURE_AGREEMENT:
+            out.append(f"its capture's own steps without the profiler took {noise.unprofiled_step_us / 1e3:.1f} ms "
+                       f"against the real runs' {captured.measured_us / 1e3:.1f} ms at {captured.setting.name} "
+                       f"({off:+.0%}; {CAPTURE_AGREEMENT:.0%} or more: the machine ran the workload at another "
+                       "speed while capturing, and the trace froze it)")
+    return tuple(out)
+
+
+def _replayed(name: str, kind: CaseKind, truth: _Truth, trace: Trace, linked: Trace,
+              captured: _Truth | None = None) -> CaseResult:
     """``trace`` replayed with the link of the truth's setting (fitted to ``linked`` where unshaped),
     and with the link at the rate it delivered."""
-    case = _case(name, kind, truth, predict(trace, _link(truth.setting, linked)), flags=truth.flags(trace))
+    case = _case(name, kind, truth, predict(trace, _link(truth.setting, linked)), flags=truth.flags(trace, captured))
     link = truth.delivered_link()
     if link is None:
         return case

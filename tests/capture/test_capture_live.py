@@ -15,8 +15,10 @@ import pytest
 from click.testing import CliRunner
 
 from emu.capture import CaptureConfig, capture_model
+from emu.capture.run import AFTER_STEPS
 from emu.cli import cli
 from emu.traces import CollKind, load_trace
+from emu.traces.noise import profiled_step_us, profiler_overhead
 from tests.conftest import as_in_a_terminal, processes_mentioning
 
 torch = pytest.importorskip("torch", reason="capture needs torch (pip install 'emu[capture]')")
@@ -52,6 +54,12 @@ def test_mlp_capture_sizes_steps_and_meta(no_leftovers: Path) -> None:
         steps = profiler_steps(no_leftovers / f"rank{program.rank}.json")
         assert [it.measured_us for it in program.iterations] == [e["dur"] for e in steps]
         assert [it.step for it in program.iterations] == [3, 4]  # warm-up 2, profiler warm-up 1
+        # the steps past the window, timed without the profiler (emu.capture.run.AFTER_STEPS)
+        after = json.loads((no_leftovers / f"rank{program.rank}.meta.json").read_text())["unprofiled_step_us"]
+        assert len(after) == AFTER_STEPS and all(x > 0 for x in after)
+    noise = trace.meta.noise
+    assert noise.unprofiled_steps == AFTER_STEPS and noise.unprofiled_step_us > 0
+    assert profiler_overhead(trace) == pytest.approx(profiled_step_us(trace) / noise.unprofiled_step_us - 1)
 
 
 @pytest.mark.slow
@@ -97,6 +105,8 @@ def test_unmodified_script_capture(no_leftovers: Path) -> None:
     for iteration_buckets in buckets(trace):
         assert sum(b.count for b in iteration_buckets) == params
     assert (no_leftovers / "k" / "rank0.json").is_file() and (no_leftovers / "k" / "rank1.json").is_file()
+    # 8 steps: warm-up 2, the profiler's 1, 2 profiled; the 3 after them are timed without the profiler
+    assert trace.meta.noise.unprofiled_steps == 3
 
 
 @pytest.mark.slow
@@ -299,6 +309,8 @@ def test_a_capture_beside_a_busy_process_says_so(tmp_path: Path) -> None:
     replayed = CliRunner().invoke(cli, ["replay", str(out), "--iters", "1", "--json"])
     assert replayed.exit_code == 0, replayed.output
     assert any(line.startswith("other processes kept") for line in json.loads(replayed.stdout)["trace"]["noise"])
+    assert json.loads(replayed.stdout)["trace"]["profiler_overhead"] == pytest.approx(profiler_overhead(load_trace(out)),
+                                                                                     abs=1e-4)
     table = CliRunner().invoke(cli, ["replay", str(out), "--iters", "1"])
     assert table.exit_code == 0 and "the trace: other processes kept" in table.stderr
 

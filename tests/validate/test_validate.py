@@ -138,6 +138,33 @@ def test_cases_are_trusted_by_criteria_fixed_in_advance() -> None:
     assert (case.real_core_share, case.real_machine_busy) == (0.6, 0.97)
 
 
+def test_a_truth_that_moved_or_a_capture_at_another_speed_is_flagged() -> None:
+    """The real runs before and after the capture 4% or more apart, or the capture's own steps
+    without the profiler 5% or more from the real runs' (its own setting's, for an extrapolated
+    case), flag a case; closer, they do not."""
+    from emu.traces.model import CaptureNoise
+
+    fine = _Truth(Setting("300Mbit/25MB", 300e6, 25), 100e3, 1.0, None, halves_us=(99e3, 102e3))
+    assert fine.flags(None) == ()
+    moved = replace(fine, halves_us=(96e3, 104e3))
+    assert moved.flags(None) == ("the real runs before and after the capture took 96.0 and 104.0 ms a step (8% apart, "
+                                 "4% or more: the machine's speed moved between them, so the truth is not one number)",)
+    plain = trace_with({1000: 10.0})
+
+    def captured(unprofiled_us: float):
+        noise = CaptureNoise(0.01, 0.01, other_cores=0.1, unprofiled_step_us=unprofiled_us, unprofiled_steps=5)
+        return replace(plain, meta=replace(plain.meta, noise=noise))
+
+    assert fine.flags(captured(104e3)) == ()
+    assert fine.flags(captured(94e3)) == (
+        "its capture's own steps without the profiler took 94.0 ms against the real runs' 100.0 ms at 300Mbit/25MB "
+        "(-6%; 5% or more: the machine ran the workload at another speed while capturing, and the trace froze it)",)
+    # an extrapolated case: the capture is the unshaped setting's, judged against that setting's truth
+    unshaped = _Truth(Setting("unshaped/25MB", None, 25), 50e3, 1.0, None, halves_us=(50e3, 50e3))
+    assert fine.flags(captured(50.5e3), unshaped) == ()
+    assert "at unshaped/25MB (+20%" in fine.flags(captured(60e3), unshaped)[0]
+
+
 @pytest.mark.skipif(available() is not None, reason=f"no network namespaces here: {available()}")
 def test_two_hosts_deliver_their_rate_in_order() -> None:
     """The shaped veth pair delivers its rate to a real TCP transfer, each end's receive steered to
@@ -263,8 +290,8 @@ def test_a_flagged_setting_runs_again_at_most_twice(monkeypatch: pytest.MonkeyPa
 
     def real_runs(*args, **kwargs):
         calls.append(1)
-        return core._RealRuns([100.0, 101.0, 99.0], trace_with({1000: 10.0}), next(rates) * 300e6 * core.TCP_PAYLOAD,
-                              0.1, 0.0, 0.98, 0.5)
+        return core._RealRuns([100.0, 101.0, 99.0], (100.0, 100.5), trace_with({1000: 10.0}),
+                              next(rates) * 300e6 * core.TCP_PAYLOAD, 0.1, 0.0, 0.98, 0.5)
 
     monkeypatch.setattr(core, "_real_runs", real_runs)
     progress = core._Progress(None)

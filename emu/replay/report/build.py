@@ -44,7 +44,7 @@ from emu.replay.report.model import (
 )
 from emu.traces.io import trace_digest
 from emu.traces.model import Trace
-from emu.traces.noise import assess
+from emu.traces.noise import assess, overhead_line, profiler_overhead
 
 LAG_TOLERANCE = 0.01  # of the median iteration: docs/design.md's bar for a trustworthy run
 
@@ -196,9 +196,19 @@ def _trace_doc(trace: Trace, trace_path: str | None) -> dict[str, Any]:
             "world_size": meta.world_size, "backend": meta.backend, "params": meta.params,
             "batch_size": meta.batch_size, "iterations": trace.iterations, "sha256": trace_digest(trace),
             "gaps": list(meta.gaps),  # what the source lacked (a live trace: how its compute was measured)
+            # how much longer the capture's profiled steps took than its own unprofiled ones (where it
+            # timed them: meta.noise.unprofiled_step_us)
+            **({"profiler_overhead": round(o, 4)} if (o := profiler_overhead(trace)) is not None else {}),
             # why the trace's steps may not be a quiet machine's (meta.noise, or for a trace written
-            # before it, the spread of its steps): only where there is a reason
-            **({"noise": list(noise.busy)} if (noise := meta.noise or assess(trace)).busy else {})}
+            # before it, the spread of its steps), and the profiler's overhead where it reaches
+            # PROFILER_OVERHEAD: only where there is a reason
+            **({"noise": lines} if (lines := _noise_lines(trace)) else {})}
+
+
+def _noise_lines(trace: Trace) -> list[str]:
+    lines = list((trace.meta.noise or assess(trace)).busy)
+    overhead = overhead_line(trace)
+    return lines + [overhead] if overhead else lines
 
 
 def _compression(trace: Trace, config: ReplayConfig, records: dict[int, list[list[float]]],

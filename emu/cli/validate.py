@@ -56,13 +56,14 @@ def validate(quick: bool, models: str, steps: int, calibrate: bool, keep: Path |
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
         table = Table(title="emu validate: real step time against the emulated one")
-        for name in ("case", "kind", "measured ms", "+/- ms", "predicted ms", "error"):
+        for name in ("case", "kind", "measured ms", "+/- ms", "predicted ms", "error", "vs capture"):
             table.add_column(name, justify="left" if name in ("case", "kind") else "right")
         for c in result.cases:
+            own = "-" if c.error_vs_capture_pct is None else f"{c.error_vs_capture_pct:+.1f}%"
             table.add_row(c.name, c.kind.value, ms(c.measured_us), ms(c.spread_us), ms(c.predicted_us),
-                          f"{c.error_pct:+.1f}%")
+                          f"{c.error_pct:+.1f}%", own)
         for f in result.failures:
-            table.add_row(f.name, "failed", "-", "-", "-", "-")
+            table.add_row(f.name, "failed", "-", "-", "-", "-", "-")
         out().print(table)
         for f in result.failures:
             out().print(f"failed: {f.name}: {f.error}", markup=False, highlight=False, soft_wrap=True)
@@ -81,6 +82,11 @@ def validate(quick: bool, models: str, steps: int, calibrate: bool, keep: Path |
                  for kind in ("same", "extrapolated", "calibrated", "held out", "run") if any(c.kind.value == kind for c in result.cases)]
         out().print(f"mean |error| {s['mean_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}% "
                     f"(mean / max by kind: {'; '.join(parts)})", markup=False, highlight=False)
+        if any(c.error_vs_capture_pct is not None for c in result.cases):
+            out().print(f"same-configuration replays against their captures' own profiled steps: mean / max |error| "
+                        f"{s['same_vs_capture_mean_abs_error_pct']:.1f}% / {s['same_vs_capture_max_abs_error_pct']:.1f}% "
+                        "(emu's own error, without the machine's drift or the profiler's overhead)",
+                        markup=False, highlight=False)
     if not result.failures and not trusted_enough(result.cases):
         raise CheckFailed(f"{result.summary['flagged_cases']:g} of {len(result.cases)} cases are flagged (their real "
                           "runs or captures were limited by the machine: each says why above): fewer than two "

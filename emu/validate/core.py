@@ -43,7 +43,7 @@ from emu.lifetime import current
 from emu.replay import ReplayConfig, ReplayError, replay
 from emu.traces import save_trace
 from emu.traces.model import Trace
-from emu.traces.noise import OTHER_CORES, MachineLoad, cpu_ticks
+from emu.traces.noise import OTHER_CORES, MachineLoad, cpu_ticks, profiled_step_us
 from emu.validate import netns
 from emu.validate.fit import fit_link
 
@@ -112,6 +112,10 @@ class CaseResult:
     # the prediction replayed with the link at that delivered rate, against the real runs (None:
     # not measured, or an emu run case, whose live run is not repeated)
     error_vs_delivered_pct: float | None = None
+    # the prediction against the median profiled step of the very capture it replays (``same`` and
+    # ``calibrated``; None for the other kinds): the replay's own error, without the machine's drift
+    # between the capture and the real runs and without the profiler's overhead, which it includes
+    error_vs_capture_pct: float | None = None
     # why the case's ground truth may not be what its setting says (docs/FIDELITY.md, "Trusted
     # cases"); empty: trusted
     flags: tuple[str, ...] = ()
@@ -521,6 +525,8 @@ def _replayed(name: str, kind: CaseKind, truth: _Truth, trace: Trace, linked: Tr
     """``trace`` replayed with the link of the truth's setting (fitted to ``linked`` where unshaped),
     and with the link at the rate it delivered."""
     case = _case(name, kind, truth, predict(trace, _link(truth.setting, linked)), flags=truth.flags(trace, captured))
+    if kind == CaseKind.SAME:
+        case = replace(case, error_vs_capture_pct=_error(case.predicted_us, profiled_step_us(trace)))
     link = truth.delivered_link()
     if link is None:
         return case
@@ -529,8 +535,9 @@ def _replayed(name: str, kind: CaseKind, truth: _Truth, trace: Trace, linked: Tr
 
 def _calibrated(name: str, truth: _Truth, trace: Trace) -> CaseResult:
     fit = fit_link(trace)
-    return _case(name, CaseKind.CALIBRATED, truth, predict(trace, fit.link()),
+    case = _case(name, CaseKind.CALIBRATED, truth, predict(trace, fit.link()),
                  f"fit {fit.bandwidth_bps / 1e9:.3f} Gb/s ({fit.method})", flags=truth.flags(trace))
+    return replace(case, error_vs_capture_pct=_error(case.predicted_us, profiled_step_us(trace)))
 
 
 def _a100(path: Path) -> CaseResult:
@@ -608,6 +615,10 @@ def _summary(cases: list[CaseResult], failed: int = 0) -> dict[str, float]:
         mean, worst = stats([c for c in trusted if c.kind == kind])
         out[f"{kind.value}_trusted_mean_abs_error_pct"] = mean
         out[f"{kind.value}_trusted_max_abs_error_pct"] = worst
+    for kind in (CaseKind.SAME, CaseKind.CALIBRATED):  # every case's, flagged or not: no truth run in it
+        errs = [abs(c.error_vs_capture_pct) for c in cases if c.kind == kind and c.error_vs_capture_pct is not None]
+        out[f"{kind.value}_vs_capture_mean_abs_error_pct"] = statistics.fmean(errs) if errs else 0.0
+        out[f"{kind.value}_vs_capture_max_abs_error_pct"] = max(errs, default=0.0)
     out["failed_cases"] = failed
     out["trusted_cases"] = len(trusted)
     out["flagged_cases"] = len(cases) - len(trusted)

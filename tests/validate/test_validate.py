@@ -138,6 +138,25 @@ def test_cases_are_trusted_by_criteria_fixed_in_advance() -> None:
     assert (case.real_core_share, case.real_machine_busy) == (0.6, 0.97)
 
 
+def test_a_same_configuration_case_is_also_judged_against_its_own_capture() -> None:
+    """A ``same`` case's prediction against the median profiled step of the trace it replays (no
+    real run in it); an extrapolated case replays another setting's capture and has none."""
+    from emu.traces.noise import profiled_step_us
+    from emu.validate.core import _replayed
+
+    trace = trace_with({1_000_000: 5000.0, 4_000_000: 20000.0})
+    trace = replace(trace, ranks=(replace(trace.ranks[0], iterations=(replace(trace.ranks[0].iterations[0],
+                                                                               measured_us=30000.0),)),))
+    truth = _Truth(Setting("300Mbit/25MB", 300e6, 25), 40000.0, 1.0, None)
+    same = _replayed("s", CaseKind.SAME, truth, trace, trace)
+    assert profiled_step_us(trace) == 30000.0
+    assert same.error_vs_capture_pct == pytest.approx(100 * (same.predicted_us / 30000.0 - 1))
+    assert same.error_pct == pytest.approx(100 * (same.predicted_us / 40000.0 - 1))
+    assert _replayed("e", CaseKind.EXTRAPOLATED, truth, trace, trace).error_vs_capture_pct is None
+    s = _summary([same])
+    assert s["same_vs_capture_mean_abs_error_pct"] == pytest.approx(abs(same.error_vs_capture_pct))
+
+
 def test_a_truth_that_moved_or_a_capture_at_another_speed_is_flagged() -> None:
     """The real runs before and after the capture 4% or more apart, or the capture's own steps
     without the profiler 5% or more from the real runs' (its own setting's, for an extrapolated

@@ -35,6 +35,8 @@ from emu.traces.samples import BUILT_IN, MODELS, PARALLEL_MODELS
 from emu.traces.validate import validate_trace
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+
+
 @dataclass(frozen=True)
 class CaptureConfig:
     """How a capture runs, whatever it runs."""

@@ -257,7 +257,7 @@ class CaptureNoise:
     busy: tuple[str, ...] = ()  # why the steps may not be a quiet machine's, one line each (empty: none found)
     windows: int = 1  # profiled windows the capture took, the steadiest kept (emu capture --windows)
     # the capture's steps past its window, without the profiler: their median wall time (the
-    # ranks' median), and how many each rank ran (None, 0: not measured, as in imports)
+    # ranks' median of each rank's), and the fewest a rank timed (None, 0: not measured, as in imports)
     unprofiled_step_us: float | None = None
     unprofiled_steps: int = 0
 

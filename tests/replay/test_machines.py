@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -36,9 +37,23 @@ def exact_part(doc: dict) -> dict:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free a moment ago, below the kernel's ephemeral range: a port the kernel hands out
+    (bind to 0) can be handed again to another test's outgoing connection before machine 0 binds
+    it, which made a slow test beside others under xdist wait 60 s on a store that was not its own."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, max(10001, low))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port in 10000..{low} after 200 tries")
 
 
 # -- the launcher's environment -------------------------------------------------------------
@@ -272,11 +287,12 @@ def test_forged_messages_are_dropped_and_counted(machines, tmp_path: Path) -> No
     plan = json.loads(json.loads(store.get("run/0/plan"))["doc"])  # tagged, not hidden
     for address in (plan["switch"], plan["control"]):  # bound (the switch binds in its own process)
         host, _, tcp = address.removeprefix("tcp://").rpartition(":")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + 60
+        while True:
             with socket.socket() as probe:
                 if probe.connect_ex((host, int(tcp))) == 0:
                     break
+            assert time.monotonic() < deadline, f"{address} never listened: {run.err(0)}"
             time.sleep(0.05)
     ctx = zmq.Context()
     try:

@@ -113,6 +113,10 @@ def _written(trace: Trace, output: Path, busy_ok: bool) -> None:
                   f"{s.world_size}, {s.iterations} iterations, median step {ms(s.step_us_median)} ms",
                   markup=False, highlight=False, soft_wrap=True)
     noise = trace.meta.noise
+    if s.profiler_overhead is not None and noise is not None and noise.unprofiled_step_us:
+        console.print(f"without the profiler, {noise.unprofiled_steps} steps past the window: median "
+                      f"{ms(noise.unprofiled_step_us)} ms (the profiled ones {s.profiler_overhead:+.1%}: the "
+                      "profiler's overhead and the machine's drift)", markup=False, highlight=False, soft_wrap=True)
     if noise is not None and noise.windows > 1:
         console.print(f"took {noise.windows} profiled windows (the steps varied 10% or more), kept the steadiest: "
                       f"its steps vary {noise.step_cv:.1%}", markup=False, highlight=False, soft_wrap=True)

@@ -305,6 +305,7 @@ def test_a_capture_beside_a_busy_process_says_so(tmp_path: Path) -> None:
     assert noise is not None and noise.other_cores is not None and noise.other_cores >= 0.5
     assert any(line.startswith("other processes kept") for line in noise.busy)
     assert "warning: other processes kept" in res.stderr and "meta.noise" in res.stderr
+    assert f"without the profiler, {AFTER_STEPS} steps past the window: median " in res.stderr
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr
     replayed = CliRunner().invoke(cli, ["replay", str(out), "--iters", "1", "--json"])
     assert replayed.exit_code == 0, replayed.output

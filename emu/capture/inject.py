@@ -146,12 +146,15 @@ def hook_name(hook: object, depth: int = 0) -> str:
     return name[:200]
 
 
+TIMED_AFTER = 1000  # steps past the window a rank times at most (a long run's need not all be kept)
+
+
 def _time_step(report: RankReport, ended: list[float]) -> None:
     """A step past the window, from the end of the last hook (``ended``) to now, into the report."""
     began = time.perf_counter()
-    if ended:
+    if len(report.unprofiled_step_us) < TIMED_AFTER:
         report.unprofiled_step_us.append((began - ended[-1]) * 1e6)
-    ended.append(time.perf_counter())
+    ended[-1] = time.perf_counter()
 
 
 def run(out: Path, warmup: int, steps: int, target: list[str]) -> int:
@@ -190,7 +193,7 @@ def run(out: Path, warmup: int, steps: int, target: list[str]) -> int:
         activities=activities, record_shapes=True, on_trace_ready=export,
         schedule=torch.profiler.schedule(skip_first=warmup, wait=0, warmup=1, active=steps, repeat=1))
     followed: list[int] = []
-    after: list[float] = []  # when each hook past the window ended (perf_counter)
+    after: list[float] = []  # when the last hook past the window ended (perf_counter)
 
     def on_step(optimizer: torch.optim.Optimizer, *_: object) -> None:
         if not followed:

@@ -105,6 +105,7 @@ def capture(model: str | None, kineto: bool, chakra: bool, output: Path, world_s
 def _written(trace: Trace, output: Path, busy_ok: bool) -> None:
     """Save the trace and say what it holds, and whether its steps are a quiet machine's."""
     from emu.traces import save_trace, summarize
+    from emu.traces.noise import profiled_step_us
 
     console = err()
     save_trace(trace, output)
@@ -114,9 +115,11 @@ def _written(trace: Trace, output: Path, busy_ok: bool) -> None:
                   markup=False, highlight=False, soft_wrap=True)
     noise = trace.meta.noise
     if s.profiler_overhead is not None and noise is not None and noise.unprofiled_step_us:
-        console.print(f"without the profiler, {noise.unprofiled_steps} steps past the window: median "
-                      f"{ms(noise.unprofiled_step_us)} ms (the profiled ones {s.profiler_overhead:+.1%}: the "
-                      "profiler's overhead and the machine's drift)", markup=False, highlight=False, soft_wrap=True)
+        n = noise.unprofiled_steps
+        console.print(f"without the profiler, {n} step{'s' if n != 1 else ''} past the window: median "
+                      f"{ms(noise.unprofiled_step_us)} ms against the profiled ones' {ms(profiled_step_us(trace))} ms "
+                      f"({s.profiler_overhead:+.1%}: the profiler's overhead and the machine's drift)",
+                      markup=False, highlight=False, soft_wrap=True)
     if noise is not None and noise.windows > 1:
         console.print(f"took {noise.windows} profiled windows (the steps varied 10% or more), kept the steadiest: "
                       f"its steps vary {noise.step_cv:.1%}", markup=False, highlight=False, soft_wrap=True)

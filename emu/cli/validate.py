@@ -82,7 +82,7 @@ def validate(quick: bool, models: str, steps: int, calibrate: bool, keep: Path |
                  for kind in ("same", "extrapolated", "calibrated", "held out", "run") if any(c.kind.value == kind for c in result.cases)]
         out().print(f"mean |error| {s['mean_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}% "
                     f"(mean / max by kind: {'; '.join(parts)})", markup=False, highlight=False)
-        if any(c.error_vs_capture_pct is not None for c in result.cases):
+        if any(c.error_vs_capture_pct is not None and c.kind.value == "same" for c in result.cases):
             out().print(f"same-configuration replays against their captures' own profiled steps: mean / max |error| "
                         f"{s['same_vs_capture_mean_abs_error_pct']:.1f}% / {s['same_vs_capture_max_abs_error_pct']:.1f}% "
                         "(emu's own error, without the machine's drift or the profiler's overhead)",

@@ -119,15 +119,22 @@ def overhead_line(trace: Trace) -> str | None:
     assert noise is not None and noise.unprofiled_step_us
     return (f"its profiled steps took {overhead:.0%} longer than the same capture's steps without the profiler "
             f"(median {profiled_step_us(trace) / 1e3:.1f} ms against {noise.unprofiled_step_us / 1e3:.1f} ms over "
-            f"{noise.unprofiled_steps} steps): the profiler's overhead")
+            f"{_steps(noise.unprofiled_steps)}): the profiler's overhead")
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
 
 
 def _after_median(after: list[list[float]]) -> tuple[float | None, int]:
-    """The ranks' median of each rank's median unprofiled step, and the fewest steps a rank timed."""
-    timed = [statistics.median(steps) for steps in after if steps]
-    if not timed or len(timed) < len(after):
+    """The ranks' median of each rank's median unprofiled step, and the fewest steps a rank counted.
+    Of three or more, a rank's first is left out: it can hold its wait for a slower rank that was
+    still exporting the window (its own export is outside it)."""
+    kept = [steps[1:] if len(steps) >= 3 else steps for steps in after]
+    timed = [statistics.median(steps) for steps in kept if steps]
+    if not timed or len(timed) < len(kept):
         return None, 0
-    return round(statistics.median(timed), 3), min(len(steps) for steps in after)
+    return round(statistics.median(timed), 3), min(len(steps) for steps in kept)
 
 
 def assess(trace: Trace, load: MachineLoad | None = None, after: list[list[float]] | None = None) -> CaptureNoise:

@@ -466,9 +466,10 @@ class _Truth:
         out = list(self._machine_flags())
         if self.halves_us is not None:
             a, b = self.halves_us
-            if abs(a / b - 1) >= TRUTH_AGREEMENT:
+            apart = max(a, b) / min(a, b) - 1  # the slower over the faster, whichever came first
+            if apart >= TRUTH_AGREEMENT:
                 out.append(f"the real runs before and after the capture took {a / 1e3:.1f} and {b / 1e3:.1f} ms a "
-                           f"step ({abs(a / b - 1):.0%} apart, {TRUTH_AGREEMENT:.0%} or more: the machine's speed "
+                           f"step ({apart:.0%} apart, {TRUTH_AGREEMENT:.0%} or more: the machine's speed "
                            "moved between them, so the truth is not one number)")
         return tuple(out) + _capture_flags(trace, captured or self)
 

@@ -54,12 +54,13 @@ def test_mlp_capture_sizes_steps_and_meta(no_leftovers: Path) -> None:
         steps = profiler_steps(no_leftovers / f"rank{program.rank}.json")
         assert [it.measured_us for it in program.iterations] == [e["dur"] for e in steps]
         assert [it.step for it in program.iterations] == [3, 4]  # warm-up 2, profiler warm-up 1
-        # the steps past the window, timed without the profiler (emu.capture.run.AFTER_STEPS)
+        # the steps past the window, each timed without the profiler (emu.capture.run.AFTER_STEPS)
         after = json.loads((no_leftovers / f"rank{program.rank}.meta.json").read_text())["unprofiled_step_us"]
         assert len(after) == AFTER_STEPS and all(x > 0 for x in after)
     noise = trace.meta.noise
-    assert noise.unprofiled_steps == AFTER_STEPS and noise.unprofiled_step_us > 0
-    assert profiler_overhead(trace) == pytest.approx(profiled_step_us(trace) / noise.unprofiled_step_us - 1)
+    assert noise.unprofiled_steps == AFTER_STEPS - 1  # each rank's first left out
+    # the same workload's steps with and without the profiler: the same order of time
+    assert 0.5 < noise.unprofiled_step_us / profiled_step_us(trace) < 2 and profiler_overhead(trace) is not None
 
 
 @pytest.mark.slow
@@ -105,8 +106,8 @@ def test_unmodified_script_capture(no_leftovers: Path) -> None:
     for iteration_buckets in buckets(trace):
         assert sum(b.count for b in iteration_buckets) == params
     assert (no_leftovers / "k" / "rank0.json").is_file() and (no_leftovers / "k" / "rank1.json").is_file()
-    # 8 steps: warm-up 2, the profiler's 1, 2 profiled; the 3 after them are timed without the profiler
-    assert trace.meta.noise.unprofiled_steps == 3
+    # 8 steps: warm-up 2, the profiler's 1, 2 profiled; the 3 after them timed without the profiler
+    assert trace.meta.noise.unprofiled_steps == 2  # 3 timed, each rank's first left out
 
 
 @pytest.mark.slow
@@ -305,7 +306,7 @@ def test_a_capture_beside_a_busy_process_says_so(tmp_path: Path) -> None:
     assert noise is not None and noise.other_cores is not None and noise.other_cores >= 0.5
     assert any(line.startswith("other processes kept") for line in noise.busy)
     assert "warning: other processes kept" in res.stderr and "meta.noise" in res.stderr
-    assert f"without the profiler, {AFTER_STEPS} steps past the window: median " in res.stderr
+    assert f"without the profiler, {AFTER_STEPS - 1} steps past the window: median " in res.stderr
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr
     replayed = CliRunner().invoke(cli, ["replay", str(out), "--iters", "1", "--json"])
     assert replayed.exit_code == 0, replayed.output

@@ -168,6 +168,8 @@ def test_a_truth_that_moved_or_a_capture_at_another_speed_is_flagged() -> None:
     moved = replace(fine, halves_us=(96e3, 104e3))
     assert moved.flags(None) == ("the real runs before and after the capture took 96.0 and 104.0 ms a step (8% apart, "
                                  "4% or more: the machine's speed moved between them, so the truth is not one number)",)
+    for halves in ((100e3, 104.5e3), (104.5e3, 100e3)):  # the slower over the faster, whichever came first
+        assert "(4% apart, 4% or more" in replace(fine, halves_us=halves).flags(None)[0]
     plain = trace_with({1000: 10.0})
 
     def captured(unprofiled_us: float):

@@ -85,7 +85,9 @@ def validate(quick: bool, models: str, steps: int, calibrate: bool, keep: Path |
         if any(c.error_vs_capture_pct is not None and c.kind.value == "same" for c in result.cases):
             out().print(f"same-configuration replays against their captures' own profiled steps: mean / max |error| "
                         f"{s['same_vs_capture_mean_abs_error_pct']:.1f}% / {s['same_vs_capture_max_abs_error_pct']:.1f}% "
-                        "(emu's own error, without the machine's drift or the profiler's overhead)",
+                        "(the replays against the very steps they were made from: no drift between capture and "
+                        "real runs, no profiler's overhead in it; what the machine did to the captured "
+                        "communication still is)",
                         markup=False, highlight=False)
     if not result.failures and not trusted_enough(result.cases):
         raise CheckFailed(f"{result.summary['flagged_cases']:g} of {len(result.cases)} cases are flagged (their real "

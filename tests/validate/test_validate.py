@@ -16,8 +16,9 @@ import pytest
 
 from emu.traces import Coll, CollKind, Dtype, Iteration, RankProgram, Source, Trace, TraceMeta, Wait
 from emu.validate import Setting, fit_link, run_validation
-from emu.validate.core import TCP_PAYLOAD, CaseKind, _case, _summary, _Truth, trusted_enough
+from emu.validate.core import CaseKind, _case, _summary, trusted_enough
 from emu.validate.netns import available
+from emu.validate.truth import TCP_PAYLOAD, Truth
 from tests.conftest import as_in_a_terminal, processes_mentioning
 
 # Rank 1 of every rank process (real run or capture) whose command line holds
@@ -91,8 +92,8 @@ def test_implausible_latency_falls_back_to_the_bandwidth_bound() -> None:
 
 
 def test_error_arithmetic() -> None:
-    def truth(measured: float, setting: str = "s") -> _Truth:
-        return _Truth(Setting(setting, 300e6, 25), measured, 1.0, None)
+    def truth(measured: float, setting: str = "s") -> Truth:
+        return Truth(Setting(setting, 300e6, 25), measured, 1.0, None)
 
     cases = [_case("a", CaseKind.SAME, truth(100.0), 103.0), _case("b", CaseKind.SAME, truth(200.0), 190.0),
              _case("c", CaseKind.EXTRAPOLATED, truth(100.0), 120.0)]
@@ -109,8 +110,8 @@ def test_cases_are_trusted_by_criteria_fixed_in_advance() -> None:
     case; a validation is trusted with two thirds of its cases trusted and one of every setting."""
     from emu.traces.model import CaptureNoise
 
-    slow = _Truth(Setting("300Mbit/25MB", 300e6, 25), 100.0, 1.0, 0.90 * 300e6 * TCP_PAYLOAD)
-    fine = _Truth(Setting("300Mbit/25MB", 300e6, 25), 100.0, 1.0, 0.99 * 300e6 * TCP_PAYLOAD)
+    slow = Truth(Setting("300Mbit/25MB", 300e6, 25), 100.0, 1.0, 0.90 * 300e6 * TCP_PAYLOAD)
+    fine = Truth(Setting("300Mbit/25MB", 300e6, 25), 100.0, 1.0, 0.99 * 300e6 * TCP_PAYLOAD)
     assert slow.flags(None) == ("the shaped link delivered 90% of its payload rate in the probes beside the real "
                                 "runs (under 95%)",)
     assert fine.flags(None) == ()
@@ -120,7 +121,7 @@ def test_cases_are_trusted_by_criteria_fixed_in_advance() -> None:
     good = [_case(n, CaseKind.SAME, fine, 101.0) for n in "ab"]
     assert trusted_enough([*good, _case("c", CaseKind.SAME, slow, 101.0, flags=slow.flags(None))])
     assert not trusted_enough([good[0], *(_case(n, CaseKind.SAME, slow, 101.0, flags=("x",)) for n in "bc")])
-    other = _Truth(Setting("unshaped/25MB", None, 25), 100.0, 1.0, None)
+    other = Truth(Setting("unshaped/25MB", None, 25), 100.0, 1.0, None)
     assert not trusted_enough([*good, *good, _case("d", CaseKind.SAME, other, 101.0, flags=("x",))])
     # TCP retransmitting (packets lost or reordered on the machine), a busy machine beside the real runs
     lossy = replace(fine, retransmitted=2.5e-3, other_cores=0.7, core_share=0.6, machine_busy=0.97)
@@ -147,7 +148,7 @@ def test_a_same_configuration_case_is_also_judged_against_its_own_capture() -> N
     trace = trace_with({1_000_000: 5000.0, 4_000_000: 20000.0})
     trace = replace(trace, ranks=(replace(trace.ranks[0], iterations=(replace(trace.ranks[0].iterations[0],
                                                                                measured_us=30000.0),)),))
-    truth = _Truth(Setting("300Mbit/25MB", 300e6, 25), 40000.0, 1.0, None)
+    truth = Truth(Setting("300Mbit/25MB", 300e6, 25), 40000.0, 1.0, None)
     same = _replayed("s", CaseKind.SAME, truth, trace, trace)
     assert profiled_step_us(trace) == 30000.0
     assert same.error_vs_capture_pct == pytest.approx(100 * (same.predicted_us / 30000.0 - 1))
@@ -163,7 +164,7 @@ def test_a_truth_that_moved_or_a_capture_at_another_speed_is_flagged() -> None:
     case), flag a case; closer, they do not."""
     from emu.traces.model import CaptureNoise
 
-    fine = _Truth(Setting("300Mbit/25MB", 300e6, 25), 100e3, 1.0, None, halves_us=(99e3, 102e3))
+    fine = Truth(Setting("300Mbit/25MB", 300e6, 25), 100e3, 1.0, None, halves_us=(99e3, 102e3))
     assert fine.flags(None) == ()
     moved = replace(fine, halves_us=(96e3, 104e3))
     assert moved.flags(None) == ("the real runs before and after the capture took 96.0 and 104.0 ms a step (8% apart, "
@@ -181,7 +182,7 @@ def test_a_truth_that_moved_or_a_capture_at_another_speed_is_flagged() -> None:
         "its capture's own steps without the profiler took 94.0 ms against the real runs' 100.0 ms at 300Mbit/25MB "
         "(-6%; 5% or more: the machine ran the workload at another speed while capturing, and the trace froze it)",)
     # an extrapolated case: the capture is the unshaped setting's, judged against that setting's truth
-    unshaped = _Truth(Setting("unshaped/25MB", None, 25), 50e3, 1.0, None, halves_us=(50e3, 50e3))
+    unshaped = Truth(Setting("unshaped/25MB", None, 25), 50e3, 1.0, None, halves_us=(50e3, 50e3))
     assert fine.flags(captured(50.5e3), unshaped) == ()
     assert "at unshaped/25MB (+20%" in fine.flags(captured(60e3), unshaped)[0]
 
@@ -312,7 +313,7 @@ def test_a_flagged_setting_runs_again_at_most_twice(monkeypatch: pytest.MonkeyPa
     def real_runs(*args, **kwargs):
         calls.append(1)
         return core._RealRuns([100.0, 101.0, 99.0], (100.0, 100.5), trace_with({1000: 10.0}),
-                              next(rates) * 300e6 * core.TCP_PAYLOAD, 0.1, 0.0, 0.98, 0.5)
+                              next(rates) * 300e6 * TCP_PAYLOAD, 0.1, 0.0, 0.98, 0.5)
 
     monkeypatch.setattr(core, "_real_runs", real_runs)
     progress = core._Progress(None)

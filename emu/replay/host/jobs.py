@@ -41,8 +41,11 @@ class JobsHost:
             leaves = LeafStage.of(held, setup.jobs[0], *layouts)
         self.leaves = leaves
         self.hosts = {p.job: Host(p, leaves) for p in setup.parts}
-        self.workers: dict[tuple[int, int], FakeWorker] = {
-            (j, w): fw for j, h in self.hosts.items() for w, fw in h.workers.items()}
+
+    @property
+    def workers(self) -> dict[tuple[int, int], FakeWorker]:
+        """Every job's workers here, each's cohort (``Host.workers``: they split and merge as they run)."""
+        return {(j, w): fw for j, h in self.hosts.items() for w, fw in h.workers.items()}
 
     def _host(self, job: int) -> Host:
         host = self.hosts.get(job)

@@ -36,6 +36,7 @@ from emu.emulator.protocol.transport import AggBatch, Departures, SegmentRows
 from emu.errors import RunFailed
 from emu.replay.config.options import Clock, ReplayConfig
 from emu.replay.control.messages import HostResult, WorkerRecord
+from emu.replay.host.cohorts import Cohorts, cohorts_allowed, cohorts_of
 from emu.replay.host.ina import InaEndpoint, Pool, take
 from emu.replay.host.lag import LagHistogram
 from emu.replay.host.leaves import LeafStage
@@ -153,26 +154,55 @@ class Host:
         endpoint = BatchedP2P if cfg.batched_p2p else P2PEndpoint
         self.p2p = endpoint(cfg, self.net, () if workers else setup.endpoints, self.wiring, index,
                             setup.index, self._completed, setup.payload, setup.job, setup.groups)
+        # the fake workers, as cohorts where they run in step (emu.replay.host.cohorts): per worker, its cohort
         self.workers: dict[int, FakeWorker] = {}
         if workers:
-            factor, sigma = straggling(cfg.stragglers, self.m, cfg.seed)
-            for prog in setup.programs:
-                state = WorkerState(program=prog, iters=setup.iters, straggle=float(factor[prog.worker]),
-                                    noise_sigma=float(sigma[prog.worker]), seed=cfg.seed,
-                                    timed=cfg.compress.adaptive, keep_spans=setup.spans)
-                self.workers[prog.worker] = FakeWorker(state, self._start_coll, self._resume_at)
+            self._make_workers(setup, cohorts_allowed(setup, self.p2p.split_inside))
+        self.cohorts = Cohorts(self.workers, self._resume_at, lambda fw: self._runs.get(fw.token, []), self._forget)
+
+    def _make_workers(self, setup: HostSetup, together: bool) -> None:
+        cfg = self.cfg
+        factor, sigma = straggling(cfg.stragglers, self.m, cfg.seed)
+        for token, (kind, progs) in enumerate(cohorts_of(setup.programs, factor, sigma, together).items()):
+            prog = progs[0]
+            state = WorkerState(program=prog, iters=setup.iters, straggle=float(factor[prog.worker]),
+                                noise_sigma=float(sigma[prog.worker]), seed=cfg.seed,
+                                timed=cfg.compress.adaptive, keep_spans=setup.spans)
+            fw = FakeWorker(state, self._start_coll, self._resume_at, members=[p.worker for p in progs], token=token,
+                            pause=self._pause if together else None)
+            fw.kind = kind
+            for p in progs:
+                self.workers[p.worker] = fw
 
     def begin(self) -> None:
-        for fw in self.workers.values():
+        for fw in list(self.cohorts.live.values()):
             fw.begin()
+        self._settle()
         self.ina.pump()
 
     # -- local events -----------------------------------------------------------------
     def _resume_at(self, worker: FakeWorker, t: float) -> None:
-        heapq.heappush(self.heap, (t, _RUN, worker.w, 0, 0.0))
-        runs = self._runs.setdefault(worker.w, [])
+        heapq.heappush(self.heap, (t, _RUN, worker.w, worker.token, 0.0))
+        runs = self._runs.setdefault(worker.token, [])
         bisect.insort(runs, t)
-        self._run_t[worker.w] = runs[0]
+        self._run_t[worker.at] = runs[0]
+
+    def _forget(self, worker: FakeWorker) -> None:
+        """A cohort merged into another: its resumptions are the other's (``Cohorts``)."""
+        self._runs.pop(worker.token, None)
+
+    def _pause(self, worker: FakeWorker) -> None:
+        self.cohorts.pause(worker)
+
+    def _settle(self) -> None:
+        """Complete the cohorts' gathered completions; run on those stopped between iterations."""
+        cohorts, heap = self.cohorts, self.heap
+        while cohorts.arrived or cohorts.paused:
+            cohorts.settle()
+            # the cohorts stopped at a time go on once every resumption at that time ran (to meet there)
+            if not cohorts.paused or (heap and heap[0][1] == _RUN and heap[0][0] <= cohorts.paused[-1].s.t):
+                return
+            cohorts.resume_paused()
 
     def _timer(self, t: float, local: int, slot: int, lost: float) -> None:
         heapq.heappush(self.heap, (t, _RETX, local, slot, lost))
@@ -180,7 +210,7 @@ class Host:
 
     def _completed(self, w: int, run: CollRun, t: float) -> None:
         self._progress_mark = self._scaled()
-        self.workers[w].completed(run, t)
+        self.cohorts.arrive(w, run, t)
 
     def _scaled(self) -> tuple[int, int]:
         """Payload scale's emulated timeouts and packet positions: per chunk, the same on every
@@ -191,8 +221,11 @@ class Host:
     def next_us(self) -> float:
         """The earliest emulated time at which something is left to do here (inf: nothing)."""
         self.ina.pump()
+        heap = self.heap
+        while heap and heap[0][1] == _RUN and heap[0][3] not in self.cohorts.live:
+            heapq.heappop(heap)  # a merged cohort's: the cohort it joined resumes then too
         leaves = self.wiring.leaves
-        return min(self.heap[0][0] if self.heap else math.inf, self.ina.next_us(), self.p2p.next_us(),
+        return min(heap[0][0] if heap else math.inf, self.ina.next_us(), self.p2p.next_us(),
                    leaves.next_us() if leaves is not None else math.inf)
 
     def departures(self) -> Departures:
@@ -279,13 +312,17 @@ class Host:
         if mech is None:
             mech = self._mechs[id(op)] = choose(op, self.cfg.setting)
         if mech.stream:
-            if self.ina.start(worker.w, run, real):
+            done = False
+            for w in worker.members:
+                done = self.ina.start(w, run, real)  # the same for every member: an empty collective
+            if done:
                 worker.completed(run, run.start_us)
             return
         if mech.fallback(op, self.cfg.setting):  # what the fabric could not run its own way
             name = op.kind.value
-            self.counters.fallbacks[name] = self.counters.fallbacks.get(name, 0) + 1
-        self.p2p.start(worker.w, run, real, mech)
+            self.counters.fallbacks[name] = self.counters.fallbacks.get(name, 0) + worker.size
+        for w in worker.members:
+            self.p2p.start(w, run, real, mech)
 
     # -- the links ----------------------------------------------------------------------
     def _uplinks(self, bound: float, inclusive: bool) -> None:
@@ -333,7 +370,12 @@ class Host:
             self.p2p.arrive(seg)
 
     def _downlinks(self, bound: float, inclusive: bool, now: float | None) -> None:
-        """Hand every result and segment due before the bound to its downlink, per link in stamp order."""
+        """Hand every result and segment due before the bound to its downlink, per link in stamp
+        order; the cohorts' completions settled after them."""
+        self._deliver(bound, inclusive, now)
+        self._settle()
+
+    def _deliver(self, bound: float, inclusive: bool, now: float | None) -> None:
         results = self.ina.due_down(bound, inclusive)
         if isinstance(self.p2p, BatchedP2P):  # the switch does not sum: no results share the links
             assert results is None
@@ -385,19 +427,28 @@ class Host:
         """The local events due before the bound, in (time, kind, endpoint) order; ``stop``: a
         bound that may come closer as they run (``_node_passes``)."""
         lags = []
-        heap = self.heap
-        while heap and (heap[0][0] <= bound if inclusive else heap[0][0] < bound):
-            if stop is not None and heap[0][0] >= stop():
-                break
+        heap, cohorts = self.heap, self.cohorts
+        while True:
+            self._settle()
+            if not (heap and (heap[0][0] <= bound if inclusive else heap[0][0] < bound)) or (
+                    stop is not None and heap[0][0] >= stop()):
+                if not cohorts.paused:
+                    break
+                cohorts.resume_paused()
+                continue
             t, kind, a, b, lost = heapq.heappop(heap)
+            if kind == _RUN:
+                fw = cohorts.live.get(b)
+                if fw is None:  # a cohort merged into another, whose resumption this one is too
+                    continue
+                runs = self._runs[b]
+                runs.pop(0)  # the heap's least: this cohort's first
+                self._run_t[fw.at] = runs[0] if runs else math.inf
             self.counters.events += 1
             if now is not None:
                 lags.append(now - t)
             if kind == _RUN:
-                runs = self._runs[a]
-                runs.pop(0)  # the heap's least: this worker's first
-                self._run_t[a] = runs[0] if runs else math.inf
-                self.workers[a].run()
+                fw.run()
             else:
                 self._timers -= 1
                 self.ina.timer_fired(a, b, t, lost)
@@ -458,7 +509,7 @@ class Host:
                 f"{len(pending) - 1} more pending" if pending else "nothing pending")
 
     def finished(self) -> bool:
-        return all(fw.s.finished for fw in self.workers.values())
+        return all(fw.s.finished for fw in self.cohorts.live.values())
 
     def done(self) -> bool:
         return self.finished() and self.next_us() == math.inf and not self.ina.busy()
@@ -466,7 +517,7 @@ class Host:
     def metrics(self) -> HostResult:
         workers = {
             str(w): WorkerRecord(
-                iterations=[[r.start_us, r.end_us, r.compute_us, r.blocked_us, r.comm_us] for r in fw.s.records],
+                iterations=[[r.start_us, r.end_us, r.compute_us, r.blocked_us, r.comm_us] for r in fw.records_of(w)],
                 spans=[list(s) for s in fw.s.spans] if self.setup.spans else [],
                 colls=[list(c) for c in fw.s.coll_times])
             for w, fw in self.workers.items()}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -81,11 +81,32 @@ class FakeWorker:
     """Program execution of one worker; ``start_coll`` and ``resume_at`` are the host's."""
 
     def __init__(self, state: WorkerState, start_coll: Callable[[FakeWorker, CollRun], None],
-                 resume_at: Callable[[FakeWorker, float], None]) -> None:
+                 resume_at: Callable[[FakeWorker, float], None], members: list[int] | None = None,
+                 token: int = 0, pause: Callable[[FakeWorker], None] | None = None) -> None:
+        """``members``: the workers that run this program in step, as one (a cohort:
+        ``emu.replay.host.cohorts``; None: the program's own worker alone); ``token``: its name in
+        the host's events; ``pause``: the host's, called where an iteration ended and the next
+        may begin (None: it begins at once)."""
         self.s = state
-        self.w = state.program.worker
         self._start_coll = start_coll
         self._resume_at = resume_at
+        self._pause = pause
+        self.token = token
+        self.kind: object = token  # what a cohort's members share (``emu.replay.host.cohorts``)
+        self.paused = False  # stopped between two iterations, for the host to go on (``pause``)
+        # per member that joined from another cohort: its iterations' records from before
+        self.history: dict[int, list[IterationRecord]] = {}
+        self.set_members(members or [state.program.worker])
+
+    def set_members(self, members: list[int]) -> None:
+        self.members = members
+        self.w = members[0]
+        self.size = len(members)
+        self.at: int | np.ndarray = members[0] if len(members) == 1 else np.asarray(members, np.int64)
+
+    def records_of(self, w: int) -> list[IterationRecord]:
+        """Member ``w``'s iterations, from the first."""
+        return self.history.get(w, []) + self.s.records
 
     def _noise(self) -> float:
         s = self.s
@@ -107,10 +128,15 @@ class FakeWorker:
     def run(self) -> None:
         """Execute ops until the worker must wait for time or for a collective."""
         s = self.s
+        self.paused = False
         ops = self._iteration().ops
         while not s.finished:
             if s.op >= len(ops):
                 if not self._end_iteration():
+                    return
+                if self._pause is not None and not s.finished:
+                    self.paused = True
+                    self._pause(self)
                     return
                 ops = self._iteration().ops
                 continue
@@ -176,6 +202,9 @@ class FakeWorker:
     def completed(self, run: CollRun, end_us: float) -> None:
         """The host reports that a collective finished on this worker at ``end_us``."""
         s = self.s
+        own = s.colls.get(run.op.id)
+        if own is not None and own is not run and own.seq == run.seq:
+            run = own  # a cohort split since the collective started: the endpoints hold the first's
         run.end_us = max(end_us, run.start_us or end_us)
         role = run.op.group_role
         s.completed[role] = s.completed.get(role, 0) + 1
@@ -196,6 +225,16 @@ class FakeWorker:
             self._resume_at(self, max(s.t, max(s.colls[i].end_us for i in s.waiting)))
         elif s.op >= len(self._iteration().ops) and all(r.end_us is not None for r in s.colls.values()):
             self._resume_at(self, max([s.t] + [r.end_us for r in s.colls.values()]))
+
+
+def copy_state(s: WorkerState) -> WorkerState:
+    """A worker's state for a cohort split off (``emu.replay.host.cohorts``): its own records and
+    collectives' times, the program and the collectives' ops shared (the host knows an op by its id)."""
+    runs = {id(r): replace(r) for r in [*s.colls.values(), *(r for v in s.streams.values() for r in v)]}
+    return replace(s, records=[replace(r) for r in s.records], colls={k: runs[id(r)] for k, r in s.colls.items()},
+                   streams={k: [runs[id(r)] for r in v] for k, v in s.streams.items()},
+                   stream_free_us=dict(s.stream_free_us), spans=list(s.spans), completed=dict(s.completed),
+                   coll_times=list(s.coll_times))
 
 
 def roles_done(state: WorkerState) -> dict[str, int]:

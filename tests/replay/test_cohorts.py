@@ -1,0 +1,84 @@
+"""Cohorts (emu.replay.host.cohorts): workers that run one program in step run as one, and every
+emulated number is the one of workers run one by one."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from emu.emulator.links.spec import LinkSpec
+from emu.replay import ReplayConfig, replay
+from emu.replay.config.options import Straggler
+from emu.replay.host import cohorts, runtime
+from emu.traces import load_trace, sample_path
+from tests.replay.test_clock import exact_part
+
+
+def _run(trace, config, monkeypatch, together: bool):
+    """The replay, every worker's iterations (its hosts' results) and how many cohorts its hosts
+    held at the end; ``together`` False: every worker alone."""
+    results, held = [], []
+    metrics = runtime.Host.metrics
+
+    def kept(self):
+        held.append(len(self.cohorts.live))
+        results.append(metrics(self))
+        return results[-1]
+    with monkeypatch.context() as m:
+        m.setattr(runtime.Host, "metrics", kept)
+        if not together:
+            m.setattr(runtime, "cohorts_allowed", lambda *_: False)
+        report = replay(trace, config)
+    return report, {w: d.iterations for r in results for w, d in r.workers.items()}, sum(held)
+
+
+def _both(trace, config, monkeypatch):
+    return _run(trace, config, monkeypatch, True), _run(trace, config, monkeypatch, False)
+
+
+@pytest.mark.parametrize(("sample", "fabric", "workers", "extra", "fewer"), [
+    # its broadcast reaches the workers down a binomial tree, at as many times as the tree has levels: the
+    # cohorts split there and merge where the iteration's last all_reduce leaves them in step
+    ("transformer", "ina", 64, {}, 2),
+    ("mlp", "ring", 16, {}, 2),
+    # the shards answer each worker in turn: cohorts split at every pull and meet at the iteration's end
+    ("mlp", "ps", 8, {}, 1),
+    # loss: retransmission timers beside the cohorts' events (most of them), and results lost on some
+    # members' links; a slow worker: a cohort of its own
+    ("mlp", "ina", 16, {"link": LinkSpec(bandwidth_bps=25e9, loss=0.01), "stragglers": (Straggler.parse("3,7:1.5"),)},
+     1),
+])
+def test_same_numbers_as_workers_alone(sample, fabric, workers, extra, fewer, monkeypatch, no_children) -> None:
+    config = ReplayConfig(workers=workers, fabric=fabric, iters=3, payload_scale=64, processes=0, **extra)
+    (together, records, _), (alone, alone_records, _) = _both(load_trace(sample_path(sample)), config, monkeypatch)
+    assert together.verification.ok
+    assert exact_part(together) == exact_part(alone)
+    assert records == alone_records and len(records) == workers  # every worker's own iterations
+    assert together.emulator.events * fewer <= alone.emulator.events  # they did run as cohorts
+
+
+def test_broadcast_parts_and_meets_again(monkeypatch, no_children) -> None:
+    """The transformer's broadcast completes at different times: cohorts split there and merge
+    where an iteration ends at one time; each worker's iterations keep their own times through
+    both, and a socketed layout agrees."""
+    config = ReplayConfig(workers=32, fabric="ina", iters=3, payload_scale=64, processes=0)
+    trace = load_trace(sample_path("transformer"))
+    seen = {"split": 0, "merge": 0}
+    split, merge = cohorts.Cohorts.split, cohorts.Cohorts._merge
+
+    def counted(name, f):
+        def call(self, *args):
+            seen[name] += 1
+            return f(self, *args)
+        return call
+    monkeypatch.setattr(cohorts.Cohorts, "split", counted("split", split))
+    monkeypatch.setattr(cohorts.Cohorts, "_merge", counted("merge", merge))
+    (together, records, held), (_, alone_records, alone) = _both(trace, config, monkeypatch)
+    assert records == alone_records
+    assert seen["split"] > 3 and seen["merge"] >= 2
+    assert 2 <= held < alone == 32
+    # [start, end, compute, blocked, comm]: the collectives' spans differ from worker to worker
+    assert len({round(its[1][4], 6) for its in records.values()}) > 8
+    socketed = replay(trace, replace(config, processes=2))
+    assert exact_part(socketed) == exact_part(together)

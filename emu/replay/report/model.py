@@ -83,7 +83,7 @@ class EmulatorReport:
     wall_s: float
     cpu_percent: float
     processes: int
-    events: int
+    events: int  # the hosts' local events handled: resumptions (a cohort's once) and retransmission timers
     advice: str | None
     run_s: float = 0.0  # wall seconds of the run itself (without process start and stop)
     calibration: dict | None = None  # how auto chose tdf and payload scale

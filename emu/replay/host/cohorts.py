@@ -132,7 +132,7 @@ class Cohorts:
         """Run on the cohorts stopped between iterations, those in the same state merged first."""
         paused, self.paused = self.paused, []
         groups: dict[tuple, list[FakeWorker]] = {}
-        for fw in paused:
+        for fw in {fw.token: fw for fw in paused}.values():  # once each, though it stopped twice
             if fw.paused and fw.token in self.live:  # not run on since, nor merged
                 groups.setdefault(self._key(fw), []).append(fw)
         for group in groups.values():

@@ -108,10 +108,16 @@ class Cohorts:
             piece.completed(run, t)
 
     def split(self, fw: FakeWorker, parts: list[list[int]]) -> list[FakeWorker]:
-        """``fw`` as one cohort per part (the first keeps ``fw``), each resuming when it would have."""
+        """``fw`` as one cohort per part, in their order, each resuming when it would have. The
+        largest keeps ``fw``: a parameter server's answers peel one member off at a time, and
+        moving the rest each time would cost the members squared."""
         pending = list(self._pending(fw))
-        pieces = [fw]
-        for members in parts[1:]:
+        largest = max(range(len(parts)), key=lambda i: len(parts[i]))
+        pieces = []
+        for i, members in enumerate(parts):
+            if i == largest:
+                pieces.append(fw)
+                continue
             new = FakeWorker(copy_state(fw.s), fw._start_coll, fw._resume_at, members=members,
                              token=next(self._tokens), pause=fw._pause)
             new.kind = fw.kind
@@ -122,7 +128,7 @@ class Cohorts:
             for t in pending:
                 self._push(new, t)
             pieces.append(new)
-        fw.set_members(parts[0])
+        fw.set_members(parts[largest])
         return pieces
 
     def pause(self, fw: FakeWorker) -> None:
@@ -151,8 +157,9 @@ class Cohorts:
         members: list[int] = []
         for fw in group:
             done = fw.s.records[:-1]  # the iterations each ran before: its members' own
-            for w in fw.members:
-                keep.history[w] = fw.history.get(w, []) + done
+            for w in fw.members:  # each member's list is its own: extended, not copied
+                keep.history[w] = fw.history.get(w) or []
+                keep.history[w].extend(done)
             members += fw.members
             if fw is not keep:
                 del self.live[fw.token]

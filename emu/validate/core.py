@@ -78,6 +78,10 @@ class CaseResult:
     # the prediction replayed with the link at that delivered rate, against the real runs (None:
     # not measured, or an emu run case, whose live run is not repeated)
     error_vs_delivered_pct: float | None = None
+    # the same with both hosts sending at once on one connection, as the ranks' all_reduces do (the
+    # slower direction's payload rate, the lower of the two probes), and the prediction at that rate
+    link_both_ways_bps: float | None = None
+    error_vs_both_ways_pct: float | None = None
     # the prediction against the median profiled step of the very capture it replays (``same`` and
     # ``calibrated``; None for the other kinds): the replay's own error, without the machine's drift
     # between the capture and the real runs and without the profiler's overhead, which it includes
@@ -325,7 +329,8 @@ def _trusted_runs(name: str, model: str, setting: Setting, steps: int, runs: _Ru
     for attempt in range(RERUNS + 1):
         real = _real_runs(model, setting, steps, runs, work, status, namespaces)
         truth = Truth(setting, statistics.median(real.step_us), _spread(real.step_us), real.delivered_bps,
-                       real.other_cores, real.retransmitted, real.core_share, real.machine_busy, real.halves_us)
+                       real.other_cores, real.retransmitted, real.core_share, real.machine_busy, real.halves_us,
+                       real.both_ways_bps)
         flags = truth.flags(real.trace)
         if not flags or attempt == RERUNS:
             return truth, real.trace
@@ -345,6 +350,7 @@ class _RealRuns:
     retransmitted: float | None  # TCP's retransmitted share of its segments; None: no namespaces
     core_share: float | None  # the least share of a core a rank got while ready (``measure``)
     machine_busy: float | None  # the busier real run's busy share of the machine's cores (``measure``)
+    both_ways_bps: float | None = None  # the lower two-way probe's slower direction; None as ``delivered_bps``
 
 
 def _real_runs(model: str, setting: Setting, steps: int, runs: _Runs, work: Path, status: Callable[[str], None],
@@ -357,11 +363,12 @@ def _real_runs(model: str, setting: Setting, steps: int, runs: _Runs, work: Path
     with netns.TwoHosts(setting.rate_bps) if namespaces else contextlib.nullcontext() as hosts:
         net = hosts.network if hosts else None
 
-        def probe() -> float | None:
+        def probe() -> tuple[float, float] | None:  # one way, then both ways at once
             if hosts is None or setting.rate_bps is None:
                 return None
-            status(f"{model} at {setting.name}: probe transfer")
-            return hosts.probe(int(min(64 << 20, setting.rate_bps / 8 * PROBE_SECONDS)))
+            status(f"{model} at {setting.name}: probe transfers")
+            nbytes = int(min(64 << 20, setting.rate_bps / 8 * PROBE_SECONDS))
+            return hosts.probe(nbytes), hosts.probe_both_ways(nbytes)
 
         before = probe()
 
@@ -386,7 +393,8 @@ def _real_runs(model: str, setting: Setting, steps: int, runs: _Runs, work: Path
     busy = [x.machine_busy for x in (run_a, run_b) if x.machine_busy is not None]
     return _RealRuns(step_us=run_a.step_us + run_b.step_us, trace=trace,
                      halves_us=(statistics.median(run_a.step_us), statistics.median(run_b.step_us)),
-                     delivered_bps=None if before is None or after is None else min(before, after),
+                     delivered_bps=None if before is None or after is None else min(before[0], after[0]),
+                     both_ways_bps=None if before is None or after is None else min(before[1], after[1]),
                      other_cores=max(loads) if loads else None,
                      retransmitted=retransmitted / sent if hosts and sent else None,
                      core_share=min(shares) if shares else None, machine_busy=max(busy) if busy else None)
@@ -413,9 +421,12 @@ def _replayed(name: str, kind: CaseKind, truth: Truth, trace: Trace, linked: Tra
     if kind == CaseKind.SAME:
         case = replace(case, error_vs_capture_pct=_error(case.predicted_us, profiled_step_us(trace)))
     link = truth.delivered_link()
-    if link is None:
-        return case
-    return replace(case, error_vs_delivered_pct=_error(predict(trace, link), truth.measured_us))
+    if link is not None:
+        case = replace(case, error_vs_delivered_pct=_error(predict(trace, link), truth.measured_us))
+    link = truth.delivered_link(both_ways=True)
+    if link is not None:
+        case = replace(case, error_vs_both_ways_pct=_error(predict(trace, link), truth.measured_us))
+    return case
 
 
 def _calibrated(name: str, truth: Truth, trace: Trace) -> CaseResult:
@@ -481,7 +492,8 @@ def _case(name: str, kind: CaseKind, truth: Truth, predicted: float, detail: str
           flags: tuple[str, ...] = ()) -> CaseResult:
     return CaseResult(name=name, kind=kind, measured_us=truth.measured_us, spread_us=truth.spread_us,
                       predicted_us=predicted, error_pct=_error(predicted, truth.measured_us), detail=detail,
-                      link_delivered_bps=truth.delivered_bps, flags=flags, setting=truth.setting.name,
+                      link_delivered_bps=truth.delivered_bps, link_both_ways_bps=truth.both_ways_bps,
+                      flags=flags, setting=truth.setting.name,
                       real_other_cores=truth.other_cores, tcp_retransmitted_share=truth.retransmitted,
                       real_core_share=truth.core_share, real_machine_busy=truth.machine_busy)
 

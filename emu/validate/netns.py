@@ -64,6 +64,37 @@ while n > 0:
 s.close()
 """
 
+# Both ways at once (``TwoHosts.probe_both_ways``): one TCP connection, each end sending the other
+# the same bytes while it receives, as a two-rank ring's all_reduce moves its halves; each end times
+# what it received, first byte to last (a thread sends, the main thread receives; both bounded)
+_BOTH_WAYS = """import json, socket, sys, threading, time
+role, host, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+if role == "listen":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port)); s.listen(1); s.settimeout(30); c, _ = s.accept()
+else:
+    for _ in range(200):
+        try:
+            c = socket.create_connection((host, port), timeout=30); break
+        except OSError:
+            time.sleep(0.05)
+c.settimeout(30)
+def send():
+    left, chunk = n, bytes(1 << 20)
+    while left > 0:
+        c.sendall(chunk[:min(left, len(chunk))]); left -= len(chunk)
+sender = threading.Thread(target=send, daemon=True); sender.start()
+got, first, last = 0, None, None
+while got < n:
+    b = c.recv(1 << 20)
+    if not b:
+        break
+    now = time.perf_counter(); first = first or now; last = now; got += len(b)
+sender.join(30)
+c.close()
+print(json.dumps({"bytes": got, "seconds": (last - first) if first else 0.0}))
+"""
+
 
 def available() -> str | None:
     """None if namespaces can be made here, else why not."""
@@ -161,6 +192,29 @@ class TwoHosts:
                               f"{(sender.stderr or err).strip()[-200:]}")
         doc = json.loads(out)
         return 8 * doc["bytes"] / doc["seconds"] if doc["seconds"] > 0 else 0.0
+
+    def probe_both_ways(self, nbytes: int) -> float:
+        """Payload bits a second of the slower direction while each host sends the other ``nbytes``
+        on one TCP connection at once: what a two-rank ring's traffic gets from the link, each
+        direction's data sharing it with the acknowledgements of the other's."""
+        at = [f"{SUBNET}.2", str(PROBE_PORT + 1), str(int(nbytes))]
+        ends = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", _BOTH_WAYS, role, *at],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=child_preexec)
+                for ns, role in ((self.names[1], "listen"), (self.names[0], "connect"))]
+        try:
+            outs = [end.communicate(timeout=90) for end in ends]
+        except subprocess.TimeoutExpired:
+            raise ConfigError("a two-way probe between the validation's namespaces took over 90 s") from None
+        finally:
+            for end in ends:
+                if end.poll() is None:
+                    end.kill()
+                    end.wait()
+        if any(end.returncode for end in ends):
+            raise ConfigError(f"a two-way probe between the validation's namespaces failed: "
+                              f"{' '.join(err for _, err in outs).strip()[-200:]}")
+        docs = [json.loads(out) for out, _ in outs]
+        return min(8 * d["bytes"] / d["seconds"] if d["seconds"] > 0 else 0.0 for d in docs)
 
     def tcp_segments(self) -> tuple[int, int]:
         """TCP segments sent and retransmitted in both namespaces since they were made (their own

@@ -61,6 +61,7 @@ class Truth:
     core_share: float | None = None
     machine_busy: float | None = None
     halves_us: tuple[float, float] | None = None  # the real runs' medians before and after the capture
+    both_ways_bps: float | None = None  # the slower direction with both hosts sending at once (the probes' lower)
 
     def flags(self, trace: Trace | None, captured: Truth | None = None) -> tuple[str, ...]:
         """Why this ground truth may not be the setting's (docs/FIDELITY.md, "Trusted cases"):
@@ -102,11 +103,13 @@ class Truth:
                        f"{self.other_cores:.1f} cores busy")
         return tuple(out)
 
-    def delivered_link(self) -> LinkSpec | None:
-        """The link at the rate the probes measured (payload rate back to a tbf rate, then the wire's)."""
-        if self.delivered_bps is None:
+    def delivered_link(self, both_ways: bool = False) -> LinkSpec | None:
+        """The link at the rate the probes measured (payload rate back to a tbf rate, then the
+        wire's): one way, or ``both_ways`` at once (the slower direction)."""
+        bps = self.both_ways_bps if both_ways else self.delivered_bps
+        if bps is None:
             return None
-        return LinkSpec(bandwidth_bps=self.delivered_bps / TCP_PAYLOAD * TBF_TO_WIRE, latency_us=VETH_LATENCY_US)
+        return LinkSpec(bandwidth_bps=bps / TCP_PAYLOAD * TBF_TO_WIRE, latency_us=VETH_LATENCY_US)
 
 
 def capture_flags(trace: Trace | None, captured: Truth) -> tuple[str, ...]:

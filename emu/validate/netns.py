@@ -66,16 +66,17 @@ s.close()
 
 # Both ways at once (``TwoHosts.probe_both_ways``): one TCP connection, each end sending the other
 # the same bytes while it receives, as a two-rank ring's all_reduce moves its halves; each end times
-# what it received, first byte to last (a thread sends, the main thread receives; both bounded)
-_BOTH_WAYS = """import json, socket, sys, threading, time
-role, host, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-if role == "listen":
+# what it received, first byte to last (a thread sends, the main thread receives; both bounded).
+# (one program for both ends: whether it listens, its host, port and size written in)
+_BOTH_WAYS = """import json, socket, threading, time
+n = {nbytes}
+if {listen}:
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((host, port)); s.listen(1); s.settimeout(30); c, _ = s.accept()
+    s.bind(({host!r}, {port})); s.listen(1); s.settimeout(30); c, _ = s.accept()
 else:
     for _ in range(200):
         try:
-            c = socket.create_connection((host, port), timeout=30); break
+            c = socket.create_connection(({host!r}, {port}), timeout=30); break
         except OSError:
             time.sleep(0.05)
 c.settimeout(30)
@@ -92,7 +93,7 @@ while got < n:
     now = time.perf_counter(); first = first or now; last = now; got += len(b)
 sender.join(30)
 c.close()
-print(json.dumps({"bytes": got, "seconds": (last - first) if first else 0.0}))
+print(json.dumps({{"bytes": got, "seconds": (last - first) if first else 0.0}}))
 """
 
 
@@ -197,10 +198,10 @@ class TwoHosts:
         """Payload bits a second of the slower direction while each host sends the other ``nbytes``
         on one TCP connection at once: what a two-rank ring's traffic gets from the link, each
         direction's data sharing it with the acknowledgements of the other's."""
-        at = [f"{SUBNET}.2", str(PROBE_PORT + 1), str(int(nbytes))]
-        ends = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", _BOTH_WAYS, role, *at],
+        at = {"host": f"{SUBNET}.2", "port": PROBE_PORT + 1, "nbytes": int(nbytes)}
+        ends = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", _BOTH_WAYS.format(listen=listen, **at)],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=child_preexec)
-                for ns, role in ((self.names[1], "listen"), (self.names[0], "connect"))]
+                for ns, listen in ((self.names[1], True), (self.names[0], False))]
         try:
             outs = [end.communicate(timeout=90) for end in ends]
         except subprocess.TimeoutExpired:

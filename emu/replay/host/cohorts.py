@@ -119,8 +119,7 @@ class Cohorts:
                 pieces.append(fw)
                 continue
             new = FakeWorker(copy_state(fw.s), fw._start_coll, fw._resume_at, members=members,
-                             token=next(self._tokens), pause=fw._pause)
-            new.kind = fw.kind
+                             token=next(self._tokens), pause=fw._pause, kind=fw.kind)
             new.history = {w: fw.history.pop(w) for w in members if w in fw.history}
             self.live[new.token] = new
             for w in members:

@@ -169,8 +169,7 @@ class Host:
                                 noise_sigma=float(sigma[prog.worker]), seed=cfg.seed,
                                 timed=cfg.compress.adaptive, keep_spans=setup.spans)
             fw = FakeWorker(state, self._start_coll, self._resume_at, members=[p.worker for p in progs], token=token,
-                            pause=self._pause if together else None)
-            fw.kind = kind
+                            pause=self._pause if together else None, kind=kind)
             for p in progs:
                 self.workers[p.worker] = fw
 

@@ -82,17 +82,18 @@ class FakeWorker:
 
     def __init__(self, state: WorkerState, start_coll: Callable[[FakeWorker, CollRun], None],
                  resume_at: Callable[[FakeWorker, float], None], members: list[int] | None = None,
-                 token: int = 0, pause: Callable[[FakeWorker], None] | None = None) -> None:
+                 token: int = 0, pause: Callable[[FakeWorker], None] | None = None, kind: object = None) -> None:
         """``members``: the workers that run this program in step, as one (a cohort:
         ``emu.replay.host.cohorts``; None: the program's own worker alone); ``token``: its name in
         the host's events; ``pause``: the host's, called where an iteration ended and the next
-        may begin (None: it begins at once)."""
+        may begin (None: it begins at once); ``kind``: what its members share (cohorts of one kind
+        may merge)."""
         self.s = state
         self._start_coll = start_coll
         self._resume_at = resume_at
         self._pause = pause
         self.token = token
-        self.kind: object = token  # what a cohort's members share (``emu.replay.host.cohorts``)
+        self.kind = kind
         self.paused = False  # stopped between two iterations, for the host to go on (``pause``)
         # per member that joined from another cohort: its iterations' records from before
         self.history: dict[int, list[IterationRecord]] = {}

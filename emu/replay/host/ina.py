@@ -140,17 +140,20 @@ class InaEndpoint:
         self.outgoing: list[AggBatch] = []
 
     # -- the stream ---------------------------------------------------------------------
-    def start(self, worker: int, run: CollRun, real_elements: int) -> bool:
-        """A worker starts an all_reduce on the stream; True if it is already complete (empty)."""
+    def start(self, workers: list[int], run: CollRun, real_elements: int) -> bool:
+        """Workers (a cohort's members: one program, one start time) start an all_reduce on the
+        stream; True if it is already complete (empty)."""
         op = run.op
         coll = self.group.collective(run.seq, op.dtype.value, real_elements, -(-op.count // self.k), op.sparsity,
                                      op.kind, op.count)
-        local = self.index[worker]
+        index = self.index
+        local = [index[w] for w in workers]
         coll.start_us[local] = run.start_us
         if coll.chunks == 0:
             coll.finished[local] = True
             return True
-        self.runs[(local, run.seq)] = run
+        seq = run.seq
+        self.runs.update(((i, seq), run) for i in local)
         self.pump_due = True
         return False
 

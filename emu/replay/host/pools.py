@@ -76,8 +76,8 @@ class InaPools:
         have = [p for p in self.endpoints.values() if p.scaled is not None]
         return _Sum(have, "scaled") if have else None
 
-    def start(self, worker: int, run: CollRun, real_elements: int) -> bool:
-        return self._of(run).start(worker, run, real_elements)
+    def start(self, workers: list[int], run: CollRun, real_elements: int) -> bool:
+        return self._of(run).start(workers, run, real_elements)
 
     def most_resent(self) -> tuple[int, int, int, int]:
         return max(ep.most_resent() for ep in self.endpoints.values())

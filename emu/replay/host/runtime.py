@@ -311,10 +311,7 @@ class Host:
         if mech is None:
             mech = self._mechs[id(op)] = choose(op, self.cfg.setting)
         if mech.stream:
-            done = False
-            for w in worker.members:
-                done = self.ina.start(w, run, real)  # the same for every member: an empty collective
-            if done:
+            if self.ina.start(worker.members, run, real):  # an empty collective
                 worker.completed(run, run.start_us)
             return
         if mech.fallback(op, self.cfg.setting):  # what the fabric could not run its own way

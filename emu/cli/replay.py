@@ -52,7 +52,7 @@ if TYPE_CHECKING:
               help="Send the real ranks' tensors that emu run wrote beside its --trace-out (NAME.payload.npz) "
                    "in place of generated payload.")
 @click.option("--processes", type=int, help="Worker host processes; 0: the switch and every host in emu's own process "
-                   "(default: 0 up to 4,096 workers on the synchronized clock, else as many as cores, at least 2).")
+                   "(default: 0 up to 32,768 workers on the synchronized clock, else as many as cores, at least 2).")
 @click.option("--ps-shards", type=int, help="Parameter-server shards (default: one per worker).")
 @click.option("--timeout", type=float, default=1800.0, show_default=True, help="Seconds before giving up.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),

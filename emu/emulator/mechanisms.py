@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from emu.emulator.algorithms.batched import ClientKernel, RingKernel
+from emu.emulator.algorithms.batched import BroadcastKernel, ClientKernel, RingKernel
 from emu.emulator.algorithms.p2p import (
     Algorithm,
     AllToAll,
@@ -163,7 +163,7 @@ class Mechanism:
     def algorithm(self, a: Start) -> Algorithm:
         raise NotImplementedError(f"{self.name} runs on the switch's stream, not point to point")
 
-    def kernel(self, a: Start, ids: int) -> RingKernel | ClientKernel | None:
+    def kernel(self, a: Start, ids: int) -> RingKernel | ClientKernel | BroadcastKernel | None:
         """The collective's algorithm for every member a host holds at once, a window's segments at
         a time (``emu.emulator.algorithms.batched``), where this mechanism has one for it: the same
         sends and checks as ``algorithm``'s on each member. None (the default): ``algorithm``, per
@@ -332,7 +332,7 @@ class RingAlgorithm(PointToPoint):
         return Ring(**a.common(), layout=a.layout(a.size), reduce=reduce, gather=gather,
                     own=a.rank if kind == CollKind.ALL_REDUCE else a.rank - 1)
 
-    def kernel(self, a: Start, ids: int) -> RingKernel | ClientKernel | None:
+    def kernel(self, a: Start, ids: int) -> RingKernel | ClientKernel | BroadcastKernel | None:
         op = a.op
         if not _batches(a):
             return None
@@ -437,7 +437,7 @@ class ParameterServerAlgorithm(PointToPoint):
     def algorithm(self, a: Start) -> Algorithm:
         return PSClient(**a.common(), layout=a.layout(len(a.servers)), servers=list(a.servers))
 
-    def kernel(self, a: Start, ids: int) -> RingKernel | ClientKernel | None:
+    def kernel(self, a: Start, ids: int) -> RingKernel | ClientKernel | BroadcastKernel | None:
         if not _batches(a):
             return None
         return ClientKernel(a.size, a.seq, a.real, a.emu_bytes, a.servers, a.seed, a.op.dtype.value, a.check, ids)
@@ -488,6 +488,11 @@ class BinomialTree(PointToPoint):
 
     def algorithm(self, a: Start) -> Algorithm:
         return BinomialBroadcast(**a.common(), layout=a.layout(1), root=a.root)
+
+    def kernel(self, a: Start, ids: int) -> BroadcastKernel | None:
+        if not _batches(a):
+            return None
+        return BroadcastKernel(a.size, a.seq, a.real, a.emu_bytes, a.root, a.seed, a.op.dtype.value, a.check, ids)
 
     def alone_us(self, op: Coll, s: Setting) -> float:
         return physics.tree_broadcast_us(op.count, op.dtype.itemsize, s.group_size(op), s.link, s.rto_us,

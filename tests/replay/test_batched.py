@@ -8,13 +8,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from emu.emulator.algorithms import batched
 from emu.emulator.links import fifo as link_fifo
 from emu.emulator.links.spec import LinkArray, LinkSpec, parse_schedule
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import Straggler
+from emu.replay.host.runtime import Host, _runs
 from emu.replay.jobs import Jobs, replay_jobs
 from emu.traces import load_trace, sample_path
-from emu.traces.model import CollKind, Dtype
+from emu.traces.model import Coll, CollKind, Compute, Dtype, Iteration, RankProgram, Trace, Wait
 from emu.traces.synthetic import single_collective
 from tests.replay.test_clock import exact_part
 
@@ -85,6 +87,66 @@ def test_parameter_server_with_fewer_shards_and_two_jobs(mlp, monkeypatch, no_ch
     jobs = replay_jobs([mlp, mlp], shared, Jobs((4, 4)))
     monkeypatch.setattr(ReplayConfig, "batched_p2p", property(lambda self: False))
     assert exact_part(jobs) == exact_part(replay_jobs([mlp, mlp], shared, Jobs((4, 4))))
+
+
+def test_broadcast_kernel_gives_the_binomial_trees_numbers(monkeypatch, no_children) -> None:
+    """The broadcast's kernel (every member's tree step at once) on sizes that fill the tree and
+    that do not, in a float and an integer type: what each member's ``BinomialBroadcast`` gives."""
+    turns = []
+    kernel_turn = batched.BroadcastKernel._turn
+    monkeypatch.setattr(batched.BroadcastKernel, "_turn", lambda k, a, slot: turns.append(len(slot)) or kernel_turn(k, a, slot))
+    for workers in (2, 8, 13):
+        for dtype in (Dtype.FLOAT32, Dtype.INT64):
+            trace = single_collective(CollKind.BROADCAST, 40_000, dtype, iterations=2)
+            config = ReplayConfig(workers=workers, fabric="ring", iters=2, payload_scale=1, processes=0)
+            turns.clear()
+            got = replay(trace, config)
+            assert sum(turns) == 2 * (workers - 1)  # every member but the root took its segment in the kernel
+            assert got.verification.ok and got.verification.elements_distinct == 2 * 40_000
+            assert exact_part(got) == exact_part(_one_by_one(monkeypatch, trace, config))
+
+
+def test_batched_broadcast_on_ina(monkeypatch, no_children) -> None:
+    """On ``ina`` the batched endpoint runs beside the stream: the transformer's broadcast in the
+    kernel, with stragglers, gives every number of one segment at a time."""
+    trace = load_trace(sample_path("transformer"))
+    config = ReplayConfig(workers=16, fabric="ina", iters=2, processes=0, stragglers=(Straggler.parse("lognormal:0.1"),),
+                          link=LinkSpec(bandwidth_bps=10e9, latency_us=2.0))
+    assert config.batched_p2p
+    got = replay(trace, config)
+    assert got.verification.ok and got.fabric.segments > 0
+    assert exact_part(got) == exact_part(_one_by_one(monkeypatch, trace, config))
+
+
+def _overlapping(iterations: int = 2) -> Trace:
+    """An all_reduce on the stream while a broadcast and an all_to_all run on a second stream."""
+    f = Dtype.FLOAT32
+    ops = (Coll(id=0, kind=CollKind.ALL_REDUCE, dtype=f, count=1 << 20, bytes=4 << 20, group_size=1, stream=0),
+           Compute(name="forward", dur_us=30.0),
+           Coll(id=1, kind=CollKind.BROADCAST, dtype=f, count=1 << 16, bytes=4 << 16, group_size=1, root=0, stream=1),
+           Coll(id=2, kind=CollKind.ALL_TO_ALL, dtype=f, count=1 << 16, bytes=4 << 16, group_size=1, stream=1),
+           Wait(ids=(0, 1, 2), blocked_us=0.0))
+    base = single_collective(CollKind.ALL_REDUCE, 1 << 20)
+    its = tuple(Iteration(step=i, measured_us=0.0, ops=ops) for i in range(iterations))
+    return replace(base, ranks=(RankProgram(rank=0, iterations=its),))
+
+
+@pytest.mark.parametrize("processes", [0, 2])
+def test_segments_between_the_streams_rows(processes: int, monkeypatch, no_children) -> None:
+    """Segments and the stream's rows on a worker's links in one window: handed over in runs, in
+    time order, with every number of one segment at a time, in one process and over sockets."""
+    runs = []
+    deliver = Host._deliver_batched
+    monkeypatch.setattr(Host, "_deliver_batched", lambda h, results, rows: runs.append(
+        0 if results is None or not len(rows) else len(_runs(np.searchsorted(results[0].stamps[:, 0], rows.t,
+                                                                              side="right")))) or deliver(h, results, rows))
+    trace = _overlapping()
+    config = ReplayConfig(workers=8, fabric="ina", iters=2, processes=processes, payload_scale=1,
+                          link=LinkSpec(bandwidth_bps=10e9, latency_us=2.0))
+    got = replay(trace, config)
+    assert processes or max(runs) > 1  # in one process: results came between a window's segments
+    assert got.verification.ok and got.fabric.segments > 0
+    assert exact_part(got) == exact_part(_one_by_one(monkeypatch, trace, config))
 
 
 @pytest.mark.parametrize("spec", [LinkSpec(bandwidth_bps=10e9, latency_us=5.0),

@@ -1,4 +1,4 @@
-"""The ring and the parameter server as kernels: one collective's algorithm on every member a host
+"""The ring, the parameter server and the binomial broadcast as kernels: one collective's algorithm on every member a host
 holds, a window's segments at once, in numpy (docs/design-notes.md, "Hand-offs in batches").
 
 ``emu.emulator.algorithms.p2p`` has each worker's algorithm as a state machine called once per
@@ -310,6 +310,63 @@ class ClientKernel(_Kernel):
                     mem.rank[slot] == 0)
         mem.took(slot, t)
         return Sends.none()
+
+
+class BroadcastKernel(_Kernel):
+    """``emu.emulator.algorithms.p2p.BinomialBroadcast`` on every member a host holds of one
+    whole-job broadcast: the root sends each segment to its children, every other member checks
+    it against the root's values and passes it on to its own children when it arrives."""
+
+    def __init__(self, size: int, seq: int, real: int, emu_bytes: float, root: int, seed: int, dtype: str,
+                 check: Check, ids: int) -> None:
+        super().__init__(size, seq, real, Chunks.shared(real, 1, emu_bytes), seed, dtype, check, ids)
+        self.root = root % size
+
+    def start(self, w: int, rank: int, t: float) -> tuple[Sends, Done]:
+        """Member ``w`` (rank ``rank``) starts at ``t``: the root sends every segment and is done."""
+        lay = self.lay
+        if rank != self.root:
+            self.members.add(w, rank, t, lay.total)
+            return Sends.none(), []
+        slot = self.members.add(w, rank, t, 0)
+        self.members.end_us[slot] = t
+        segs = np.concatenate(lay.by_chunk)
+        sends = [lay.sends(w, np.full(len(segs), c), segs, t, lambda span: self.payload.values(span, rank))
+                 for c in self._children(np.zeros(1, np.int64))[0]]
+        return Sends.concat(sends), [(w, t)]
+
+    def _children(self, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Of members ``v`` ranks from the root: their children's ranks (absolute) and, for each,
+        the row of ``v`` it is a child of (v + 2**j for every 2**j past v's highest bit)."""
+        step = np.ones_like(v)
+        high = v.copy()
+        while high.any():
+            step[high > 0] <<= 1
+            high >>= 1
+        kids, rows = [], []
+        while True:
+            at = np.flatnonzero(v + step < self.m)
+            if not len(at):
+                break
+            kids.append((v[at] + step[at] + self.root) % self.m)
+            rows.append(at)
+            step = step << 1
+        if not kids:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(kids), np.concatenate(rows)
+
+    def _turn(self, a: Arrivals, slot: np.ndarray) -> Sends:
+        """Rows of distinct members: ``BinomialBroadcast.on_segment`` for each."""
+        mem, lay, root = self.members, self.lay, self.root
+        t = np.maximum(a.t, mem.start_us[slot])
+        rank = mem.rank[slot]
+        row, index = lay.elements(a)
+        self._check(a.values, lambda at: self.payload.values(index[at], root), row, np.ones(len(slot), bool),
+                    rank == (root + 1) % self.m)
+        mem.took(slot, t)
+        kids, rows = self._children((rank - root) % self.m)
+        return Sends(a.dst[rows], kids, a.segment[rows], lay.chunk_bytes[lay.chunk[a.segment[rows]]], t[rows],
+                     row_bounds(np.diff(a.bounds)[rows]), gather(a.values, a.bounds, rows))
 
 
 class ServerSums:

@@ -29,12 +29,13 @@ REAL_BYTES_PER_ITERATION = 64e6
 # SwitchML's 8192 slots) keeps the rounds few; its cost in emulated time is the exponent round,
 # one pool of header-only packets per collective (docs/physics.md).
 MIN_POOL = 4096
-# Workers up to which a replay on the synchronized clock runs in one process by default. Past it,
-# host processes build a window's many workers' traffic side by side, which beats the messages
-# between them: measured 2026-12-03 on the 2-core build machine (s, one process / two host
-# processes): mlp at 8 workers on ina 0.73 / 1.19, ring at 1,024 4.3 / 11.2, ps at 1,024 9.0 /
-# 10.6, the transformer on ina at 1,024 2.2 / 3.0, 4,096 5.0 / 4.7, 8,192 10.1 / 8.4 (BENCHMARKS.md).
-ONE_PROCESS_WORKERS = 4096
+# Workers up to which a replay on the synchronized clock runs in one process by default; past it,
+# host processes (each holds its part of the workers' state). Measured 2026-12-03 on the 2-core
+# build machine (s, one process / two host processes): mlp at 8 workers on ina 0.73 / 1.19, ring at
+# 1,024 4.3 / 11.2, ps at 1,024 9.0 / 10.6, the transformer on ina at 1,024 2.2 / 3.0 (BENCHMARKS.md).
+# Since cohorts and the batched broadcast (2026-12-04: the transformer on ina, emulator run_s, one /
+# two): 8,192 workers 1.5-1.6 / 1.8-2.0, 32,768 2.4 / 3.5-4.2, one process at 160 MB.
+ONE_PROCESS_WORKERS = 32768
 MAX_ITERS = 1_000_000
 
 
@@ -459,10 +460,10 @@ class ReplayConfig:
     @property
     def batched_p2p(self) -> bool:
         """Whether hosts hand point-to-point segments over a window's at once
-        (``emu.replay.host.p2p_batched``): the synchronized clock, every endpoint on a link of its
-        own (no topology), and a fabric whose switch does not sum (whose rows would share the
-        links with the segments, hand-off by hand-off in time order)."""
-        return self.resolved_clock == Clock.SYNC and self.topology is None and not self.network.aggregates
+        (``emu.replay.host.p2p_batched``): the synchronized clock and every endpoint on a link of
+        its own (no topology). Where the switch sums, the segments go between the stream's rows
+        in runs, in time order (``emu.replay.host.runtime.Host``)."""
+        return self.resolved_clock == Clock.SYNC and self.topology is None
 
     def queues_bound_windows(self, inside_nodes: bool = True) -> bool:
         """Whether the synchronized clock's windows may reach past the hosts' uplink queues

@@ -9,9 +9,10 @@ parameter server on generated dense payload as one kernel for all the members th
 (``emu.emulator.algorithms.batched``), every other collective one segment at a time through its
 per-worker algorithm, as before. The shards' sums are made a window's at once too.
 
-It runs where every endpoint has its own link and nothing else shares them (``ReplayConfig.batched_p2p``:
-the synchronized clock, no topology, a fabric whose switch does not sum); elsewhere the host runs
-``P2PEndpoint``, one segment at a time.
+It runs where every endpoint has a link of its own (``ReplayConfig.batched_p2p``: the synchronized
+clock, no topology); elsewhere the host runs ``P2PEndpoint``, one segment at a time. Where the
+switch sums, a worker's stream shares its links with its segments: the host hands a window's
+segments over in runs between the stream's rows, in time order (``emu.replay.host.runtime.Host``).
 """
 
 from __future__ import annotations
@@ -209,10 +210,14 @@ class BatchedP2P(P2PEndpoint):
                 del self.kernels[seq], self._kernel_done[seq]
 
     # -- uplinks ------------------------------------------------------------------------
-    def send_due(self, bound: float, inclusive: bool) -> None:
-        """Every segment due before the bound onto its uplink, per link in order."""
+    def due_rows(self, bound: float, inclusive: bool) -> SegmentRows:
+        """Every segment due before the bound to be sent, in (time, collective, segment, source,
+        key) order: ``P2PEndpoint.due_up``'s."""
         self._flush()
-        rows = self.waiting_up.due(bound, inclusive)
+        return self.waiting_up.due(bound, inclusive)
+
+    def send_rows(self, rows: SegmentRows) -> None:
+        """Segments (``due_rows``', in their order) onto their uplinks, per link in order."""
         if not len(rows):
             return
         packets, wire_bytes = wires(rows.emu_bytes)
@@ -239,10 +244,14 @@ class BatchedP2P(P2PEndpoint):
     def arrive_rows(self, rows: SegmentRows) -> None:
         self.waiting_down.push(rows)
 
-    def receive_due(self, bound: float, inclusive: bool) -> None:
-        """Every segment from the switch due before the bound across its downlink, in stamp order, then
-        to its algorithms: collective by collective, in the order they were issued."""
-        rows = self.waiting_down.due(bound, inclusive)
+    def due_down_rows(self, bound: float, inclusive: bool) -> SegmentRows:
+        """Every segment from the switch due before the bound, in (stamp, destination, source,
+        collective, segment) order: ``P2PEndpoint.due_down``'s."""
+        return self.waiting_down.due(bound, inclusive)
+
+    def deliver_rows(self, rows: SegmentRows) -> None:
+        """Segments (``due_down_rows``', in their order) across their downlinks, then to their
+        algorithms: collective by collective, in the order they were issued."""
         if not len(rows):
             return
         dst = rows.dst

@@ -37,7 +37,7 @@ from emu.errors import RunFailed
 from emu.replay.config.options import Clock, ReplayConfig
 from emu.replay.control.messages import HostResult, WorkerRecord
 from emu.replay.host.cohorts import Cohorts, cohorts_allowed, cohorts_of
-from emu.replay.host.ina import InaEndpoint, Pool, take
+from emu.replay.host.ina import InaEndpoint, Packets, Pool, take
 from emu.replay.host.lag import LagHistogram
 from emu.replay.host.leaves import LeafStage
 from emu.replay.host.p2p import P2PEndpoint
@@ -324,9 +324,8 @@ class Host:
     def _uplinks(self, bound: float, inclusive: bool) -> None:
         """Hand every packet and segment due before the bound to its uplink, per link in send order."""
         pk = self.ina.due_up(bound, inclusive)
-        if isinstance(self.p2p, BatchedP2P):  # the switch does not sum: no rows share the links
-            assert pk is None
-            self.p2p.send_due(bound, inclusive)
+        if isinstance(self.p2p, BatchedP2P):
+            self._uplinks_batched(pk, self.p2p.due_rows(bound, inclusive))
             return
         segs = self.p2p.due_up(bound, inclusive)
         if pk is None:
@@ -345,6 +344,27 @@ class Host:
                 self.ina.send(take(pk, np.sort(by_time[done:upto])))
                 done = upto
             self.p2p.send(src, seg, dtype)
+        if done < len(pk.send_us):
+            self.ina.send(take(pk, np.sort(by_time[done:])))
+
+    def _uplinks_batched(self, pk: Packets | None, rows: SegmentRows) -> None:
+        """``_uplinks`` with the segments as rows: between the stream's packets in time order, a
+        run of segments at a time (a segment goes after the packets due at or before it)."""
+        p2p = self.p2p
+        assert isinstance(p2p, BatchedP2P)
+        if pk is None or not len(rows):
+            p2p.send_rows(rows)
+            if pk is not None:
+                self.ina.send(pk)
+            return
+        by_time = np.argsort(pk.send_us, kind="stable")
+        upto = np.searchsorted(pk.send_us[by_time], rows.t, side="right")
+        done = 0
+        for a, b in _runs(upto):
+            if upto[a] > done:
+                self.ina.send(take(pk, np.sort(by_time[done:upto[a]])))
+                done = int(upto[a])
+            p2p.send_rows(rows.slice(a, b))
         if done < len(pk.send_us):
             self.ina.send(take(pk, np.sort(by_time[done:])))
 
@@ -373,9 +393,8 @@ class Host:
 
     def _deliver(self, bound: float, inclusive: bool, now: float | None) -> None:
         results = self.ina.due_down(bound, inclusive)
-        if isinstance(self.p2p, BatchedP2P):  # the switch does not sum: no results share the links
-            assert results is None
-            self.p2p.receive_due(bound, inclusive)
+        if isinstance(self.p2p, BatchedP2P):
+            self._deliver_batched(results, self.p2p.due_down_rows(bound, inclusive))
             return
         segs = self.p2p.due_down(bound, inclusive)
         if now is not None and self.measure_lag:
@@ -393,6 +412,27 @@ class Host:
                 self.ina.on_results(batch.take(slice(done, upto)), verify[done:upto], tags[done:upto])
                 done = upto
             self.p2p.on_segment(seg, inside)
+        if done < len(verify):
+            self.ina.on_results(batch.take(slice(done, None)), verify[done:], tags[done:])
+
+    def _deliver_batched(self, results: tuple[AggBatch, np.ndarray, np.ndarray] | None, rows: SegmentRows) -> None:
+        """``_deliver`` with the segments as rows: between the stream's results in stamp order, a
+        run of segments at a time (a segment goes after the results stamped at or before it)."""
+        p2p = self.p2p
+        assert isinstance(p2p, BatchedP2P)
+        if results is None or not len(rows):
+            p2p.deliver_rows(rows)
+            if results is not None:
+                self.ina.on_results(*results)
+            return
+        batch, verify, tags = results
+        upto = np.searchsorted(batch.stamps[:, 0], rows.t, side="right")
+        done = 0
+        for a, b in _runs(upto):
+            if upto[a] > done:
+                self.ina.on_results(batch.take(slice(done, int(upto[a]))), verify[done:upto[a]], tags[done:upto[a]])
+                done = int(upto[a])
+            p2p.deliver_rows(rows.slice(a, b))
         if done < len(verify):
             self.ina.on_results(batch.take(slice(done, None)), verify[done:], tags[done:])
 
@@ -570,3 +610,9 @@ def _sum_counts(counts) -> dict[str, int]:
         for k, v in c.items():
             total[k] = total.get(k, 0) + v
     return total
+
+
+def _runs(upto: np.ndarray) -> list[tuple[int, int]]:
+    """The runs of equal values of a non-decreasing array, as [start, end) pairs."""
+    cuts = [0, *(np.flatnonzero(np.diff(upto)) + 1).tolist(), len(upto)]
+    return list(zip(cuts[:-1], cuts[1:], strict=True))

@@ -66,8 +66,7 @@ class Sends:
 
     @staticmethod
     def none() -> Sends:
-        ints = np.zeros(0, np.int64)
-        return Sends(ints, ints, ints, np.zeros(0), np.zeros(0), np.zeros(1, np.int64), np.zeros(0))
+        return _NO_SENDS
 
     @staticmethod
     def concat(parts: list[Sends]) -> Sends:
@@ -78,6 +77,16 @@ class Sends:
         return Sends(*fields, row_bounds(np.concatenate([np.diff(p.bounds) for p in parts])),
                      np.concatenate([p.values for p in parts]))
 
+
+def _no_sends() -> Sends:
+    ints = np.zeros(0, np.int64)
+    arrays = (ints, ints, ints, np.zeros(0), np.zeros(0), np.zeros(1, np.int64), np.zeros(0))
+    for a in arrays:
+        a.flags.writeable = False  # one instance for every kernel that sends nothing
+    return Sends(*arrays)
+
+
+_NO_SENDS = _no_sends()
 
 # members done: (endpoint id, end time) each
 Done = list[tuple[int, float]]

@@ -99,6 +99,9 @@ class CaseResult:
     # busier run's busy share of the machine's cores over its timed steps (None: not measured)
     real_core_share: float | None = None
     real_machine_busy: float | None = None
+    # an emu run case: the median step of a real run of its setting right after emu run (the
+    # machine's speed then; ``Truth.run_flags``); None for the other kinds
+    real_after_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -290,7 +293,9 @@ def run_validation(models: tuple[str, ...] = ("mlp", "cnn"), settings: tuple[Set
                 if runs_too:
                     status(f"{model} at {setting.name}: emu run")
                     label = f"{name} (emu run)"
-                    progress.case(label, partial(_emu_run, label, model, steps, truth, trace))
+                    after = partial(_real_after, model, setting, steps, runs, work, not why_not)
+                    progress.case(label, partial(_emu_run, label, model, steps, truth, trace, after,
+                                                 progress.notes.append))
                 if calibrate and setting.rate_bps is not None:
                     progress.case(f"{name} (fitted link)", partial(_calibrated, f"{name} (fitted link)", truth,
                                                                    trace))
@@ -463,25 +468,46 @@ def _steps(trace: Trace, keep: list[int]) -> Trace:
                                       for r in trace.ranks))
 
 
-def _emu_run(name: str, model: str, steps: int, truth: Truth, trace: Trace) -> CaseResult:
+def _emu_run(name: str, model: str, steps: int, truth: Truth, trace: Trace, after: Callable[[], float],
+             note: Callable[[str], None]) -> CaseResult:
     """``emu run --workers 2 --real 2`` of the workload the real runs ran: both ranks real, their
     compute measured live with no profiler, the network emulated with the setting's link (as the
-    ``same`` case's replay has it); the prediction is the median emulated step."""
+    ``same`` case's replay has it); the prediction is the median emulated step. ``after()``: a real
+    run right after it (its median step), which tells whether the machine kept the real runs'
+    speed; emu run and it run again (at most ``RERUNS`` times) while it did not."""
     from emu.run.session import RunConfig, run_job
 
     setting = truth.setting
     argv = ["python", "-m", "emu.capture.workload", "--model", model, "--steps", str(steps + 3),
             "--bucket-cap-mb", str(setting.bucket_cap_mb)]
     config = RunConfig(replay=ReplayConfig(workers=2, fabric="ring", link=_link(setting, trace)), real=2, warmup=3)
-    result = run_job(argv, config, cores=max(2, os.cpu_count() or 1))
-    if not result.report.verification.ok or not result.report.emulator.trustworthy:
-        raise ReplayError(f"emu run of {model} at {setting.name}: verification or trust failed")
-    if result.checked.mismatches:  # the real ranks' own check of the results they were given
-        raise ReplayError(f"emu run of {model} at {setting.name}: {result.checked.mismatches} of the real ranks' "
-                          "results did not match what the ranks contributed")
-    return _case(name, CaseKind.RUN, truth, result.report.summary.iteration_us_median,
-                 f"{len(result.trace.ranks[0].iterations)} steps, compute on the thread CPU clock",
-                 flags=truth.flags(None))
+    for attempt in range(RERUNS + 1):
+        result = run_job(argv, config, cores=max(2, os.cpu_count() or 1))
+        if not result.report.verification.ok or not result.report.emulator.trustworthy:
+            raise ReplayError(f"emu run of {model} at {setting.name}: verification or trust failed")
+        if result.checked.mismatches:  # the real ranks' own check of the results they were given
+            raise ReplayError(f"emu run of {model} at {setting.name}: {result.checked.mismatches} of the real "
+                              "ranks' results did not match what the ranks contributed")
+        after_us = after()
+        flags = truth.run_flags(after_us)
+        moved = flags[len(truth.flags(None)):]  # what another emu run can change
+        if not moved or attempt == RERUNS:
+            break
+        note(f"{name}: emu run ran again ({'; '.join(moved)})")
+    case = _case(name, CaseKind.RUN, truth, result.report.summary.iteration_us_median,
+                 f"{len(result.trace.ranks[0].iterations)} steps, compute on the thread CPU clock", flags=flags)
+    return replace(case, real_after_us=after_us)
+
+
+def _real_after(model: str, setting: Setting, steps: int, runs: _Runs, work: Path, namespaces: bool) -> float:
+    """The median step of a real run of the setting (``_real_runs``' second half's length), in
+    its network, right after an emu run of it (``Truth.run_flags``)."""
+    name, slug = f"{model} {setting.name}", _slug(model, setting)
+    with netns.TwoHosts(setting.rate_bps) if namespaces else contextlib.nullcontext() as hosts:
+        net = hosts.network if hosts else None
+        got = runs.run(name, "real run after emu run", f"{slug}-real-after", lambda d: measure(
+            model, setting, steps // 2 + 1, net, work / f"times-{slug}after.json", d))
+    return statistics.median(got.step_us)
 
 
 def _error(predicted: float, measured: float) -> float:

@@ -82,6 +82,19 @@ class Truth:
                            "moved between them, so the truth is not one number)")
         return tuple(out) + capture_flags(trace, captured or self)
 
+    def run_flags(self, after_us: float) -> tuple[str, ...]:
+        """Why an ``emu run`` case may not be judged against this truth: ``flags`` without a
+        capture, and a real run of the setting right after emu run (``after_us``, its median step)
+        ``TRUTH_AGREEMENT`` or more from these real runs' median: the machine's speed moved after
+        them, while emu run's real ranks computed."""
+        out = list(self.flags(None))
+        apart = max(after_us, self.measured_us) / min(after_us, self.measured_us) - 1
+        if apart >= TRUTH_AGREEMENT:
+            out.append(f"a real run right after emu run took {after_us / 1e3:.1f} ms a step against the real runs' "
+                       f"{self.measured_us / 1e3:.1f} ms ({apart:.0%} apart, {TRUTH_AGREEMENT:.0%} or more: the "
+                       "machine's speed moved after the real runs, while emu run's ranks computed)")
+        return tuple(out)
+
     def _machine_flags(self) -> tuple[str, ...]:
         out = []
         rate = self.setting.rate_bps

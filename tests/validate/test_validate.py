@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from emu.emulator.links.spec import LinkSpec
 from emu.traces import Coll, CollKind, Dtype, Iteration, RankProgram, Source, Trace, TraceMeta, Wait
 from emu.validate import Setting, fit_link, run_validation
 from emu.validate.core import CaseKind, _case, _summary, trusted_enough
@@ -191,6 +192,42 @@ def test_a_truth_that_moved_or_a_capture_at_another_speed_is_flagged() -> None:
     unshaped = Truth(Setting("unshaped/25MB", None, 25), 50e3, 1.0, None, halves_us=(50e3, 50e3))
     assert fine.flags(captured(50.5e3), unshaped) == ()
     assert "at unshaped/25MB (+20%" in fine.flags(captured(60e3), unshaped)[0]
+
+
+def test_an_emu_run_case_is_flagged_where_the_machine_moved_after_the_real_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real run right after emu run 4% or more from the real runs flags its case, and emu run
+    runs again (at most twice) while it does; the case keeps that run's median step."""
+    from types import SimpleNamespace
+
+    import emu.run.session
+    from emu.validate import core
+
+    truth = Truth(Setting("unshaped/25MB", None, 25), 90e3, 1.0, None, halves_us=(89e3, 91e3))
+    assert truth.run_flags(93e3) == ()
+    assert truth.run_flags(60e3) == ("a real run right after emu run took 60.0 ms a step against the real runs' 90.0 "
+                                     "ms (50% apart, 4% or more: the machine's speed moved after the real runs, while "
+                                     "emu run's ranks computed)",)
+    runs = []
+
+    def run_job(argv, config, cores):
+        runs.append(argv)
+        report = SimpleNamespace(verification=SimpleNamespace(ok=True), emulator=SimpleNamespace(trustworthy=True),
+                                 summary=SimpleNamespace(iteration_us_median=62e3))
+        return SimpleNamespace(report=report, checked=SimpleNamespace(mismatches=0),
+                               trace=SimpleNamespace(ranks=[SimpleNamespace(iterations=[1, 2, 3])]))
+
+    monkeypatch.setattr(emu.run.session, "run_job", run_job)
+    monkeypatch.setattr(core, "_link", lambda setting, trace: LinkSpec(bandwidth_bps=10e9))
+    notes: list[str] = []
+    afters = iter([60e3, 91e3])
+    case = core._emu_run("mlp unshaped/25MB (emu run)", "mlp", 3, truth, None, lambda: next(afters), notes.append)
+    assert len(runs) == 2 and case.flags == () and case.real_after_us == 91e3 and case.kind == "run"
+    assert notes == ["mlp unshaped/25MB (emu run): emu run ran again (a real run right after emu run took 60.0 ms "
+                     "a step against the real runs' 90.0 ms (50% apart, 4% or more: the machine's speed moved after "
+                     "the real runs, while emu run's ranks computed))"]
+    runs.clear()
+    case = core._emu_run("x", "mlp", 3, truth, None, lambda: 60e3, notes.append)
+    assert len(runs) == 3 and case.flags and case.real_after_us == 60e3  # still moved: the case says so
 
 
 @pytest.mark.skipif(available() is not None, reason=f"no network namespaces here: {available()}")

@@ -248,7 +248,8 @@ def test_dead_process_is_reported_and_the_rest_stopped(tmp_path: Path, victim: s
     assert len(lines) == 1, err
     assert lines[-1].startswith("emu: error: the replay process emu-") and "died" in lines[-1]
     assert ("emu-switch" in lines[-1]) == (victim == "switch")
-    # its own children, not every process of that command line: another test's replay may run beside it
+    # its own children (the switch and the hosts, which start no processes of their own), not every
+    # process of that command line: another test's replay may run beside it under pytest-xdist
     deadline = time.monotonic() + 10
     while _alive(kids) and time.monotonic() < deadline:
         time.sleep(0.05)

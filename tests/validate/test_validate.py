@@ -194,7 +194,7 @@ def test_a_truth_that_moved_or_a_capture_at_another_speed_is_flagged() -> None:
     assert "at unshaped/25MB (+20%" in fine.flags(captured(60e3), unshaped)[0]
 
 
-def test_an_emu_run_case_is_flagged_where_the_machine_moved_after_the_real_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_emu_run_case_is_flagged_where_the_machine_moved_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """A real run right after emu run 4% or more from the real runs flags its case, and emu run
     runs again (at most twice) while it does; the case keeps that run's median step."""
     from types import SimpleNamespace

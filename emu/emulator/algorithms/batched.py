@@ -1,5 +1,5 @@
-"""The ring, the parameter server and the binomial broadcast as kernels: one collective's algorithm on every member a host
-holds, a window's segments at once, in numpy (docs/design-notes.md, "Hand-offs in batches").
+"""The ring, the parameter server and the binomial broadcast as kernels: one collective's algorithm
+on every member a host holds, a window's segments at once, in numpy (docs/design-notes.md, "Hand-offs in batches").
 
 ``emu.emulator.algorithms.p2p`` has each worker's algorithm as a state machine called once per
 segment: at a thousand workers and more a ring is millions of hand-offs an iteration, and a
@@ -200,7 +200,7 @@ class _Members:
 
 
 class _Kernel:
-    """What the ring and the parameter server's workers share: members, payload, checks."""
+    """What the kernels' members share: members, payload, checks."""
 
     def __init__(self, size: int, seq: int, real: int, layout: Chunks, seed: int, dtype: str, check: Check,
                  ids: int) -> None:

@@ -34,7 +34,9 @@ MIN_POOL = 4096
 # build machine (s, one process / two host processes): mlp at 8 workers on ina 0.73 / 1.19, ring at
 # 1,024 4.3 / 11.2, ps at 1,024 9.0 / 10.6, the transformer on ina at 1,024 2.2 / 3.0 (BENCHMARKS.md).
 # Since cohorts and the batched broadcast (2026-12-04: the transformer on ina, emulator run_s, one /
-# two): 8,192 workers 1.5-1.6 / 1.8-2.0, 32,768 2.4 / 3.5-4.2, one process at 160 MB.
+# two): 8,192 workers 1.5-1.6 / 1.8-2.0, 32,768 2.4 / 3.5-4.2, one process at 160 MB. Rings and
+# parameter servers past 4,096 workers were not measured in both layouts (minutes each); at 1,024
+# one process was the faster for them too, by more than for ina.
 ONE_PROCESS_WORKERS = 32768
 MAX_ITERS = 1_000_000
 

@@ -4,10 +4,10 @@
 The same traffic as ``emu.replay.host.p2p.P2PEndpoint``, in the same order, with the same
 numbers: segments wait as columns (``SegmentRows``), cross their links a window's at once
 (``LinkArray.send_segments`` / ``receive_segments``: each link's rows one after another, every
-link's k-th row in one numpy step) and reach their algorithms by collective: a whole job's ring or
-parameter server on generated dense payload as one kernel for all the members this host holds
-(``emu.emulator.algorithms.batched``), every other collective one segment at a time through its
-per-worker algorithm, as before. The shards' sums are made a window's at once too.
+link's k-th row in one numpy step) and reach their algorithms by collective: a whole job's ring,
+parameter server or binomial broadcast on generated dense payload as one kernel for all the
+members this host holds (``emu.emulator.algorithms.batched``), every other collective one segment
+at a time through its per-worker algorithm, as before. The shards' sums are made a window's at once too.
 
 It runs where every endpoint has a link of its own (``ReplayConfig.batched_p2p``: the synchronized
 clock, no topology); elsewhere the host runs ``P2PEndpoint``, one segment at a time. Where the

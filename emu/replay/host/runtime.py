@@ -37,7 +37,7 @@ from emu.errors import RunFailed
 from emu.replay.config.options import Clock, ReplayConfig
 from emu.replay.control.messages import HostResult, WorkerRecord
 from emu.replay.host.cohorts import Cohorts, cohorts_allowed, cohorts_of
-from emu.replay.host.ina import InaEndpoint, Packets, Pool, take
+from emu.replay.host.ina import InaEndpoint, Pool, take
 from emu.replay.host.lag import LagHistogram
 from emu.replay.host.leaves import LeafStage
 from emu.replay.host.p2p import P2PEndpoint
@@ -322,51 +322,26 @@ class Host:
 
     # -- the links ----------------------------------------------------------------------
     def _uplinks(self, bound: float, inclusive: bool) -> None:
-        """Hand every packet and segment due before the bound to its uplink, per link in send order."""
+        """Hand every packet and segment due before the bound to its uplink, per link in send
+        order: a worker's packets and segments share its uplink (``_interleave``)."""
         pk = self.ina.due_up(bound, inclusive)
-        if isinstance(self.p2p, BatchedP2P):
-            self._uplinks_batched(pk, self.p2p.due_rows(bound, inclusive))
-            return
-        segs = self.p2p.due_up(bound, inclusive)
-        if pk is None:
-            for _, _, _, src, _, seg, dtype in segs:
-                self.p2p.send(src, seg, dtype)
-            return
-        if not segs:
-            self.ina.send(pk)
-            return
-        # a worker's packets and segments share its uplink: hand them over in time order
-        by_time = np.argsort(pk.send_us, kind="stable")
-        done = 0
-        for t, _, _, src, _, seg, dtype in segs:
-            upto = int(np.searchsorted(pk.send_us[by_time], t, side="right"))
-            if upto > done:
-                self.ina.send(take(pk, np.sort(by_time[done:upto])))
-                done = upto
-            self.p2p.send(src, seg, dtype)
-        if done < len(pk.send_us):
-            self.ina.send(take(pk, np.sort(by_time[done:])))
-
-    def _uplinks_batched(self, pk: Packets | None, rows: SegmentRows) -> None:
-        """``_uplinks`` with the segments as rows: between the stream's packets in time order, a
-        run of segments at a time (a segment goes after the packets due at or before it)."""
         p2p = self.p2p
-        assert isinstance(p2p, BatchedP2P)
-        if pk is None or not len(rows):
-            p2p.send_rows(rows)
-            if pk is not None:
-                self.ina.send(pk)
+        if isinstance(p2p, BatchedP2P):
+            rows = p2p.due_rows(bound, inclusive)
+            seg_t, segments = rows.t, lambda a, b: p2p.send_rows(rows.slice(a, b))
+        else:
+            segs = p2p.due_up(bound, inclusive)
+            seg_t = np.array([e[0] for e in segs])
+
+            def segments(a: int, b: int) -> None:
+                for _, _, _, src, _, seg, dtype in segs[a:b]:
+                    p2p.send(src, seg, dtype)
+        if pk is None:
+            segments(0, len(seg_t))
             return
         by_time = np.argsort(pk.send_us, kind="stable")
-        upto = np.searchsorted(pk.send_us[by_time], rows.t, side="right")
-        done = 0
-        for a, b in _runs(upto):
-            if upto[a] > done:
-                self.ina.send(take(pk, np.sort(by_time[done:upto[a]])))
-                done = int(upto[a])
-            p2p.send_rows(rows.slice(a, b))
-        if done < len(pk.send_us):
-            self.ina.send(take(pk, np.sort(by_time[done:])))
+        _interleave(pk.send_us[by_time], seg_t, lambda lo, hi: self.ina.send(take(pk, np.sort(by_time[lo:hi]))),
+                    segments)
 
     def take_outgoing(self) -> tuple[AggBatch | None, SegmentRows]:
         """What the uplinks delivered since the last call: one batch of contributions, the segments."""
@@ -392,49 +367,30 @@ class Host:
         self._settle()
 
     def _deliver(self, bound: float, inclusive: bool, now: float | None) -> None:
+        """Hand every result and segment due before the bound to its downlink: a worker's results
+        and segments share its downlink, in stamp order (``_interleave``)."""
         results = self.ina.due_down(bound, inclusive)
-        if isinstance(self.p2p, BatchedP2P):
-            self._deliver_batched(results, self.p2p.due_down_rows(bound, inclusive))
-            return
-        segs = self.p2p.due_down(bound, inclusive)
-        if now is not None and self.measure_lag:
-            self.lag.add_many(now - np.concatenate(([] if results is None else [results[0].stamps[:, 0]])
-                                                   + [np.array([s.first_us for s, _ in segs])]))
-        if results is None:
-            for seg, inside in segs:
-                self.p2p.on_segment(seg, inside)
-            return
-        batch, verify, tags = results
-        done = 0
-        for seg, inside in segs:  # a worker's results and segments share its downlink: in time order
-            upto = int(np.searchsorted(batch.stamps[:, 0], seg.first_us, side="right"))
-            if upto > done:
-                self.ina.on_results(batch.take(slice(done, upto)), verify[done:upto], tags[done:upto])
-                done = upto
-            self.p2p.on_segment(seg, inside)
-        if done < len(verify):
-            self.ina.on_results(batch.take(slice(done, None)), verify[done:], tags[done:])
-
-    def _deliver_batched(self, results: tuple[AggBatch, np.ndarray, np.ndarray] | None, rows: SegmentRows) -> None:
-        """``_deliver`` with the segments as rows: between the stream's results in stamp order, a
-        run of segments at a time (a segment goes after the results stamped at or before it)."""
         p2p = self.p2p
-        assert isinstance(p2p, BatchedP2P)
-        if results is None or not len(rows):
-            p2p.deliver_rows(rows)
-            if results is not None:
-                self.ina.on_results(*results)
+        if isinstance(p2p, BatchedP2P):
+            rows = p2p.due_down_rows(bound, inclusive)
+            seg_t, segments = rows.t, lambda a, b: p2p.deliver_rows(rows.slice(a, b))
+        else:
+            segs = p2p.due_down(bound, inclusive)
+            seg_t = np.array([s.first_us for s, _ in segs])
+            if now is not None and self.measure_lag:
+                stamps = [] if results is None else [results[0].stamps[:, 0]]
+                self.lag.add_many(now - np.concatenate(stamps + [seg_t]))
+
+            def segments(a: int, b: int) -> None:
+                for seg, inside in segs[a:b]:
+                    p2p.on_segment(seg, inside)
+        if results is None:
+            segments(0, len(seg_t))
             return
         batch, verify, tags = results
-        upto = np.searchsorted(batch.stamps[:, 0], rows.t, side="right")
-        done = 0
-        for a, b in _runs(upto):
-            if upto[a] > done:
-                self.ina.on_results(batch.take(slice(done, int(upto[a]))), verify[done:upto[a]], tags[done:upto[a]])
-                done = int(upto[a])
-            p2p.deliver_rows(rows.slice(a, b))
-        if done < len(verify):
-            self.ina.on_results(batch.take(slice(done, None)), verify[done:], tags[done:])
+        _interleave(batch.stamps[:, 0], seg_t,
+                    lambda lo, hi: self.ina.on_results(batch.take(slice(lo, hi)), verify[lo:hi], tags[lo:hi]),
+                    segments)
 
     # -- a window -----------------------------------------------------------------------
     def advance(self, bound: float, inclusive: bool = False, now: float | None = None) -> None:
@@ -612,7 +568,20 @@ def _sum_counts(counts) -> dict[str, int]:
     return total
 
 
-def _runs(upto: np.ndarray) -> list[tuple[int, int]]:
-    """The runs of equal values of a non-decreasing array, as [start, end) pairs."""
-    cuts = [0, *(np.flatnonzero(np.diff(upto)) + 1).tolist(), len(upto)]
-    return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+def _interleave(stream_t: np.ndarray, seg_t: np.ndarray, stream: Callable[[int, int], None],
+                segments: Callable[[int, int], None]) -> None:
+    """Hand a window's stream rows (their times ``stream_t``, sorted) and segments (``seg_t``,
+    sorted) to the links they share, in time order: a segment goes after the stream's rows at or
+    before its time, segments between the same rows as one run. ``stream(lo, hi)`` hands stream
+    rows lo to hi, ``segments(a, b)`` segments a to b: per link, the order one at a time gives."""
+    upto = np.searchsorted(stream_t, seg_t, side="right")
+    cuts = [0, *(np.flatnonzero(np.diff(upto)) + 1).tolist(), len(upto)] if len(upto) else [0]
+    done = 0
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        if upto[a] > done:
+            stream(done, int(upto[a]))
+            done = int(upto[a])
+        segments(a, b)
+    if done < len(stream_t):
+        stream(done, len(stream_t))

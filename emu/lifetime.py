@@ -75,6 +75,7 @@ def _quiet_exit(signum: int, frame: object) -> None:
 
 
 _PARENT_DIED = False
+_PARENT: int | None = None  # a replay process's orchestrator (``as_child``)
 
 
 def _parent_died(signum: int, frame: object) -> None:
@@ -89,6 +90,8 @@ def as_child(parent: int) -> None:
     The parent-death signal is SIGUSR2, not SIGTERM, so that the child knows which happened: it
     comes while the dying parent may still look alive (its other threads not yet gone, the child
     not yet handed to init)."""
+    global _PARENT
+    _PARENT = parent
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _quiet_exit)
     signal.signal(signal.SIGUSR2, _parent_died)
@@ -120,6 +123,14 @@ def signals_held() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def orphaned() -> bool:
+    """Whether this replay process's orchestrator is gone (``as_child``; False elsewhere): its
+    loops ask whenever a poll comes back empty, behind the parent-death signal. A host was found
+    polling on, an hour after its orchestrator was killed with SIGKILL as it started it
+    (2026-12-04), the signal never acted on."""
+    return _PARENT is not None and os.getppid() != _PARENT  # handed to another process: its parent died
 
 
 def parent_alive(parent: int) -> bool:

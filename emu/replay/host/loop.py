@@ -24,6 +24,7 @@ from dataclasses import replace
 
 import zmq
 
+from emu import lifetime
 from emu.emulator.protocol.transport import (
     AGG,
     GO,
@@ -36,6 +37,7 @@ from emu.emulator.protocol.transport import (
     Go,
     SegmentBatch,
 )
+from emu.errors import RunFailed
 from emu.replay.config.options import Clock
 from emu.replay.control.messages import (
     Progress,
@@ -162,7 +164,10 @@ class _Loop:
     # -- the synchronized clock ---------------------------------------------------------
     def serve_sync(self) -> None:
         while not self.stopped:
-            for sock, _ in self.poller.poll(POLL_MS):
+            events = self.poller.poll(POLL_MS)
+            if not events and lifetime.orphaned():
+                raise RunFailed(f"host {self.host.setup.index}: the orchestrator is gone")
+            for sock, _ in events:
                 if sock is self.ctrl:
                     started = self.started
                     self._control()
@@ -195,7 +200,10 @@ class _Loop:
                 nxt = self.host.next_us()
                 if nxt < math.inf:
                     timeout_ms = int(min(POLL_MS, max(0.0, (nxt - self.now_us()) * dilation / 1000)))
-            for sock, _ in self.poller.poll(timeout_ms):
+            events = self.poller.poll(timeout_ms)
+            if not events and lifetime.orphaned():
+                raise RunFailed(f"host {self.host.setup.index}: the orchestrator is gone")
+            for sock, _ in events:
                 if sock is self.ctrl:
                     self._control()
                 else:

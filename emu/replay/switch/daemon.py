@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
+from emu import lifetime
 from emu.emulator import fabric as fabrics
 from emu.emulator.fabric import Pool
 from emu.emulator.protocol.switch import MULTICAST
@@ -160,7 +161,10 @@ def _serve_wall(setup: SwitchSetup, ctrl: zmq.Socket, router: zmq.Socket, switch
     poller.register(ctrl, zmq.POLLIN)
     poller.register(router, zmq.POLLIN)
     while True:
-        for sock, _ in poller.poll(200):
+        events = poller.poll(200)
+        if not events and lifetime.orphaned():
+            raise RunFailed("the switch: the orchestrator is gone")
+        for sock, _ in events:
             if sock is ctrl:
                 if isinstance(_control(ctrl), Stop):
                     stats = switch.stats() if switch else {}
@@ -387,7 +391,10 @@ class _Coordinator:
         poller.register(self.ctrl, zmq.POLLIN)
         poller.register(self.router, zmq.POLLIN)
         while True:
-            for sock, _ in poller.poll(200):
+            events = poller.poll(200)
+            if not events and lifetime.orphaned():
+                raise RunFailed("the switch: the orchestrator is gone")
+            for sock, _ in events:
                 if sock is self.ctrl:
                     if isinstance(_control(self.ctrl), Stop):
                         stats = self.switch.stats() if self.switch else {}

@@ -125,6 +125,13 @@ def signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def leave_if_orphaned(who: str) -> None:
+    """Raise ``RunFailed`` where ``orphaned``: a replay process's loops call it when a poll comes
+    back empty."""
+    if orphaned():
+        raise RunFailed(f"{who}: the orchestrator is gone")
+
+
 def orphaned() -> bool:
     """Whether this replay process's orchestrator is gone (``as_child``; False elsewhere): its
     loops ask whenever a poll comes back empty, behind the parent-death signal. A host was found

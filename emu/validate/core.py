@@ -293,7 +293,7 @@ def run_validation(models: tuple[str, ...] = ("mlp", "cnn"), settings: tuple[Set
                 if runs_too:
                     status(f"{model} at {setting.name}: emu run")
                     label = f"{name} (emu run)"
-                    after = partial(_real_after, model, setting, steps, runs, work, not why_not)
+                    after = partial(_real_after, model, setting, steps, runs, work, not why_not, status)
                     progress.case(label, partial(_emu_run, label, model, steps, truth, trace, after,
                                                  progress.notes.append))
                 if calibrate and setting.rate_bps is not None:
@@ -488,10 +488,15 @@ def _emu_run(name: str, model: str, steps: int, truth: Truth, trace: Trace, afte
         if result.checked.mismatches:  # the real ranks' own check of the results they were given
             raise ReplayError(f"emu run of {model} at {setting.name}: {result.checked.mismatches} of the real "
                               "ranks' results did not match what the ranks contributed")
-        after_us = after()
+        try:
+            after_us: float | None = after()
+        except EmuError as exc:  # emu run's result stands; the case says what it could not check
+            after_us, flags = None, (*truth.flags(None), f"the real run after emu run failed ({exc}): its speed "
+                                     "then is not known")
+            break
         flags = truth.run_flags(after_us)
         moved = flags[len(truth.flags(None)):]  # what another emu run can change
-        if not moved or attempt == RERUNS:
+        if not moved or truth.flags(None) or attempt == RERUNS:  # a truth flagged already stays so
             break
         note(f"{name}: emu run ran again ({'; '.join(moved)})")
     case = _case(name, CaseKind.RUN, truth, result.report.summary.iteration_us_median,
@@ -499,10 +504,12 @@ def _emu_run(name: str, model: str, steps: int, truth: Truth, trace: Trace, afte
     return replace(case, real_after_us=after_us)
 
 
-def _real_after(model: str, setting: Setting, steps: int, runs: _Runs, work: Path, namespaces: bool) -> float:
+def _real_after(model: str, setting: Setting, steps: int, runs: _Runs, work: Path, namespaces: bool,
+                status: Callable[[str], None]) -> float:
     """The median step of a real run of the setting (``_real_runs``' second half's length), in
     its network, right after an emu run of it (``Truth.run_flags``)."""
     name, slug = f"{model} {setting.name}", _slug(model, setting)
+    status(f"{model} at {setting.name}: real run after emu run")
     with netns.TwoHosts(setting.rate_bps) if namespaces else contextlib.nullcontext() as hosts:
         net = hosts.network if hosts else None
         got = runs.run(name, "real run after emu run", f"{slug}-real-after", lambda d: measure(

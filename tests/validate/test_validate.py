@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from emu.emulator.links.spec import LinkSpec
+from emu.errors import CaptureError
 from emu.traces import Coll, CollKind, Dtype, Iteration, RankProgram, Source, Trace, TraceMeta, Wait
 from emu.validate import Setting, fit_link, run_validation
 from emu.validate.core import CaseKind, _case, _summary, trusted_enough
@@ -228,6 +229,17 @@ def test_an_emu_run_case_is_flagged_where_the_machine_moved_after_it(monkeypatch
     runs.clear()
     case = core._emu_run("x", "mlp", 3, truth, None, lambda: 60e3, notes.append)
     assert len(runs) == 3 and case.flags and case.real_after_us == 60e3  # still moved: the case says so
+    runs.clear()
+    moved_before = replace(truth, halves_us=(80e3, 100e3))  # its truth flagged already: no run again helps
+    case = core._emu_run("x", "mlp", 3, moved_before, None, lambda: 60e3, notes.append)
+    assert len(runs) == 1 and len(case.flags) == 2
+
+    def failed() -> float:
+        raise CaptureError("the real run crashed twice")
+
+    case = core._emu_run("x", "mlp", 3, truth, None, failed, notes.append)  # emu run's result stands, flagged
+    assert case.predicted_us == 62e3 and case.real_after_us is None
+    assert case.flags == ("the real run after emu run failed (the real run crashed twice): its speed then is not known",)
 
 
 @pytest.mark.skipif(available() is not None, reason=f"no network namespaces here: {available()}")

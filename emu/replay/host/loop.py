@@ -37,7 +37,6 @@ from emu.emulator.protocol.transport import (
     Go,
     SegmentBatch,
 )
-from emu.errors import RunFailed
 from emu.replay.config.options import Clock
 from emu.replay.control.messages import (
     Progress,
@@ -80,7 +79,8 @@ def host_main(setup: HostSetup) -> None:
             _Loop(host, ctrl, data).serve_wall()
     except Exception as exc:  # reported to the orchestrator, which stops everything
         try:
-            ctrl.send(encode(failure(setup.index, exc)))
+            if not lifetime.orphaned():  # nobody to read it
+                ctrl.send(encode(failure(setup.index, exc)))
             ctrl.close(linger=1000)  # the report must leave before the process does
         except zmq.ZMQError:
             pass
@@ -165,8 +165,8 @@ class _Loop:
     def serve_sync(self) -> None:
         while not self.stopped:
             events = self.poller.poll(POLL_MS)
-            if not events and lifetime.orphaned():
-                raise RunFailed(f"host {self.host.setup.index}: the orchestrator is gone")
+            if not events:
+                lifetime.leave_if_orphaned(f"host {self.host.setup.index}")
             for sock, _ in events:
                 if sock is self.ctrl:
                     started = self.started
@@ -201,8 +201,8 @@ class _Loop:
                 if nxt < math.inf:
                     timeout_ms = int(min(POLL_MS, max(0.0, (nxt - self.now_us()) * dilation / 1000)))
             events = self.poller.poll(timeout_ms)
-            if not events and lifetime.orphaned():
-                raise RunFailed(f"host {self.host.setup.index}: the orchestrator is gone")
+            if not events and timeout_ms == POLL_MS:  # idle a whole poll: not every event's
+                lifetime.leave_if_orphaned(f"host {self.host.setup.index}")
             for sock, _ in events:
                 if sock is self.ctrl:
                     self._control()

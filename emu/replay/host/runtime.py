@@ -336,8 +336,10 @@ class Host:
             def segments(a: int, b: int) -> None:
                 for _, _, _, src, _, seg, dtype in segs[a:b]:
                     p2p.send(src, seg, dtype)
-        if pk is None:
+        if pk is None or not len(seg_t):  # nothing to interleave: each as it is
             segments(0, len(seg_t))
+            if pk is not None:
+                self.ina.send(pk)
             return
         by_time = np.argsort(pk.send_us, kind="stable")
         _interleave(pk.send_us[by_time], seg_t, lambda lo, hi: self.ina.send(take(pk, np.sort(by_time[lo:hi]))),
@@ -384,8 +386,10 @@ class Host:
             def segments(a: int, b: int) -> None:
                 for seg, inside in segs[a:b]:
                     p2p.on_segment(seg, inside)
-        if results is None:
+        if results is None or not len(seg_t):  # nothing to interleave: each as it is
             segments(0, len(seg_t))
+            if results is not None:
+                self.ina.on_results(*results)
             return
         batch, verify, tags = results
         _interleave(batch.stamps[:, 0], seg_t,
@@ -566,7 +570,6 @@ def _sum_counts(counts) -> dict[str, int]:
         for k, v in c.items():
             total[k] = total.get(k, 0) + v
     return total
-
 
 
 def _interleave(stream_t: np.ndarray, seg_t: np.ndarray, stream: Callable[[int, int], None],

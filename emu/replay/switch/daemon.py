@@ -162,8 +162,8 @@ def _serve_wall(setup: SwitchSetup, ctrl: zmq.Socket, router: zmq.Socket, switch
     poller.register(router, zmq.POLLIN)
     while True:
         events = poller.poll(200)
-        if not events and lifetime.orphaned():
-            raise RunFailed("the switch: the orchestrator is gone")
+        if not events:
+            lifetime.leave_if_orphaned("the switch")
         for sock, _ in events:
             if sock is ctrl:
                 if isinstance(_control(ctrl), Stop):
@@ -230,7 +230,8 @@ def switch_main(setup: SwitchSetup) -> None:
             exc = RunFailed("a host process left the run: its connection to the switch closed (killed, or its "
                             "machine stopped)")
         try:
-            ctrl.send(encode(failure("switch", exc)))
+            if not lifetime.orphaned():  # nobody to read it
+                ctrl.send(encode(failure("switch", exc)))
             ctrl.close(linger=1000)  # the report must leave before the process does
         except zmq.ZMQError:
             pass
@@ -392,8 +393,8 @@ class _Coordinator:
         poller.register(self.router, zmq.POLLIN)
         while True:
             events = poller.poll(200)
-            if not events and lifetime.orphaned():
-                raise RunFailed("the switch: the orchestrator is gone")
+            if not events:
+                lifetime.leave_if_orphaned("the switch")
             for sock, _ in events:
                 if sock is self.ctrl:
                     if isinstance(_control(self.ctrl), Stop):

@@ -37,6 +37,7 @@ from emu.traces.model import CollKind
 # at equal times a shared NIC takes its workers' segments in turn (segment 0 of each, then 1, ...),
 # as its arbitration shares it, not one worker's whole burst after another's
 UpSeg = tuple[float, int, int, int, int, Seg, str]
+Hand = Callable[[int, int], None]  # hands a window's due segments a to b on (``due_up``, ``due_down``)
 
 
 def _reply_turns(layout: shape.Layout | None) -> np.ndarray | None:
@@ -210,9 +211,15 @@ class P2PEndpoint:
                                                                 seg.wire_dtype or dtype))
 
     # -- uplinks ------------------------------------------------------------------------
-    def due_up(self, bound: float, inclusive: bool) -> list[UpSeg]:
-        """Every segment due before the bound, in (time, collective, segment, source) order."""
-        return self.up_heap.due(bound, inclusive)
+    def due_up(self, bound: float, inclusive: bool) -> tuple[np.ndarray, Hand]:
+        """Every segment due before the bound, in (time, collective, segment, source) order: their
+        send times, and what sends segments a to b of them onto their uplinks."""
+        segs: list[UpSeg] = self.up_heap.due(bound, inclusive)
+
+        def send(a: int, b: int) -> None:
+            for _, _, _, src, _, seg, dtype in segs[a:b]:
+                self.send(src, seg, dtype)
+        return np.array([e[0] for e in segs]), send
 
     def send(self, src: int, seg: Seg, dtype: str) -> None:
         packets, wire_bytes = _wire(seg.emu_bytes)
@@ -263,10 +270,16 @@ class P2PEndpoint:
         heap = self.inside_down if inside and self.split_inside else self.down_heap
         heap.push((seg.first_us, seg.dst, seg.src, seg.seq, seg.segment, inside, seg))
 
-    def due_down(self, bound: float, inclusive: bool) -> list[tuple[Segment, bool]]:
+    def due_down(self, bound: float, inclusive: bool) -> tuple[np.ndarray, Hand]:
         """Every segment from the switch due before the bound (and, without node passes, from inside
-        a node), in stamp order."""
-        return [(e[-1], e[-2]) for e in self.down_heap.due(bound, inclusive)]
+        a node), in stamp order: their stamps, and what hands segments a to b of them on
+        (``on_segment``)."""
+        segs = [(e[-1], e[-2]) for e in self.down_heap.due(bound, inclusive)]
+
+        def deliver(a: int, b: int) -> None:
+            for seg, inside in segs[a:b]:
+                self.on_segment(seg, inside)
+        return np.array([s.first_us for s, _ in segs]), deliver
 
     def due_inside_down(self, bound: float) -> list[tuple[Segment, bool]]:
         """With node passes: the segments inside a node arriving before the bound, in stamp order."""

@@ -30,7 +30,7 @@ from emu.emulator.protocol import wire
 from emu.emulator.protocol.transport import FrameError, SegmentRows, gather, row_bounds
 from emu.emulator.protocol.wire import DTYPE_CODES
 from emu.replay.control.messages import CARRIED_UNIT
-from emu.replay.host.p2p import P2PEndpoint
+from emu.replay.host.p2p import Hand, P2PEndpoint
 from emu.replay.host.worker import CollRun
 
 _HEADERS = wire.FRAME_OVERHEAD + wire.P2P_HEADER.itemsize
@@ -210,14 +210,15 @@ class BatchedP2P(P2PEndpoint):
                 del self.kernels[seq], self._kernel_done[seq]
 
     # -- uplinks ------------------------------------------------------------------------
-    def due_rows(self, bound: float, inclusive: bool) -> SegmentRows:
-        """Every segment due before the bound to be sent, in (time, collective, segment, source,
-        key) order: ``P2PEndpoint.due_up``'s."""
+    def due_up(self, bound: float, inclusive: bool) -> tuple[np.ndarray, Hand]:
+        """Every segment due before the bound, in (time, collective, segment, source, key) order
+        (``P2PEndpoint.due_up``'s), as rows: a run of them at once onto their uplinks."""
         self._flush()
-        return self.waiting_up.due(bound, inclusive)
+        rows = self.waiting_up.due(bound, inclusive)
+        return rows.t, lambda a, b: self.send_rows(rows.slice(a, b))
 
     def send_rows(self, rows: SegmentRows) -> None:
-        """Segments (``due_rows``', in their order) onto their uplinks, per link in order."""
+        """Segments (``due_up``'s, in their order) onto their uplinks, per link in order."""
         if not len(rows):
             return
         packets, wire_bytes = wires(rows.emu_bytes)
@@ -244,13 +245,14 @@ class BatchedP2P(P2PEndpoint):
     def arrive_rows(self, rows: SegmentRows) -> None:
         self.waiting_down.push(rows)
 
-    def due_down_rows(self, bound: float, inclusive: bool) -> SegmentRows:
+    def due_down(self, bound: float, inclusive: bool) -> tuple[np.ndarray, Hand]:
         """Every segment from the switch due before the bound, in (stamp, destination, source,
-        collective, segment) order: ``P2PEndpoint.due_down``'s."""
-        return self.waiting_down.due(bound, inclusive)
+        collective, segment) order (``P2PEndpoint.due_down``'s), as rows: a run of them at once."""
+        rows = self.waiting_down.due(bound, inclusive)
+        return rows.t, lambda a, b: self.deliver_rows(rows.slice(a, b))
 
     def deliver_rows(self, rows: SegmentRows) -> None:
-        """Segments (``due_down_rows``', in their order) across their downlinks, then to their
+        """Segments (``due_down``'s, in their order) across their downlinks, then to their
         algorithms: collective by collective, in the order they were issued."""
         if not len(rows):
             return

@@ -325,17 +325,7 @@ class Host:
         """Hand every packet and segment due before the bound to its uplink, per link in send
         order: a worker's packets and segments share its uplink (``_interleave``)."""
         pk = self.ina.due_up(bound, inclusive)
-        p2p = self.p2p
-        if isinstance(p2p, BatchedP2P):
-            rows = p2p.due_rows(bound, inclusive)
-            seg_t, segments = rows.t, lambda a, b: p2p.send_rows(rows.slice(a, b))
-        else:
-            segs = p2p.due_up(bound, inclusive)
-            seg_t = np.array([e[0] for e in segs])
-
-            def segments(a: int, b: int) -> None:
-                for _, _, _, src, _, seg, dtype in segs[a:b]:
-                    p2p.send(src, seg, dtype)
+        seg_t, segments = self.p2p.due_up(bound, inclusive)
         if pk is None or not len(seg_t):  # nothing to interleave: each as it is
             segments(0, len(seg_t))
             if pk is not None:
@@ -372,20 +362,10 @@ class Host:
         """Hand every result and segment due before the bound to its downlink: a worker's results
         and segments share its downlink, in stamp order (``_interleave``)."""
         results = self.ina.due_down(bound, inclusive)
-        p2p = self.p2p
-        if isinstance(p2p, BatchedP2P):
-            rows = p2p.due_down_rows(bound, inclusive)
-            seg_t, segments = rows.t, lambda a, b: p2p.deliver_rows(rows.slice(a, b))
-        else:
-            segs = p2p.due_down(bound, inclusive)
-            seg_t = np.array([s.first_us for s, _ in segs])
-            if now is not None and self.measure_lag:
-                stamps = [] if results is None else [results[0].stamps[:, 0]]
-                self.lag.add_many(now - np.concatenate(stamps + [seg_t]))
-
-            def segments(a: int, b: int) -> None:
-                for seg, inside in segs[a:b]:
-                    p2p.on_segment(seg, inside)
+        seg_t, segments = self.p2p.due_down(bound, inclusive)
+        if now is not None and self.measure_lag:  # the wall clock's (never batched)
+            stamps = [] if results is None else [results[0].stamps[:, 0]]
+            self.lag.add_many(now - np.concatenate(stamps + [seg_t]))
         if results is None or not len(seg_t):  # nothing to interleave: each as it is
             segments(0, len(seg_t))
             if results is not None:

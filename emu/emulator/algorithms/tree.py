@@ -29,6 +29,7 @@ from emu.emulator import mechanisms as mech
 from emu.emulator.algorithms.p2p import Algorithm, Chunks, Seg, segment_elements
 from emu.emulator.links.spec import LinkSpec
 from emu.emulator.mechanisms import Sent, Setting, Start
+from emu.emulator.mechanisms.p2p import PointToPoint
 from emu.emulator.physics.forms import expected_rounds
 from emu.emulator.protocol.wire import FRAME_OVERHEAD, P2P_HEADER, p2p_packets
 from emu.traces.model import Coll, CollKind
@@ -171,7 +172,7 @@ class DoubleBinaryTree(Algorithm):
         return [Seg(up, self.seq, base, acc, self.layout.seg_emu_bytes(chunk), t)]
 
 
-class DoubleBinaryTreeMechanism(mech.PointToPoint):
+class DoubleBinaryTreeMechanism(PointToPoint):
     """Dense all_reduces of any dtype on the double binary tree (module docstring)."""
 
     name = "double binary tree"

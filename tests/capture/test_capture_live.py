@@ -59,8 +59,9 @@ def test_mlp_capture_sizes_steps_and_meta(no_leftovers: Path) -> None:
         assert len(after) == AFTER_STEPS and all(x > 0 for x in after)
     noise = trace.meta.noise
     assert noise.unprofiled_steps == AFTER_STEPS - 1  # each rank's first left out
-    # the same workload's steps with and without the profiler: the same order of time
-    assert 0.5 < noise.unprofiled_step_us / profiled_step_us(trace) < 2 and profiler_overhead(trace) is not None
+    # the same workload's steps with and without the profiler: the same order of time (a factor of 4
+    # either way: beside make test's other workers the profiled steps once took 2.0x the others)
+    assert 0.25 < noise.unprofiled_step_us / profiled_step_us(trace) < 4 and profiler_overhead(trace) is not None
 
 
 @pytest.mark.slow

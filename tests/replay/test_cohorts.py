@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from emu.emulator.links.spec import LinkSpec
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import Straggler
 from emu.replay.host import cohorts, runtime
+from emu.replay.host.worker import CollRun, complete_by_run
 from emu.traces import load_trace, sample_path
+from emu.traces.model import Coll, CollKind, Dtype
 from tests.replay.test_clock import exact_part
 
 
@@ -82,3 +85,18 @@ def test_broadcast_parts_and_meets_again(monkeypatch, no_children) -> None:
     assert len({round(its[1][4], 6) for its in records.values()}) > 8
     socketed = replay(trace, replace(config, processes=2))
     assert exact_part(socketed) == exact_part(together)
+
+
+def test_completions_go_to_the_host_once_a_run_in_arrival_order() -> None:
+    """Endpoints hand completions over by run (a cohort's members share one): one call for each
+    run, with its workers and times, runs in the order their first worker came."""
+    op = Coll(id=0, kind=CollKind.ALL_REDUCE, dtype=Dtype.FLOAT32, count=4, bytes=16, group_size=1)
+    a, b = CollRun(op, 1, 0.0), CollRun(op, 1, 0.0)  # equal as values, two runs all the same
+    calls = []
+    ids, ends = np.array([5, 2, 7, 9]), np.array([1.0, 2.0, 3.0, 4.0])
+    complete_by_run(ids, np.array([b, a, b, a], object), ends, lambda w, r, t: calls.append((r, w.tolist(), t.tolist())))
+    assert [c[0] is b for c in calls] == [True, False]
+    assert [c[1:] for c in calls] == [([5, 7], [1.0, 3.0]), ([2, 9], [2.0, 4.0])]
+    calls.clear()
+    complete_by_run(ids, np.array([a] * 4, object), ends, lambda w, r, t: calls.append((r, w.tolist(), t.tolist())))
+    assert len(calls) == 1 and calls[0][0] is a and calls[0][1] == [5, 2, 7, 9]

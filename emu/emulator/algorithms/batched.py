@@ -88,8 +88,30 @@ def _no_sends() -> Sends:
 
 _NO_SENDS = _no_sends()
 
-# members done: (endpoint id, end time) each
-Done = list[tuple[int, float]]
+@dataclass(frozen=True)
+class Done:
+    """Members now done with a kernel's collective: their endpoint ids and end times."""
+
+    ids: np.ndarray  # int64
+    end_us: np.ndarray  # float64
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @staticmethod
+    def of(w: int, t: float) -> Done:
+        return Done(np.array([w], np.int64), np.array([t], np.float64))
+
+    @staticmethod
+    def none() -> Done:
+        return Done(np.zeros(0, np.int64), np.zeros(0))
+
+    @staticmethod
+    def concat(parts: list[Done]) -> Done:
+        parts = [p for p in parts if len(p)]
+        if len(parts) <= 1:
+            return parts[0] if parts else Done.none()
+        return Done(np.concatenate([p.ids for p in parts]), np.concatenate([p.end_us for p in parts]))
 
 
 class _Payload:
@@ -166,25 +188,32 @@ class _Layout:
 class _Members:
     """The members a kernel holds, a slot each in the order they started, and their columns."""
 
+    _COLUMNS = ("ids", "rank", "start_us", "end_us", "got", "need")
+
     def __init__(self, ids: int) -> None:
         self.slot_of = np.full(ids, -1, np.int64)  # endpoint id -> slot
-        self.ids: list[int] = []
-        self.rank = np.zeros(8, np.int64)
+        self.n = 0
+        self.ids, self.rank = np.zeros(8, np.int64), np.zeros(8, np.int64)
         self.start_us, self.end_us = np.zeros(8), np.zeros(8)
         self.got, self.need = np.zeros(8, np.int64), np.zeros(8, np.int64)
 
     def add(self, w: int, rank: int, t: float, need: int) -> int:
-        slot = len(self.ids)
-        if slot == len(self.rank):
-            for name in ("rank", "start_us", "end_us", "got", "need"):
+        return int(self.add_many(np.array([w], np.int64), np.array([rank], np.int64), t, need)[0])
+
+    def add_many(self, ws: np.ndarray, ranks: np.ndarray, t: float, need: int | np.ndarray) -> np.ndarray:
+        """Members ``ws`` (ranks ``ranks``) start at ``t``, each needing ``need`` segments: their slots."""
+        lo, hi = self.n, self.n + len(ws)
+        if hi > len(self.rank):
+            size = max(2 * len(self.rank), hi)
+            for name in self._COLUMNS:
                 old = getattr(self, name)
-                new = np.zeros(2 * len(old), old.dtype)
-                new[:slot] = old
+                new = np.zeros(size, old.dtype)
+                new[:lo] = old[:lo]
                 setattr(self, name, new)
-        self.slot_of[w] = slot
-        self.ids.append(w)
-        self.rank[slot], self.start_us[slot], self.need[slot] = rank, t, need
-        return slot
+        self.slot_of[ws] = np.arange(lo, hi)
+        self.ids[lo:hi], self.rank[lo:hi], self.start_us[lo:hi], self.need[lo:hi] = ws, ranks, t, need
+        self.n = hi
+        return np.arange(lo, hi)
 
     def started(self, dst: np.ndarray) -> np.ndarray:
         return self.slot_of[dst] >= 0
@@ -196,7 +225,8 @@ class _Members:
 
     def done(self, slot: np.ndarray) -> Done:
         """Those of ``slot`` that now have every segment they need."""
-        return [(self.ids[s], float(self.end_us[s])) for s in np.unique(slot[self.got[slot] == self.need[slot]]).tolist()]
+        s = np.unique(slot[self.got[slot] == self.need[slot]])
+        return Done(self.ids[s], self.end_us[s])
 
 
 class _Kernel:
@@ -211,6 +241,15 @@ class _Kernel:
 
     def started(self, dst: np.ndarray) -> np.ndarray:
         return self.members.started(dst)
+
+    def start(self, w: int, rank: int, t: float) -> tuple[Sends, Done]:
+        raise NotImplementedError
+
+    def start_many(self, ws: np.ndarray, t: float) -> tuple[Sends, Done]:
+        """Members ``ws`` of a whole job (each's rank its id) start at ``t``, in their order: what
+        they send, and those done at once."""
+        got = [self.start(w, w, t) for w in ws.tolist()]
+        return Sends.concat([g[0] for g in got]), Done.concat([g[1] for g in got])
 
     def arrive(self, a: Arrivals) -> tuple[Sends, Done]:
         """Segments reaching started members, in their order: what they send on, and the members
@@ -258,10 +297,10 @@ class RingKernel(_Kernel):
             self.seen = seen
         if m == 1:  # alone: done at once, nothing sent
             self.members.end_us[slot] = t
-            return Sends.none(), [(w, t)]
+            return Sends.none(), Done.of(w, t)
         segs = lay.by_chunk[o if self.reduce else (o + 1) % m]
         return lay.sends(w, np.full(len(segs), (rank + 1) % m), segs, t,
-                         lambda span: self.payload.values(span, rank)), []
+                         lambda span: self.payload.values(span, rank)), Done.none()
 
     def _turn(self, a: Arrivals, slot: np.ndarray) -> Sends:
         """Rows of distinct members: ``Ring.on_segment`` for each."""
@@ -309,7 +348,8 @@ class ClientKernel(_Kernel):
 
     def start(self, w: int, rank: int, t: float) -> tuple[Sends, Done]:
         self.members.add(w, rank, t, self.lay.total)
-        return self.lay.sends(w, self.to, self.all_segments, t, lambda span: self.payload.values(span, rank)), []
+        return self.lay.sends(w, self.to, self.all_segments, t, lambda span: self.payload.values(span, rank)), \
+            Done.none()
 
     def _turn(self, a: Arrivals, slot: np.ndarray) -> Sends:
         mem = self.members
@@ -336,13 +376,26 @@ class BroadcastKernel(_Kernel):
         lay = self.lay
         if rank != self.root:
             self.members.add(w, rank, t, lay.total)
-            return Sends.none(), []
+            return Sends.none(), Done.none()
         slot = self.members.add(w, rank, t, 0)
         self.members.end_us[slot] = t
         segs = np.concatenate(lay.by_chunk)
         sends = [lay.sends(w, np.full(len(segs), c), segs, t, lambda span: self.payload.values(span, rank))
                  for c in self._children(np.zeros(1, np.int64))[0]]
-        return Sends.concat(sends), [(w, t)]
+        return Sends.concat(sends), Done.of(w, t)
+
+    def start_many(self, ws: np.ndarray, t: float) -> tuple[Sends, Done]:
+        """``_Kernel.start_many``: every member but the root only waits, added at once (in
+        their order, the root's slot among them)."""
+        at = np.flatnonzero(ws == self.root)
+        if not len(at):
+            self.members.add_many(ws, ws, t, self.lay.total)
+            return Sends.none(), Done.none()
+        i = int(at[0])
+        self.members.add_many(ws[:i], ws[:i], t, self.lay.total)
+        got = self.start(int(ws[i]), int(ws[i]), t)
+        self.members.add_many(ws[i + 1:], ws[i + 1:], t, self.lay.total)
+        return got
 
     def _children(self, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Of members ``v`` ranks from the root: their children's ranks (absolute) and, for each,

@@ -143,6 +143,13 @@ class ResultCheck:
     distinct: int = 0  # distinct elements of the results checked (at the group's first worker)
 
 
+def _finish(coll: InaCollective, newly: np.ndarray, finished: list[tuple[InaCollective, np.ndarray]]) -> None:
+    """Mark the local workers ``newly`` (a mask) done with ``coll``, and add them to ``finished``."""
+    at = np.flatnonzero(newly)
+    if len(at):
+        coll.finished[at] = True
+        finished.append((coll, at))
+
 
 class InaGroup(StreamData):
     def __init__(self, workers: np.ndarray, params: InaParams, cache: PayloadCache | None = None,
@@ -395,7 +402,7 @@ class InaGroup(StreamData):
     def on_results(self, li: np.ndarray, rb: np.ndarray, headers: np.ndarray, payload: np.ndarray,
                    first_us: np.ndarray, last_us: np.ndarray | None = None, verify: np.ndarray | None = None,
                    check: ResultCheck | None = None,
-                   extra: np.ndarray | None = None) -> list[tuple[int, InaCollective]]:
+                   extra: np.ndarray | None = None) -> list[tuple[InaCollective, np.ndarray]]:
         """Results reaching workers: result ``rb[i]`` of the message reached worker ``li[i]``, its
         first packet at ``first_us[i]`` and its last at ``last_us[i]`` (with payload scale a row
         stands for many packets: the next chunk on the slot goes when the first is back, as the
@@ -405,7 +412,7 @@ class InaGroup(StreamData):
         row is checked once (every worker of a host receives the same bytes), and every worker it
         reaches counts its elements and mismatches, so the totals do not depend on how workers
         are spread over hosts. ``extra``: the message's (block, next) rows (the sparse stream's).
-        Returns (local worker, collective) pairs that just completed.
+        Returns, per collective, the local workers that just completed it (ascending).
         """
         if extra is None:
             extra = np.zeros((len(headers), 2), np.uint32)
@@ -421,7 +428,7 @@ class InaGroup(StreamData):
             return []
         arrival_us = first_us
         last_us = first_us if last_us is None else last_us
-        finished = []
+        finished: list[tuple[InaCollective, np.ndarray]] = []
         advance = np.full(len(rows), self.p.slots, np.int64)  # how far each slot's next chunk is
         which = self.locate(chunks[rows])
         for ci in np.unique(which):
@@ -462,10 +469,7 @@ class InaGroup(StreamData):
                     check.mismatches += int(verify[msg_rows].sum())
                 np.add.at(coll.done, w[d], 1)
                 np.maximum.at(coll.end_us, w[d], t_last[d])
-                newly = (coll.done >= coll.data_blocks) & ~coll.finished
-                for local_w in np.flatnonzero(newly):
-                    coll.finished[local_w] = True
-                    finished.append((int(local_w), coll))
+                _finish(coll, (coll.done >= coll.data_blocks) & ~coll.finished, finished)
         w, s = li[rows], slots[rows]
         self.resends[w, s] = 0
         self.slot_chunk[w, s] = chunks[rows] + advance
@@ -476,7 +480,7 @@ class InaGroup(StreamData):
     def _sparse_results(self, coll: InaCollective, r: np.ndarray, li: np.ndarray, rb: np.ndarray,
                         headers: np.ndarray, payload: np.ndarray, arrival_us: np.ndarray, last_us: np.ndarray,
                         verify: np.ndarray | None, check: ResultCheck | None, extra: np.ndarray,
-                        finished: list[tuple[int, InaCollective]]) -> np.ndarray:
+                        finished: list[tuple[InaCollective, np.ndarray]]) -> np.ndarray:
         """Results of the sparse stream reaching workers (rows ``r``): learn each partition's next
         block and its exponent, verify the blocks summed, count the rounds done (and those a
         partition that ended skips). Returns how far each row's slot moves on."""
@@ -511,10 +515,7 @@ class InaGroup(StreamData):
         # announcements count: with no union block they are all there is)
         np.add.at(coll.done, w, 1 + skip)
         np.maximum.at(coll.end_us, w, last_us[r])
-        newly = (coll.done >= coll.chunks) & ~coll.finished
-        for local_w in np.flatnonzero(newly):
-            coll.finished[local_w] = True
-            finished.append((int(local_w), coll))
+        _finish(coll, (coll.done >= coll.chunks) & ~coll.finished, finished)
         return s * (1 + skip)
 
     def most_resent(self) -> tuple[int, int, int, int]:

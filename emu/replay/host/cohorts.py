@@ -68,44 +68,60 @@ class Cohorts:
         resumptions not yet run, in time order; ``forget``: drop a merged cohort's."""
         self.of = of
         self.live = {fw.token: fw for fw in of.values()}
+        ids = np.fromiter(of.keys(), np.int64, len(of))
+        self._token = np.full(int(ids.max(initial=-1)) + 1, -1, np.int64)  # per worker id, its cohort's token
+        self._token[ids] = np.fromiter((fw.token for fw in of.values()), np.int64, len(of))
         self._push, self._pending, self._forget = push, pending, forget
-        self.arrived: list[tuple[int, CollRun, float]] = []
+        # completions to settle: workers (ids), the run they completed (one: a cohort's), their times
+        self.arrived: list[tuple[np.ndarray, CollRun, np.ndarray]] = []
         self.paused: list[FakeWorker] = []
         self._tokens = itertools.count(max(self.live, default=0) + 1)
 
-    def arrive(self, w: int, run: CollRun, t: float) -> None:
-        """Worker ``w``'s collective completed at ``t`` (a cohort's: settled later)."""
-        fw = self.of[w]
-        if fw.size == 1:
-            fw.completed(run, t)
-        else:
-            self.arrived.append((w, run, t))
+    def arrive(self, ws: np.ndarray, run: CollRun, ts: np.ndarray) -> None:
+        """Workers ``ws`` completed ``run`` at ``ts``: those alone at once, in order, a cohort's
+        members settled later."""
+        tokens = self._token[ws]
+        if (tokens == tokens[0]).all() and self.live[int(tokens[0])].size > 1:  # one cohort's
+            self.arrived.append((ws, run, ts))
+            return
+        cohort = np.fromiter((self.live[t].size > 1 for t in tokens.tolist()), bool, len(ws))
+        for w, t in zip(ws[~cohort].tolist(), ts[~cohort].tolist(), strict=True):
+            self.of[w].completed(run, t)
+        if cohort.any():
+            self.arrived.append((ws[cohort], run, ts[cohort]))
 
     def settle(self) -> None:
-        """Complete what arrived: per collective, each cohort as one, or split by completion time."""
+        """Complete what arrived: per collective, each cohort as one, or split by completion time;
+        collectives, and cohorts within one, in the order their first completion arrived."""
         while self.arrived:
             arrived, self.arrived = self.arrived, []
-            by_seq: dict[int, list[tuple[int, CollRun, float]]] = {}
+            by_seq: dict[int, list[tuple[np.ndarray, CollRun, np.ndarray]]] = {}
             for a in arrived:
                 by_seq.setdefault(a[1].seq, []).append(a)
             for got in by_seq.values():
-                by_cohort: dict[int, tuple[CollRun, dict[float, list[int]]]] = {}
-                for w, run, t in got:  # the cohorts as they are now: an earlier collective may have split them
-                    by_cohort.setdefault(self.of[w].token, (run, {}))[1].setdefault(t, []).append(w)
-                for token, (run, times) in by_cohort.items():
-                    self._complete(self.live[token], run, times)
+                ws = np.concatenate([g[0] for g in got])
+                ts = np.concatenate([g[2] for g in got])
+                block = np.repeat(np.arange(len(got)), [len(g[0]) for g in got])
+                # the cohorts as they are now: an earlier collective may have split them
+                tokens, first, which = np.unique(self._token[ws], return_index=True, return_inverse=True)
+                for u in np.argsort(first, kind="stable").tolist():
+                    sel = np.flatnonzero(which == u)
+                    self._complete(self.live[int(tokens[u])], got[block[first[u]]][1], ws[sel], ts[sel])
 
-    def _complete(self, fw: FakeWorker, run: CollRun, times: dict[float, list[int]]) -> None:
-        done = sum(len(ws) for ws in times.values())
-        if len(times) == 1 and done == fw.size:
-            fw.completed(run, next(iter(times)))
+    def _complete(self, fw: FakeWorker, run: CollRun, ws: np.ndarray, ts: np.ndarray) -> None:
+        """Members ``ws`` of ``fw`` completed ``run`` at ``ts``: the cohort at once where every
+        member did at one time, else split, one part per time in the order the times arrived."""
+        times, first, which = np.unique(ts, return_index=True, return_inverse=True)
+        if len(times) == 1 and len(ws) == fw.size:
+            fw.completed(run, float(times[0]))
             return
-        parts = [sorted(ws) for ws in times.values()]
-        arrived = {w for ws in parts for w in ws}
+        order = np.argsort(first, kind="stable").tolist()
+        parts = [sorted(ws[which == k].tolist()) for k in order]
+        arrived = set(ws.tolist())
         rest = [w for w in fw.members if w not in arrived]
         pieces = self.split(fw, parts + ([rest] if rest else []))
-        for piece, t in zip(pieces, times, strict=False):  # the members still waiting: the last, left out
-            piece.completed(run, t)
+        for piece, k in zip(pieces, order, strict=False):  # the members still waiting: the last, left out
+            piece.completed(run, float(times[k]))
 
     def split(self, fw: FakeWorker, parts: list[list[int]]) -> list[FakeWorker]:
         """``fw`` as one cohort per part, in their order, each resuming when it would have. The
@@ -124,6 +140,7 @@ class Cohorts:
             self.live[new.token] = new
             for w in members:
                 self.of[w] = new
+            self._token[members] = new.token
             for t in pending:
                 self._push(new, t)
             pieces.append(new)
@@ -165,6 +182,7 @@ class Cohorts:
                 self._forget(fw)
                 for w in fw.members:
                     self.of[w] = keep
+                self._token[fw.members] = keep.token
         keep.s.records = keep.s.records[-1:]
         keep.set_members(sorted(members))
         return keep

@@ -20,13 +20,13 @@ from emu.emulator.links.scaled_loss import ScaledLoss
 from emu.emulator.links.spec import Transmitted
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol import wire
-from emu.emulator.protocol.ina import SENT, InaGroup, InaParams, Packets, PayloadCache, ResultCheck
+from emu.emulator.protocol.ina import SENT, InaCollective, InaGroup, InaParams, Packets, PayloadCache, ResultCheck
 from emu.emulator.protocol.switch import MULTICAST
 from emu.emulator.protocol.transport import AggBatch
 from emu.replay.config.options import ReplayConfig
 from emu.replay.control.messages import CARRIED_UNIT
 from emu.replay.host.wiring import Wiring
-from emu.replay.host.worker import CollRun
+from emu.replay.host.worker import CollRun, complete_by_run
 
 _PACKET_FIELDS = ("local", "headers", "payload", "send_us", "emu_packets", "retransmit", "sparse")
 
@@ -94,10 +94,11 @@ class InaCounters:
 class InaEndpoint:
     def __init__(self, cfg: ReplayConfig, workers: np.ndarray, wiring: Wiring,
                  index: dict[int, int], timer: Callable[[float, int, int, float], None],
-                 completed: Callable[[int, CollRun, float], None], recorded: RecordedPayload | None = None,
+                 completed: Callable[[np.ndarray, CollRun, np.ndarray], None], recorded: RecordedPayload | None = None,
                  job: int = 0, pool: Pool | None = None) -> None:
         """``workers``: the host's; ``pool``: the sub-group pool it streams into (None: the job's,
-        of every worker, numbered ``job`` in the headers)."""
+        of every worker, numbered ``job`` in the headers); ``completed(ids, run, ends)``: workers
+        ``ids`` (an array) completed ``run``, at ``ends``."""
         if pool is None:
             pool = Pool(job=job, workers=cfg.workers, real_slots=cfg.real_slots, emulated_slots=cfg.emulated_slots,
                         ranks=np.asarray(workers, np.int64), ids=np.asarray(workers, np.int64),
@@ -105,6 +106,8 @@ class InaEndpoint:
         self.pool = pool
         self.cfg, self.up, self.down = cfg, wiring.up, wiring.down
         self.index = {int(w): i for i, w in enumerate(pool.ids)}  # a worker id's place here
+        self.local_of = np.full(int(pool.ids.max(initial=-1)) + 1, -1, np.int64)  # the same, as an array
+        self.local_of[pool.ids] = np.arange(len(pool.ids))
         self.by_rank = {int(r): i for i, r in enumerate(pool.ranks)}  # a pool rank's place here
         # each local worker's link (its NIC's, shared with the node's other workers on a topology),
         # and, with several leaves, each one's leaf, whose links to the spine (which aggregates)
@@ -130,7 +133,7 @@ class InaEndpoint:
         # header and framing bytes of every packet, contributions and results, resends aside
         self.carried: dict[int, list[int]] = {}  # in CARRIED_UNIT parts of a byte
         self.check = ResultCheck()
-        self.runs: dict[tuple[int, int], CollRun] = {}
+        self.runs: dict[int, np.ndarray] = {}  # per collective (its seq): each local worker's run (object)
         self.retx_scale: dict[tuple[int, int], float] = {}  # what a pending retransmission stands for
         self.retx_due: list[tuple[int, int, float, float]] = []
         self.pump_due = False
@@ -140,22 +143,27 @@ class InaEndpoint:
         self.outgoing: list[AggBatch] = []
 
     # -- the stream ---------------------------------------------------------------------
-    def start(self, workers: list[int], run: CollRun, real_elements: int) -> bool:
-        """Workers (a cohort's members: one program, one start time) start an all_reduce on the
-        stream; True if it is already complete (empty)."""
+    def start(self, workers: int | np.ndarray, run: CollRun, real_elements: int) -> bool:
+        """Workers (ids: a cohort's members, one program, one start time) start an all_reduce on
+        the stream; True if it is already complete (empty)."""
         op = run.op
         coll = self.group.collective(run.seq, op.dtype.value, real_elements, -(-op.count // self.k), op.sparsity,
                                      op.kind, op.count)
-        index = self.index
-        local = [index[w] for w in workers]
+        local = self.local_of[workers]
         coll.start_us[local] = run.start_us
         if coll.chunks == 0:
             coll.finished[local] = True
             return True
-        seq = run.seq
-        self.runs.update(((i, seq), run) for i in local)
+        runs = self.runs.get(run.seq)
+        if runs is None:
+            runs = self.runs[run.seq] = np.full(self.group.m, None, object)
+        runs[local] = run
         self.pump_due = True
         return False
+
+    def pending(self) -> list[CollRun]:
+        """Each started run not yet completed, once per worker."""
+        return [run for runs in self.runs.values() for run in runs.tolist() if run is not None]
 
     def most_resent(self) -> tuple[int, int, int, int]:
         """``InaGroup.most_resent``."""
@@ -441,7 +449,16 @@ class InaEndpoint:
         keep = ~lost
         done = g.on_results(li[keep], rb[keep], batch.headers, batch.payload, first[keep], last[keep], verify,
                             self.check, batch.sparse)
-        for local, coll in done:
-            run = self.runs.pop((local, coll.seq))
-            self.completed(int(self.pool.ids[local]), run, float(coll.end_us[local]))
+        for coll, local in done:
+            self._finished(coll, local)
         self.pump_due = True
+
+    def _finished(self, coll: InaCollective, local: np.ndarray) -> None:
+        """Local workers ``local`` just completed ``coll``: to the host, those of one run (a
+        cohort's members share it) at once, runs in the order their first worker comes."""
+        runs = self.runs[coll.seq]
+        got = runs[local]
+        runs[local] = None
+        if coll.finished.all():
+            del self.runs[coll.seq]
+        complete_by_run(self.pool.ids[local], got, coll.end_us[local], self.completed)

@@ -64,11 +64,12 @@ class P2PEndpoint:
     batched = False  # segments one at a time (``emu.replay.host.p2p_batched``: a window's at once)
 
     def __init__(self, cfg: ReplayConfig, net: Fabric, servers: tuple[int, ...], wiring: Wiring,
-                 index: dict[int, int], host: int, completed: Callable[[int, CollRun, float], None],
+                 index: dict[int, int], host: int, completed: Callable[[np.ndarray, CollRun, np.ndarray], None],
                  recorded: RecordedPayload | None = None, job: int = 0,
                  groups: tuple[tuple[int, ...] | None, ...] = ()) -> None:
         """``groups``: a sharded or split job's, for the parameter-server shards: per collective
-        number within an iteration, its group's workers (None: the whole job; empty: every one)."""
+        number within an iteration, its group's workers (None: the whole job; empty: every one);
+        ``completed(ids, run, ends)``: workers ``ids`` (an array) completed ``run``, at ``ends``."""
         self.cfg, self.net, self.index, self.job = cfg, net, index, job
         self.wiring, self.up, self.down = wiring, wiring.up, wiring.down
         self._nodes: tuple[dict[int, list[int]], list[int]] | None = None
@@ -120,6 +121,15 @@ class P2PEndpoint:
         return min(self.inside_up.first(), self.inside_down.first())
 
     # -- collectives --------------------------------------------------------------------
+    def pending(self) -> list[CollRun]:
+        """Each started run not yet completed, once per worker."""
+        return list(self.runs.values())
+
+    def start_many(self, ws: np.ndarray, run: CollRun, real_elements: int, mech: Mechanism) -> None:
+        """Workers ``ws`` (a cohort's members) start one collective, in their order (``start``)."""
+        for w in ws.tolist():
+            self.start(w, run, real_elements, mech)
+
     def start(self, w: int, run: CollRun, real_elements: int, mech: Mechanism) -> None:
         """Worker ``w`` starts a collective that ``mech`` runs (the fabric's choice: emu.emulator.mechanisms)."""
         key = (w, run.seq)
@@ -199,7 +209,7 @@ class P2PEndpoint:
     def _finish(self, w: int, seq: int) -> None:
         self.members.pop((w, seq), None)
         alg = self.algs.pop((w, seq))
-        self.completed(w, self.runs.pop((w, seq)), alg.end_us)
+        self.completed(np.array([w], np.int64), self.runs.pop((w, seq)), np.array([alg.end_us], np.float64))
 
     def _queue(self, src: int, segs: list[Seg], dtype: str) -> None:
         # a shard's answers, sent at once, leave in its turn order (``_reply_turns``); else by destination

@@ -31,7 +31,7 @@ from emu.emulator.protocol.transport import FrameError, SegmentRows, gather, row
 from emu.emulator.protocol.wire import DTYPE_CODES
 from emu.replay.control.messages import CARRIED_UNIT
 from emu.replay.host.p2p import Hand, P2PEndpoint
-from emu.replay.host.worker import CollRun
+from emu.replay.host.worker import CollRun, complete_by_run
 
 _HEADERS = wire.FRAME_OVERHEAD + wire.P2P_HEADER.itemsize
 
@@ -113,6 +113,7 @@ class BatchedP2P(P2PEndpoint):
         self.kernels: dict[int, object] = {}  # collective -> its kernel (emu.emulator.algorithms.batched)
         self._per_segment: set[int] = set()  # collectives that run per segment
         self._kernel_done: dict[int, int] = {}  # members of each kernel done here
+        self._kernel_runs: dict[int, np.ndarray] = {}  # per kernel: each member's run (object), by endpoint id
         self.sums = ServerSums(self.m, self.groups) if self.servers else None
         self.sent: list[SegmentRows] = []
 
@@ -168,26 +169,38 @@ class BatchedP2P(P2PEndpoint):
                                              sends.t, sends.t, sends.bounds, sends.values))
 
     # -- collectives --------------------------------------------------------------------
+    def pending(self) -> list[CollRun]:
+        return super().pending() + [r for runs in self._kernel_runs.values() for r in runs.tolist() if r is not None]
+
     def start(self, w: int, run: CollRun, real_elements: int, mech: Mechanism) -> None:
-        kernel = self._kernel(w, run, real_elements, mech)
+        self.start_many(np.array([w], np.int64), run, real_elements, mech)
+
+    def start_many(self, ws: np.ndarray, run: CollRun, real_elements: int, mech: Mechanism) -> None:
+        """Workers ``ws`` start one collective: on its kernel all at once where it has one (each
+        one's segments that came before it, after it started), else one by one."""
+        kernel = self._kernel(int(ws[0]), run, real_elements, mech)
         if kernel is None:
-            super().start(w, run, real_elements, mech)
+            for w in ws.tolist():
+                super().start(w, run, real_elements, mech)
             return
-        key = (w, run.seq)
-        self.runs[key] = run
+        seq = run.seq
+        runs = self._kernel_runs.get(seq)
+        if runs is None:
+            runs = self._kernel_runs[seq] = np.full(len(self.link_of), None, object)
+        runs[ws] = run
         code = DTYPE_CODES.index(run.op.dtype.value)
-        sends, done = kernel.start(w, w, run.start_us)  # a whole job's: its rank is its id
-        self._push(sends, run.seq, code)
-        early = self.early.pop(key, None)
-        if early:
+        sends, done = kernel.start_many(ws, run.start_us)  # a whole job's: a member's rank is its id
+        self._push(sends, seq, code)
+        for w in ([w for w in ws.tolist() if (w, seq) in self.early] if self.early else ()):
+            early = self.early.pop((w, seq))
             n = np.array([len(e[2]) for e in early], np.int64)
             got = Arrivals(np.full(len(early), w, np.int64), np.array([e[1] for e in early], np.int64),
                            np.array([e[3] for e in early], np.float64), row_bounds(n),
                            np.concatenate([np.asarray(e[2], np.float64) for e in early]))
             sends, more = kernel.arrive(got)
-            self._push(sends, run.seq, code)
-            done = done + more
-        self._finished(run.seq, done)
+            self._push(sends, seq, code)
+            done = Done.concat([done, more])
+        self._finished(seq, done)
 
     def _kernel(self, w: int, run: CollRun, real: int, mech: Mechanism):
         seq = run.seq
@@ -202,12 +215,15 @@ class BatchedP2P(P2PEndpoint):
         return kernel
 
     def _finished(self, seq: int, done: Done) -> None:
-        for w, end in done:
-            self.completed(w, self.runs.pop((w, seq)), end)
-        if done:
-            self._kernel_done[seq] += len(done)
-            if self._kernel_done[seq] == len(self.index):  # every worker here is done with it
-                del self.kernels[seq], self._kernel_done[seq]
+        if not len(done):
+            return
+        runs = self._kernel_runs[seq]
+        got = runs[done.ids]
+        runs[done.ids] = None
+        complete_by_run(done.ids, got, done.end_us, self.completed)
+        self._kernel_done[seq] += len(done)
+        if self._kernel_done[seq] == len(self.index):  # every worker here is done with it
+            del self.kernels[seq], self._kernel_done[seq], self._kernel_runs[seq]
 
     # -- uplinks ------------------------------------------------------------------------
     def due_up(self, bound: float, inclusive: bool) -> tuple[np.ndarray, Hand]:

@@ -66,17 +66,15 @@ class InaPools:
         return self.endpoints[0 if group is None else self.pool_of[group]]
 
     # -- what the host asks of one endpoint ---------------------------------------------
-    @property
-    def runs(self) -> dict[tuple[int, int], CollRun]:
-        return {(pool << _POOL_BITS | local, seq): run for pool, ep in self.endpoints.items()
-                for (local, seq), run in ep.runs.items()}
+    def pending(self) -> list[CollRun]:
+        return [run for ep in self.endpoints.values() for run in ep.pending()]
 
     @property
     def scaled(self) -> _Sum | None:
         have = [p for p in self.endpoints.values() if p.scaled is not None]
         return _Sum(have, "scaled") if have else None
 
-    def start(self, workers: list[int], run: CollRun, real_elements: int) -> bool:
+    def start(self, workers: int | np.ndarray, run: CollRun, real_elements: int) -> bool:
         return self._of(run).start(workers, run, real_elements)
 
     def most_resent(self) -> tuple[int, int, int, int]:

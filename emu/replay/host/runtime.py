@@ -142,11 +142,12 @@ class Host:
             real, emulated = setup.pool_slots[0]
             job_pool = Pool(job=setup.job, workers=cfg.workers, real_slots=real, emulated_slots=emulated,
                             ranks=endpoints, ids=endpoints, locals=np.arange(len(endpoints), dtype=np.int64))
-            pools = {0: InaEndpoint(cfg, endpoints, self.wiring, index, self._timer, self._completed, setup.payload,
-                                    setup.job, pool=job_pool)}
+            pools = {0: InaEndpoint(cfg, endpoints, self.wiring, index, self._timer, self._completed,
+                                    setup.payload, setup.job, pool=job_pool)}
             for pool in pools_of(endpoints, index, setup.pools, setup.pool_slots[1:]):
                 pools[pool.job] = InaEndpoint(cfg, endpoints, self.wiring, index,
-                                              InaPools.timer_for(pool.job, self._timer), self._completed, pool=pool)
+                                              InaPools.timer_for(pool.job, self._timer), self._completed,
+                                              pool=pool)
             self.ina: InaEndpoint | InaPools = InaPools(pools, {g: 1 + i for i, g in enumerate(setup.pools)})
         else:
             self.ina = InaEndpoint(cfg, endpoints if workers else np.zeros(0, np.int64), self.wiring, index,
@@ -207,9 +208,10 @@ class Host:
         heapq.heappush(self.heap, (t, _RETX, local, slot, lost))
         self._timers += 1
 
-    def _completed(self, w: int, run: CollRun, t: float) -> None:
+    def _completed(self, ws: np.ndarray, run: CollRun, ts: np.ndarray) -> None:
+        """Workers ``ws`` completed ``run`` (a cohort's members share it) at ``ts``."""
         self._progress_mark = self._scaled()
-        self.cohorts.arrive(w, run, t)
+        self.cohorts.arrive(ws, run, ts)
 
     def _scaled(self) -> tuple[int, int]:
         """Payload scale's emulated timeouts and packet positions: per chunk, the same on every
@@ -311,14 +313,13 @@ class Host:
         if mech is None:
             mech = self._mechs[id(op)] = choose(op, self.cfg.setting)
         if mech.stream:
-            if self.ina.start(worker.members, run, real):  # an empty collective
+            if self.ina.start(worker.ids, run, real):  # an empty collective
                 worker.completed(run, run.start_us)
             return
         if mech.fallback(op, self.cfg.setting):  # what the fabric could not run its own way
             name = op.kind.value
             self.counters.fallbacks[name] = self.counters.fallbacks.get(name, 0) + worker.size
-        for w in worker.members:
-            self.p2p.start(w, run, real, mech)
+        self.p2p.start_many(worker.ids, run, real, mech)
 
     # -- the links ----------------------------------------------------------------------
     def _uplinks(self, bound: float, inclusive: bool) -> None:
@@ -480,7 +481,7 @@ class Host:
                              f"one packet with probability {p ** rounds:.1e} at --loss {p:g}")
 
     def _pending(self) -> str:
-        pending = sorted([*self.ina.runs.values(), *self.p2p.runs.values()], key=lambda r: r.seq)
+        pending = sorted([*self.ina.pending(), *self.p2p.pending()], key=lambda r: r.seq)
         return (f"{pending[0].op.kind.value} #{pending[0].seq} ({pending[0].op.bytes / 1e6:.3g} MB) and "
                 f"{len(pending) - 1} more pending" if pending else "nothing pending")
 

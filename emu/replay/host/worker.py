@@ -35,6 +35,22 @@ class CollRun:
     end_us: float | None = None
 
 
+def complete_by_run(ids: np.ndarray, runs: np.ndarray, ends: np.ndarray,
+                    completed: Callable[[np.ndarray, CollRun, np.ndarray], None]) -> None:
+    """Workers ``ids`` completed the runs ``runs`` (objects; a cohort's members share one) at
+    ``ends``: ``completed`` once a run, with its workers, runs in the order their first one comes."""
+    keys = np.fromiter(map(id, runs), np.int64, len(runs))
+    if not len(keys):
+        return
+    if (keys == keys[0]).all():
+        completed(ids, runs[0], ends)
+        return
+    _, first, which = np.unique(keys, return_index=True, return_inverse=True)
+    for u in np.argsort(first).tolist():
+        sel = which == u
+        completed(ids[sel], runs[first[u]], ends[sel])
+
+
 @dataclass
 class IterationRecord:
     index: int
@@ -103,7 +119,8 @@ class FakeWorker:
         self.members = members
         self.w = members[0]
         self.size = len(members)
-        self.at: int | np.ndarray = members[0] if len(members) == 1 else np.asarray(members, np.int64)
+        self.ids = np.asarray(members, np.int64)
+        self.at: int | np.ndarray = members[0] if len(members) == 1 else self.ids
 
     def records_of(self, w: int) -> list[IterationRecord]:
         """Member ``w``'s iterations, from the first."""

@@ -7,6 +7,7 @@ import pytest
 
 from emu.emulator.protocol import fixedpoint
 from emu.emulator.protocol.ina import InaGroup, InaParams
+from emu.traces.model import Sparsity
 
 
 def run(workers: int, slots: int, k: int, sizes: list[int], dtype: str = "float32", loss: float = 0.0,
@@ -44,3 +45,32 @@ def test_unit_path_equals_float_fixed_point() -> None:
     assert np.array_equal(g.exponents(c, li, blocks), fixedpoint.block_exponents(values))
     c.agreed[blocks] = g.exponents(c, li, blocks).reshape(7, 3).max(axis=0)[np.tile(np.arange(3), 7)]
     assert np.array_equal(g.quantized(c, li, blocks), fixedpoint.quantize(values, c.agreed[blocks], 7))
+
+
+@pytest.mark.parametrize("workers, sparse", [(1, False), (3, False), (7, False), (300, False), (5000, False),
+                                             (7, True), (300, True)])
+def test_units_match_every_element_against_its_owner(workers: int, sparse: bool) -> None:
+    """A row adds its worker's own elements where the block's owner is its rank: found by matching
+    owners against sorted rows (``StreamData._owned``), the same units, peaks and exponents as
+    comparing every element of every row, on blocks with padding, rows repeated and out of order,
+    ranks that own nothing, and sparse blocks."""
+    p = InaParams(slots=4, elements=64, workers=workers, job=0, seed=2)
+    g = InaGroup(np.arange(min(workers, 50)), p)
+    c = g.collective(0, "float32", 1000, 16, Sparsity(64, 0.3, 0.6) if sparse else None)
+    rng = np.random.default_rng(workers)
+    ranks = rng.integers(0, workers, 400)
+    blocks = rng.integers(0, 16, 400)  # block 15 holds 40 real elements and 24 of padding
+    units, beta = g.units_of(c, ranks, blocks)
+    k = p.elements
+    owner = np.stack([np.r_[g.cache.span(c, b * k, min((b + 1) * k, 1000), "owner"),
+                            np.full(max(0, (b + 1) * k - 1000), -1, np.int32)] for b in blocks])
+    common = np.stack([np.r_[g.cache.span(c, b * k, min((b + 1) * k, 1000), "common"),
+                             np.zeros(max(0, (b + 1) * k - 1000), np.int32)] for b in blocks])
+    own = np.stack([np.r_[g.cache.span(c, b * k, min((b + 1) * k, 1000), "own"),
+                          np.zeros(max(0, (b + 1) * k - 1000), np.int32)] for b in blocks])
+    want = common + np.where(owner == ranks[:, None], own, 0)
+    # sparse: zero outside the blocks a worker holds
+    assert np.array_equal(units, want) if not sparse else ((units == want) | (units == 0)).all()
+    assert (owner == ranks[:, None]).any() or workers > 1000  # some rows hold their own
+    peak, peak_beta = g._peaks(c, ranks, blocks)
+    assert np.array_equal(peak, np.abs(units).max(axis=1).astype(np.int64)) and np.array_equal(peak_beta, beta)

@@ -104,13 +104,12 @@ class StreamData:
         if not len(blocks):
             return np.zeros((0, k), np.int32), np.zeros(0, np.int64)
         uniq, inv = np.unique(blocks, return_inverse=True)
-        owner = self._rows(coll, uniq, "owner", np.int32)
-        tail = coll.real_elements - uniq * k
-        owner[np.arange(k)[None, :] >= tail[:, None]] = -1  # padding belongs to nobody
         own = self._rows(coll, uniq, "own", np.int32)
         common = self._rows(coll, uniq, "common", np.int32)
         beta = self._rows(coll, uniq, "beta", np.int32)[:, 0].astype(np.int64)  # constant per block
-        units = common[inv] + np.where(owner[inv] == ranks[:, None], own[inv], np.int32(0))
+        units = common[inv]
+        rows, cols = self._owned(coll, uniq, inv, ranks)
+        units[rows, cols] += own[inv[rows], cols]
         if coll.sparsity is not None:  # zero outside the blocks each worker holds (padding: held by nobody)
             holders = self._rows(coll, uniq, "holders", np.int32)
             mul = self._rows(coll, uniq, "mul", np.int64)
@@ -118,6 +117,44 @@ class StreamData:
             held = holds(mul[inv], add[inv], holders[inv], self.p.workers, ranks[:, None])
             units = np.where(held, units, np.int32(0))
         return units, beta[inv]
+
+    def _peaks(self, coll: InaCollective, ranks: np.ndarray, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``max |units|`` of each row of ``units_of`` (int64) and its beta, without its rows where a
+        dense block's row holds none of its worker's own elements: the block's shared part's."""
+        if coll.sparsity is not None or not len(blocks):
+            units, beta = self.units_of(coll, ranks, blocks)
+            return np.abs(units).max(axis=1).astype(np.int64), beta
+        uniq, inv = np.unique(blocks, return_inverse=True)
+        common = self._rows(coll, uniq, "common", np.int32)
+        beta = self._rows(coll, uniq, "beta", np.int32)[:, 0].astype(np.int64)
+        peak = np.abs(common).max(axis=1)[inv]
+        rows, cols = self._owned(coll, uniq, inv, ranks)
+        if len(rows):  # those that hold some: their whole rows
+            at, back = np.unique(rows, return_inverse=True)
+            units = common[inv[at]]
+            units[back, cols] += self._rows(coll, uniq, "own", np.int32)[inv[rows], cols]
+            peak[at] = np.abs(units).max(axis=1)
+        return peak.astype(np.int64), beta[inv]
+
+    def _owned(self, coll: InaCollective, uniq: np.ndarray, inv: np.ndarray,
+               ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where rows (block ``uniq[inv[i]]`` of the worker of rank ``ranks[i]``) hold their worker's
+        own elements: (row, element) pairs. Each element has one owner (padding none), so a row
+        holds about k / workers of them: found by matching each element's owner against the
+        sorted rows, not by comparing every element of every row."""
+        k, n = self.p.elements, self.p.workers
+        owner = self._rows(coll, uniq, "owner", np.int32)
+        tail = coll.real_elements - uniq * k
+        owner[np.arange(k)[None, :] >= tail[:, None]] = -1  # padding belongs to nobody
+        ub, col = np.nonzero(owner >= 0)
+        want = ub * n + owner[ub, col]  # the row key (block, owner) each element is added to
+        key = inv * n + np.asarray(ranks, np.int64)
+        order = np.argsort(key, kind="stable")
+        lo = np.searchsorted(key[order], want, side="left")
+        many = np.searchsorted(key[order], want, side="right") - lo
+        pair = np.repeat(np.arange(len(want)), many)
+        at = lo[pair] + np.arange(len(pair)) - np.repeat(np.cumsum(many) - many, many)
+        return order[at], col[pair]
 
     def values(self, coll: InaCollective, li: np.ndarray, blocks: np.ndarray) -> np.ndarray:
         """Workers li's values of data blocks, float32 (what a real worker's gradient block holds);
@@ -135,8 +172,7 @@ class StreamData:
         of ``values``, computed on the integer units: |x| = |units| * 2**beta)."""
         if coll.recorded is not None:
             return fixedpoint.block_exponents(self.values(coll, li, blocks))
-        units, beta = self.units(coll, li, blocks)
-        peak = np.abs(units).max(axis=1).astype(np.int64)
+        peak, beta = self._peaks(coll, self.wids[li], blocks)
         e = beta + np.ceil(np.log2(np.maximum(peak, 1))).astype(np.int64)
         return np.where(peak > 0, np.clip(e, -127, 127), fixedpoint.EXP_NONE).astype(np.int8)
 

@@ -48,7 +48,8 @@ class _Waiting:
     arriving by (first packet, destination, source, collective, segment), the orders of
     ``P2PEndpoint``'s heaps. A row is copied when it comes and when it goes, not each window."""
 
-    MERGE = 24  # parts kept apart at most
+    MERGE = 48  # parts kept apart at most
+    FAN = 8  # parts of a tier that merge
 
     def __init__(self, up: bool) -> None:
         self.up = up
@@ -62,13 +63,15 @@ class _Waiting:
             rows = rows.take(np.argsort(rows.t, kind="stable"))
         self.parts.append(rows)
         self._first = min(self._first, float(rows.t[0]))
-        # parts of falling sizes, as a binary counter's: a part merges with the one before it when
-        # that one is at most twice its size, so a row is copied about log2(rows) times, not once
-        # every few pushes (a parameter server's answers wait long in a large queue)
-        parts = self.parts
-        while len(parts) > 1 and (len(parts[-2]) <= 2 * len(parts[-1]) or len(parts) > self.MERGE):
-            merged = SegmentRows.concat(parts[-2:])
-            parts[-2:] = [merged.take(np.argsort(merged.t, kind="stable"))]
+        # parts of falling sizes in tiers, as a counter's in base FAN: the last FAN parts merge when
+        # they are within a factor 2 of each other, so a row is copied about log_FAN(rows) times,
+        # not once every few pushes (a parameter server's answers wait long in a large queue)
+        parts, fan = self.parts, self.FAN
+        while len(parts) > 1 and ((len(parts) >= fan and len(parts[-fan]) <= 2 * len(parts[-1]))
+                                  or len(parts) > self.MERGE):
+            j = min(fan, len(parts))
+            merged = SegmentRows.concat(parts[-j:])
+            parts[-j:] = [merged.take(np.argsort(merged.t, kind="stable"))]
 
     def first(self) -> float:
         return self._first

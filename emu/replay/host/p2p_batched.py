@@ -83,8 +83,10 @@ class _Waiting:
         due, rest = [], []
         for p in self.parts:
             k = int(np.searchsorted(p.t, bound, side=side))
-            if k:
-                due.append(p.slice(0, k))
+            if not k:  # nothing due in it: kept as it is (a slice copies its bounds)
+                rest.append(p)
+                continue
+            due.append(p.slice(0, k))
             if k < len(p):
                 rest.append(p.slice(k, len(p)))
         self.parts = rest

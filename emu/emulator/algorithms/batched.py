@@ -14,6 +14,7 @@ sparse and recorded payload, the other algorithms) runs per segment, through the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -431,6 +432,19 @@ class BroadcastKernel(_Kernel):
                      row_bounds(np.diff(a.bounds)[rows]), gather(a.values, a.bounds, rows))
 
 
+def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique`` of the rows of these non-negative int columns (axis 0: rows in lexicographic
+    order, each's first index, each row's unique row), on one int64 key where the columns' ranges
+    fit in one (a row-wise unique sorts a structured view, about 10 times slower)."""
+    dims = tuple(int(c.max(initial=0)) + 1 for c in cols)
+    if math.prod(dims) < 1 << 62:
+        key = np.ravel_multi_index(cols, dims)
+        _, first, which = np.unique(key, return_index=True, return_inverse=True)
+        return np.stack([c[first] for c in cols], axis=1), first, which.reshape(-1)
+    uniq, first, which = np.unique(np.stack(cols, axis=1), axis=0, return_index=True, return_inverse=True)
+    return uniq, first, which.reshape(-1)
+
+
 class ServerSums:
     """``emu.emulator.algorithms.p2p.PSServer`` for every shard a host holds: each segment summed over
     the workers (of the job, or of a sub-group's collective) in the order the pushes arrived, then
@@ -453,9 +467,7 @@ class ServerSums:
                bounds: np.ndarray, values: np.ndarray) -> tuple[Sends, np.ndarray]:
         """Pushes, in their order: the sums they completed, sent to each worker (``Sends.src``: the
         shard), and for each send the push (its row) that completed its sum."""
-        keys = np.stack([shard, seq, segment], axis=1)
-        uniq, first, which = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-        which = which.reshape(-1)
+        uniq, first, which = _unique_rows(shard, seq, segment)
         n = np.diff(bounds)
         entries = []
         for i, k in enumerate(map(tuple, uniq.tolist())):

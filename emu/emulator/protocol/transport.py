@@ -308,8 +308,8 @@ class SegmentRows:
 
     @staticmethod
     def empty() -> SegmentRows:
-        ints = np.zeros(0, np.int64)
-        return SegmentRows(*([ints] * 7), *([np.zeros(0)] * 3), np.zeros(1, np.int64), np.zeros(0))
+        """No rows: one read-only instance for all."""
+        return _NO_ROWS
 
     def lengths(self) -> np.ndarray:
         return np.diff(self.bounds)
@@ -429,6 +429,18 @@ def _window(frames: list) -> tuple[int, float, int]:
         raise FrameError("bad window message")
     return _WINDOW.unpack(frames[1])
 
+
+
+def _no_rows() -> SegmentRows:
+    ints, floats = np.zeros(0, np.int64), np.zeros(0)
+    arrays = ([ints] * 7, [floats] * 3, [np.zeros(1, np.int64), floats])
+    for part in arrays:
+        for a in part:
+            a.flags.writeable = False
+    return SegmentRows(*arrays[0], *arrays[1], *arrays[2])
+
+
+_NO_ROWS = _no_rows()
 
 @dataclass(frozen=True)
 class Go:

@@ -89,6 +89,7 @@ def _no_sends() -> Sends:
 
 _NO_SENDS = _no_sends()
 
+
 @dataclass(frozen=True)
 class Done:
     """Members now done with a kernel's collective: their endpoint ids and end times."""

@@ -142,13 +142,15 @@ class StreamData:
         own elements: (row, element) pairs. Each element has one owner (padding none), so a row
         holds about k / workers of them: found by matching each element's owner against the
         sorted rows, not by comparing every element of every row."""
-        k, n = self.p.elements, self.p.workers
+        k = self.p.elements
+        ranks = np.asarray(ranks, np.int64)
         owner = self._rows(coll, uniq, "owner", np.int32)
         tail = coll.real_elements - uniq * k
         owner[np.arange(k)[None, :] >= tail[:, None]] = -1  # padding belongs to nobody
         ub, col = np.nonzero(owner >= 0)
+        n = max(self.p.workers, int(owner.max(initial=-1)) + 1, int(ranks.max(initial=-1)) + 1)  # keys apart
         want = ub * n + owner[ub, col]  # the row key (block, owner) each element is added to
-        key = inv * n + np.asarray(ranks, np.int64)
+        key = inv * n + ranks
         order = np.argsort(key, kind="stable")
         lo = np.searchsorted(key[order], want, side="left")
         many = np.searchsorted(key[order], want, side="right") - lo

@@ -430,7 +430,6 @@ def _window(frames: list) -> tuple[int, float, int]:
     return _WINDOW.unpack(frames[1])
 
 
-
 def _no_rows() -> SegmentRows:
     ints, floats = np.zeros(0, np.int64), np.zeros(0)
     arrays = ([ints] * 7, [floats] * 3, [np.zeros(1, np.int64), floats])
@@ -441,6 +440,7 @@ def _no_rows() -> SegmentRows:
 
 
 _NO_ROWS = _no_rows()
+
 
 @dataclass(frozen=True)
 class Go:

@@ -38,6 +38,15 @@ if TYPE_CHECKING:
     from emu.replay.host.runtime import HostSetup
 
 
+def _groups(values: np.ndarray) -> list[np.ndarray]:
+    """The positions of each distinct value, in order, the groups in the order their first
+    position comes (one sort, not a comparison per group)."""
+    order = np.argsort(values, kind="stable")
+    cuts = np.flatnonzero(values[order][1:] != values[order][:-1]) + 1
+    groups = np.split(order, cuts)
+    return sorted(groups, key=lambda g: int(g[0]))
+
+
 def cohorts_allowed(setup: HostSetup, split_inside: bool) -> bool:
     """Whether a host's workers may run as cohorts: not where a report keeps each worker's spans or
     collectives' times (a Chrome trace, adaptive compression), nor where a node's segments cross
@@ -103,25 +112,22 @@ class Cohorts:
                 ts = np.concatenate([g[2] for g in got])
                 block = np.repeat(np.arange(len(got)), [len(g[0]) for g in got])
                 # the cohorts as they are now: an earlier collective may have split them
-                tokens, first, which = np.unique(self._token[ws], return_index=True, return_inverse=True)
-                for u in np.argsort(first, kind="stable").tolist():
-                    sel = np.flatnonzero(which == u)
-                    self._complete(self.live[int(tokens[u])], got[block[first[u]]][1], ws[sel], ts[sel])
+                for sel in _groups(self._token[ws]):
+                    self._complete(self.live[int(self._token[ws[sel[0]]])], got[block[sel[0]]][1], ws[sel], ts[sel])
 
     def _complete(self, fw: FakeWorker, run: CollRun, ws: np.ndarray, ts: np.ndarray) -> None:
         """Members ``ws`` of ``fw`` completed ``run`` at ``ts``: the cohort at once where every
         member did at one time, else split, one part per time in the order the times arrived."""
-        times, first, which = np.unique(ts, return_index=True, return_inverse=True)
-        if len(times) == 1 and len(ws) == fw.size:
-            fw.completed(run, float(times[0]))
+        if len(ws) == fw.size and (ts == ts[0]).all():
+            fw.completed(run, float(ts[0]))
             return
-        order = np.argsort(first, kind="stable").tolist()
-        parts = [sorted(ws[which == k].tolist()) for k in order]
+        groups = _groups(ts)
+        parts = [sorted(ws[sel].tolist()) for sel in groups]
         arrived = set(ws.tolist())
         rest = [w for w in fw.members if w not in arrived]
         pieces = self.split(fw, parts + ([rest] if rest else []))
-        for piece, k in zip(pieces, order, strict=False):  # the members still waiting: the last, left out
-            piece.completed(run, float(times[k]))
+        for piece, sel in zip(pieces, groups, strict=False):  # the members still waiting: the last, left out
+            piece.completed(run, float(ts[sel[0]]))
 
     def split(self, fw: FakeWorker, parts: list[list[int]]) -> list[FakeWorker]:
         """``fw`` as one cohort per part, in their order, each resuming when it would have. The

@@ -105,8 +105,7 @@ class InaEndpoint:
                         locals=np.asarray([index[int(w)] for w in workers], np.int64))
         self.pool = pool
         self.cfg, self.up, self.down = cfg, wiring.up, wiring.down
-        self.index = {int(w): i for i, w in enumerate(pool.ids)}  # a worker id's place here
-        self.local_of = np.full(int(pool.ids.max(initial=-1)) + 1, -1, np.int64)  # the same, as an array
+        self.local_of = np.full(int(pool.ids.max(initial=-1)) + 1, -1, np.int64)  # a worker id's place here
         self.local_of[pool.ids] = np.arange(len(pool.ids))
         self.by_rank = {int(r): i for i, r in enumerate(pool.ranks)}  # a pool rank's place here
         # each local worker's link (its NIC's, shared with the node's other workers on a topology),
@@ -150,6 +149,7 @@ class InaEndpoint:
         coll = self.group.collective(run.seq, op.dtype.value, real_elements, -(-op.count // self.k), op.sparsity,
                                      op.kind, op.count)
         local = self.local_of[workers]
+        assert (np.asarray(local) >= 0).all(), "a worker starts a collective on a pool it is not in"
         coll.start_us[local] = run.start_us
         if coll.chunks == 0:
             coll.finished[local] = True

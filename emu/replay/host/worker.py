@@ -38,17 +38,13 @@ class CollRun:
 def complete_by_run(ids: np.ndarray, runs: np.ndarray, ends: np.ndarray,
                     completed: Callable[[np.ndarray, CollRun, np.ndarray], None]) -> None:
     """Workers ``ids`` completed the runs ``runs`` (objects; a cohort's members share one) at
-    ``ends``: ``completed`` once a run, with its workers, runs in the order their first one comes."""
+    ``ends``: ``completed`` once for each stretch of workers with the same run, in their order
+    (the calls one worker at a time made, the same order, fewer of them)."""
     keys = np.fromiter(map(id, runs), np.int64, len(runs))
-    if not len(keys):
-        return
-    if (keys == keys[0]).all():
-        completed(ids, runs[0], ends)
-        return
-    _, first, which = np.unique(keys, return_index=True, return_inverse=True)
-    for u in np.argsort(first).tolist():
-        sel = which == u
-        completed(ids[sel], runs[first[u]], ends[sel])
+    cuts = [0, *(np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist(), len(keys)]
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        if b > a:
+            completed(ids[a:b], runs[a], ends[a:b])
 
 
 @dataclass

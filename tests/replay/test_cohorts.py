@@ -87,17 +87,17 @@ def test_broadcast_parts_and_meets_again(monkeypatch, no_children) -> None:
     assert exact_part(socketed) == exact_part(together)
 
 
-def test_completions_go_to_the_host_a_stretch_of_one_run_at_once() -> None:
+def test_completions_go_to_the_host_once_a_run_in_arrival_order() -> None:
     """Endpoints hand completions over by run (a cohort's members share one): one call for each
-    stretch of workers with the same run, in their order (what calls one by one did, fewer)."""
+    run, with its workers and times, runs in the order their first worker came."""
     op = Coll(id=0, kind=CollKind.ALL_REDUCE, dtype=Dtype.FLOAT32, count=4, bytes=16, group_size=1)
     a, b = CollRun(op, 1, 0.0), CollRun(op, 1, 0.0)  # equal as values, two runs all the same
     calls = []
     ids, ends = np.array([5, 2, 7, 9, 4]), np.array([1.0, 2.0, 3.0, 4.0, 5.0])
-    complete_by_run(ids, np.array([b, b, a, b, b], object), ends,
+    complete_by_run(ids, np.array([b, a, b, a, b], object), ends,
                     lambda w, r, t: calls.append((r, w.tolist(), t.tolist())))
-    assert [c[0] is b for c in calls] == [True, False, True]
-    assert [c[1:] for c in calls] == [([5, 2], [1.0, 2.0]), ([7], [3.0]), ([9, 4], [4.0, 5.0])]
+    assert [c[0] is b for c in calls] == [True, False]
+    assert [c[1:] for c in calls] == [([5, 7, 4], [1.0, 3.0, 5.0]), ([2, 9], [2.0, 4.0])]
     calls.clear()
     complete_by_run(ids, np.array([a] * 5, object), ends, lambda w, r, t: calls.append((r, w.tolist(), t.tolist())))
     assert len(calls) == 1 and calls[0][0] is a and calls[0][1] == [5, 2, 7, 9, 4]

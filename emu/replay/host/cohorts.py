@@ -31,20 +31,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from emu.replay.host.worker import CollRun, FakeWorker, copy_state
+from emu.replay.host.worker import CollRun, FakeWorker, copy_state, groups
 from emu.replay.plan.programs import WorkerProgram
 
 if TYPE_CHECKING:
     from emu.replay.host.runtime import HostSetup
-
-
-def _groups(values: np.ndarray) -> list[np.ndarray]:
-    """The positions of each distinct value, in order, the groups in the order their first
-    position comes (one sort, not a comparison per group)."""
-    order = np.argsort(values, kind="stable")
-    cuts = np.flatnonzero(values[order][1:] != values[order][:-1]) + 1
-    groups = np.split(order, cuts)
-    return sorted(groups, key=lambda g: int(g[0]))
 
 
 def cohorts_allowed(setup: HostSetup, split_inside: bool) -> bool:
@@ -112,7 +103,7 @@ class Cohorts:
                 ts = np.concatenate([g[2] for g in got])
                 block = np.repeat(np.arange(len(got)), [len(g[0]) for g in got])
                 # the cohorts as they are now: an earlier collective may have split them
-                for sel in _groups(self._token[ws]):
+                for sel in groups(self._token[ws]):
                     self._complete(self.live[int(self._token[ws[sel[0]]])], got[block[sel[0]]][1], ws[sel], ts[sel])
 
     def _complete(self, fw: FakeWorker, run: CollRun, ws: np.ndarray, ts: np.ndarray) -> None:
@@ -121,12 +112,12 @@ class Cohorts:
         if len(ws) == fw.size and (ts == ts[0]).all():
             fw.completed(run, float(ts[0]))
             return
-        groups = _groups(ts)
-        parts = [sorted(ws[sel].tolist()) for sel in groups]
+        by_time = groups(ts)
+        parts = [sorted(ws[sel].tolist()) for sel in by_time]
         arrived = set(ws.tolist())
         rest = [w for w in fw.members if w not in arrived]
         pieces = self.split(fw, parts + ([rest] if rest else []))
-        for piece, sel in zip(pieces, groups, strict=False):  # the members still waiting: the last, left out
+        for piece, sel in zip(pieces, by_time, strict=False):  # the members still waiting: the last, left out
             piece.completed(run, float(ts[sel[0]]))
 
     def split(self, fw: FakeWorker, parts: list[list[int]]) -> list[FakeWorker]:

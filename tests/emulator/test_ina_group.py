@@ -47,15 +47,17 @@ def test_unit_path_equals_float_fixed_point() -> None:
     assert np.array_equal(g.quantized(c, li, blocks), fixedpoint.quantize(values, c.agreed[blocks], 7))
 
 
+@pytest.mark.parametrize("lookup", [True, False])
 @pytest.mark.parametrize("workers, sparse", [(1, False), (3, False), (7, False), (300, False), (5000, False),
                                              (7, True), (300, True)])
-def test_units_match_every_element_against_its_owner(workers: int, sparse: bool) -> None:
+def test_units_match_every_element_against_its_owner(workers: int, sparse: bool, lookup: bool) -> None:
     """A row adds its worker's own elements where the block's owner is its rank: found by matching
-    owners against sorted rows (``StreamData._owned``), the same units, peaks and exponents as
-    comparing every element of every row, on blocks with padding, rows repeated and out of order,
-    ranks that own nothing, and sparse blocks."""
+    owners against sorted rows (``StreamData._owned``) or by comparing (``_lookup`` picks), the
+    same units, peaks and exponents as comparing every element of every row, on blocks with
+    padding, rows repeated and out of order, ranks that own nothing, and sparse blocks."""
     p = InaParams(slots=4, elements=64, workers=workers, job=0, seed=2)
     g = InaGroup(np.arange(min(workers, 50)), p)
+    g._lookup = lambda rows: lookup  # both ways, whatever the sizes
     c = g.collective(0, "float32", 1000, 16, Sparsity(64, 0.3, 0.6) if sparse else None)
     rng = np.random.default_rng(workers)
     ranks = rng.integers(0, workers, 400)

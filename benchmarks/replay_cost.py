@@ -23,7 +23,9 @@ exponent round) on ``ina``, ``2 (M - 1)`` hand-offs on a ring, 2 on a parameter 
 ``2 ceil(log2 M)`` on a tree, and one a compute phase. The row cost is the switch's data plane on
 8 workers' full pool of rows (``AggregationSwitch.process``) plus their frames' encode and parse;
 the round trip a zmq ping-pong between two processes (``benchmarks/clock_cost.py``); both are
-measured in the same run.
+measured right before each case, so that each case's bound follows the machine's speed as it was
+then (measured once at a run's start, the row cost was 0.38 us in one run and 0.26 us in the next,
+18 minutes later, and every ratio of the second run moved by the difference).
 
     .venv/bin/python benchmarks/replay_cost.py --emu OLD/.venv/bin/emu --emu .venv/bin/emu \\
         [--set quick|issue30] [--timeout 600] [--out results.json]
@@ -112,6 +114,8 @@ class Run:
     bound_s: float | None = None
     verified: bool | None = None
     segments: int | None = None
+    row_us: float | None = None  # the bound's row cost and round trip, measured right before the case
+    rtt_us: float | None = None
 
 
 def row_cost_us(workers: int = 8, slots: int = 1024, k: int = 64, repeat: int = 5) -> float:
@@ -182,7 +186,7 @@ def run_case(emu: str, case: Case, timeout_s: float, row_us: float, rtt_us: floa
     steps = dependent_steps(case, int(e["payload_scale"]), int(doc["fabric"]["slots"]), int(cfg["elements"]))
     bound = (rows * row_us + steps * rtt_us) / 1e6
     return Run(emu, case.name, "replayed", wall, e.get("run_s"), e.get("windows"), doc["summary"]["iteration_us_median"] / 1e3,
-               rows, steps, bound, doc["verification"]["ok"], segments)
+               rows, steps, bound, doc["verification"]["ok"], segments, row_us, rtt_us)
 
 
 def _cell(r: Run, iters: int) -> str:
@@ -244,15 +248,15 @@ def main() -> None:
         done = {r.case for r in saved}
         print(table([c for c in cases if c.name in done], {(r.emu, r.case): r for r in saved}, args.emu))
         return
-    rtt, row = round_trip_us(), row_cost_us()
     print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-          f"{time.strftime('%Y-%m-%d')}; round trip {rtt:.0f} us, row {row:.2f} us", file=sys.stderr)
+          f"{time.strftime('%Y-%m-%d')}", file=sys.stderr)
     runs: dict[tuple[str, str], Run] = {}
     out = Path(args.out)
     if args.keep and out.exists():  # a build measured once (the baseline) is not measured again
         runs = {(r.emu, r.case): r for r in (Run(**d) for d in json.loads(out.read_text())["runs"])
                 if r.emu in args.keep}
     for c in cases:  # the builds side by side, case by case: the machine's load hits both alike
+        rtt, row = round_trip_us(), row_cost_us()  # the bound as the machine is now
         for e in args.emu:
             if (e, c.name) in runs:
                 continue
@@ -261,8 +265,12 @@ def main() -> None:
             r = run_case(e, c, args.timeout, row, rtt)
             runs[(e, c.name)] = r
             print(f"{c.name} [{e}]: {r.status} {r.wall_s:.1f} s, windows {r.windows}", file=sys.stderr, flush=True)
-            out.write_text(json.dumps({"round_trip_us": rtt, "row_us": row,  # after each: nothing lost
-                                       "runs": [asdict(r) for r in runs.values()]}, indent=1))
+            out.write_text(json.dumps({"runs": [asdict(r) for r in runs.values()]}, indent=1))  # nothing lost
+    rows, rtts = ([getattr(r, f) for r in runs.values() if getattr(r, f)] for f in ("row_us", "rtt_us"))
+    if rows:
+        print(f"# row {min(rows):.2f} to {max(rows):.2f} us (median {np.median(rows):.2f}), round trip "
+              f"{min(rtts):.0f} to {max(rtts):.0f} us (median {np.median(rtts):.0f}), measured before each case",
+              file=sys.stderr)
     print(table(cases, runs, args.emu))
 
 

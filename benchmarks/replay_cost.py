@@ -23,9 +23,10 @@ exponent round) on ``ina``, ``2 (M - 1)`` hand-offs on a ring, 2 on a parameter 
 ``2 ceil(log2 M)`` on a tree, and one a compute phase. The row cost is the switch's data plane on
 8 workers' full pool of rows (``AggregationSwitch.process``) plus their frames' encode and parse;
 the round trip a zmq ping-pong between two processes (``benchmarks/clock_cost.py``); both are
-measured right before each case, so that each case's bound follows the machine's speed as it was
-then (measured once at a run's start, the row cost was 0.38 us in one run and 0.26 us in the next,
-18 minutes later, and every ratio of the second run moved by the difference).
+measured before each case and the bound of every case uses their medians over the run (measured
+once at a run's start, the row cost was 0.38 us in one run and 0.26 us in the next, 18 minutes
+later, and every ratio moved by the difference; a case's own measurement ranged 0.20 to 0.33 us
+within one run, too short to stand alone).
 
     .venv/bin/python benchmarks/replay_cost.py --emu OLD/.venv/bin/emu --emu .venv/bin/emu \\
         [--set quick|issue30] [--timeout 600] [--out results.json]
@@ -51,7 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -189,6 +190,18 @@ def run_case(emu: str, case: Case, timeout_s: float, row_us: float, rtt_us: floa
                rows, steps, bound, doc["verification"]["ok"], segments, row_us, rtt_us)
 
 
+def run_bounds(runs: dict[tuple[str, str], Run]) -> tuple[dict[tuple[str, str], Run], float, float]:
+    """Every run's bound from the medians of the row costs and round trips measured in the run
+    (module docstring), with those medians."""
+    rows = [r.row_us for r in runs.values() if r.row_us]
+    rtts = [r.rtt_us for r in runs.values() if r.rtt_us]
+    if not rows or not rtts:
+        return runs, math.nan, math.nan
+    row, rtt = float(np.median(rows)), float(np.median(rtts))
+    return {k: (replace(r, bound_s=(r.rows * row + r.steps * rtt) / 1e6) if r.rows is not None and r.steps is not None
+                else r) for k, r in runs.items()}, row, rtt
+
+
 def _cell(r: Run, iters: int) -> str:
     if r.status != "replayed":
         return r.status if r.status != "timeout" else f"> {r.wall_s:.0f} s"
@@ -246,7 +259,7 @@ def main() -> None:
     if args.render:
         saved = [Run(**r) for r in json.loads(Path(args.render).read_text())["runs"]]
         done = {r.case for r in saved}
-        print(table([c for c in cases if c.name in done], {(r.emu, r.case): r for r in saved}, args.emu))
+        print(table([c for c in cases if c.name in done], _bounded({(r.emu, r.case): r for r in saved}), args.emu))
         return
     print(f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{time.strftime('%Y-%m-%d')}", file=sys.stderr)
@@ -266,12 +279,18 @@ def main() -> None:
             runs[(e, c.name)] = r
             print(f"{c.name} [{e}]: {r.status} {r.wall_s:.1f} s, windows {r.windows}", file=sys.stderr, flush=True)
             out.write_text(json.dumps({"runs": [asdict(r) for r in runs.values()]}, indent=1))  # nothing lost
-    rows, rtts = ([getattr(r, f) for r in runs.values() if getattr(r, f)] for f in ("row_us", "rtt_us"))
-    if rows:
-        print(f"# row {min(rows):.2f} to {max(rows):.2f} us (median {np.median(rows):.2f}), round trip "
-              f"{min(rtts):.0f} to {max(rtts):.0f} us (median {np.median(rtts):.0f}), measured before each case",
-              file=sys.stderr)
-    print(table(cases, runs, args.emu))
+    print(table(cases, _bounded(runs), args.emu))
+
+
+def _bounded(runs: dict[tuple[str, str], Run]) -> dict[tuple[str, str], Run]:
+    """``run_bounds``, saying on stderr what the run measured."""
+    rows = [r.row_us for r in runs.values() if r.row_us]
+    rtts = [r.rtt_us for r in runs.values() if r.rtt_us]
+    runs, row, rtt = run_bounds(runs)
+    if rows and rtts:
+        print(f"# row {min(rows):.2f} to {max(rows):.2f} us, round trip {min(rtts):.0f} to {max(rtts):.0f} us, "
+              f"measured before each case; the bounds use their medians, {row:.2f} us and {rtt:.0f} us", file=sys.stderr)
+    return runs
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from emu.emulator.links.spec import LinkSpec
 from emu.traces.model import Trace
-from emu.traces.noise import OTHER_CORES
+from emu.traces.noise import OTHER_CORES, PROFILER_OVERHEAD, profiled_step_us, profiler_overhead
 
 # tbf counts the Ethernet frame without preamble, FCS and gap (1514 bytes for a full TCP
 # segment of 1448 bytes of payload); emu counts every byte on the wire (1538 for 1456).
@@ -37,6 +37,11 @@ SATURATED = 0.95
 # the machine ran the workload at another speed while capturing, and the trace froze that speed)
 TRUTH_AGREEMENT = 0.04
 CAPTURE_AGREEMENT = 0.05
+# ... and the capture's profiled steps, which the replay follows, within PROFILER_OVERHEAD (5%)
+# either way of its own steps without the profiler (emu.traces.noise.profiler_overhead): else the
+# profiler's cost or the machine's drift over the capture is in the trace's compute. Added
+# 2026-12-05 after three validations in a row (docs/FIDELITY.md) trusted mlp unshaped/25MB at
+# +11.7%, whose profiled steps ran 8% over its unprofiled ones.
 VETH_LATENCY_US = 20.0
 
 
@@ -71,7 +76,8 @@ class Truth:
         runs' halves ``TRUTH_AGREEMENT`` or more apart, the real runs or ``trace``'s capture beside
         other processes keeping ``OTHER_CORES`` busy, or the capture's unprofiled steps
         ``CAPTURE_AGREEMENT`` or more from the truth of the setting it was captured at
-        (``captured``; default: this one)."""
+        (``captured``; default: this one), or its profiled steps ``PROFILER_OVERHEAD`` or more
+        either way from those unprofiled ones."""
         out = list(self._machine_flags())
         if self.halves_us is not None:
             a, b = self.halves_us
@@ -127,8 +133,8 @@ class Truth:
 
 def capture_flags(trace: Trace | None, captured: Truth) -> tuple[str, ...]:
     """Why ``trace``'s capture may not be its setting's (``captured``: that setting's real runs): its
-    machine busy with other processes, or its own steps without the profiler at another speed than
-    the real runs'."""
+    machine busy with other processes, its own steps without the profiler at another speed than
+    the real runs', or its profiled steps (what the replay follows) at another speed than those."""
     noise = trace.meta.noise if trace is not None else None
     if noise is None:
         return ()
@@ -142,4 +148,11 @@ def capture_flags(trace: Trace | None, captured: Truth) -> tuple[str, ...]:
                        f"against the real runs' {captured.measured_us / 1e3:.1f} ms at {captured.setting.name} "
                        f"({off:+.0%}; {CAPTURE_AGREEMENT:.0%} or more: the machine ran the workload at another "
                        "speed while capturing, and the trace froze it)")
+    overhead = profiler_overhead(trace) if trace is not None else None
+    if overhead is not None and abs(overhead) >= PROFILER_OVERHEAD:
+        assert noise.unprofiled_step_us
+        out.append(f"its capture's profiled steps took {profiled_step_us(trace) / 1e3:.1f} ms against its own "
+                   f"{noise.unprofiled_step_us / 1e3:.1f} ms without the profiler ({overhead:+.0%}; "
+                   f"{PROFILER_OVERHEAD:.0%} or more either way: the profiler's cost or the machine's drift over "
+                   "the capture is in the trace's compute)")
     return tuple(out)

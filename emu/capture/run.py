@@ -75,14 +75,15 @@ MAX_WINDOWS = 10
 # Steps the built-in workloads run past the profiled window, without the profiler, each timed: the
 # capture's own unprofiled step time (``meta.noise.unprofiled_step_us``; the first of them is left
 # out, emu.traces.noise.unprofiled), against which its profiled steps show the profiler's overhead
-# (docs/capture.md, "Noise"). The window's export runs in the last profiled step's hook.
+# (docs/capture.md, "Noise"). The window's export runs in the last profiled step's hook. At least
+# this many, and one more than the profiled steps: the two medians compared then rest on as many steps.
 AFTER_STEPS = 6
 
 
 def built_in_steps(config: CaptureConfig) -> int:
     """Optimizer steps a built-in workload runs: the warm-up, one for the profiler's own warm-up,
-    the profiled ones, and ``AFTER_STEPS`` without the profiler."""
-    return config.warmup + 1 + config.profile_steps + AFTER_STEPS
+    the profiled ones, and as many without the profiler plus one (``AFTER_STEPS`` at least)."""
+    return config.warmup + 1 + config.profile_steps + max(AFTER_STEPS, config.profile_steps + 1)
 
 
 def _steadiest(config: CaptureConfig, take: Callable[[CaptureConfig], Trace]) -> Trace:

@@ -47,9 +47,23 @@ VETH_LATENCY_US = 20.0
 
 @dataclass(frozen=True)
 class Setting:
+    """A network setting of ``emu validate``: the link's tbf rate, DDP's bucket size, and how many
+    times the base number of steps its real runs, capture and emu run time (``sample``).
+
+    Where a setting's steps vary more from one to the next, its medians need more of them for the
+    criteria above to judge the machine and not the sample: measured on the build machine
+    (2026-12-04/05, four validations' real runs), the unshaped settings' steps (compute, about 50
+    ms) vary 6-13% (coefficient of variation), the 1 Gbit/s ones' 4-6%, the slower links' 0.4-4%.
+    A median of n steps is off by about 1.25 cv / sqrt(n) (one standard error): at 10 steps and 8%,
+    3%, so two halves' medians came out 4% apart (``TRUTH_AGREEMENT``) about four times in ten by
+    sampling alone, and the capture's 5 profiled steps against its 5 unprofiled ones 5% apart
+    (``PROFILER_OVERHEAD``) as often. Four times the steps halve those errors; at 50 ms a step
+    they cost seconds."""
+
     name: str
     rate_bps: float | None  # tbf rate; None: unshaped
     bucket_cap_mb: float
+    sample: int = 1  # times the base steps (``emu validate --steps``, the capture's 5 profiled ones)
 
 
 @dataclass(frozen=True)

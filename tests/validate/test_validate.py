@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from emu.emulator.links.spec import LinkSpec
@@ -98,6 +99,33 @@ def test_overlapping_collectives_fit_the_busy_period() -> None:
     assert fit.method == "busy period" and fit.latency_us == 0
     assert fit.bandwidth_bps == pytest.approx(6_000_000 * 4 * 8 / 0.717)
 
+
+def test_a_fit_does_not_grow_with_the_number_of_steps() -> None:
+    """Per iteration the rank that waited least for the other (its time the link's), then the 90th
+    percentile over iterations: 5 steps and 20 give about the same link, where the best over
+    iterations (an extreme) came out faster the more steps a capture profiled (docs/FIDELITY.md)."""
+    count = 6_000_000  # one 24 MB bucket a step, as the mlp's unshaped 25 MB captures
+
+    def steps(times_us: list[float], overlapping: bool) -> Trace:
+        ranks = []
+        for rank, waited in ((0, 0.0), (1, 3000.0)):  # rank 1 came first and waited for rank 0
+            its = []
+            for i, t in enumerate(times_us):
+                one = trace_with({count: t + waited} if not overlapping else {count // 2: t + waited, count // 4: 1.0},
+                                 overlapping).ranks[0].iterations[0]
+                its.append(replace(one, step=i))
+            ranks.append(RankProgram(rank, tuple(its)))
+        return replace(trace_with({1: 1.0}), ranks=tuple(ranks))
+
+    rng = np.random.default_rng(7)
+    times = list(20_000.0 * (1 + 0.15 * rng.random(20)))  # 20 to 23 ms, the link's own spread
+    for overlapping in (False, True):
+        five, twenty = fit_link(steps(times[:5], overlapping)), fit_link(steps(times, overlapping))
+        assert five.method == twenty.method == ("busy period" if overlapping else "bandwidth bound")
+        bits = 8 * 4 * (count if not overlapping else count // 2 + count // 4)
+        for fit, n in ((five, 5), (twenty, 20)):
+            assert fit.bandwidth_bps == pytest.approx(float(np.quantile(bits / (np.array(times[:n]) * 1e-6), 0.9)))
+        assert twenty.bandwidth_bps == pytest.approx(five.bandwidth_bps, rel=0.05)
 
 def test_implausible_latency_falls_back_to_the_bandwidth_bound() -> None:
     fit = fit_link(trace_with({4_000_000: 717_000.0, 2_000_000: 528_000.0}))

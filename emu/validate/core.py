@@ -389,7 +389,8 @@ def _real_runs(model: str, setting: Setting, steps: int, runs: _Runs, work: Path
         run_a, load_a = real("a", (steps + 1) // 2)
         status(f"{model} at {setting.name}: capture")
         trace = runs.run(name, "capture", f"{slug}-capture", lambda d: capture_model(
-            model, CaptureConfig(profile_steps=PROFILED_STEPS * setting.sample, warmup=3, network=net, keep_kineto=d, windows=CAPTURE_WINDOWS),
+            model, CaptureConfig(profile_steps=PROFILED_STEPS * setting.sample, warmup=3, network=net, keep_kineto=d,
+                                 windows=CAPTURE_WINDOWS),
             bucket_cap_mb=setting.bucket_cap_mb))
         status(f"{model} at {setting.name}: real run, second half")
         run_b, load_b = real("b", steps // 2 + 1)

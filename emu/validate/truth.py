@@ -42,13 +42,15 @@ CAPTURE_AGREEMENT = 0.05
 # profiler's cost or the machine's drift over the capture is in the trace's compute. Added
 # 2026-12-05 after three validations in a row (docs/FIDELITY.md) trusted mlp unshaped/25MB at
 # +11.7%, whose profiled steps ran 8% over its unprofiled ones.
+
 VETH_LATENCY_US = 20.0
 
 
 @dataclass(frozen=True)
 class Setting:
     """A network setting of ``emu validate``: the link's tbf rate, DDP's bucket size, and how many
-    times the base number of steps its real runs, capture and emu run time (``sample``).
+    times the base number of steps its real runs (the one after ``emu run`` too) and its capture time
+    (``sample``; ``emu run`` itself keeps the base).
 
     Where a setting's steps vary more from one to the next, its medians need more of them for the
     criteria above to judge the machine and not the sample: measured on the build machine
@@ -165,8 +167,8 @@ def capture_flags(trace: Trace | None, captured: Truth) -> tuple[str, ...]:
     overhead = profiler_overhead(trace) if trace is not None else None
     if overhead is not None and abs(overhead) >= PROFILER_OVERHEAD:
         assert noise.unprofiled_step_us
+        why = "the profiler's cost or the machine's drift" if overhead > 0 else "the machine's drift"
         out.append(f"its capture's profiled steps took {profiled_step_us(trace) / 1e3:.1f} ms against its own "
                    f"{noise.unprofiled_step_us / 1e3:.1f} ms without the profiler ({overhead:+.0%}; "
-                   f"{PROFILER_OVERHEAD:.0%} or more either way: the profiler's cost or the machine's drift over "
-                   "the capture is in the trace's compute)")
+                   f"{PROFILER_OVERHEAD:.0%} or more either way: {why} over the capture is in the trace's compute)")
     return tuple(out)

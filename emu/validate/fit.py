@@ -91,18 +91,12 @@ def _busy_period(spans: dict[tuple[int, int], list[tuple[float, float, Coll]]]) 
 
 
 def _bandwidth_bound(spans: dict[tuple[int, int], list[tuple[float, float, Coll]]]) -> LinkFit:
-    """Per iteration, its best collective's rate on the rank that waited least for it (``_typical``)."""
-    fastest: dict[tuple[int, int], float] = {}  # per (iteration, collective): its least time over the ranks
-    wire: dict[tuple[int, int], float] = {}
-    for (_, i), iteration in spans.items():
-        for _, _, op in iteration:
-            key = (i, op.id)
-            fastest[key] = min(fastest.get(key, np.inf), op.observed_us or np.inf)
-            wire[key] = _wire_megabits(op)
+    """Per iteration, every rank's rate on every collective; ``_typical`` takes each iteration's
+    best: its best collective on the rank that waited least for it."""
     rates: dict[int, list[float]] = defaultdict(list)
-    for key, t in fastest.items():
-        rates[key[0]].append(wire[key] / t)
-    return _typical(rates, len(fastest), "bandwidth bound")
+    for (_, i), iteration in spans.items():
+        rates[i] += [_wire_megabits(op) / op.observed_us for _, _, op in iteration]
+    return _typical({i: r for i, r in rates.items() if r}, sum(map(len, rates.values())), "bandwidth bound")
 
 
 def fit_link(trace: Trace) -> LinkFit:

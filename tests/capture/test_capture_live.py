@@ -42,14 +42,6 @@ def buckets(trace) -> list[list]:
             for p in trace.ranks for it in p.iterations]
 
 
-def test_a_capture_times_as_many_steps_without_the_profiler_as_with_it() -> None:
-    """The steps past the window: AFTER_STEPS, or one more than the profiled steps (the first is
-    left out), so the two medians that show the profiler's overhead rest on as many steps."""
-    from emu.capture.run import built_in_steps
-
-    assert built_in_steps(CaptureConfig(profile_steps=5, warmup=3)) == 3 + 1 + 5 + AFTER_STEPS
-    assert built_in_steps(CaptureConfig(profile_steps=20, warmup=3)) == 3 + 1 + 20 + 21
-
 def test_mlp_capture_sizes_steps_and_meta(no_leftovers: Path) -> None:
     trace = capture_model("mlp", CaptureConfig(profile_steps=2, warmup=2, keep_kineto=no_leftovers))
     params = params_of("mlp")

@@ -172,3 +172,13 @@ def test_files_without_process_groups_still_import(tmp_path, collectives) -> Non
 def test_gloo_imports_record_no_gaps(collectives) -> None:
     # gloo's executions give every completion: nothing is missing
     assert collectives.meta.gaps == () and import_kineto([GLOO_MLP]).meta.gaps == ()
+
+
+def test_a_capture_times_as_many_steps_without_the_profiler_as_with_it() -> None:
+    """The steps past the window: AFTER_STEPS, or one more than the profiled steps (the first is
+    left out), so the two medians that show the profiler's overhead rest on as many steps. (Here,
+    not in test_capture_live: it needs no torch.)"""
+    from emu.capture.run import AFTER_STEPS, CaptureConfig, built_in_steps
+
+    assert built_in_steps(CaptureConfig(profile_steps=5, warmup=3)) == 3 + 1 + 5 + AFTER_STEPS
+    assert built_in_steps(CaptureConfig(profile_steps=20, warmup=3)) == 3 + 1 + 20 + 21

@@ -127,6 +127,7 @@ def test_a_fit_does_not_grow_with_the_number_of_steps() -> None:
             assert fit.bandwidth_bps == pytest.approx(float(np.quantile(bits / (np.array(times[:n]) * 1e-6), 0.9)))
         assert twenty.bandwidth_bps == pytest.approx(five.bandwidth_bps, rel=0.05)
 
+
 def test_implausible_latency_falls_back_to_the_bandwidth_bound() -> None:
     fit = fit_link(trace_with({4_000_000: 717_000.0, 2_000_000: 528_000.0}))
     assert fit.method == "bandwidth bound"

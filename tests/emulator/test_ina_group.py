@@ -54,7 +54,9 @@ def test_units_match_every_element_against_its_owner(workers: int, sparse: bool,
     """A row adds its worker's own elements where the block's owner is its rank: found by matching
     owners against sorted rows (``StreamData._owned``) or by comparing (``_lookup`` picks), the
     same units, peaks and exponents as comparing every element of every row, on blocks with
-    padding, rows repeated and out of order, ranks that own nothing, and sparse blocks."""
+    padding, rows repeated and out of order, ranks that own nothing, and sparse blocks. Pools of
+    fewer workers than half a row (1, 3, 7 here) take their dense peaks per block and owner
+    (``StreamData._peaks_by_owner``): the same peaks."""
     p = InaParams(slots=4, elements=64, workers=workers, job=0, seed=2)
     g = InaGroup(np.arange(min(workers, 50)), p)
     g._lookup = lambda rows: lookup  # both ways, whatever the sizes

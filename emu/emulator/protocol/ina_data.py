@@ -124,6 +124,8 @@ class StreamData:
     def _peaks(self, coll: InaCollective, ranks: np.ndarray, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``max |units|`` of each row of ``units_of`` (int64) and its beta, without its rows where a
         dense block's row holds none of its worker's own elements: the block's shared part's."""
+        if coll.sparsity is None and 2 * self.p.workers < self.p.elements:  # few owners a block
+            return self._peaks_by_owner(coll, np.asarray(ranks, np.int64), blocks)
         if coll.sparsity is not None or not self._lookup(len(blocks)):
             units, beta = self.units_of(coll, ranks, blocks)
             return np.abs(units).max(axis=1).astype(np.int64), beta
@@ -138,6 +140,37 @@ class StreamData:
             units[back, cols] += self._rows(coll, uniq, "own", np.int32)[inv[rows], cols]
             peak[at] = np.abs(units).max(axis=1)
         return peak.astype(np.int64), beta[inv]
+
+    def _peaks_by_owner(self, coll: InaCollective, ranks: np.ndarray, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``_peaks`` of a dense block's rows from each distinct block's elements once, not from every
+        row: a row of rank r holds the shared part everywhere and adds r's own elements where r owns
+        them, so its peak is the larger of (the most its own elements reach with theirs added) and
+        (the most the shared part reaches on the elements of every other owner and the padding). Per
+        block and owner both maxima are one pass over the block; a rank's "every other owner" is the
+        block's largest but where that owner is the rank itself, its second largest. The same numbers
+        as ``units_of``'s rows' maxima, from a workers-th of the elements where the host's workers
+        send the same blocks. For pools of fewer workers than half a row's elements (its grid is
+        blocks x workers)."""
+        n = self.p.workers
+        uniq, inv = np.unique(blocks, return_inverse=True)
+        common = self._rows(coll, uniq, "common", np.int32)
+        beta = self._rows(coll, uniq, "beta", np.int32)[:, 0].astype(np.int64)
+        owner = self._owners(coll, uniq)
+        mine = np.abs(common + self._rows(coll, uniq, "own", np.int32)).astype(np.int64)
+        shared = np.abs(common).astype(np.int64)
+        # per (block, owner) the maxima over that owner's elements; column n: the padding's (nobody's)
+        cell = (np.arange(len(uniq))[:, None] * (n + 1) + np.where(owner >= 0, owner, n)).ravel()
+        own_peak = np.zeros(len(uniq) * (n + 1), np.int64)
+        np.maximum.at(own_peak, cell, mine.ravel())
+        shared_peak = np.zeros(len(uniq) * (n + 1), np.int64)
+        np.maximum.at(shared_peak, cell, shared.ravel())
+        own_peak[n::n + 1] = 0  # padding adds nothing of anyone's
+        grid = shared_peak.reshape(-1, n + 1)
+        top = np.argmax(grid, axis=1)
+        first = grid[np.arange(len(uniq)), top]
+        second = np.partition(grid, -2, axis=1)[:, -2]  # n + 1 >= 2 columns
+        others = np.where(top[inv] == ranks, second[inv], first[inv])
+        return np.maximum(own_peak.reshape(-1, n + 1)[inv, ranks], others), beta[inv]
 
     _LOOKUP_ROWS = 1024  # rows a call must have to look a row's own elements up (measured: below, comparing is faster)
 

@@ -43,27 +43,30 @@ def _machine_busy(opened: tuple[float, float, float] | None) -> float | None:
     return (closed[0] - opened[0]) / (closed[2] - opened[2])
 
 
-def _core_shares(opened: tuple[float, float] | None) -> list[float] | None:
+def _thread_times(opened: tuple[float, float] | None, steps: int) -> tuple[list[float], list[float]] | None:
     """Each rank's share of a core since ``opened``: the time its main thread ran over the time it
-    was ready to run (ran or waited for a core); every rank takes part (one all_gather)."""
+    was ready to run (ran or waited for a core); and that ready time a step over ``steps`` timed
+    steps, microseconds: the step's compute as the thread saw it, where the rest of the step it was
+    blocked (waiting for its collectives). Every rank takes part (one all_gather)."""
     closed = _ran_and_waited()
-    mine = [-1.0]
-    if opened is not None and closed is not None:
+    mine = [-1.0, -1.0]
+    if opened is not None and closed is not None and steps > 0:
         ran, waited = (b - a for a, b in zip(opened, closed, strict=True))
-        mine = [ran / (ran + waited) if ran + waited > 0 else 1.0]
-    shares = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
-    dist.all_gather(shares, torch.tensor(mine, dtype=torch.float64))
-    out = [float(t[0]) for t in shares]
-    return None if any(x < 0 for x in out) else out
+        mine = [ran / (ran + waited) if ran + waited > 0 else 1.0, (ran + waited) / steps * 1e6]
+    got = [torch.zeros(2, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(got, torch.tensor(mine, dtype=torch.float64))
+    if any(float(t[0]) < 0 for t in got):
+        return None
+    return [float(t[0]) for t in got], [float(t[1]) for t in got]
 
 
 def train(model: str, steps: int, batch_size: int | None, bucket_cap_mb: float, seed: int,
           times_out: str | None = None, skip: int = 3, sparsity_dir: str | None = None) -> None:
     """DDP training; with ``times_out``, rank 0 writes the wall time of every step after the
     first ``skip`` as JSON (microseconds), measured from optimizer step to optimizer step, each
-    rank's share of a core over those steps (``_core_shares``) and how busy the machine's cores
-    were meanwhile (``_machine_busy``); with ``sparsity_dir``, every rank writes its gradient
-    buckets' block masks there."""
+    rank's share of a core over those steps and its main thread's time ready a step
+    (``_thread_times``), and how busy the machine's cores were meanwhile (``_machine_busy``); with
+    ``sparsity_dir``, every rank writes its gradient buckets' block masks there."""
     torch.set_num_threads(1)
     work = WORKLOADS[model]
     dist.init_process_group("gloo")
@@ -96,11 +99,12 @@ def train(model: str, steps: int, batch_size: int | None, bucket_cap_mb: float, 
 
             recorder.save(mask_path(Path(sparsity_dir), dist.get_rank()))
         busy = _machine_busy(machine)
-        shares = _core_shares(opened)  # every rank takes part (one all_gather), whoever writes the times
+        steps_us = [(b - a) * 1e6 for a, b in zip(marks[skip:], marks[skip + 1:], strict=False)]
+        threads = _thread_times(opened, len(steps_us))  # every rank takes part (one all_gather)
         if times_out and dist.get_rank() == 0:
-            steps_us = [(b - a) * 1e6 for a, b in zip(marks[skip:], marks[skip + 1:], strict=False)]
-            write_atomic(times_out, json.dumps({"step_us": steps_us, "core_shares": shares, "machine_busy": busy}),
-                         "the step times")
+            shares, ready = threads or (None, None)
+            write_atomic(times_out, json.dumps({"step_us": steps_us, "core_shares": shares, "machine_busy": busy,
+                                                "thread_ready_us": ready}), "the step times")
     finally:
         dist.destroy_process_group()
 

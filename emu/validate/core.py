@@ -40,7 +40,7 @@ from emu.emulator.links.spec import LinkSpec
 from emu.errors import CaptureError, ConfigError, EmuError
 from emu.files import make_folder, write_atomic
 from emu.lifetime import current
-from emu.replay import ReplayConfig, ReplayError, replay
+from emu.replay import ReplayConfig, ReplayError, ReplayReport, replay
 from emu.traces import save_trace
 from emu.traces.model import Trace
 from emu.traces.noise import MachineLoad, cpu_ticks, profiled_step_us
@@ -102,6 +102,14 @@ class CaseResult:
     # an emu run case: the median step of a real run of its setting right after emu run (the
     # machine's speed then; ``Truth.run_flags``); None for the other kinds
     real_after_us: float | None = None
+    # where the step went (docs/FIDELITY.md, "Compute and communication, apart"): per step, the real
+    # ranks' main threads' time on a core or ready for one (their compute as the thread saw it, the
+    # mean over ranks and the setting's real runs; the rest of the step they were blocked, waiting for
+    # their collectives), and the prediction's compute and communication not hidden behind it (the
+    # critical worker's, medians over iterations); None: not measured
+    real_ready_us: float | None = None
+    predicted_compute_us: float | None = None
+    predicted_exposed_comm_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +163,7 @@ class Measured:
     step_us: list[float]
     core_share: float | None
     machine_busy: float | None
+    ready_us: float | None = None  # per step, the ranks' main threads' time ready (on a core or waiting for one)
 
 
 def measure(model: str, setting: Setting, steps: int, network: RankNetwork | None, times_out: Path,
@@ -168,16 +177,33 @@ def measure(model: str, setting: Setting, steps: int, network: RankNetwork | Non
             "--bucket-cap-mb", str(setting.bucket_cap_mb), "--times-out", str(times_out), "--skip", "3"]
     run_ranks(argv, 2, rundir, timeout_s=1800, network=network)
     doc = json.loads(times_out.read_text())
-    shares = doc.get("core_shares")
-    return Measured(doc["step_us"], min(shares) if shares else None, doc.get("machine_busy"))
+    shares, ready = doc.get("core_shares"), doc.get("thread_ready_us")
+    return Measured(doc["step_us"], min(shares) if shares else None, doc.get("machine_busy"),
+                    statistics.fmean(ready) if ready else None)
 
 
-def predict(trace: Trace, link: LinkSpec) -> float:
-    """The replay's median iteration, on the synchronized clock (exact by construction)."""
+@dataclass(frozen=True)
+class Prediction:
+    """A replay's median iteration, and the medians over iterations of its critical worker's
+    compute and of its communication not hidden behind compute."""
+
+    step_us: float
+    compute_us: float
+    exposed_comm_us: float
+
+    @classmethod
+    def of(cls, report: ReplayReport) -> Prediction:
+        its = report.iterations
+        return cls(report.summary.iteration_us_median, statistics.median(i.compute_us for i in its),
+                   statistics.median(i.exposed_comm_us for i in its))
+
+
+def predict(trace: Trace, link: LinkSpec) -> Prediction:
+    """The replay's iterations, on the synchronized clock (exact by construction)."""
     r = replay(trace, ReplayConfig(workers=trace.meta.world_size, fabric="ring", link=link))
     if not r.emulator.trustworthy:
         raise ReplayError(f"the replay of {trace.meta.model} is not trustworthy: {r.emulator.advice}")
-    return r.summary.iteration_us_median
+    return Prediction.of(r)
 
 
 def _spread(times: list[float]) -> float:
@@ -295,8 +321,10 @@ def run_validation(models: tuple[str, ...] = ("mlp", "cnn"), settings: tuple[Set
                     status(f"{model} at {setting.name}: emu run")
                     label = f"{name} (emu run)"
                     after = partial(_real_after, model, setting, n, runs, work, not why_not, status)
-                    # emu run at the base steps: it took 1 to 3 s a step here (2026-12-05), its real runs 0.05 to 2.2
-                    progress.case(label, partial(_emu_run, label, model, steps, truth, trace, after,
+                    # as many steps as the real runs: its live compute varies as theirs does (three emu runs of
+                    # mlp unshaped/4MB at 20 steps, back to back: compute 24.5, 27.0, 26.5 ms a step); about
+                    # 0.4 s of wall time a step unshaped, 1 to 3 s on the slow links (2026-12-05)
+                    progress.case(label, partial(_emu_run, label, model, n, truth, trace, after,
                                                  progress.notes.append))
                 if calibrate and setting.rate_bps is not None:
                     progress.case(f"{name} (fitted link)", partial(_calibrated, f"{name} (fitted link)", truth,
@@ -337,7 +365,7 @@ def _trusted_runs(name: str, model: str, setting: Setting, steps: int, runs: _Ru
         real = _real_runs(model, setting, steps, runs, work, status, namespaces)
         truth = Truth(setting, statistics.median(real.step_us), _spread(real.step_us), real.delivered_bps,
                        real.other_cores, real.retransmitted, real.core_share, real.machine_busy, real.halves_us,
-                       real.both_ways_bps)
+                       real.both_ways_bps, real.ready_us)
         flags = truth.flags(real.trace)
         if not flags or attempt == RERUNS:
             return truth, real.trace
@@ -358,6 +386,7 @@ class _RealRuns:
     core_share: float | None  # the least share of a core a rank got while ready (``measure``)
     machine_busy: float | None  # the busier real run's busy share of the machine's cores (``measure``)
     both_ways_bps: float | None = None  # the lower two-way probe's slower direction; None as ``delivered_bps``
+    ready_us: float | None = None  # the runs' ``Measured.ready_us``, weighted by their steps
 
 
 def _real_runs(model: str, setting: Setting, steps: int, runs: _Runs, work: Path, status: Callable[[str], None],
@@ -399,13 +428,15 @@ def _real_runs(model: str, setting: Setting, steps: int, runs: _Runs, work: Path
     loads = [x.other_cores for x in (load_a, load_b) if x is not None]
     shares = [x.core_share for x in (run_a, run_b) if x.core_share is not None]
     busy = [x.machine_busy for x in (run_a, run_b) if x.machine_busy is not None]
+    ready = [(x.ready_us, len(x.step_us)) for x in (run_a, run_b) if x.ready_us is not None]
     return _RealRuns(step_us=run_a.step_us + run_b.step_us, trace=trace,
                      halves_us=(statistics.median(run_a.step_us), statistics.median(run_b.step_us)),
                      delivered_bps=None if before is None or after is None else min(before[0], after[0]),
                      both_ways_bps=None if before is None or after is None else min(before[1], after[1]),
                      other_cores=max(loads) if loads else None,
                      retransmitted=retransmitted / sent if hosts and sent else None,
-                     core_share=min(shares) if shares else None, machine_busy=max(busy) if busy else None)
+                     core_share=min(shares) if shares else None, machine_busy=max(busy) if busy else None,
+                     ready_us=sum(r * n for r, n in ready) / sum(n for _, n in ready) if ready else None)
 
 
 def _watched(run: Callable[[], T]) -> tuple[T, MachineLoad | None]:
@@ -430,10 +461,10 @@ def _replayed(name: str, kind: CaseKind, truth: Truth, trace: Trace, linked: Tra
         case = replace(case, error_vs_capture_pct=_error(case.predicted_us, profiled_step_us(trace)))
     link = truth.delivered_link()
     if link is not None:
-        case = replace(case, error_vs_delivered_pct=_error(predict(trace, link), truth.measured_us))
+        case = replace(case, error_vs_delivered_pct=_error(predict(trace, link).step_us, truth.measured_us))
     link = truth.delivered_link(both_ways=True)
     if link is not None:
-        case = replace(case, error_vs_both_ways_pct=_error(predict(trace, link), truth.measured_us))
+        case = replace(case, error_vs_both_ways_pct=_error(predict(trace, link).step_us, truth.measured_us))
     return case
 
 
@@ -460,7 +491,8 @@ def _a100(path: Path) -> CaseResult:
         measured.append(statistics.median(r.iterations[i].measured_us for r in trace.ranks))
     truth = Truth(Setting("a100", None, 0), statistics.median(measured), (max(measured) - min(measured)) / 2, None)
     return _case("a100-nccl world 2 (link fitted to the other steps)", CaseKind.HELD_OUT, truth,
-                 statistics.median(predicted),
+                 Prediction(*(statistics.median(getattr(p, f) for p in predicted)
+                              for f in ("step_us", "compute_us", "exposed_comm_us"))),
                  f"{n} steps, each predicted with a link fitted to the others: "
                  f"{min(f.bandwidth_bps for f in fits) / 1e9:.1f} to {max(f.bandwidth_bps for f in fits) / 1e9:.1f} Gb/s")
 
@@ -502,7 +534,7 @@ def _emu_run(name: str, model: str, steps: int, truth: Truth, trace: Trace, afte
         if not moved or truth.flags(None) or attempt == RERUNS:  # a truth flagged already stays so
             break
         note(f"{name}: emu run ran again ({'; '.join(moved)})")
-    case = _case(name, CaseKind.RUN, truth, result.report.summary.iteration_us_median,
+    case = _case(name, CaseKind.RUN, truth, Prediction.of(result.report),
                  f"{len(result.trace.ranks[0].iterations)} steps, compute on the thread CPU clock", flags=flags)
     return replace(case, real_after_us=after_us)
 
@@ -524,10 +556,12 @@ def _error(predicted: float, measured: float) -> float:
     return 100.0 * (predicted - measured) / measured
 
 
-def _case(name: str, kind: CaseKind, truth: Truth, predicted: float, detail: str = "",
+def _case(name: str, kind: CaseKind, truth: Truth, predicted: Prediction, detail: str = "",
           flags: tuple[str, ...] = ()) -> CaseResult:
     return CaseResult(name=name, kind=kind, measured_us=truth.measured_us, spread_us=truth.spread_us,
-                      predicted_us=predicted, error_pct=_error(predicted, truth.measured_us), detail=detail,
+                      predicted_us=predicted.step_us, error_pct=_error(predicted.step_us, truth.measured_us),
+                      detail=detail, real_ready_us=truth.ready_us, predicted_compute_us=predicted.compute_us,
+                      predicted_exposed_comm_us=predicted.exposed_comm_us,
                       link_delivered_bps=truth.delivered_bps, link_both_ways_bps=truth.both_ways_bps,
                       flags=flags, setting=truth.setting.name,
                       real_other_cores=truth.other_cores, tcp_retransmitted_share=truth.retransmitted,

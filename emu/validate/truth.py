@@ -49,8 +49,8 @@ VETH_LATENCY_US = 20.0
 @dataclass(frozen=True)
 class Setting:
     """A network setting of ``emu validate``: the link's tbf rate, DDP's bucket size, and how many
-    times the base number of steps its real runs (the one after ``emu run`` too) and its capture time
-    (``sample``; ``emu run`` itself keeps the base).
+    times the base number of steps its real runs, ``emu run`` and the real run after it, and its
+    capture time (``sample``).
 
     Where a setting's steps vary more from one to the next, its medians need more of them for the
     criteria above to judge the machine and not the sample: measured on the build machine
@@ -83,6 +83,7 @@ class Truth:
     machine_busy: float | None = None
     halves_us: tuple[float, float] | None = None  # the real runs' medians before and after the capture
     both_ways_bps: float | None = None  # the slower direction with both hosts sending at once (the probes' lower)
+    ready_us: float | None = None  # per step, the ranks' main threads' time ready (core.Measured.ready_us)
 
     def flags(self, trace: Trace | None, captured: Truth | None = None) -> tuple[str, ...]:
         """Why this ground truth may not be the setting's (docs/FIDELITY.md, "Trusted cases"):

@@ -19,7 +19,7 @@ from emu.emulator.links.spec import LinkSpec
 from emu.errors import CaptureError
 from emu.traces import Coll, CollKind, Dtype, Iteration, RankProgram, Source, Trace, TraceMeta, Wait
 from emu.validate import Setting, fit_link, run_validation
-from emu.validate.core import CaseKind, _case, _summary, trusted_enough
+from emu.validate.core import CaseKind, Prediction, _case, _summary, trusted_enough
 from emu.validate.netns import available
 from emu.validate.truth import TCP_PAYLOAD, Truth
 from tests.conftest import as_in_a_terminal, processes_mentioning
@@ -49,6 +49,11 @@ def crashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("EMU_TEST_CRASHES", str(tmp_path / "crashes.txt"))
     monkeypatch.setenv("EMU_TEST_CRASH_ON", "--bucket-cap-mb 3.5")  # CRASHING's runs
     return tmp_path / "crashes.txt"
+
+
+def step(step_us: float) -> Prediction:
+    """A prediction of ``step_us`` a step, all of it compute."""
+    return Prediction(step_us, step_us, 0.0)
 
 
 def trace_with(times: dict[int, float], overlapping: bool = False) -> Trace:
@@ -137,8 +142,9 @@ def test_error_arithmetic() -> None:
     def truth(measured: float, setting: str = "s") -> Truth:
         return Truth(Setting(setting, 300e6, 25), measured, 1.0, None)
 
-    cases = [_case("a", CaseKind.SAME, truth(100.0), 103.0), _case("b", CaseKind.SAME, truth(200.0), 190.0),
-             _case("c", CaseKind.EXTRAPOLATED, truth(100.0), 120.0)]
+    cases = [_case("a", CaseKind.SAME, truth(100.0), step(103.0)),
+             _case("b", CaseKind.SAME, truth(200.0), step(190.0)),
+             _case("c", CaseKind.EXTRAPOLATED, truth(100.0), step(120.0))]
     assert [c.error_pct for c in cases] == pytest.approx([3.0, -5.0, 20.0])
     s = _summary(cases)
     assert s["same_mean_abs_error_pct"] == pytest.approx(4.0) and s["same_max_abs_error_pct"] == pytest.approx(5.0)
@@ -160,14 +166,15 @@ def test_cases_are_trusted_by_criteria_fixed_in_advance() -> None:
     plain = trace_with({1000: 10.0})
     busy = replace(plain, meta=replace(plain.meta, noise=CaptureNoise(0.01, 0.01, other_cores=1.0)))
     assert fine.flags(busy) == ("its capture's machine was busy: other processes kept 1.0 cores busy",)
-    good = [_case(n, CaseKind.SAME, fine, 101.0) for n in "ab"]
-    assert trusted_enough([*good, _case("c", CaseKind.SAME, slow, 101.0, flags=slow.flags(None))])
-    assert not trusted_enough([good[0], *(_case(n, CaseKind.SAME, slow, 101.0, flags=("x",)) for n in "bc")])
+    good = [_case(n, CaseKind.SAME, fine, step(101.0)) for n in "ab"]
+    assert trusted_enough([*good, _case("c", CaseKind.SAME, slow, step(101.0), flags=slow.flags(None))])
+    assert not trusted_enough([good[0], *(_case(n, CaseKind.SAME, slow, step(101.0), flags=("x",)) for n in "bc")])
     other = Truth(Setting("unshaped/25MB", None, 25), 100.0, 1.0, None)
-    assert not trusted_enough([*good, *good, _case("d", CaseKind.SAME, other, 101.0, flags=("x",))])
+    assert not trusted_enough([*good, *good, _case("d", CaseKind.SAME, other, step(101.0), flags=("x",))])
     # the two-way probe's slower direction gives a link of its own, and no flag: TCP's, not the machine's
     both = replace(fine, both_ways_bps=0.90 * 300e6 * TCP_PAYLOAD)
-    assert both.flags(None) == () and _case("e", CaseKind.SAME, both, 101.0).link_both_ways_bps == both.both_ways_bps
+    assert both.flags(None) == ()
+    assert _case("e", CaseKind.SAME, both, step(101.0)).link_both_ways_bps == both.both_ways_bps
     one, two = both.delivered_link(), both.delivered_link(both_ways=True)
     assert two.bandwidth_bps == pytest.approx(one.bandwidth_bps * 0.90 / 0.99)
     assert fine.delivered_link(both_ways=True) is None
@@ -182,7 +189,7 @@ def test_cases_are_trusted_by_criteria_fixed_in_advance() -> None:
         "and networking had no core to spare, so the cores, not the link, set their pace)",
         "the real runs' machine was busy: other processes and the kernel kept 0.7 cores busy")
     assert replace(fine, retransmitted=2e-5, other_cores=0.2, core_share=0.86, machine_busy=0.94).flags(None) == ()
-    case = _case("e", CaseKind.SAME, lossy, 101.0, flags=lossy.flags(None))
+    case = _case("e", CaseKind.SAME, lossy, step(101.0), flags=lossy.flags(None))
     assert (case.real_other_cores, case.tcp_retransmitted_share) == (0.7, 2.5e-3)
     assert (case.real_core_share, case.real_machine_busy) == (0.6, 0.97)
 
@@ -261,7 +268,8 @@ def test_an_emu_run_case_is_flagged_where_the_machine_moved_after_it(monkeypatch
     def run_job(argv, config, cores):
         runs.append(argv)
         report = SimpleNamespace(verification=SimpleNamespace(ok=True), emulator=SimpleNamespace(trustworthy=True),
-                                 summary=SimpleNamespace(iteration_us_median=62e3))
+                                 summary=SimpleNamespace(iteration_us_median=62e3),
+                                 iterations=[SimpleNamespace(compute_us=40e3, exposed_comm_us=22e3)])
         return SimpleNamespace(report=report, checked=SimpleNamespace(mismatches=0),
                                trace=SimpleNamespace(ranks=[SimpleNamespace(iterations=[1, 2, 3])]))
 
@@ -287,6 +295,7 @@ def test_an_emu_run_case_is_flagged_where_the_machine_moved_after_it(monkeypatch
 
     case = core._emu_run("x", "mlp", 3, truth, None, failed, notes.append)  # emu run's result stands, flagged
     assert case.predicted_us == 62e3 and case.real_after_us is None
+    assert (case.predicted_compute_us, case.predicted_exposed_comm_us) == (40e3, 22e3)
     assert case.flags == ("the real run after emu run failed (the real run crashed twice): its speed then is not known",)
 
 
@@ -334,6 +343,12 @@ def test_one_real_case(no_children) -> None:
     # at 300 Mbit/s the link dominates and both must come close
     bound = 15 if available() is None else 35
     assert abs(same.error_pct) < bound and abs(run.error_pct) < bound, report.cases
+    # where the steps went: the real ranks' threads were ready for part of the step, blocked the
+    # rest; each prediction's compute and exposed communication are parts of its step
+    assert 0 < same.real_ready_us == run.real_ready_us < same.measured_us
+    for case in (same, run):
+        assert 0 < case.predicted_compute_us < case.predicted_us and 0 <= case.predicted_exposed_comm_us
+        assert case.predicted_compute_us + case.predicted_exposed_comm_us <= 1.01 * case.predicted_us
     if available() is None:
         netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert "emu-v" not in netns  # every namespace it made, it removed
@@ -432,3 +447,30 @@ def test_a_flagged_setting_runs_again_at_most_twice(monkeypatch: pytest.MonkeyPa
     rates = iter([0.5, 0.5, 0.5])
     truth, _ = core._trusted_runs("x", "mlp", setting, 3, None, tmp_path, lambda _: None, True, core._Progress(None))
     assert truth.flags(None)  # the last kept, still flagged: the case says so
+
+
+def test_a_setting_sample_multiplies_the_steps_of_its_real_runs_and_emu_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Setting.sample`` times the steps: the real runs (their capture's profiled steps follow the
+    sample inside ``_real_runs``), ``emu run`` and the real run after it; a setting of sample 1 keeps
+    the steps asked for."""
+    from emu.validate import core
+
+    asked: list[tuple[str, str, int]] = []
+
+    def trusted_runs(name, model, setting, steps, *args):
+        asked.append(("real", setting.name, steps))
+        return Truth(setting, 100.0, 1.0, None), trace_with({1000: 10.0})
+
+    def emu_run(name, model, steps, truth, *args):
+        asked.append(("emu run", truth.setting.name, steps))
+        return _case(name, CaseKind.RUN, truth, step(100.0))
+
+    monkeypatch.setattr(core, "_trusted_runs", trusted_runs)
+    monkeypatch.setattr(core, "_emu_run", emu_run)
+    monkeypatch.setattr(core, "_replayed", lambda name, kind, truth, *a: _case(name, kind, truth, step(100.0)))
+    monkeypatch.setattr(core.netns, "available", lambda: None)
+    settings = (Setting("unshaped/4MB", None, 4, sample=4), Setting("300Mbit/4MB", 300e6, 4))
+    report = core.run_validation(models=("mlp",), settings=settings, steps=5, a100_trace=None)
+    assert asked == [("real", "unshaped/4MB", 20), ("emu run", "unshaped/4MB", 20),
+                     ("real", "300Mbit/4MB", 5), ("emu run", "300Mbit/4MB", 5)]
+    assert len(report.cases) == 5  # same and run at each, and 300Mbit/4MB from unshaped/4MB

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from emu.cli import cli
 from emu.cli.output import Spinner, err, ms, out
 from emu.errors import CheckFailed
+
+if TYPE_CHECKING:
+    from emu.validate.core import CaseResult
 
 
 @cli.command()
@@ -56,14 +60,15 @@ def validate(quick: bool, models: str, steps: int, calibrate: bool, keep: Path |
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
         table = Table(title="emu validate: real step time against the emulated one")
-        for name in ("case", "kind", "measured ms", "+/- ms", "predicted ms", "error", "vs capture"):
+        for name in ("case", "kind", "measured ms", "+/- ms", "predicted ms", "error", "vs capture",
+                     "compute ms (real / emu)", "comm ms (real / emu)"):
             table.add_column(name, justify="left" if name in ("case", "kind") else "right")
         for c in result.cases:
             own = "-" if c.error_vs_capture_pct is None else f"{c.error_vs_capture_pct:+.1f}%"
             table.add_row(c.name, c.kind.value, ms(c.measured_us), ms(c.spread_us), ms(c.predicted_us),
-                          f"{c.error_pct:+.1f}%", own)
+                          f"{c.error_pct:+.1f}%", own, *_where_the_step_went(c))
         for f in result.failures:
-            table.add_row(f.name, "failed", "-", "-", "-", "-", "-")
+            table.add_row(f.name, "failed", "-", "-", "-", "-", "-", "-", "-")
         out().print(table)
         for f in result.failures:
             out().print(f"failed: {f.name}: {f.error}", markup=False, highlight=False, soft_wrap=True)
@@ -98,3 +103,11 @@ def validate(quick: bool, models: str, steps: int, calibrate: bool, keep: Path |
         raise RunFailed(f"{len(result.failures)} of {len(result.failures) + len(result.cases)} cases failed "
                         f"({', '.join(f.name for f in result.failures)}); their errors, each naming the log kept, "
                         f"are above{where}")
+
+
+def _where_the_step_went(c: CaseResult) -> tuple[str, str]:
+    """The real ranks' threads ready a step against the prediction's compute, and the rest of the
+    real step (blocked: waiting for collectives) against its exposed communication (docs/FIDELITY.md)."""
+    blocked = None if c.real_ready_us is None else c.measured_us - c.real_ready_us
+    return (f"{ms(c.real_ready_us)} / {ms(c.predicted_compute_us)}",
+            f"{ms(blocked)} / {ms(c.predicted_exposed_comm_us)}")

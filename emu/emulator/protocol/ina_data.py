@@ -141,7 +141,8 @@ class StreamData:
             peak[at] = np.abs(units).max(axis=1)
         return peak.astype(np.int64), beta[inv]
 
-    def _peaks_by_owner(self, coll: InaCollective, ranks: np.ndarray, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _peaks_by_owner(self, coll: InaCollective, ranks: np.ndarray,
+                        blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``_peaks`` of a dense block's rows from each distinct block's elements once, not from every
         row: a row of rank r holds the shared part everywhere and adds r's own elements where r owns
         them, so its peak is the larger of (the most its own elements reach with theirs added) and

@@ -461,8 +461,9 @@ def test_a_setting_sample_multiplies_the_steps_of_its_real_runs_and_emu_run(monk
         asked.append(("real", setting.name, steps))
         return Truth(setting, 100.0, 1.0, None), trace_with({1000: 10.0})
 
-    def emu_run(name, model, steps, truth, *args):
+    def emu_run(name, model, steps, truth, trace, after, note):
         asked.append(("emu run", truth.setting.name, steps))
+        asked.append(("real after", truth.setting.name, after.args[2]))  # _real_after(model, setting, steps, ...)
         return _case(name, CaseKind.RUN, truth, step(100.0))
 
     monkeypatch.setattr(core, "_trusted_runs", trusted_runs)
@@ -471,6 +472,6 @@ def test_a_setting_sample_multiplies_the_steps_of_its_real_runs_and_emu_run(monk
     monkeypatch.setattr(core.netns, "available", lambda: None)
     settings = (Setting("unshaped/4MB", None, 4, sample=4), Setting("300Mbit/4MB", 300e6, 4))
     report = core.run_validation(models=("mlp",), settings=settings, steps=5, a100_trace=None)
-    assert asked == [("real", "unshaped/4MB", 20), ("emu run", "unshaped/4MB", 20),
-                     ("real", "300Mbit/4MB", 5), ("emu run", "300Mbit/4MB", 5)]
+    assert asked == [("real", "unshaped/4MB", 20), ("emu run", "unshaped/4MB", 20), ("real after", "unshaped/4MB", 20),
+                     ("real", "300Mbit/4MB", 5), ("emu run", "300Mbit/4MB", 5), ("real after", "300Mbit/4MB", 5)]
     assert len(report.cases) == 5  # same and run at each, and 300Mbit/4MB from unshaped/4MB

@@ -18,7 +18,7 @@ from emu.cli.output import Spinner, err, ms, out
 from emu.errors import CheckFailed
 
 if TYPE_CHECKING:
-    from emu.validate.core import CaseResult
+    from emu.validate.report import CaseResult
 
 
 @cli.command()

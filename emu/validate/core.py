@@ -28,8 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
-from enum import Enum
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -38,106 +37,30 @@ from emu.capture import CaptureConfig, capture_model, import_kineto
 from emu.capture.launcher import RankNetwork, run_ranks
 from emu.emulator.links.spec import LinkSpec
 from emu.errors import CaptureError, ConfigError, EmuError
-from emu.files import make_folder, write_atomic
+from emu.files import make_folder
 from emu.lifetime import current
-from emu.replay import ReplayConfig, ReplayError, ReplayReport, replay
+from emu.replay import ReplayConfig, ReplayError, replay
 from emu.traces import save_trace
 from emu.traces.model import Trace
 from emu.traces.noise import MachineLoad, cpu_ticks, profiled_step_us
 from emu.validate import netns
 from emu.validate.fit import fit_link
+from emu.validate.report import (
+    CaseFailure,
+    CaseKind,
+    CaseResult,
+    Prediction,
+    ValidateReport,
+    case_result,
+    error_pct,
+    save_report,
+    summarize,
+)
 from emu.validate.truth import TBF_TO_WIRE, VETH_LATENCY_US, Setting, Truth
 
-# a validation fails when fewer than this share of its cases, or no case of some setting, are trusted
-TRUSTED_SHARE = 2 / 3
 PROBE_SECONDS = 1.0
 CAPTURE_WINDOWS = 3  # as `emu capture`'s default: a window whose steps vary past STEP_CV is taken again
 A100_TRACE = Path(__file__).parent / "data" / "a100-ddp-nccl-world2-rank0.json.gz"
-
-
-class CaseKind(str, Enum):
-    SAME = "same"  # the trace captured at this very setting, replayed with its link
-    EXTRAPOLATED = "extrapolated"  # a trace captured unshaped, replayed with this setting's link
-    CALIBRATED = "calibrated"  # the trace replayed with a link fitted to its own collectives
-    HELD_OUT = "held out"  # each step predicted with a link fitted to the trace's other steps
-    RUN = "run"  # emu run of the same script, both ranks real, the network emulated with this setting's link
-
-
-@dataclass(frozen=True)
-class CaseResult:
-    name: str
-    kind: CaseKind
-    measured_us: float
-    spread_us: float  # half the range between the 10th and 90th percentile of the steps
-    predicted_us: float
-    error_pct: float
-    detail: str = ""
-    # what the shaped link delivered in probe transfers beside the real runs (payload bits a second,
-    # the lower of a probe before them and one after; None: unshaped, or no namespaces)
-    link_delivered_bps: float | None = None
-    # the prediction replayed with the link at that delivered rate, against the real runs (None:
-    # not measured, or an emu run case, whose live run is not repeated)
-    error_vs_delivered_pct: float | None = None
-    # the same with both hosts sending at once on one connection, as the ranks' all_reduces do (the
-    # slower direction's payload rate, the lower of the two probes), and the prediction at that rate
-    link_both_ways_bps: float | None = None
-    error_vs_both_ways_pct: float | None = None
-    # the prediction against the median profiled step of the very capture it replays (``same`` and
-    # ``calibrated``; None for the other kinds): the replay's own error, without the machine's drift
-    # between the capture and the real runs and without the profiler's overhead, which it includes
-    error_vs_capture_pct: float | None = None
-    # why the case's ground truth may not be what its setting says (docs/FIDELITY.md, "Trusted
-    # cases"); empty: trusted
-    flags: tuple[str, ...] = ()
-    setting: str = ""  # the setting whose real runs are the case's truth (Setting.name)
-    # cores other processes and the kernel kept busy beside the real runs (the busier run's; None:
-    # no /proc/stat), and TCP's retransmitted share of its segments in the setting's namespaces
-    # (None: loopback, no namespaces)
-    real_other_cores: float | None = None
-    tcp_retransmitted_share: float | None = None
-    # the least share of a core a rank's compute got while ready to run in the real runs, and the
-    # busier run's busy share of the machine's cores over its timed steps (None: not measured)
-    real_core_share: float | None = None
-    real_machine_busy: float | None = None
-    # an emu run case: the median step of a real run of its setting right after emu run (the
-    # machine's speed then; ``Truth.run_flags``); None for the other kinds
-    real_after_us: float | None = None
-    # where the step went (docs/FIDELITY.md, "Compute and communication, apart"): per step, the real
-    # ranks' main threads' time on a core or ready for one (their compute as the thread saw it, the
-    # mean over ranks and the setting's real runs; the rest of the step they were blocked, waiting for
-    # their collectives), and the prediction's compute and communication not hidden behind it (the
-    # critical worker's, medians over iterations); None: not measured
-    real_ready_us: float | None = None
-    predicted_compute_us: float | None = None
-    predicted_exposed_comm_us: float | None = None
-
-
-@dataclass(frozen=True)
-class CaseFailure:
-    """A case without a result: what failed, after one more try of a crashed real run, and
-    where its log is (the error names it; the folder is kept)."""
-
-    name: str
-    error: str
-
-
-@dataclass(frozen=True)
-class ValidateReport:
-    cases: tuple[CaseResult, ...]
-    summary: dict[str, float]
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    failures: tuple[CaseFailure, ...] = field(default_factory=tuple)
-    complete: bool = True  # False while running, and in the report of an interrupted validation
-
-    def to_dict(self) -> dict:
-        cases = [{**asdict(c), "kind": c.kind.value} for c in self.cases]
-        return {"complete": self.complete, "cases": cases, "failed": [asdict(f) for f in self.failures],
-                "summary": self.summary, "notes": list(self.notes)}
-
-
-def save_report(report: ValidateReport, path: Path) -> None:
-    """Write the report as JSON, whole or not at all (``emu.files.write_atomic``)."""
-    write_atomic(path, json.dumps(report.to_dict(), indent=2) + "\n", "the validation report")
 
 
 # the unshaped settings' steps vary most from one to the next, then 1 Gbit/s's (Setting.sample)
@@ -182,22 +105,6 @@ def measure(model: str, setting: Setting, steps: int, network: RankNetwork | Non
                     statistics.fmean(ready) if ready else None)
 
 
-@dataclass(frozen=True)
-class Prediction:
-    """A replay's median iteration, and the medians over iterations of its critical worker's
-    compute and of its communication not hidden behind compute."""
-
-    step_us: float
-    compute_us: float
-    exposed_comm_us: float
-
-    @classmethod
-    def of(cls, report: ReplayReport) -> Prediction:
-        its = report.iterations
-        return cls(report.summary.iteration_us_median, statistics.median(i.compute_us for i in its),
-                   statistics.median(i.exposed_comm_us for i in its))
-
-
 def predict(trace: Trace, link: LinkSpec) -> Prediction:
     """The replay's iterations, on the synchronized clock (exact by construction)."""
     r = replay(trace, ReplayConfig(workers=trace.meta.world_size, fabric="ring", link=link))
@@ -224,7 +131,7 @@ class _Progress:
     notes: list[str] = field(default_factory=list)
 
     def report(self, complete: bool) -> ValidateReport:
-        return ValidateReport(cases=tuple(self.cases), summary=_summary(self.cases, len(self.failures)),
+        return ValidateReport(cases=tuple(self.cases), summary=summarize(self.cases, len(self.failures)),
                               notes=tuple(self.notes), failures=tuple(self.failures), complete=complete)
 
     def save(self, complete: bool = False) -> None:
@@ -456,23 +363,24 @@ def _replayed(name: str, kind: CaseKind, truth: Truth, trace: Trace, linked: Tra
               captured: Truth | None = None) -> CaseResult:
     """``trace`` replayed with the link of the truth's setting (fitted to ``linked`` where unshaped),
     and with the link at the rate it delivered."""
-    case = _case(name, kind, truth, predict(trace, _link(truth.setting, linked)), flags=truth.flags(trace, captured))
+    case = case_result(name, kind, truth, predict(trace, _link(truth.setting, linked)),
+                       flags=truth.flags(trace, captured))
     if kind == CaseKind.SAME:
-        case = replace(case, error_vs_capture_pct=_error(case.predicted_us, profiled_step_us(trace)))
+        case = replace(case, error_vs_capture_pct=error_pct(case.predicted_us, profiled_step_us(trace)))
     link = truth.delivered_link()
     if link is not None:
-        case = replace(case, error_vs_delivered_pct=_error(predict(trace, link).step_us, truth.measured_us))
+        case = replace(case, error_vs_delivered_pct=error_pct(predict(trace, link).step_us, truth.measured_us))
     link = truth.delivered_link(both_ways=True)
     if link is not None:
-        case = replace(case, error_vs_both_ways_pct=_error(predict(trace, link).step_us, truth.measured_us))
+        case = replace(case, error_vs_both_ways_pct=error_pct(predict(trace, link).step_us, truth.measured_us))
     return case
 
 
 def _calibrated(name: str, truth: Truth, trace: Trace) -> CaseResult:
     fit = fit_link(trace)
-    case = _case(name, CaseKind.CALIBRATED, truth, predict(trace, fit.link()),
-                 f"fit {fit.bandwidth_bps / 1e9:.3f} Gb/s ({fit.method})", flags=truth.flags(trace))
-    return replace(case, error_vs_capture_pct=_error(case.predicted_us, profiled_step_us(trace)))
+    case = case_result(name, CaseKind.CALIBRATED, truth, predict(trace, fit.link()),
+                       f"fit {fit.bandwidth_bps / 1e9:.3f} Gb/s ({fit.method})", flags=truth.flags(trace))
+    return replace(case, error_vs_capture_pct=error_pct(case.predicted_us, profiled_step_us(trace)))
 
 
 def _a100(path: Path) -> CaseResult:
@@ -490,11 +398,13 @@ def _a100(path: Path) -> CaseResult:
         predicted.append(predict(_steps(trace, [i]), fit.link()))
         measured.append(statistics.median(r.iterations[i].measured_us for r in trace.ranks))
     truth = Truth(Setting("a100", None, 0), statistics.median(measured), (max(measured) - min(measured)) / 2, None)
-    return _case("a100-nccl world 2 (link fitted to the other steps)", CaseKind.HELD_OUT, truth,
-                 Prediction(*(statistics.median(getattr(p, f) for p in predicted)
-                              for f in ("step_us", "compute_us", "exposed_comm_us"))),
-                 f"{n} steps, each predicted with a link fitted to the others: "
-                 f"{min(f.bandwidth_bps for f in fits) / 1e9:.1f} to {max(f.bandwidth_bps for f in fits) / 1e9:.1f} Gb/s")
+    median = Prediction(statistics.median(p.step_us for p in predicted),
+                        statistics.median(p.compute_us for p in predicted),
+                        statistics.median(p.exposed_comm_us for p in predicted))
+    return case_result("a100-nccl world 2 (link fitted to the other steps)", CaseKind.HELD_OUT, truth, median,
+                       f"{n} steps, each predicted with a link fitted to the others: "
+                       f"{min(f.bandwidth_bps for f in fits) / 1e9:.1f} to "
+                       f"{max(f.bandwidth_bps for f in fits) / 1e9:.1f} Gb/s")
 
 
 def _steps(trace: Trace, keep: list[int]) -> Trace:
@@ -534,7 +444,7 @@ def _emu_run(name: str, model: str, steps: int, truth: Truth, trace: Trace, afte
         if not moved or truth.flags(None) or attempt == RERUNS:  # a truth flagged already stays so
             break
         note(f"{name}: emu run ran again ({'; '.join(moved)})")
-    case = _case(name, CaseKind.RUN, truth, Prediction.of(result.report),
+    case = case_result(name, CaseKind.RUN, truth, Prediction.of(result.report),
                  f"{len(result.trace.ranks[0].iterations)} steps, compute on the thread CPU clock", flags=flags)
     return replace(case, real_after_us=after_us)
 
@@ -550,54 +460,3 @@ def _real_after(model: str, setting: Setting, steps: int, runs: _Runs, work: Pat
         got = runs.run(name, "real run after emu run", f"{slug}-real-after", lambda d: measure(
             model, setting, steps // 2 + 1, net, work / f"times-{slug}after.json", d))
     return statistics.median(got.step_us)
-
-
-def _error(predicted: float, measured: float) -> float:
-    return 100.0 * (predicted - measured) / measured
-
-
-def _case(name: str, kind: CaseKind, truth: Truth, predicted: Prediction, detail: str = "",
-          flags: tuple[str, ...] = ()) -> CaseResult:
-    return CaseResult(name=name, kind=kind, measured_us=truth.measured_us, spread_us=truth.spread_us,
-                      predicted_us=predicted.step_us, error_pct=_error(predicted.step_us, truth.measured_us),
-                      detail=detail, real_ready_us=truth.ready_us, predicted_compute_us=predicted.compute_us,
-                      predicted_exposed_comm_us=predicted.exposed_comm_us,
-                      link_delivered_bps=truth.delivered_bps, link_both_ways_bps=truth.both_ways_bps,
-                      flags=flags, setting=truth.setting.name,
-                      real_other_cores=truth.other_cores, tcp_retransmitted_share=truth.retransmitted,
-                      real_core_share=truth.core_share, real_machine_busy=truth.machine_busy)
-
-
-def _summary(cases: list[CaseResult], failed: int = 0) -> dict[str, float]:
-    def stats(rows: list[CaseResult]) -> tuple[float, float]:
-        errs = [abs(c.error_pct) for c in rows]
-        return (statistics.fmean(errs), max(errs)) if errs else (0.0, 0.0)
-
-    out = dict(zip(("mean_abs_error_pct", "max_abs_error_pct"), stats(cases), strict=True))
-    trusted = [c for c in cases if not c.flags]
-    for kind in CaseKind:
-        mean, worst = stats([c for c in cases if c.kind == kind])
-        out[f"{kind.value}_mean_abs_error_pct"] = mean
-        out[f"{kind.value}_max_abs_error_pct"] = worst
-        mean, worst = stats([c for c in trusted if c.kind == kind])
-        out[f"{kind.value}_trusted_mean_abs_error_pct"] = mean
-        out[f"{kind.value}_trusted_max_abs_error_pct"] = worst
-    for kind in (CaseKind.SAME, CaseKind.CALIBRATED):  # every case's, flagged or not: no truth run in it
-        errs = [abs(c.error_vs_capture_pct) for c in cases if c.kind == kind and c.error_vs_capture_pct is not None]
-        out[f"{kind.value}_vs_capture_mean_abs_error_pct"] = statistics.fmean(errs) if errs else 0.0
-        out[f"{kind.value}_vs_capture_max_abs_error_pct"] = max(errs, default=0.0)
-    out["failed_cases"] = failed
-    out["trusted_cases"] = len(trusted)
-    out["flagged_cases"] = len(cases) - len(trusted)
-    out["trusted"] = float(trusted_enough(cases))
-    return out
-
-
-def trusted_enough(cases: list[CaseResult] | tuple[CaseResult, ...]) -> bool:
-    """At least ``TRUSTED_SHARE`` of the cases trusted, and a trusted case of every setting
-    (docs/FIDELITY.md, "Trusted cases")."""
-    if not cases:
-        return True
-    trusted = [c for c in cases if not c.flags]
-    settings = {c.setting for c in cases}
-    return len(trusted) >= TRUSTED_SHARE * len(cases) and settings <= {c.setting for c in trusted}

@@ -1,6 +1,7 @@
 """A setting's ground truth in ``emu validate``: its real runs' median step, and the criteria,
 fixed in advance, by which a case's truth or capture is trusted (docs/FIDELITY.md, "Trusted
-cases"). ``emu.validate.core`` runs the real runs and the cases; this module only judges them."""
+cases"). ``emu.validate.core`` runs the real runs and the cases, ``emu.validate.report`` records
+them; this module only judges them."""
 
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ from emu.emulator.links.spec import LinkSpec
 from emu.errors import CaptureError
 from emu.traces import Coll, CollKind, Dtype, Iteration, RankProgram, Source, Trace, TraceMeta, Wait
 from emu.validate import Setting, fit_link, run_validation
-from emu.validate.core import CaseKind, Prediction, _case, _summary, trusted_enough
 from emu.validate.netns import available
+from emu.validate.report import CaseKind, Prediction, case_result, summarize, trusted_enough
 from emu.validate.truth import TCP_PAYLOAD, Truth
 from tests.conftest import as_in_a_terminal, processes_mentioning
 
@@ -142,11 +142,11 @@ def test_error_arithmetic() -> None:
     def truth(measured: float, setting: str = "s") -> Truth:
         return Truth(Setting(setting, 300e6, 25), measured, 1.0, None)
 
-    cases = [_case("a", CaseKind.SAME, truth(100.0), step(103.0)),
-             _case("b", CaseKind.SAME, truth(200.0), step(190.0)),
-             _case("c", CaseKind.EXTRAPOLATED, truth(100.0), step(120.0))]
+    cases = [case_result("a", CaseKind.SAME, truth(100.0), step(103.0)),
+             case_result("b", CaseKind.SAME, truth(200.0), step(190.0)),
+             case_result("c", CaseKind.EXTRAPOLATED, truth(100.0), step(120.0))]
     assert [c.error_pct for c in cases] == pytest.approx([3.0, -5.0, 20.0])
-    s = _summary(cases)
+    s = summarize(cases)
     assert s["same_mean_abs_error_pct"] == pytest.approx(4.0) and s["same_max_abs_error_pct"] == pytest.approx(5.0)
     assert s["extrapolated_max_abs_error_pct"] == pytest.approx(20.0)
     assert s["mean_abs_error_pct"] == pytest.approx(28 / 3) and s["max_abs_error_pct"] == pytest.approx(20.0)
@@ -166,15 +166,15 @@ def test_cases_are_trusted_by_criteria_fixed_in_advance() -> None:
     plain = trace_with({1000: 10.0})
     busy = replace(plain, meta=replace(plain.meta, noise=CaptureNoise(0.01, 0.01, other_cores=1.0)))
     assert fine.flags(busy) == ("its capture's machine was busy: other processes kept 1.0 cores busy",)
-    good = [_case(n, CaseKind.SAME, fine, step(101.0)) for n in "ab"]
-    assert trusted_enough([*good, _case("c", CaseKind.SAME, slow, step(101.0), flags=slow.flags(None))])
-    assert not trusted_enough([good[0], *(_case(n, CaseKind.SAME, slow, step(101.0), flags=("x",)) for n in "bc")])
+    good = [case_result(n, CaseKind.SAME, fine, step(101.0)) for n in "ab"]
+    assert trusted_enough([*good, case_result("c", CaseKind.SAME, slow, step(101.0), flags=slow.flags(None))])
+    assert not trusted_enough([good[0], *(case_result(n, CaseKind.SAME, slow, step(101.0), flags=("x",)) for n in "bc")])
     other = Truth(Setting("unshaped/25MB", None, 25), 100.0, 1.0, None)
-    assert not trusted_enough([*good, *good, _case("d", CaseKind.SAME, other, step(101.0), flags=("x",))])
+    assert not trusted_enough([*good, *good, case_result("d", CaseKind.SAME, other, step(101.0), flags=("x",))])
     # the two-way probe's slower direction gives a link of its own, and no flag: TCP's, not the machine's
     both = replace(fine, both_ways_bps=0.90 * 300e6 * TCP_PAYLOAD)
     assert both.flags(None) == ()
-    assert _case("e", CaseKind.SAME, both, step(101.0)).link_both_ways_bps == both.both_ways_bps
+    assert case_result("e", CaseKind.SAME, both, step(101.0)).link_both_ways_bps == both.both_ways_bps
     one, two = both.delivered_link(), both.delivered_link(both_ways=True)
     assert two.bandwidth_bps == pytest.approx(one.bandwidth_bps * 0.90 / 0.99)
     assert fine.delivered_link(both_ways=True) is None
@@ -189,7 +189,7 @@ def test_cases_are_trusted_by_criteria_fixed_in_advance() -> None:
         "and networking had no core to spare, so the cores, not the link, set their pace)",
         "the real runs' machine was busy: other processes and the kernel kept 0.7 cores busy")
     assert replace(fine, retransmitted=2e-5, other_cores=0.2, core_share=0.86, machine_busy=0.94).flags(None) == ()
-    case = _case("e", CaseKind.SAME, lossy, step(101.0), flags=lossy.flags(None))
+    case = case_result("e", CaseKind.SAME, lossy, step(101.0), flags=lossy.flags(None))
     assert (case.real_other_cores, case.tcp_retransmitted_share) == (0.7, 2.5e-3)
     assert (case.real_core_share, case.real_machine_busy) == (0.6, 0.97)
 
@@ -209,7 +209,7 @@ def test_a_same_configuration_case_is_also_judged_against_its_own_capture() -> N
     assert same.error_vs_capture_pct == pytest.approx(100 * (same.predicted_us / 30000.0 - 1))
     assert same.error_pct == pytest.approx(100 * (same.predicted_us / 40000.0 - 1))
     assert _replayed("e", CaseKind.EXTRAPOLATED, truth, trace, trace).error_vs_capture_pct is None
-    s = _summary([same])
+    s = summarize([same])
     assert s["same_vs_capture_mean_abs_error_pct"] == pytest.approx(abs(same.error_vs_capture_pct))
 
 
@@ -333,7 +333,7 @@ def test_a100_case_predicts_each_step_from_the_others(no_children) -> None:
 
 
 @pytest.mark.slow  # a real validation case: two real runs, a capture, replays (about 30 s)
-def test_one_real_case(no_children) -> None:
+def test_one_realcase_result(no_children) -> None:
     setting = Setting("300Mbit/25MB", 300e6, 25) if available() is None else Setting("unshaped/25MB", None, 25)
     report = run_validation(models=("mlp",), settings=(setting,), steps=3, a100_trace=None)
     same, run = report.cases
@@ -464,11 +464,11 @@ def test_a_setting_sample_multiplies_the_steps_of_its_real_runs_and_emu_run(monk
     def emu_run(name, model, steps, truth, trace, after, note):
         asked.append(("emu run", truth.setting.name, steps))
         asked.append(("real after", truth.setting.name, after.args[2]))  # _real_after(model, setting, steps, ...)
-        return _case(name, CaseKind.RUN, truth, step(100.0))
+        return case_result(name, CaseKind.RUN, truth, step(100.0))
 
     monkeypatch.setattr(core, "_trusted_runs", trusted_runs)
     monkeypatch.setattr(core, "_emu_run", emu_run)
-    monkeypatch.setattr(core, "_replayed", lambda name, kind, truth, *a: _case(name, kind, truth, step(100.0)))
+    monkeypatch.setattr(core, "_replayed", lambda name, kind, truth, *a: case_result(name, kind, truth, step(100.0)))
     monkeypatch.setattr(core.netns, "available", lambda: None)
     settings = (Setting("unshaped/4MB", None, 4, sample=4), Setting("300Mbit/4MB", 300e6, 4))
     report = core.run_validation(models=("mlp",), settings=settings, steps=5, a100_trace=None)

@@ -62,7 +62,9 @@ def validate(quick: bool, models: str, steps: int, calibrate: bool, keep: Path |
         table = Table(title="emu validate: real step time against the emulated one")
         for name in ("case", "kind", "measured ms", "+/- ms", "predicted ms", "error", "vs capture",
                      "compute ms (real / emu)", "comm ms (real / emu)"):
-            table.add_column(name, justify="left" if name in ("case", "kind") else "right")
+            # a case's name keeps its first words whole in a terminal of 80 columns (or a pipe)
+            table.add_column(name, justify="left" if name in ("case", "kind") else "right",
+                             min_width=20 if name == "case" else None)
         for c in result.cases:
             own = "-" if c.error_vs_capture_pct is None else f"{c.error_vs_capture_pct:+.1f}%"
             table.add_row(c.name, c.kind.value, ms(c.measured_us), ms(c.spread_us), ms(c.predicted_us),

@@ -195,12 +195,33 @@ def test_leaves_links_ahead_of_the_window_change_no_number(fabric: str, algorith
     trace = single_collective(CollKind.ALL_REDUCE, 500_000, iterations=2)
     ahead = [replay(trace, replace(config, processes=p)) for p in (0, 2)]
     monkeypatch.setattr(ReplayConfig, "queues_bound_windows", lambda self, inside_nodes=True: False)
-    monkeypatch.setattr(Host, "leaf_horizon", lambda self, bound, into: into.fill(-math.inf))
+    monkeypatch.setattr(Host, "leaf_horizon", lambda self, bound, into, quiet_us=(): into.fill(-math.inf))
     latency = replay(trace, replace(config, processes=0))
     assert ahead[0].verification.ok and ahead[0].fabric.busiest_link["kind"] is not None
     assert exact_part(ahead[0]) == exact_part(ahead[1])
     assert golden.differences(golden.strip(latency.to_dict()), golden.strip(ahead[0].to_dict())) == []
     assert ahead[0].emulator.windows * 2 < latency.emulator.windows
+
+
+def test_a_lagging_member_holds_its_pools_results_change_no_number(monkeypatch, no_children) -> None:
+    """Two data-parallel pools of 32 on 8-NIC nodes: while half of a pool's members still compute,
+    no result of it can leave the switch before the first of them starts its next collective, so
+    their NICs do not cap the leaves' horizons at the window (``Lagging``): a ninth of the windows
+    of the rule that wakes every NIC at the bound, the same numbers (to float rounding), the same
+    on every layout."""
+    from emu.emulator.links.topology import Topology
+    from emu.emulator.protocol.transport import Departures
+    from emu.traces.mesh import Mesh
+
+    trace = load_trace(sample_path("tp"))
+    config = ReplayConfig(workers=64, fabric="ina", iters=1, link=LinkSpec(bandwidth_bps=10e9),
+                          mesh=Mesh.of([("dp", 32), ("tp", 2)]), topology=Topology(workers_per_node=8, nics_per_node=8))
+    lagging = [replay(trace, replace(config, processes=p)) for p in (0, 2)]
+    monkeypatch.setattr(Departures, "quiet_us", lambda self: ())
+    every_nic = replay(trace, replace(config, processes=0))
+    assert exact_part(lagging[0]) == exact_part(lagging[1]) and lagging[0].verification.ok
+    assert golden.differences(golden.strip(every_nic.to_dict()), golden.strip(lagging[0].to_dict())) == []
+    assert lagging[0].emulator.windows * 5 < every_nic.emulator.windows
 
 
 @pytest.mark.slow  # 11 s here: one window a hop inside a node is the slow reference

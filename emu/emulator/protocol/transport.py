@@ -422,12 +422,20 @@ def _decode(data: np.ndarray, code: np.ndarray, n: np.ndarray) -> np.ndarray:
 _WINDOW = struct.Struct("<QdB")  # window number, time (us), flag
 
 
-def _window(frames: list) -> tuple[int, float, int]:
+def _window(frames: list, count: int = 2) -> tuple[int, float, int]:
     """The fields of a Go or Done message, checked against its layout."""
-    _check(frames, 2)
+    _check(frames, count)
     if _nbytes(frames[1]) != _WINDOW.size:
         raise FrameError("bad window message")
     return _WINDOW.unpack(frames[1])
+
+
+def _floats(frame: object, what: str) -> list[float]:
+    """A frame of little-endian float64s, at most one per slot pool a message may name."""
+    n = _nbytes(frame)
+    if n % 8 != 0 or n > 8 * MAX_POOLS:
+        raise FrameError(f"bad {what}")
+    return np.frombuffer(frame, "<f8").tolist()  # type: ignore[call-overload]
 
 
 def _no_rows() -> SegmentRows:
@@ -445,19 +453,23 @@ _NO_ROWS = _no_rows()
 @dataclass(frozen=True)
 class Go:
     """Window ``window`` of the synchronized clock: handle events before ``bound_us`` (at or
-    before it when ``inclusive``: zero lookahead, where a window is one round at one time)."""
+    before it when ``inclusive``: zero lookahead, where a window is one round at one time);
+    ``quiet_us``: per slot pool, the earliest one of its results can leave the switch where that
+    is set by a member that has not started its next collective (``Departures.quiet_us``)."""
 
     window: int
     bound_us: float
     inclusive: bool
+    quiet_us: tuple[float, ...] = ()
 
     def frames(self) -> list[bytes]:
-        return [GO, _WINDOW.pack(self.window, self.bound_us, self.inclusive)]
+        return [GO, _WINDOW.pack(self.window, self.bound_us, self.inclusive),
+                np.asarray(self.quiet_us, "<f8").tobytes()]
 
     @classmethod
     def parse(cls, frames: list) -> Go:
-        window, bound, inclusive = _window(frames)
-        return cls(window, bound, bool(inclusive))
+        window, bound, inclusive = _window(frames, 3)
+        return cls(window, bound, bool(inclusive), tuple(_floats(frames[2], "pool wakes in a window message")))
 
 
 @dataclass(frozen=True)
@@ -468,11 +480,12 @@ class Departures:
     ``free_us``, the least free time of all links (what a segment can wake); per slot pool of
     the switch (its number in the headers' job field), ``waiting``: (the least free time of the
     links whose workers wait for one of its results, which only they can receive; the earliest
-    of its results the host holds for its stamp). -inf: unknown."""
+    of its results the host holds for its stamp); and ``lagging`` (``Lagging``). -inf: unknown."""
 
     free_us: float = -math.inf
     local_us: float = -math.inf
     waiting: tuple[tuple[float, float], ...] = ()
+    lagging: tuple[Lagging, ...] = ()
 
     @classmethod
     def least(cls, all_: list[Departures]) -> Departures:
@@ -481,19 +494,65 @@ class Departures:
             return cls(math.inf, math.inf)
         pools = max(len(d.waiting) for d in all_)
         pad = [(*d.waiting, *[(math.inf, math.inf)] * (pools - len(d.waiting))) for d in all_]
+        lag = [(*d.lagging, *[Lagging()] * (pools - len(d.lagging))) for d in all_]
         return cls(min(d.free_us for d in all_), min(d.local_us for d in all_),
-                   tuple((min(p[g][0] for p in pad), min(p[g][1] for p in pad)) for g in range(pools)))
+                   tuple((min(p[g][0] for p in pad), min(p[g][1] for p in pad)) for g in range(pools)),
+                   tuple(Lagging.least([x[g] for x in lag]) for g in range(pools)))
+
+    def quiet_us(self) -> tuple[float, ...]:
+        """Per pool, the earliest one of its results can leave the switch, where a member that has
+        not started its next collective sets it (``Lagging.quiet_us``); -inf elsewhere."""
+        return tuple(x.quiet_us() for x in self.lagging)
 
     def frame(self) -> bytes:
-        return np.asarray([self.free_us, self.local_us, *(x for w in self.waiting for x in w)], "<f8").tobytes()
+        lag = self.lagging or (Lagging(-math.inf, -math.inf, -math.inf),) * len(self.waiting)
+        assert len(lag) == len(self.waiting)
+        return np.asarray([self.free_us, self.local_us,
+                           *(x for w, g in zip(self.waiting, lag, strict=True) for x in (*w, *g.fields()))],
+                          "<f8").tobytes()
 
     @classmethod
     def parse(cls, frame: object) -> Departures:
         n = _nbytes(frame)
-        if n % 16 != 0 or not 16 <= n <= 16 * (1 + MAX_POOLS):
+        if n % 8 != 0 or (n // 8 - 2) % 5 != 0 or not 16 <= n <= 16 + 40 * MAX_POOLS:
             raise FrameError("bad departures in a window report")
         v = np.frombuffer(frame, "<f8").tolist()  # type: ignore[call-overload]
-        return cls(v[0], v[1], tuple((v[i], v[i + 1]) for i in range(2, len(v), 2)))
+        return cls(v[0], v[1], tuple((v[i], v[i + 1]) for i in range(2, len(v), 5)),
+                   tuple(Lagging(*v[i + 2:i + 5]) for i in range(2, len(v), 5)))
+
+
+@dataclass(frozen=True)
+class Lagging:
+    """What a slot pool's members have started, for the earliest one of its results can leave
+    the switch (the leaves' horizons, ``emu.replay.host.runtime.Host.leaf_horizon``). A result
+    needs every member's contribution to its chunk, and the members of a pool start its
+    collectives in one order (a communicator's rule; a host that sees two orders says nothing is
+    known): while a member has not started the pool's next collective and every collective all
+    have started is finished by all, none can come before such a member starts one. Numbering
+    the pool's collectives from 0 in that order, over the members held (the least over hosts,
+    ``least``): ``last_started``, the least of each member's last started one (-1: none);
+    ``next_us``, the earliest a member at that least can start another (its program's next
+    resumption; -inf where it is inside a collective of any kind, whose end can come from
+    outside); ``first_open``, the least one a member started and has not finished (inf: none)."""
+
+    last_started: float = math.inf
+    next_us: float = math.inf
+    first_open: float = math.inf
+
+    def fields(self) -> tuple[float, float, float]:
+        return self.last_started, self.next_us, self.first_open
+
+    @classmethod
+    def least(cls, all_: list[Lagging]) -> Lagging:
+        last = min(x.last_started for x in all_)
+        return cls(last, min((x.next_us for x in all_ if x.last_started == last), default=math.inf),
+                   min(x.first_open for x in all_))
+
+    def quiet_us(self) -> float:
+        """The earliest a result can leave the switch where a lagging member sets it: its next
+        resumption, where every collective started by all is finished (``first_open`` past
+        ``last_started``); -inf where results may come at any time."""
+        return self.next_us if self.first_open > self.last_started else -math.inf
 
 
 MAX_POOLS = 1 << 16  # slot pools a window report may name (jobs and sub-groups)

@@ -92,7 +92,7 @@ class _InProcess:
             for h, part in aggregate(self.pools, batch):
                 self.hosts[h].receive_results(part)
         for host in self.hosts:
-            host.advance(bound, inclusive)
+            host.advance(bound, inclusive, quiet_us=self.clock.quiet_us)
             out, segs = host.take_outgoing()
             if out is not None and len(out.headers):
                 self.clock.pending.append(out)

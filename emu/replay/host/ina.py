@@ -22,7 +22,7 @@ from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol import wire
 from emu.emulator.protocol.ina import SENT, InaCollective, InaGroup, InaParams, Packets, PayloadCache, ResultCheck
 from emu.emulator.protocol.switch import MULTICAST
-from emu.emulator.protocol.transport import AggBatch
+from emu.emulator.protocol.transport import AggBatch, Lagging
 from emu.replay.config.options import ReplayConfig
 from emu.replay.control.messages import CARRIED_UNIT
 from emu.replay.host.wiring import Wiring
@@ -133,6 +133,12 @@ class InaEndpoint:
         self.carried: dict[int, list[int]] = {}  # in CARRIED_UNIT parts of a byte
         self.check = ResultCheck()
         self.runs: dict[int, np.ndarray] = {}  # per collective (its seq): each local worker's run (object)
+        # the pool's collectives numbered in the order its members start them (``lagging``): per
+        # local worker, how many it started; per open collective (its seq), its number; whether
+        # two local members started them in different orders (then nothing is known)
+        self.started = np.zeros(len(pool.ids), np.int64)
+        self.order: dict[int, int] = {}
+        self.unordered = False
         self.retx_scale: dict[tuple[int, int], float] = {}  # what a pending retransmission stands for
         self.retx_due: list[tuple[int, int, float, float]] = []
         self.pump_due = False
@@ -151,12 +157,17 @@ class InaEndpoint:
         local = self.local_of[workers]
         assert (np.asarray(local) >= 0).all(), "a worker starts a collective on a pool it is not in"
         coll.start_us[local] = run.start_us
+        n = self.started[local]
+        self.started[local] += 1
         if coll.chunks == 0:
             coll.finished[local] = True
             return True
         runs = self.runs.get(run.seq)
         if runs is None:
             runs = self.runs[run.seq] = np.full(self.group.m, None, object)
+        number = int(np.min(n))
+        if self.order.setdefault(run.seq, number) != number or (np.asarray(n) != number).any():
+            self.unordered = True
         runs[local] = run
         self.pump_due = True
         return False
@@ -199,8 +210,33 @@ class InaEndpoint:
         held here for its stamp."""
         for _, _, pk in self.up_heap:
             np.minimum.at(nxt, self.link[pk.local], pk.send_us)
-        sent = (self.group.slot_state == SENT).any(axis=1)
-        return [(self.pool.job, self.link[sent], self.down_heap[0][0] if self.down_heap else math.inf)]
+        ((job, links),) = self.waiting_links()
+        return [(job, links, self.down_heap[0][0] if self.down_heap else math.inf)]
+
+    def waiting_links(self) -> list[tuple[int, np.ndarray]]:
+        """For its pool (its number in the headers' job field), the links of the workers that wait
+        for one of its results: a slot sent, not back (only they can receive one)."""
+        return [(self.pool.job, self.link[(self.group.slot_state == SENT).any(axis=1)])]
+
+    def inside(self, into: np.ndarray) -> None:
+        """Mark in ``into`` (per worker id) the workers inside one of the pool's collectives:
+        started, not finished."""
+        for runs in self.runs.values():
+            into[self.pool.ids[np.fromiter((r is not None for r in runs.tolist()), bool, len(runs))]] = True
+
+    def lagging(self, run_t: np.ndarray, inside: np.ndarray) -> list[tuple[int, Lagging]]:
+        """For its pool, what its members held here have started (``Lagging``); ``run_t``: per
+        worker id, its program's next resumption; ``inside``: per worker id, whether it is inside
+        a collective of any kind (``inside``, and the point-to-point endpoint's)."""
+        ids = self.pool.ids
+        if self.unordered:
+            return [(self.pool.job, Lagging(-math.inf, -math.inf, -math.inf))]
+        if not len(ids):
+            return [(self.pool.job, Lagging())]
+        least = int(self.started.min())
+        at = ids[self.started == least]
+        nxt = float(np.where(inside[at], -math.inf, run_t[at]).min())
+        return [(self.pool.job, Lagging(float(least - 1), nxt, float(min(self.order.values(), default=math.inf))))]
 
     # -- uplinks ------------------------------------------------------------------------
     def due_up(self, bound: float, inclusive: bool) -> Packets | None:
@@ -461,4 +497,5 @@ class InaEndpoint:
         runs[local] = None
         if coll.finished.all():
             del self.runs[coll.seq]
+            self.order.pop(coll.seq, None)
         complete_by_run(self.pool.ids[local], got, coll.end_us[local], self.completed)

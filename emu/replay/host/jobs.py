@@ -60,7 +60,8 @@ class JobsHost:
     def next_us(self) -> float:
         return min((h.next_us() for h in self.hosts.values()), default=math.inf)
 
-    def advance(self, bound: float, inclusive: bool = False, now: float | None = None) -> None:
+    def advance(self, bound: float, inclusive: bool = False, now: float | None = None,
+                quiet_us: tuple[float, ...] = ()) -> None:
         """The leaves' links down, every job's endpoints, the leaves' links up (``Host.advance``)."""
         leaves = self.leaves
         if leaves is not None:
@@ -72,7 +73,7 @@ class JobsHost:
         if leaves is not None:
             leaves.advance(0, bound, inclusive, lambda s: self._host(_seg_job(s)).p2p.outgoing.append(s),
                            lambda b, _: self._host(_batch_job(b)).ina.outgoing.append(b),
-                           leaf_horizons(list(self.hosts.values()), leaves, bound))
+                           leaf_horizons(list(self.hosts.values()), leaves, bound, quiet_us))
 
     def take_outgoing(self) -> tuple[AggBatch | None, SegmentRows]:
         batches, segs = [], []

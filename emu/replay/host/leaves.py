@@ -44,6 +44,7 @@ import numpy as np
 from emu.emulator.links.spec import Capacity, LinkSpec, uniform
 from emu.emulator.links.topology import Hierarchy, Layout
 from emu.emulator.protocol.transport import AggBatch, Segment
+from emu.errors import RunFailed
 from emu.replay.config.options import ReplayConfig
 
 
@@ -147,6 +148,9 @@ class LeafStage:
         self.bytes_by_job: dict[int, float] = {}  # of bytes_sent, per job (jobs sharing the fabric)
         self.seed = seed
         self.sent = (np.zeros(len(self.leaves), np.int64), np.zeros(len(self.leaves), np.int64))  # rows, per link
+        # per leaf, the furthest horizon its link up sent rows before: a row arriving earlier would
+        # have had to go before them (``advance``), a clock error, caught in ``_push``
+        self.passed = np.full(len(self.leaves), -math.inf)
 
     @classmethod
     def of(cls, held: np.ndarray, cfg: ReplayConfig, *layouts: Layout) -> LeafStage:
@@ -174,6 +178,15 @@ class LeafStage:
     def _push(self, direction: int, rows: _Rows) -> None:
         if not len(rows.first):
             return
+        if direction == 0:  # to float rounding: a row stamped at a horizon is one the leaf left for later
+            passed = self.passed[rows.leaf]
+            early = rows.first < passed - 1e-12 * np.abs(passed)
+            if early.any():
+                at = int(np.argmax(early))
+                leaf = int(rows.leaf[at])
+                raise RunFailed(f"a row reached leaf {int(self.leaves[leaf])}'s link to the spine at "
+                                f"{float(rows.first[at]):.6f} us, before the horizon {float(passed[at]):.6f} us "
+                                "it already sent rows up to (a clock error: please report it)")
         self._count += 1
         heapq.heappush(self._heaps[direction], (float(rows.first.min()), self._count, rows))
 
@@ -290,6 +303,8 @@ class LeafStage:
         switch, a forwarded segment at the host it is for)."""
         heap = self._heaps[direction]
         reach = bound if horizon is None else max(bound, float(horizon.max(initial=-math.inf)))
+        if horizon is not None:
+            np.maximum(self.passed, horizon, out=self.passed)
         parts: list[_Rows] = []
         later: list[_Rows] = []
         while heap and (heap[0][0] <= reach if inclusive else heap[0][0] < reach):

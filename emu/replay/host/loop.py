@@ -183,7 +183,7 @@ class _Loop:
 
     def _window(self, go: Go) -> None:
         host = self.host
-        host.advance(go.bound_us, go.inclusive)
+        host.advance(go.bound_us, go.inclusive, quiet_us=go.quiet_us)
         self._send_out()
         self.data.send_multipart(Done(go.window, host.next_us(), host.finished(), host.departures()).frames())
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from emu.emulator.protocol.transport import AggBatch
+from emu.emulator.protocol.transport import AggBatch, Lagging
 from emu.replay.host.ina import Deliveries, InaCounters, InaEndpoint, Packets, Pool, take
 from emu.replay.host.worker import CollRun
 
@@ -96,6 +96,16 @@ class InaPools:
     def link_events(self, nxt: np.ndarray) -> list[tuple[int, np.ndarray, float]]:
         """Every pool's (``InaEndpoint.link_events``)."""
         return [w for p in self.order for w in self.endpoints[p].link_events(nxt)]
+
+    def waiting_links(self) -> list[tuple[int, np.ndarray]]:
+        return [w for p in self.order for w in self.endpoints[p].waiting_links()]
+
+    def inside(self, into: np.ndarray) -> None:
+        for p in self.order:
+            self.endpoints[p].inside(into)
+
+    def lagging(self, run_t: np.ndarray, inside: np.ndarray) -> list[tuple[int, Lagging]]:
+        return [x for p in self.order for x in self.endpoints[p].lagging(run_t, inside)]
 
     # -- uplinks ------------------------------------------------------------------------
     def due_up(self, bound: float, inclusive: bool) -> Packets | None:

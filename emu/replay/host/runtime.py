@@ -32,7 +32,7 @@ import numpy as np
 from emu.emulator.links.spec import GIVE_UP_ROUNDS
 from emu.emulator.mechanisms import Mechanism, choose
 from emu.emulator.payload.recorded import RecordedPayload
-from emu.emulator.protocol.transport import AggBatch, Departures, SegmentRows
+from emu.emulator.protocol.transport import AggBatch, Departures, Lagging, SegmentRows
 from emu.errors import RunFailed
 from emu.replay.config.options import Clock, ReplayConfig
 from emu.replay.control.messages import HostResult, WorkerRecord
@@ -266,17 +266,30 @@ class Host:
         waiting = [(math.inf, math.inf)] * (1 + max((p for p, _, _ in pools), default=-1))
         for p, links, results in pools:
             waiting[p] = (min(waiting[p][0], float(free[links].min(initial=math.inf))), min(waiting[p][1], results))
-        return Departures(least, local, tuple(waiting))
+        return Departures(least, local, tuple(waiting), self._lagging(len(waiting)))
 
-    def leaf_horizon(self, bound: float, into: np.ndarray) -> None:
+    def _lagging(self, pools: int) -> tuple[Lagging, ...]:
+        """Per slot pool, what its members here have started (``Lagging``): a worker inside a
+        collective of any kind may end it for something from outside."""
+        inside = np.zeros(len(self._run_t), bool)
+        self.ina.inside(inside)
+        if isinstance(self.p2p, BatchedP2P):  # its kernels' runs are not by worker: any may be inside one
+            inside[:] = True
+        for e, _ in self.p2p.runs:
+            inside[e] = True
+        out = [Lagging()] * pools
+        for p, lag in self.ina.lagging(self._run_t, inside):
+            out[p] = Lagging.least([out[p], lag])
+        return tuple(out)
+
+    def leaf_horizon(self, bound: float, into: np.ndarray, quiet_us: tuple[float, ...] = ()) -> None:
         """Into ``into`` (per leaf of ``self.wiring.leaves``, its index there): the earliest a row
         this host's NICs have not yet handed on can reach the leaf's link up, after a window's
         uplinks ran to ``bound``. A NIC (a FIFO) sends what it is given later no earlier than it
         is free, nor before something makes it send: an event of an endpoint on it (a worker's
         program, a packet or segment due, a segment inside a node, a retransmission timer: any
-        link), or a wake from outside (a result or segment held here, due at or past the bound,
-        or one not yet here, which leaves the switch no earlier: either crosses a NIC's hop
-        down). The row then arrives a NIC's hop later. The synchronized clock only."""
+        link), or a wake from outside (``_outside_wakes``). The row then arrives a NIC's hop
+        later. The synchronized clock only."""
         w = self.wiring
         assert w.leaves is not None and not isinstance(self.p2p, BatchedP2P)
         hop = self.cfg.nic_hop_us()
@@ -287,12 +300,32 @@ class Host:
             np.minimum.at(nxt, self._link_of, self._run_t)
             if self._timers:
                 nxt = np.minimum(nxt, min(e[0] for e in self.heap if e[1] == _RETX))
-        # from outside: what is held here (results, a leaf's rows down) is due at or past the
-        # bound, what is not here yet leaves the switch no earlier; either crosses a NIC's
-        # downlink first. (The earliest held here would make the horizon follow which leaves a
-        # host holds, and whether a forwarded segment reached it before its pass.)
-        start = np.maximum(np.maximum(w.up.free_us, np.minimum(nxt, bound + hop)), bound)
+        wake = self._outside_wakes(bound, hop, quiet_us)
+        start = np.maximum(np.maximum(w.up.free_us, np.minimum(nxt, wake)), bound)
         np.minimum.at(into, self._leaf_links(), start + hop)
+
+    def _outside_wakes(self, bound: float, hop: float, quiet_us: tuple[float, ...]) -> np.ndarray:
+        """Per uplink, the earliest something from outside can make it send: a result or segment
+        held here is due at or past the bound, one not yet here leaves the switch no earlier;
+        either crosses a NIC's hop down. (The earliest held here would make the horizon follow
+        which leaves a host holds, and whether a forwarded segment reached it before its pass.)
+        Only an endpoint that waits for something receives it: a worker inside a point-to-point
+        collective, a parameter-server shard, a worker with a slot sent to a pool and not back.
+        And a pool whose lagging member has not started its next collective sends no result
+        before that member's next resumption (``quiet_us``, the clock's where its bound counts
+        the queues: no real row is lost, no result is resent; ``Lagging``). Without
+        ``quiet_us``: every link at the bound."""
+        w = self.wiring
+        if not quiet_us:
+            return np.full(len(w.up.free_us), bound + hop)
+        wake = np.full(len(w.up.free_us), math.inf)
+        p2p = [e for e, _ in self.p2p.runs] + list(self.p2p.servers)
+        if p2p:
+            wake[self._link_of[np.asarray(p2p, np.int64)]] = bound + hop
+        for pool, links in self.ina.waiting_links():
+            quiet = quiet_us[pool] if pool < len(quiet_us) else -math.inf
+            wake[links] = np.minimum(wake[links], max(bound, quiet) + hop)
+        return wake
 
     def _leaf_links(self) -> np.ndarray:
         """Per uplink, its leaf's index in the leaves' stage."""
@@ -378,10 +411,12 @@ class Host:
                     segments)
 
     # -- a window -----------------------------------------------------------------------
-    def advance(self, bound: float, inclusive: bool = False, now: float | None = None) -> None:
+    def advance(self, bound: float, inclusive: bool = False, now: float | None = None,
+                quiet_us: tuple[float, ...] = ()) -> None:
         """Handle everything due before ``bound`` (or at it, when ``inclusive``): downlinks, then
         local events in order, then uplinks (module docstring). ``now``: the wall clock's
-        emulated time, to measure lag (the wall clock only)."""
+        emulated time, to measure lag (the wall clock only); ``quiet_us``: the clock's, per slot
+        pool (``Departures.quiet_us``: for the leaves' horizons)."""
         leaves = self.wiring.leaves if self.own_leaves else None
         if leaves is not None:  # from the spine down the leaves' links, on to the NICs' downlinks later
             leaves.advance(1, bound, inclusive, self.p2p.receive, self.ina.receive)
@@ -394,7 +429,7 @@ class Host:
         self._uplinks(bound, inclusive)
         if leaves is not None:  # what the NICs delivered to the leaves, on up to the spine
             leaves.advance(0, bound, inclusive, self.p2p.outgoing.append, lambda b, _: self.ina.outgoing.append(b),
-                           leaf_horizons([self], leaves, bound))
+                           leaf_horizons([self], leaves, bound, quiet_us))
         self._advances += 1
         self._check_segments()  # every window: a segment that gave up must not reach a report
         if self._advances % _STALL_EVERY == 0:
@@ -533,7 +568,8 @@ def _carried(*parts: dict[int, list[int]]) -> dict[str, list[int]]:
     return out
 
 
-def leaf_horizons(hosts: list[Host], leaves: LeafStage, bound: float) -> np.ndarray | None:
+def leaf_horizons(hosts: list[Host], leaves: LeafStage, bound: float,
+                  quiet_us: tuple[float, ...] = ()) -> np.ndarray | None:
     """Per leaf of ``leaves``, the least of the ``hosts``' horizons (``Host.leaf_horizon``: every
     job's NICs on a leaf feed its link); None on the wall clock, whose switch answers as things
     come."""
@@ -541,7 +577,7 @@ def leaf_horizons(hosts: list[Host], leaves: LeafStage, bound: float) -> np.ndar
         return None
     horizon = np.full(len(leaves.leaves), math.inf)
     for h in hosts:
-        h.leaf_horizon(bound, horizon)
+        h.leaf_horizon(bound, horizon, quiet_us)
     return horizon
 
 

@@ -306,6 +306,7 @@ class Windows:
         self.seg_min = math.inf
         self.window = 0
         self.pipeline = _Pipeline(setup.packet_rate) if setup.packet_rate else None
+        self.quiet_us: tuple[float, ...] = ()  # the window's, per pool (``Departures.quiet_us``)
 
     def bound(self, next_us: list[float], finished: list[bool],
               departures: list[Departures] | None = None) -> tuple[float, bool] | None:
@@ -319,8 +320,11 @@ class Windows:
                 return None
             raise FrameError("the synchronized clock ran out of events while some hosts still have workers that "
                              "have not finished their programs (a protocol error: please report it)")
+        self.quiet_us = ()
         if self.queue_bound and departures is not None:
-            t = max(t, self._queued(Departures.least(departures), held))
+            least = Departures.least(departures)
+            t = max(t, self._queued(least, held))
+            self.quiet_us = least.quiet_us()
         self.window += 1
         self.seg_min = math.inf
         return t + self.lookahead_us, self.lookahead_us == 0
@@ -447,7 +451,7 @@ class _Coordinator:
             assert self.switch is not None
             _aggregate(self.router, self.switch, batch, self.idents)
         self.reports.clear()
-        go = Go(self.clock.window, bound, inclusive).frames()
+        go = Go(self.clock.window, bound, inclusive, self.clock.quiet_us).frames()
         for ident in self.idents:
             self.router.send_multipart([ident, *go])
 

@@ -133,6 +133,7 @@ class InaEndpoint:
         self.carried: dict[int, list[int]] = {}  # in CARRIED_UNIT parts of a byte
         self.check = ResultCheck()
         self.runs: dict[int, np.ndarray] = {}  # per collective (its seq): each local worker's run (object)
+        self.open = np.zeros(len(pool.ids), np.int64)  # per local worker, its runs started, not completed
         # the pool's collectives numbered in the order its members start them (``lagging``): per
         # local worker, how many it started; per open collective (its seq), its number; whether
         # two local members started them in different orders (then nothing is known)
@@ -169,6 +170,7 @@ class InaEndpoint:
         if self.order.setdefault(run.seq, number) != number or (np.asarray(n) != number).any():
             self.unordered = True
         runs[local] = run
+        self.open[local] += 1
         self.pump_due = True
         return False
 
@@ -221,8 +223,7 @@ class InaEndpoint:
     def inside(self, into: np.ndarray) -> None:
         """Mark in ``into`` (per worker id) the workers inside one of the pool's collectives:
         started, not finished."""
-        for runs in self.runs.values():
-            into[self.pool.ids[np.fromiter((r is not None for r in runs.tolist()), bool, len(runs))]] = True
+        into[self.pool.ids[self.open > 0]] = True
 
     def lagging(self, run_t: np.ndarray, inside: np.ndarray) -> list[tuple[int, Lagging]]:
         """For its pool, what its members held here have started (``Lagging``); ``run_t``: per
@@ -495,6 +496,7 @@ class InaEndpoint:
         runs = self.runs[coll.seq]
         got = runs[local]
         runs[local] = None
+        self.open[local] -= 1
         if coll.finished.all():
             del self.runs[coll.seq]
             self.order.pop(coll.seq, None)

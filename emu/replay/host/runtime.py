@@ -270,7 +270,10 @@ class Host:
 
     def _lagging(self, pools: int) -> tuple[Lagging, ...]:
         """Per slot pool, what its members here have started (``Lagging``): a worker inside a
-        collective of any kind may end it for something from outside."""
+        collective of any kind may end it for something from outside. Only the leaves' horizons
+        ask (``leaf_horizon``): none without them."""
+        if self.wiring.leaves is None:
+            return ()
         inside = np.zeros(len(self._run_t), bool)
         self.ina.inside(inside)
         if isinstance(self.p2p, BatchedP2P):  # its kernels' runs are not by worker: any may be inside one

@@ -224,6 +224,28 @@ def test_a_lagging_member_holds_its_pools_results_change_no_number(monkeypatch, 
     assert lagging[0].emulator.windows * 5 < every_nic.emulator.windows
 
 
+def test_a_shard_wakes_only_for_a_complete_sum_change_no_number(mlp, monkeypatch, no_children) -> None:
+    """A parameter-server shard sends a sum once every worker's push is in, and its downlink
+    delivers pushes in order: a push that completes no sum wakes nothing (``ShardWakes``). The
+    64 workers' pushes queue at each shard's 1 Gb/s downlink: a fifth of the windows of a wake at
+    every push's own time (611 against 3,502), the same numbers, the same on every layout."""
+    import heapq
+
+    from emu.replay.host.p2p import ShardWakes
+
+    config = ReplayConfig(workers=64, fabric="ps", iters=1, link=LinkSpec(bandwidth_bps=1e9))
+    sums = [replay(mlp, replace(config, processes=p)) for p in (0, 2)]
+
+    def every_push(self, links, keys, t) -> None:
+        for link, first in zip(links.tolist(), t.tolist(), strict=True):
+            heapq.heappush(self.ready.setdefault(link, []), first)
+    monkeypatch.setattr(ShardWakes, "arrive", every_push)
+    pushes = replay(mlp, replace(config, processes=0))
+    assert exact_part(sums[0]) == exact_part(sums[1]) and sums[0].verification.ok
+    assert golden.differences(golden.strip(pushes.to_dict()), golden.strip(sums[0].to_dict())) == []
+    assert sums[0].emulator.windows * 5 < pushes.emulator.windows
+
+
 @pytest.mark.slow  # 11 s here: one window a hop inside a node is the slow reference
 def test_node_passes_change_no_number(monkeypatch, no_children) -> None:
     """Tensor-parallel rings inside nodes run in the hosts' own passes (Host._node_passes) and the

@@ -554,6 +554,11 @@ class PSServer:
         self.groups = groups
         self.partial: dict[tuple[int, int], tuple[np.ndarray, int, float, float]] = {}
 
+    def needed(self, seq: int) -> int:
+        """The pushes a sum of collective ``seq`` takes: its group's, or every worker's."""
+        group = self.groups[seq % len(self.groups)] if self.groups else None
+        return self.workers if group is None else len(group)
+
     def on_segment(self, me: int, src: int, seq: int, segment: int, data: np.ndarray, emu_bytes: float,
                    t: float) -> list[Seg]:
         key = (seq, segment)
@@ -561,9 +566,9 @@ class PSServer:
         acc = acc + data
         n += 1
         latest = max(latest, t)
-        group = self.groups[seq % len(self.groups)] if self.groups else None
-        if n < (self.workers if group is None else len(group)):
+        if n < self.needed(seq):
             self.partial[key] = (acc, n, latest, emu_bytes)
             return []
         self.partial.pop(key, None)
+        group = self.groups[seq % len(self.groups)] if self.groups else None
         return [Seg(w, seq, segment, acc, emu_bytes, latest) for w in (range(self.workers) if group is None else group)]

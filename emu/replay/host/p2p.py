@@ -19,6 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from emu.emulator.algorithms.batched import unique_rows
 from emu.emulator.algorithms.p2p import Algorithm, Check, PSServer, Seg
 from emu.emulator.algorithms.sparse_p2p import SPARSE_SEGMENT, SparsePSServer
 from emu.emulator.fabric import Fabric
@@ -96,6 +97,7 @@ class P2PEndpoint:
         self.servers = {e: PSServer(self.m, groups) for e in servers}
         self._turn = _reply_turns(wiring.layout) if servers else None
         self.sparse_servers = {e: SparsePSServer(self.m) for e in servers}
+        self.shard_wakes = ShardWakes(PSServer(self.m, groups).needed)
         # segments to send (keyed by their source's link) and to receive (by their destination's);
         # a segment inside a node counts for both its ends (it may make either send)
         link = wiring.link
@@ -110,11 +112,16 @@ class P2PEndpoint:
     def next_us(self) -> float:
         return min(self.up_heap.first(), self.down_heap.first(), self.inside_us())
 
-    def link_events(self, nxt: np.ndarray) -> None:
+    def link_events(self, nxt: np.ndarray, down_free: np.ndarray) -> None:
         """Into ``nxt`` (per uplink): the earliest segment to send from an endpoint on it, or to
-        reach one (which may make it send)."""
-        for q in (self.up_heap, self.down_heap, self.inside_down, self.inside_up):
+        reach one (which may make it send): one from the switch no earlier than its downlink, a
+        FIFO busy until ``down_free``, can start on it (``BatchedP2P.departs_us`` alike)."""
+        for q in (self.up_heap, self.inside_down, self.inside_up):
             q.earliest(nxt)
+        if self.down_heap.by_link:
+            down = np.full(len(nxt), math.inf)
+            self.shard_wakes.earliest(down) if self.servers else self.down_heap.earliest(down)
+            np.minimum(nxt, np.maximum(down, down_free), out=nxt)
 
     def inside_us(self) -> float:
         """The earliest segment inside a node on its way: to be sent, or to arrive (inf: none)."""
@@ -279,12 +286,16 @@ class P2PEndpoint:
         """A segment for one of this host's endpoints (``inside``: from a worker of the same node)."""
         heap = self.inside_down if inside and self.split_inside else self.down_heap
         heap.push((seg.first_us, seg.dst, seg.src, seg.seq, seg.segment, inside, seg))
+        if self.servers:
+            one = np.array([[seg.dst, seg.seq, seg.segment, seg.src]], np.int64)
+            self.shard_wakes.arrive(np.array([self.wiring.link[seg.dst]]), one, np.array([seg.first_us]))
 
     def due_down(self, bound: float, inclusive: bool) -> tuple[np.ndarray, Hand]:
         """Every segment from the switch due before the bound (and, without node passes, from inside
         a node), in stamp order: their stamps, and what hands segments a to b of them on
         (``on_segment``)."""
         segs = [(e[-1], e[-2]) for e in self.down_heap.due(bound, inclusive)]
+        self.shard_wakes.passed(bound)
 
         def deliver(a: int, b: int) -> None:
             for seg, inside in segs[a:b]:
@@ -328,6 +339,62 @@ class P2PEndpoint:
         self._queue(dst, self._out(key, alg.on_segment(self._in(key, src), segno, seg.values, t)), alg.dtype)
         if alg.finished and key in self.runs:
             self._finish(dst, seq)
+
+
+class ShardWakes:
+    """When a push still to arrive at a parameter-server shard can make it send (a wake from
+    outside: ``P2PEndpoint.link_events``, ``BatchedP2P.departs_us``). A shard sends a sum once it
+    has every member's push, so only a push that completes one does, and no earlier than the last
+    of them reaches the shard's downlink; a sparse push at its own time (its shard answers each).
+    Per sum, the pushes that reached the host so far (``arrive``); per shard link, the sums that
+    have them all, by the time of the last. A sum's pushes all cross the downlink in the window
+    whose bound passes its last one, and complete it there: the sums behind the bound are gone
+    (``passed``). Where a sum's last push arrives early, the wake is early: never late."""
+
+    def __init__(self, needed: Callable[[int], int]) -> None:
+        self.needed = needed  # the pushes a sum of collective ``seq`` takes
+        self.pushes: dict[tuple[int, int, int], tuple[int, float]] = {}  # (shard, seq, segment): (pushes, last)
+        self.ready: dict[int, list[float]] = {}  # per shard link, heaps of complete sums' last pushes
+        self._passed = -math.inf
+
+    def arrive(self, links: np.ndarray, keys: np.ndarray, t: np.ndarray) -> None:
+        """Pushes reaching the host: per push its shard's link, (shard, collective, segment,
+        source) and its first packet's time."""
+        sparse = (keys[:, 2] & SPARSE_SEGMENT) != 0
+        for i in np.flatnonzero(sparse).tolist():
+            heapq.heappush(self.ready.setdefault(int(links[i]), []), float(t[i]))
+        dense = np.flatnonzero(~sparse)
+        if not len(dense):
+            return
+        uniq, _, which = unique_rows(keys[dense, 0], keys[dense, 1], keys[dense, 2])
+        counts = np.bincount(which, minlength=len(uniq))
+        last = np.full(len(uniq), -math.inf)
+        np.maximum.at(last, which, t[dense])
+        link = np.empty(len(uniq), np.int64)
+        link[which] = links[dense]
+        for key, n, tl, li in zip(map(tuple, uniq.tolist()), counts.tolist(), last.tolist(), link.tolist(),
+                                  strict=True):
+            had, before = self.pushes.pop(key, (0, -math.inf))
+            if had + n < self.needed(key[1]):
+                self.pushes[key] = (had + n, max(before, tl))
+            else:
+                heapq.heappush(self.ready.setdefault(li, []), max(before, tl))
+
+    def passed(self, bound: float) -> None:
+        """The host's downlinks ran to ``bound``: every push before it crossed."""
+        self._passed = max(self._passed, bound)
+
+    def earliest(self, into: np.ndarray) -> None:
+        """Into ``into`` (per link): the least of its own and the earliest its shard can be made to
+        send by a push still to arrive."""
+        for li in list(self.ready):
+            heap = self.ready[li]
+            while heap and heap[0] < self._passed:
+                heapq.heappop(heap)
+            if heap:
+                into[li] = min(into[li], heap[0])
+            else:
+                del self.ready[li]
 
 
 @lru_cache(maxsize=4096)

@@ -127,21 +127,38 @@ class BatchedP2P(P2PEndpoint):
         self._flush()
         return min(self.waiting_up.first(), self.waiting_down.first())
 
-    def link_events(self, nxt: np.ndarray) -> None:
+    def link_events(self, nxt: np.ndarray, down_free: np.ndarray) -> None:
+        """``P2PEndpoint.link_events``."""
         self._flush()
         self.waiting_up.earliest(nxt, self.link_of)
-        self.waiting_down.earliest(nxt, self.link_of)
+        down = np.full(len(nxt), math.inf)
+        self.shard_wakes.earliest(down) if self.servers else self.waiting_down.earliest(down, self.link_of)
+        np.minimum(nxt, np.maximum(down, down_free), out=nxt)
 
-    def departs_us(self, free: np.ndarray) -> float:
-        """The least over every waiting segment of the later of its link's free time and its own
-        (``Host.departures``: per link, the later of its free time and its next event, least over links)."""
+    def departs_us(self, free: np.ndarray, down_free: np.ndarray) -> float:
+        """The least over every waiting segment of the earliest it can make its link send: the
+        later of the link's free time and the segment's own time, or, for one still to arrive,
+        the time its downlink can start on it, a FIFO busy until ``down_free`` (``Host.departures``:
+        per link, the later of its free time and its next event, least over links)."""
         self._flush()
-        parts = [(p, p.src if q.up else p.dst) for q in (self.waiting_up, self.waiting_down) for p in q.parts]
-        least = min((max(float(free[self.link_of[ends[0]]]), float(p.t[0])) for p, ends in parts), default=math.inf)
-        for p, ends in parts:  # each part is sorted by time: a row at or past ``least`` cannot lower it
+        parts = [(p, p.src, None) for p in self.waiting_up.parts]
+        if self.servers:  # a shard sends once a sum has all its pushes (``ShardWakes``)
+            wakes = np.full(len(free), math.inf)
+            self.shard_wakes.earliest(wakes)
+            least = float(np.maximum(np.maximum(free, down_free), wakes).min(initial=math.inf))
+        else:
+            parts += [(p, p.dst, down_free) for p in self.waiting_down.parts]
+            least = math.inf
+
+        def starts(p: SegmentRows, ends: np.ndarray, down: np.ndarray | None, k: int) -> np.ndarray:
+            links = self.link_of[ends[:k]]
+            t = p.t[:k] if down is None else np.maximum(p.t[:k], down[links])
+            return np.maximum(free[links], t)
+        least = min([least, *(float(starts(p, ends, down, 1)[0]) for p, ends, down in parts)])
+        for p, ends, down in parts:  # each part is sorted by time: a row at or past ``least`` cannot lower it
             k = int(np.searchsorted(p.t, least, side="left"))
             if k > 1:
-                least = min(least, float(np.maximum(free[self.link_of[ends[:k]]], p.t[:k]).min()))
+                least = min(least, float(starts(p, ends, down, k).min()))
         return least
 
     def inside_us(self) -> float:
@@ -265,11 +282,15 @@ class BatchedP2P(P2PEndpoint):
     # -- downlinks ----------------------------------------------------------------------
     def arrive_rows(self, rows: SegmentRows) -> None:
         self.waiting_down.push(rows)
+        if self.servers and len(rows):
+            self.shard_wakes.arrive(self.link_of[rows.dst], np.stack([rows.dst, rows.seq, rows.segment, rows.src], 1),
+                                    rows.t)
 
     def due_down(self, bound: float, inclusive: bool) -> tuple[np.ndarray, Hand]:
         """Every segment from the switch due before the bound, in (stamp, destination, source,
         collective, segment) order (``P2PEndpoint.due_down``'s), as rows: a run of them at once."""
         rows = self.waiting_down.due(bound, inclusive)
+        self.shard_wakes.passed(bound)
         return rows.t, lambda a, b: self.deliver_rows(rows.slice(a, b))
 
     def deliver_rows(self, rows: SegmentRows) -> None:

@@ -248,10 +248,10 @@ class Host:
         # over the events of the later of their link's free time and their own time
         local = float(np.maximum(free, nxt).min(initial=math.inf))
         if isinstance(self.p2p, BatchedP2P):
-            local = min(local, self.p2p.departs_us(free))
+            local = min(local, self.p2p.departs_us(free, self.down.free_us))
         else:
             nxt.fill(math.inf)
-            self.p2p.link_events(nxt)
+            self.p2p.link_events(nxt, self.down.free_us)
             local = min(local, float(np.maximum(free, nxt).min(initial=math.inf)))
         least = float(free.min(initial=math.inf))
         if self.heap and self.heap[0][0] < local:  # an event at or past ``local`` cannot lower it
@@ -298,7 +298,7 @@ class Host:
         hop = self.cfg.nic_hop_us()
         nxt = np.full(len(w.up.free_us), math.inf)
         self.ina.link_events(nxt)
-        self.p2p.link_events(nxt)
+        self.p2p.link_events(nxt, self.down.free_us)
         if self.heap:
             np.minimum.at(nxt, self._link_of, self._run_t)
             if self._timers:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from emu.emulator.algorithms.batched import unique_rows
+from emu.emulator.algorithms.batched import _unique_rows
 
 
 @pytest.mark.parametrize("wide", [False, True])
@@ -17,7 +17,7 @@ def test_unique_rows_is_numpys_row_unique(wide: bool) -> None:
     segment = rng.integers(0, 1 << 40 if wide else 9, 2000)
     if wide:
         shard = shard << 30
-    got = unique_rows(shard, seq, segment)
+    got = _unique_rows(shard, seq, segment)
     want = np.unique(np.stack([shard, seq, segment], axis=1), axis=0, return_index=True, return_inverse=True)
     assert all(np.array_equal(g, w.reshape(g.shape)) for g, w in zip(got, want, strict=True))
     assert len(got[0]) < 2000 or wide

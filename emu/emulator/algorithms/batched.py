@@ -433,7 +433,7 @@ class BroadcastKernel(_Kernel):
                      row_bounds(np.diff(a.bounds)[rows]), gather(a.values, a.bounds, rows))
 
 
-def unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``np.unique`` of the rows of these non-negative int columns (axis 0: rows in lexicographic
     order, each's first index, each row's unique row), on one int64 key where the columns' ranges
     fit in one (a row-wise unique sorts a structured view, about 10 times slower)."""
@@ -468,7 +468,7 @@ class ServerSums:
                bounds: np.ndarray, values: np.ndarray) -> tuple[Sends, np.ndarray]:
         """Pushes, in their order: the sums they completed, sent to each worker (``Sends.src``: the
         shard), and for each send the push (its row) that completed its sum."""
-        uniq, first, which = unique_rows(shard, seq, segment)
+        uniq, first, which = _unique_rows(shard, seq, segment)
         n = np.diff(bounds)
         entries = []
         for i, k in enumerate(map(tuple, uniq.tolist())):

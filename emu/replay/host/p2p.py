@@ -19,7 +19,6 @@ from functools import lru_cache
 
 import numpy as np
 
-from emu.emulator.algorithms.batched import unique_rows
 from emu.emulator.algorithms.p2p import Algorithm, Check, PSServer, Seg
 from emu.emulator.algorithms.sparse_p2p import SPARSE_SEGMENT, SparsePSServer
 from emu.emulator.fabric import Fabric
@@ -28,6 +27,7 @@ from emu.emulator.mechanisms import Mechanism, Start
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol import wire
 from emu.emulator.protocol.transport import FrameError, Segment
+from emu.errors import RunFailed
 from emu.replay.config.options import ReplayConfig
 from emu.replay.control.messages import CARRIED_UNIT
 from emu.replay.host.wiring import Wiring
@@ -120,7 +120,10 @@ class P2PEndpoint:
             q.earliest(nxt)
         if self.down_heap.by_link:
             down = np.full(len(nxt), math.inf)
-            self.shard_wakes.earliest(down) if self.servers else self.down_heap.earliest(down)
+            if self.servers:
+                self.shard_wakes.earliest(down)
+            else:
+                self.down_heap.earliest(down)
             np.minimum(nxt, np.maximum(down, down_free), out=nxt)
 
     def inside_us(self) -> float:
@@ -287,7 +290,7 @@ class P2PEndpoint:
         heap = self.inside_down if inside and self.split_inside else self.down_heap
         heap.push((seg.first_us, seg.dst, seg.src, seg.seq, seg.segment, inside, seg))
         if self.servers:
-            one = np.array([[seg.dst, seg.seq, seg.segment, seg.src]], np.int64)
+            one = np.array([[seg.dst, seg.seq, seg.segment]], np.int64)
             self.shard_wakes.arrive(np.array([self.wiring.link[seg.dst]]), one, np.array([seg.first_us]))
 
     def due_down(self, bound: float, inclusive: bool) -> tuple[np.ndarray, Hand]:
@@ -353,32 +356,44 @@ class ShardWakes:
 
     def __init__(self, needed: Callable[[int], int]) -> None:
         self.needed = needed  # the pushes a sum of collective ``seq`` takes
-        self.pushes: dict[tuple[int, int, int], tuple[int, float]] = {}  # (shard, seq, segment): (pushes, last)
+        # the sums with some of their pushes, by key (``_code``), sorted: pushes so far, the last's time
+        self.keys = np.zeros(0, np.int64)
+        self.pushes = np.zeros(0, np.int64)
+        self.last = np.zeros(0)
         self.ready: dict[int, list[float]] = {}  # per shard link, heaps of complete sums' last pushes
         self._passed = -math.inf
 
     def arrive(self, links: np.ndarray, keys: np.ndarray, t: np.ndarray) -> None:
-        """Pushes reaching the host: per push its shard's link, (shard, collective, segment,
-        source) and its first packet's time."""
+        """Pushes reaching the host: per push its shard's link, (shard, collective, segment) and
+        its first packet's time."""
         sparse = (keys[:, 2] & SPARSE_SEGMENT) != 0
         for i in np.flatnonzero(sparse).tolist():
             heapq.heappush(self.ready.setdefault(int(links[i]), []), float(t[i]))
         dense = np.flatnonzero(~sparse)
         if not len(dense):
             return
-        uniq, _, which = unique_rows(keys[dense, 0], keys[dense, 1], keys[dense, 2])
-        counts = np.bincount(which, minlength=len(uniq))
+        uniq, which = np.unique(_code(keys[dense]), return_inverse=True)
+        which = which.reshape(-1)
         last = np.full(len(uniq), -math.inf)
         np.maximum.at(last, which, t[dense])
         link = np.empty(len(uniq), np.int64)
         link[which] = links[dense]
-        for key, n, tl, li in zip(map(tuple, uniq.tolist()), counts.tolist(), last.tolist(), link.tolist(),
-                                  strict=True):
-            had, before = self.pushes.pop(key, (0, -math.inf))
-            if had + n < self.needed(key[1]):
-                self.pushes[key] = (had + n, max(before, tl))
-            else:
-                heapq.heappush(self.ready.setdefault(li, []), max(before, tl))
+        at = np.minimum(np.searchsorted(self.keys, uniq), max(len(self.keys) - 1, 0))
+        found = self.keys[at] == uniq if len(self.keys) else np.zeros(len(uniq), bool)
+        total = np.bincount(which, minlength=len(uniq)) + np.where(found, self.pushes[at] if len(self.keys) else 0, 0)
+        if len(self.keys):
+            last = np.where(found, np.maximum(last, self.last[at]), last)
+        seqs, by_seq = np.unique(uniq >> _SEQ_SHIFT, return_inverse=True)
+        ready = total >= np.array([self.needed(int(q)) for q in seqs.tolist()], np.int64)[by_seq.reshape(-1)]
+        keep = np.ones(len(self.keys), bool)
+        keep[at[found]] = False  # those found leave, and come back below unless complete
+        back = ~ready
+        order = np.argsort(np.concatenate([self.keys[keep], uniq[back]]), kind="stable")
+        self.keys = np.concatenate([self.keys[keep], uniq[back]])[order]
+        self.pushes = np.concatenate([self.pushes[keep], total[back]])[order]
+        self.last = np.concatenate([self.last[keep], last[back]])[order]
+        for li, tl in zip(link[ready].tolist(), last[ready].tolist(), strict=True):
+            heapq.heappush(self.ready.setdefault(li, []), tl)
 
     def passed(self, bound: float) -> None:
         """The host's downlinks ran to ``bound``: every push before it crossed."""
@@ -395,6 +410,21 @@ class ShardWakes:
                 into[li] = min(into[li], heap[0])
             else:
                 del self.ready[li]
+
+
+_SEGMENT_BITS, _SHARD_BITS, _SEQ_BITS = 22, 20, 21
+_SEQ_SHIFT = _SEGMENT_BITS + _SHARD_BITS
+
+
+def _code(keys: np.ndarray) -> np.ndarray:
+    """(shard, collective, segment) rows as one sortable int64 each."""
+    shard, seq, segment = keys[:, 0], keys[:, 1], keys[:, 2]
+    if shard.max() >> _SHARD_BITS or segment.max() >> _SEGMENT_BITS or seq.max() >> _SEQ_BITS:
+        raise RunFailed(f"a parameter-server push names shard {int(shard.max())}, collective {int(seq.max())} or "
+                        f"segment {int(segment.max())}: past the {_SHARD_BITS}, {_SEQ_BITS} and {_SEGMENT_BITS} "
+                        "bits the clock's count of a shard's sums keys them by (emu.replay.host.p2p.ShardWakes); "
+                        "replay fewer iterations or workers, or a smaller gradient, or please report it")
+    return (seq << _SEQ_SHIFT) | (shard << _SEGMENT_BITS) | segment
 
 
 @lru_cache(maxsize=4096)

@@ -132,7 +132,10 @@ class BatchedP2P(P2PEndpoint):
         self._flush()
         self.waiting_up.earliest(nxt, self.link_of)
         down = np.full(len(nxt), math.inf)
-        self.shard_wakes.earliest(down) if self.servers else self.waiting_down.earliest(down, self.link_of)
+        if self.servers:
+            self.shard_wakes.earliest(down)
+        else:
+            self.waiting_down.earliest(down, self.link_of)
         np.minimum(nxt, np.maximum(down, down_free), out=nxt)
 
     def departs_us(self, free: np.ndarray, down_free: np.ndarray) -> float:
@@ -283,7 +286,7 @@ class BatchedP2P(P2PEndpoint):
     def arrive_rows(self, rows: SegmentRows) -> None:
         self.waiting_down.push(rows)
         if self.servers and len(rows):
-            self.shard_wakes.arrive(self.link_of[rows.dst], np.stack([rows.dst, rows.seq, rows.segment, rows.src], 1),
+            self.shard_wakes.arrive(self.link_of[rows.dst], np.stack([rows.dst, rows.seq, rows.segment], 1),
                                     rows.t)
 
     def due_down(self, bound: float, inclusive: bool) -> tuple[np.ndarray, Hand]:

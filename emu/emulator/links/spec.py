@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from emu.emulator.links.fifo import DEEP, DeepTable, fifo, fifo_pipelined, lead, side_by_side, turns
+from emu.emulator.links.fifo import DEEP, DeepTable, fifo, fifo_pipelined, lead, pipelined_table, side_by_side, turns
 from emu.errors import ConfigError
 
 _UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -502,10 +502,8 @@ class LinkArray:
         first, ser = d.table(first_us[d.rows], -math.inf), d.table(ser_flat, 0.0)
         tail = d.table(last_us[d.rows] + ser_flat / pk, -math.inf)
         early, ready_last = d.chain(self.last_ready[d.links], first, ser)
-        head = np.maximum(np.maximum(first[:, 0], self.free_us[d.links]) + ser[:, 0], tail[:, 0])
-        done = np.add.accumulate(np.concatenate([head[:, None], ser[:, 1:]], axis=1), axis=1)
-        bad = ((first[:, 1:] > done[:, :-1]) | (tail[:, 1:] > done[:, 1:])) & d.valid[:, 1:]
-        ok = ~(early | bad.any(axis=1))
+        done, runs = pipelined_table(first, ser, tail, d.valid, self.free_us[d.links])
+        ok = ~early & runs
         self._deep_took(d, ok, done, done - (done - ser), ready_last, pk)
         mine = ok[d.link]
         arrive[d.rows[mine]] = d.flat(done)[mine] + self.spec.latency_us

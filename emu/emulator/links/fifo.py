@@ -124,7 +124,7 @@ def pipelined_table(first: np.ndarray, ser: np.ndarray, tail: np.ndarray, valid:
         acc = np.add.accumulate(inc, axis=1)
         bad = (((first[active, 1:] > acc[:, :-1]) | (tail[active, 1:] > acc[:, 1:])) & valid[active, 1:]
                & (col[1:] > s[:, None]))
-        stop = np.where(bad.any(axis=1), bad.argmax(axis=1) + 1, width)
+        stop = np.where(bad.any(axis=1), bad.argmax(axis=1) + 1, width) if width > 1 else np.full(len(a), width)
         take = (col >= s[:, None]) & (col < stop[:, None])
         done[active] = np.where(take, acc, done[active])
         again = stop < width

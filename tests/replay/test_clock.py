@@ -265,3 +265,20 @@ def test_node_passes_change_no_number(monkeypatch, no_children) -> None:
     assert passes[0].parallelism is not None and passes[0].verification.ok
     assert golden.differences(golden.strip(hop.to_dict()), golden.strip(passes[0].to_dict())) == []
     assert passes[0].emulator.windows * 5 < hop.emulator.windows
+
+
+def test_an_ideal_node_link_keeps_the_leaves_horizon(mlp) -> None:
+    """Without node passes (an ideal node link: zero lookahead), segments between a node's workers
+    wait with the NICs' and cross the node's own link: a busy NIC downlink does not delay them, so
+    it must not put off the leaf's horizon (a review found the run stopped as a clock error)."""
+    import math
+
+    from emu.emulator.links.topology import Topology
+
+    config = ReplayConfig(workers=8, fabric="ring", iters=2, payload_scale=64, processes=0,
+                          link=LinkSpec(bandwidth_bps=10e9, latency_us=2.0),
+                          topology=Topology(workers_per_node=2, leaf_ports=2,
+                                            intra=LinkSpec(bandwidth_bps=math.inf, latency_us=0.0)),
+                          stragglers=(Straggler.parse("lognormal:0.5"),))
+    assert not config.node_passes
+    assert replay(mlp, config).verification.ok

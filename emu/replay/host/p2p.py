@@ -124,7 +124,9 @@ class P2PEndpoint:
                 self.shard_wakes.earliest(down)
             else:
                 self.down_heap.earliest(down)
-            np.minimum(nxt, np.maximum(down, down_free), out=nxt)
+            # without node passes, segments inside a node wait here too, and cross the node's own link
+            crosses_nic = self.split_inside or self.wiring.intra_up is None
+            np.minimum(nxt, np.maximum(down, down_free) if crosses_nic else down, out=nxt)
 
     def inside_us(self) -> float:
         """The earliest segment inside a node on its way: to be sent, or to arrive (inf: none)."""

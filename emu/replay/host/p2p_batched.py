@@ -127,17 +127,6 @@ class BatchedP2P(P2PEndpoint):
         self._flush()
         return min(self.waiting_up.first(), self.waiting_down.first())
 
-    def link_events(self, nxt: np.ndarray, down_free: np.ndarray) -> None:
-        """``P2PEndpoint.link_events``."""
-        self._flush()
-        self.waiting_up.earliest(nxt, self.link_of)
-        down = np.full(len(nxt), math.inf)
-        if self.servers:
-            self.shard_wakes.earliest(down)
-        else:
-            self.waiting_down.earliest(down, self.link_of)
-        np.minimum(nxt, np.maximum(down, down_free), out=nxt)
-
     def departs_us(self, free: np.ndarray, down_free: np.ndarray) -> float:
         """The least over every waiting segment of the earliest it can make its link send: the
         later of the link's free time and the segment's own time, or, for one still to arrive,

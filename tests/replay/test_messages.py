@@ -67,6 +67,8 @@ def test_window_messages_carry_each_pools_lagging_member() -> None:
     lag = (Lagging(4.0, 1500.0, math.inf), Lagging(-1.0, -math.inf, 2.0))
     done = Done(7, 12.5, False, Departures(3.0, 4.0, ((5.0, math.inf), (6.0, 7.0)), lag))
     assert Done.parse(done.frames()) == done
+    kept = Done(7, 12.5, True, sent_us=9.25, kept_segments=3)  # segments a host delivered itself
+    assert Done.parse(kept.frames()) == kept
     go = Go(8, 20.0, False, (1500.0, -math.inf))
     assert Go.parse(go.frames()) == go
     with pytest.raises(FrameError, match="bad departures"):

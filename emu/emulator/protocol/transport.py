@@ -556,27 +556,32 @@ class Lagging:
 
 
 MAX_POOLS = 1 << 16  # slot pools a window report may name (jobs and sub-groups)
-_DONE = struct.Struct("<QdB")  # window number, next event (us), flag
+_DONE = struct.Struct("<QdBdQ")  # window number, next event (us), flag, earliest segment sent (us), segments kept
 
 
 @dataclass(frozen=True)
 class Done:
     """A host handled window ``window``; its earliest remaining event is at ``next_us`` (inf: none);
     ``finished``: every worker it runs has run its whole program; ``departures``: when its
-    uplinks can next send."""
+    uplinks can next send; ``sent_us``: the earliest of the segments it sent in the window (at the
+    switch: ``SegmentRows.t``), those for its own endpoints included; ``kept_segments``: how many
+    of them it delivered itself instead of through the switch (``emu.replay.host.loop``)."""
 
     window: int
     next_us: float
     finished: bool
     departures: Departures = Departures()
+    sent_us: float = math.inf
+    kept_segments: int = 0
 
     def frames(self) -> list[bytes]:
-        return [DONE, _DONE.pack(self.window, self.next_us, self.finished), self.departures.frame()]
+        return [DONE, _DONE.pack(self.window, self.next_us, self.finished, self.sent_us, self.kept_segments),
+                self.departures.frame()]
 
     @classmethod
     def parse(cls, frames: list) -> Done:
         _check(frames, 3)
         if _nbytes(frames[1]) != _DONE.size:
             raise FrameError("bad window report")
-        window, next_us, finished = _DONE.unpack(frames[1])
-        return cls(window, next_us, bool(finished), Departures.parse(frames[2]))
+        window, next_us, finished, sent_us, kept = _DONE.unpack(frames[1])
+        return cls(window, next_us, bool(finished), Departures.parse(frames[2]), sent_us, kept)

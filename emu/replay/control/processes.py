@@ -284,6 +284,9 @@ class _Run:
             while time.monotonic() < deadline:
                 self._check_children(exclude=msg.host)  # another's death (in its own words if it said any)
                 time.sleep(0.02)
+            ended = [p.name for p in self.procs if p.exitcode == 0]  # stopped as asked: not a death
+            if ended:
+                msg = replace(msg, error=f"{msg.error} ({', '.join(ended)} had ended normally)")
             self._raise_failed(msg)
         if isinstance(msg, Ready):
             self.idents[msg.host] = ident

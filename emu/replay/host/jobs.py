@@ -90,6 +90,13 @@ class JobsHost:
             rows = jobs == job
             self._host(int(job)).receive_results(batch if rows.all() else batch.take(np.flatnonzero(rows)))
 
+    def holds(self, job: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Per segment, whether its endpoint is held here (``Host.holds``, any job's)."""
+        out = np.zeros(len(dst), bool)
+        for h in self.hosts.values():
+            out |= h.holds(job, dst)
+        return out
+
     def receive_rows(self, rows: SegmentRows) -> None:
         for job in np.unique(rows.job).tolist():
             self._host(job).receive_rows(rows.take(np.flatnonzero(rows.job == job)))

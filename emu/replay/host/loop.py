@@ -22,6 +22,7 @@ import math
 import time
 from dataclasses import replace
 
+import numpy as np
 import zmq
 
 from emu import lifetime
@@ -119,18 +120,33 @@ class _Loop:
         for i, result in enumerate(results if isinstance(results, list) else [results]):
             self.ctrl.send(encode(replace(result, rejected=dropped if i == 0 else 0)))
 
-    def _send_out(self) -> None:
+    def _send_out(self, keep_own: bool = False) -> tuple[float, int]:
+        """Send what the uplinks delivered: the contributions, and the segments to the switch, which
+        forwards each to its destination's host. ``keep_own`` (the synchronized clock): a segment
+        for an endpoint of this host is delivered here at once instead, as the switch would have
+        before the next window (the lookahead; the in-process layout does the same), and the
+        window's report counts it (``Done``). Returns the earliest segment sent (at the switch)
+        and how many were kept."""
         batch, segs = self.host.take_outgoing()
         sent = 0
         if batch is not None:
             frames = batch.frames(AGG)
             sent += sum(memoryview(f).nbytes for f in frames)
             self.data.send_multipart(frames, copy=False)
-        for part in segs.batches():
+        first = float(segs.t.min()) if len(segs) else math.inf
+        kept = 0
+        if keep_own and len(segs):
+            own = self.host.holds(segs.job, segs.dst)
+            kept = int(own.sum())
+            if kept:
+                self.host.receive_rows(segs.take(np.flatnonzero(own)) if kept < len(segs) else segs)
+                segs = segs.take(np.flatnonzero(~own))
+        for part in segs.batches() if len(segs) else ():
             frames = part.frames()
             sent += sum(memoryview(f).nbytes for f in frames)
             self.data.send_multipart(frames, copy=False)
         self.host.counters.real_bytes += sent
+        return first, kept
 
     def _tick(self) -> None:
         host = self.host
@@ -184,8 +200,9 @@ class _Loop:
     def _window(self, go: Go) -> None:
         host = self.host
         host.advance(go.bound_us, go.inclusive, quiet_us=go.quiet_us)
-        self._send_out()
-        self.data.send_multipart(Done(go.window, host.next_us(), host.finished(), host.departures()).frames())
+        first, kept = self._send_out(keep_own=True)
+        self.data.send_multipart(Done(go.window, host.next_us(), host.finished(), host.departures(), first,
+                                      kept).frames())
 
     # -- the wall clock -----------------------------------------------------------------
     def now_us(self) -> float:

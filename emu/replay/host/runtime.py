@@ -131,6 +131,8 @@ class Host:
         self.wiring = Wiring.build(cfg, endpoints, workers, leaves)
         self.up, self.down = self.wiring.up, self.wiring.down
         self._link_of = np.zeros(int(endpoints.max(initial=0)) + 1, np.int64)  # endpoint -> its uplink
+        self._own = np.zeros(len(self._link_of), bool)  # the job's endpoints held here
+        self._own[endpoints] = True
         for e, i in self.wiring.link.items():
             self._link_of[e] = i
         # the heap's events by kind, for the clock's bound (``departures``) without reading the heap:
@@ -377,6 +379,12 @@ class Host:
         p2p = self.p2p
         return self.ina.take_outgoing(), (p2p.take_rows() if isinstance(p2p, BatchedP2P)
                                           else SegmentRows.of(p2p.take_outgoing()))
+
+    def holds(self, job: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Per segment (its job and destination), whether its endpoint is held here."""
+        own = self._own
+        inside = (job == self.job) & (dst >= 0) & (dst < len(own))
+        return inside & own[np.where(inside, dst, 0)]
 
     def receive_results(self, batch: AggBatch) -> None:
         self.ina.arrive(batch)

@@ -199,7 +199,7 @@ def _forward(router: zmq.Socket, route: _Pools, idents: list[bytes], batch: Segm
     hosts = np.unique(dest)
     for h in hosts.tolist():
         part = batch if len(hosts) == 1 else batch.take(dest == h)
-        router.send_multipart([idents[h], *part.frames()], copy=False)
+        _to_host(router, idents[h], part.frames(), "segments")
     return len(batch)
 
 
@@ -225,10 +225,6 @@ def switch_main(setup: SwitchSetup) -> None:
         else:
             _serve_wall(setup, ctrl, router, switch, idents, forwarded)
     except Exception as exc:
-        if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
-            # ROUTER_MANDATORY: a host's connection closed under the switch (over TCP: its machine stopped)
-            exc = RunFailed("a host process left the run: its connection to the switch closed (killed, or its "
-                            "machine stopped)")
         try:
             if not lifetime.orphaned():  # nobody to read it
                 ctrl.send(encode(failure("switch", exc)))
@@ -244,6 +240,18 @@ def switch_main(setup: SwitchSetup) -> None:
             ctx.destroy(linger=0)
 
 
+def _to_host(router: zmq.Socket, ident: bytes, frames: list, what: str) -> None:
+    """Send ``frames`` to host ``ident``; where its connection is gone (ROUTER_MANDATORY), fail
+    the run naming the host and what it was sent."""
+    try:
+        router.send_multipart([ident, *frames], copy=False)
+    except zmq.ZMQError as exc:
+        if exc.errno != zmq.EHOSTUNREACH:
+            raise
+        raise RunFailed(f"host process {ident.decode()} left the run: its connection to the switch closed "
+                        f"before the switch could send it {what} (killed, or its machine stopped)") from None
+
+
 def _control(ctrl: zmq.Socket) -> Message | None:
     """The orchestrator's message (None: one that failed authentication, dropped)."""
     try:
@@ -254,7 +262,7 @@ def _control(ctrl: zmq.Socket) -> Message | None:
 
 def _aggregate(router: zmq.Socket, pools: _Pools, batch: AggBatch, idents: list[bytes]) -> None:
     for h, part in aggregate(pools, batch):
-        router.send_multipart([idents[h], *part.frames(RESULTS)], copy=False)
+        _to_host(router, idents[h], part.frames(RESULTS), "results")
 
 
 def aggregate(pools: _Pools, batch: AggBatch) -> list[tuple[int, AggBatch]]:
@@ -290,10 +298,12 @@ def _results(pools: _Pools, job: int, batch: AggBatch) -> list[tuple[int, AggBat
 
 class Windows:
     """The synchronized clock's windows, whatever carries the messages (docs/design-notes.md): what
-    the switch holds, the earliest segment it forwarded, and where the next window ends.
+    the switch holds, the earliest segment sent in the last window, and where the next window ends.
 
-    ``T`` is the earliest of the hosts' next events, the contributions held and the segments just
-    forwarded; nothing can reach an endpoint before ``T + lookahead``, so that is the bound. The
+    ``T`` is the earliest of the hosts' next events, the contributions held and the segments sent
+    in the last window (``seg_min``: those the switch forwarded and those a host delivered to its
+    own endpoints, ``Done.sent_us``); nothing can reach an endpoint before ``T + lookahead``, so
+    that is the bound. The
     contributions before it are applied in stamp order (ties: job, worker, chunk).
 
     With ``queue_bound`` the bound counts the uplinks' queues (``_queued``): where a slow link is
@@ -303,7 +313,7 @@ class Windows:
         self.lookahead_us = setup.lookahead_us
         self.queue_bound = setup.queue_bound and setup.lookahead_us > 0
         self.pending: list[AggBatch] = []
-        self.seg_min = math.inf
+        self.seg_min = math.inf  # the earliest segment sent in the last window (at the switch)
         self.window = 0
         self.pipeline = _Pipeline(setup.packet_rate) if setup.packet_rate else None
         self.quiet_us: tuple[float, ...] = ()  # the window's, per pool (``Departures.quiet_us``)
@@ -334,7 +344,7 @@ class Windows:
         no earlier than the link is free, and no earlier than what makes it send: an event of an
         endpoint on it (``local_us``), a result of a contribution held here or held at a host
         for its stamp, which crosses a downlink first (one lookahead) and wakes only a link whose
-        workers wait for one (``waiting_us``), or a segment just forwarded (any link). Whatever
+        workers wait for one (``waiting_us``), or a segment just sent (any link). Whatever
         is sent reaches another endpoint one lookahead later still, so every event before that
         plus the lookahead is known. Minima over every link of every host: the windows, and so
         every number, are the same however the endpoints are spread over processes. Only valid
@@ -425,16 +435,16 @@ class _Coordinator:
                     raise FrameError("contributions reached a switch that does not aggregate")
                 self.clock.pending.append(AggBatch.parse(frames[1:]))
             elif kind == SEG:
-                batch = SegmentBatch.parse(frames[1:])
-                if len(batch):
-                    self.clock.seg_min = min(self.clock.seg_min, float(batch.meta["first_us"].min()))
-                self.forwarded[0] += _forward(self.router, self.route, self.idents, batch)
+                self.forwarded[0] += _forward(self.router, self.route, self.idents, SegmentBatch.parse(frames[1:]))
             elif kind == DONE:
                 done = Done.parse(frames[1:])
                 if done.window != self.clock.window:
                     raise FrameError(f"host {bytes(frames[0]).decode()} reported window {done.window} "
                                      f"during window {self.clock.window}")
                 self.reports[bytes(frames[0])] = done
+                # every segment it sent in the window, forwarded or kept for its own endpoints
+                self.clock.seg_min = min(self.clock.seg_min, done.sent_us)
+                self.forwarded[0] += done.kept_segments
             else:
                 raise FrameError(f"unexpected message kind {kind[:8]!r} at the switch")
 
@@ -453,7 +463,7 @@ class _Coordinator:
         self.reports.clear()
         go = Go(self.clock.window, bound, inclusive, self.clock.quiet_us).frames()
         for ident in self.idents:
-            self.router.send_multipart([ident, *go])
+            _to_host(self.router, ident, go, f"window {self.clock.window}'s bound")
 
 
 class _Pipeline:

@@ -107,7 +107,7 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     if spread is not None and spread.world > 1:
         check_spreadable(config)  # before any calibration or pass
     check_scale(trace, config)
-    programs_for(trace, config, trace_path or "trace")  # bad input fails before any process
+    programs = programs_for(trace, config, trace_path or "trace")  # bad input fails before any process
     calibration = None
     if config.payload_scale is None:
         config = replace(config, payload_scale=choose_payload_scale(trace, config))
@@ -118,7 +118,8 @@ def replay(trace: Trace, config: ReplayConfig, *, trace_path: str | None = None,
     if config.compress.adaptive:
         report = replay_adaptive(trace, config, trace_path, chrome_trace, on_progress, on_status)
     else:
-        report, _ = run_once(trace, config, trace_path, chrome_trace, on_progress, payload)
+        # the programs planned above: payload scale and the clock, all that changed since, plan nothing
+        report, _ = run_once(trace, config, trace_path, chrome_trace, on_progress, payload, programs)
     if payload is not None or payload_note is not None:
         report = replace(report, verification=replace(
             report.verification, payload="recorded" if payload is not None else "generated", payload_note=payload_note))
@@ -167,9 +168,11 @@ def replay_adaptive(trace: Trace, config: ReplayConfig, trace_path: str | None,
 def run_once(trace: Trace, config: ReplayConfig, trace_path: str | None,
              chrome_trace: str | os.PathLike[str] | None,
              on_progress: Callable[[float], None] | None,
-             payload: RecordedPayload | None = None) -> tuple[ReplayReport, float]:
-    """One replay with a concrete configuration; the report and the seconds the run itself took."""
-    plan = plan_run(trace, config, trace_path, chrome_trace is not None, payload)
+             payload: RecordedPayload | None = None,
+             programs: list[WorkerProgram] | None = None) -> tuple[ReplayReport, float]:
+    """One replay with a concrete configuration; the report and the seconds the run itself took.
+    ``programs``: ``programs_for(trace, config)`` where the caller has them already."""
+    plan = plan_run(trace, config, trace_path, chrome_trace is not None, payload, programs)
     report, run_s, results = execute(plan, on_progress)
     cluster = machines.current()
     if chrome_trace is not None and (cluster is None or cluster.rank == 0):  # machine 0 holds every span
@@ -183,10 +186,12 @@ def run_once(trace: Trace, config: ReplayConfig, trace_path: str | None,
 
 
 def plan_run(trace: Trace, config: ReplayConfig, trace_path: str | None, spans: bool,
-             payload: RecordedPayload | None = None) -> RunPlan:
-    """Every process of one job's replay (``spans``: the workers keep their spans for a chrome trace)."""
+             payload: RecordedPayload | None = None, programs: list[WorkerProgram] | None = None) -> RunPlan:
+    """Every process of one job's replay (``spans``: the workers keep their spans for a chrome trace;
+    ``programs``: ``programs_for(trace, config)``, planned here where None)."""
     path = trace_path or "trace"
-    programs = programs_for(trace, config, path)
+    if programs is None:
+        programs = programs_for(trace, config, path)
     groups = group_table(programs)
     config.network.check_collectives(distinct_colls(programs), config.setting)
     pools, pool_slots = ina_pools(programs, config)

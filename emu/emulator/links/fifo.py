@@ -29,11 +29,11 @@ def turns(idx: np.ndarray, deep: int | None = None) -> tuple[list[np.ndarray], l
         return [], []
     order = np.argsort(idx, kind="stable")
     e = idx[order]
-    new = np.r_[True, e[1:] != e[:-1]]
+    new = firsts_of(e)
     starts = np.flatnonzero(new)
     if len(starts) == n:  # one row a link: one step
         return [np.arange(n)], []
-    counts = np.diff(np.r_[starts, n])
+    counts = lasts_of(starts, n) - starts + 1
     link = np.cumsum(new) - 1
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n) - starts[link]
@@ -136,6 +136,26 @@ def pipelined_table(first: np.ndarray, ser: np.ndarray, tail: np.ndarray, valid:
     ok = np.ones(links, bool)
     ok[active] = False
     return done, ok
+
+
+def firsts_of(e: np.ndarray) -> np.ndarray:
+    """Per row of ``e`` (grouped by link), whether it is its link's first: ``np.r_[True, e[1:] !=
+    e[:-1]]`` without ``np.r_``'s indexing cost (a window's batches paid it many times)."""
+    new = np.empty(len(e), bool)
+    if len(e):
+        new[0] = True
+        np.not_equal(e[1:], e[:-1], out=new[1:])
+    return new
+
+
+def lasts_of(starts: np.ndarray, n: int) -> np.ndarray:
+    """Each run's last row, the runs starting at ``starts`` of ``n`` rows: ``np.r_[starts[1:] - 1,
+    n - 1]``."""
+    out = np.empty(len(starts), np.int64)
+    if len(starts):
+        out[:-1] = starts[1:] - 1
+        out[-1] = n - 1
+    return out
 
 
 def lead(first: float, rest: np.ndarray) -> np.ndarray:

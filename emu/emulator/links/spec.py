@@ -21,7 +21,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-from emu.emulator.links.fifo import DEEP, DeepTable, fifo, fifo_pipelined, lead, pipelined_table, side_by_side, turns
+from emu.emulator.links.fifo import (
+    DEEP,
+    DeepTable,
+    fifo,
+    fifo_pipelined,
+    firsts_of,
+    lasts_of,
+    lead,
+    pipelined_table,
+    side_by_side,
+    turns,
+)
 from emu.errors import ConfigError
 
 _UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -272,7 +283,7 @@ class LinkArray:
             ready = np.maximum(first_ready, cap.to(np.asarray(ready_last_us, dtype=np.float64)) + one - ser)
         order = np.argsort(idx, kind="stable")
         e, r, sv = idx[order], ready[order], ser[order]
-        new = np.r_[True, e[1:] != e[:-1]]
+        new = firsts_of(e)
         starts = np.flatnonzero(new)
         seg = np.cumsum(new) - 1
         pos = np.arange(n) - starts[seg]  # each row's place on its link in this batch
@@ -287,7 +298,7 @@ class LinkArray:
         # its own serialization (a row standing for many packets interleaves with its
         # neighbours on the real wire; only a packet-level inversion is a reordering).
         slack = sv + 1e-6
-        reference = np.where(new, cap.to(self.last_ready[e]), np.r_[-math.inf, r[:-1]])
+        reference = np.where(new, cap.to(self.last_ready[e]), lead(-math.inf, r[:-1]))
         early = r < reference - slack
         if early.any():
             # it waited at most for what was handed over before it but was due after it
@@ -298,7 +309,7 @@ class LinkArray:
         grid[seg, pos] = key
         start = np.maximum.accumulate(grid, axis=1)[seg, pos]
         done = cum + start
-        last = np.r_[starts[1:] - 1, n - 1]
+        last = lasts_of(starts, n)
         self.free_us[firsts] = cap.back(done[last])
         np.add.at(self.busy_us, e, cap.back(done) - cap.back(done - sv))  # in time: a schedule changes the pace
         self.last_ready[firsts] = np.maximum(self.last_ready[firsts], cap.back(np.maximum.reduceat(r, starts)))
@@ -404,7 +415,7 @@ class LinkArray:
             self._check_chain(i, ready, ser)
             free = float(self.free_us[i])
             end = fifo(ready, ser, free)
-            start = np.maximum(ready, np.r_[free, end[:-1]])
+            start = np.maximum(ready, lead(free, end[:-1]))
             self._took(i, end[-1], end - start, pk)
             first[rows] = start + ser / pk + self.spec.latency_us
             last[rows] = end + self.spec.latency_us

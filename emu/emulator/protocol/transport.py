@@ -268,12 +268,18 @@ def gather(values: np.ndarray, bounds: np.ndarray, rows: np.ndarray) -> np.ndarr
     if len(rows) == 0:
         return values[:0].copy()
     breaks = np.flatnonzero(rows[1:] != rows[:-1] + 1) + 1
-    lo = bounds[rows[np.r_[0, breaks]]]
-    hi = bounds[rows[np.r_[breaks - 1, len(rows) - 1]] + 1]
+    if not len(breaks):  # one run of rows: one slice (never dearer than by index)
+        return values[int(bounds[rows[0]]):int(bounds[rows[-1] + 1])].copy()
+    firsts = np.empty(len(breaks) + 1, np.int64)  # each run's first and last row (no np.r_: its cost)
+    firsts[0] = 0
+    firsts[1:] = breaks
+    lasts = np.empty_like(firsts)
+    lasts[:-1] = breaks - 1
+    lasts[-1] = len(rows) - 1
+    lo = bounds[rows[firsts]]
+    hi = bounds[rows[lasts] + 1]
     if int((hi - lo).sum()) < _RUN_ELEMENTS * len(lo):
         return values[spans(bounds, rows)]
-    if len(lo) == 1:
-        return values[int(lo[0]):int(hi[0])].copy()
     return np.concatenate([values[a:b] for a, b in zip(lo.tolist(), hi.tolist(), strict=True)])
 
 

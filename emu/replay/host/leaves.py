@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from emu.emulator.links.fifo import firsts_of, lasts_of
 from emu.emulator.links.spec import Capacity, LinkSpec, uniform
 from emu.emulator.links.topology import Hierarchy, Layout
 from emu.emulator.protocol.transport import AggBatch, Segment
@@ -100,7 +101,7 @@ def conserve(link: np.ndarray, first: np.ndarray, last: np.ndarray, ser: np.ndar
     (emu.replay.switch.daemon)."""
     one = ser / np.maximum(packets, 1.0)
     n = len(first)
-    new = np.r_[True, link[1:] != link[:-1]]
+    new = firsts_of(link)
     starts = np.flatnonzero(new)
     seg = np.cumsum(new) - 1
     pos = np.arange(n) - starts[seg]
@@ -111,7 +112,7 @@ def conserve(link: np.ndarray, first: np.ndarray, last: np.ndarray, ser: np.ndar
     grid.fill(-math.inf)
     grid[seg, pos] = np.maximum(first - (cum - ser), np.where(new, free[link], -math.inf))
     done = np.maximum.accumulate(grid, axis=1)[seg, pos] + cum
-    lasts = np.r_[starts[1:] - 1, n - 1]
+    lasts = lasts_of(starts, n)
     free[link[starts]] = done[lasts]
     out_last = np.maximum(done, last + one)
     # its first packet: out when the link gets to it (a slower link sends it at once, at its own

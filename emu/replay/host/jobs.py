@@ -18,8 +18,9 @@ import numpy as np
 
 from emu.emulator.protocol.transport import AggBatch, Departures, FrameError, Segment, SegmentRows
 from emu.replay.control.messages import HostResult
+from emu.replay.host.horizons import leaf_horizons
 from emu.replay.host.leaves import LeafStage
-from emu.replay.host.runtime import Counters, Host, HostSetup, leaf_horizons
+from emu.replay.host.runtime import Counters, Host, HostSetup
 from emu.replay.host.worker import FakeWorker
 
 

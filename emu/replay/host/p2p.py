@@ -28,7 +28,7 @@ from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol import wire
 from emu.emulator.protocol.transport import FrameError, Segment
 from emu.errors import RunFailed
-from emu.replay.config.options import ReplayConfig
+from emu.replay.config.options import Clock, ReplayConfig
 from emu.replay.control.messages import CARRIED_UNIT
 from emu.replay.host.wiring import Wiring
 from emu.replay.host.worker import CollRun
@@ -97,7 +97,9 @@ class P2PEndpoint:
         self.servers = {e: PSServer(self.m, groups) for e in servers}
         self._turn = _reply_turns(wiring.layout) if servers else None
         self.sparse_servers = {e: SparsePSServer(self.m) for e in servers}
-        self.shard_wakes = ShardWakes(PSServer(self.m, groups).needed)
+        # only the synchronized clock asks when a shard can send (the wall clock's switch answers as
+        # things come): elsewhere nothing is kept
+        self.shard_wakes = ShardWakes(PSServer(self.m, groups).needed, cfg.resolved_clock == Clock.SYNC)
         # segments to send (keyed by their source's link) and to receive (by their destination's);
         # a segment inside a node counts for both its ends (it may make either send)
         link = wiring.link
@@ -356,8 +358,9 @@ class ShardWakes:
     whose bound passes its last one, and complete it there: the sums behind the bound are gone
     (``passed``). Where a sum's last push arrives early, the wake is early: never late."""
 
-    def __init__(self, needed: Callable[[int], int]) -> None:
+    def __init__(self, needed: Callable[[int], int], kept: bool = True) -> None:
         self.needed = needed  # the pushes a sum of collective ``seq`` takes
+        self.kept = kept  # False: nobody asks (the wall clock), nothing is kept
         # the sums with some of their pushes, by key (``_code``), sorted: pushes so far, the last's time
         self.keys = np.zeros(0, np.int64)
         self.pushes = np.zeros(0, np.int64)
@@ -368,6 +371,8 @@ class ShardWakes:
     def arrive(self, links: np.ndarray, keys: np.ndarray, t: np.ndarray) -> None:
         """Pushes reaching the host: per push its shard's link, (shard, collective, segment) and
         its first packet's time."""
+        if not self.kept:
+            return
         sparse = (keys[:, 2] & SPARSE_SEGMENT) != 0
         for i in np.flatnonzero(sparse).tolist():
             heapq.heappush(self.ready.setdefault(int(links[i]), []), float(t[i]))

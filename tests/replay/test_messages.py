@@ -9,6 +9,7 @@ import pytest
 from emu.emulator.protocol.transport import FrameError
 from emu.replay.control.messages import (
     MAX_CONTROL,
+    Ended,
     Failed,
     HostResult,
     Progress,
@@ -29,7 +30,7 @@ RESULT = HostResult(host=1, workers={"3": WorkerRecord([[0.0, 10.5, 4.0, 1.0, 6.
 
 @pytest.mark.parametrize("msg", [Ready(0), Ready("switch"), Start(12.5), Stop(), Progress(2, 5),
                                  Failed("switch", "FrameError: x"), RESULT, SwitchResult({"packets": 4}, 3, 17),
-                                 SwitchResult({}, 0)])
+                                 SwitchResult({}, 0), Ended(211)])
 def test_round_trip(msg) -> None:
     assert decode(encode(msg)) == msg
 

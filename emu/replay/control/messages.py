@@ -60,6 +60,17 @@ class Abort:
 
 
 @dataclass(frozen=True)
+class Ended:
+    """The switch's synchronized clock ran out of events (every host finished, nothing in
+    flight): ``windows`` were run. The orchestrator stops the processes only after this, so that
+    no host stops while the switch still runs windows with it (found 2026-12-05: a parameter
+    server's host had a last window to run after every worker's host reported, and the switch
+    failed sending it to a host already stopped)."""
+
+    windows: int
+
+
+@dataclass(frozen=True)
 class Progress:
     host: int
     iterations: int  # the fewest iterations any of its workers finished
@@ -162,9 +173,10 @@ def failure(host: Who, exc: BaseException) -> Failed:
     return Failed(host, f"{type(exc).__name__}: {exc}")
 
 
-Message = Ready | Start | Stop | Progress | Failed | HostResult | SwitchResult | Alive | Abort
+Message = Ready | Start | Stop | Progress | Failed | HostResult | SwitchResult | Alive | Abort | Ended
 _TYPES: dict[str, type] = {"ready": Ready, "start": Start, "stop": Stop, "progress": Progress, "error": Failed,
-                           "result": HostResult, "switch": SwitchResult, "alive": Alive, "abort": Abort}
+                           "result": HostResult, "switch": SwitchResult, "alive": Alive, "abort": Abort,
+                           "ended": Ended}
 _NAMES = {cls: name for name, cls in _TYPES.items()}
 
 
@@ -243,5 +255,5 @@ def _check(where: str, name: str, hint: Any, value: Any) -> Any:
     raise FrameError(f"control message {where}: {name} has the wrong type")
 
 
-__all__ = ["Abort", "Alive", "Failed", "HostResult", "Message", "Progress", "Ready", "Start", "Stop", "SwitchResult", "WorkerRecord",
+__all__ = ["Abort", "Alive", "Ended", "Failed", "HostResult", "Message", "Progress", "Ready", "Start", "Stop", "SwitchResult", "WorkerRecord",
            "decode", "encode"]

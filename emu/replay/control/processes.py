@@ -25,12 +25,13 @@ import zmq
 
 from emu import lifetime
 from emu.errors import RunFailed
-from emu.replay.config.options import ReplayConfig
+from emu.replay.config.options import Clock, ReplayConfig
 from emu.replay.control.children import start_processes, stop_processes
 from emu.replay.control.inprocess import execute_in_process, fits_in_process
 from emu.replay.control.messages import (
     Abort,
     Alive,
+    Ended,
     Failed,
     HostResult,
     Message,
@@ -315,7 +316,10 @@ class _Run:
         progress: dict[int, int] = {}
         sizes = {s.index: len(s.endpoints) for s in setups if s.role == "workers"}
         deadline = time.monotonic() + self.config.timeout_s
-        while len(done) < worker_hosts:
+        # on the synchronized clock the run ends when the switch's clock does (``Ended``): a
+        # parameter server's host may have windows to run after every worker's host reported
+        ended = self.config.resolved_clock != Clock.SYNC
+        while len(done) < worker_hosts or not ended:
             if time.monotonic() > deadline:
                 raise ReplayError(f"the replay did not finish within --timeout {self.config.timeout_s:.0f} s; "
                                   "raise it, replay fewer iterations, or use a larger --payload-scale")
@@ -328,6 +332,8 @@ class _Run:
             elif isinstance(msg, HostResult):
                 done[(msg.host, msg.job)] = msg
                 progress[msg.host] = 10**9
+            elif isinstance(msg, Ended):
+                ended = True
             if on_progress is not None and total:
                 its = sum(min(progress.get(h, 0), total) * n for h, n in sizes.items())
                 on_progress(min(1.0, its / total))

@@ -39,7 +39,17 @@ from emu.emulator.protocol.transport import (
 )
 from emu.emulator.protocol.wire import MsgType
 from emu.errors import RunFailed
-from emu.replay.control.messages import Message, Ready, Stop, SwitchResult, connect_control, decode, encode, failure
+from emu.replay.control.messages import (
+    Ended,
+    Message,
+    Ready,
+    Stop,
+    SwitchResult,
+    connect_control,
+    decode,
+    encode,
+    failure,
+)
 from emu.replay.host.leaves import conserve
 from emu.replay.machines import sealed
 from emu.replay.machines.sealed import Rejected
@@ -454,6 +464,7 @@ class _Coordinator:
                                 [d.departures for d in reports])
         if step is None:
             self.ended = True
+            self.ctrl.send(encode(Ended(self.clock.window)))  # the orchestrator may stop the hosts now
             return
         bound, inclusive = step
         batch = self.clock.due(bound, inclusive)

@@ -12,6 +12,7 @@ from emu.cli import cli
 from emu.cli.options import auto, design_options, network_config
 from emu.cli.output import ProgressBar, err
 from emu.errors import CheckFailed, ConfigError
+from emu.run.protocol import ComputeClock
 
 if TYPE_CHECKING:
     from emu.run.protocol import Checked
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
 @click.option("--iters", type=int, help="Iterations to replay (default: those recorded after the warm-up).")
 @click.option("--warmup", type=int, default=2, show_default=True,
               help="Optimizer steps not recorded first (DDP builds, then rebuilds, its buckets).")
-@click.option("--compute-clock", type=click.Choice(["thread", "wall"]), default="thread", show_default=True,
+@click.option("--compute-clock", type=click.Choice([c.value for c in ComputeClock]), default=ComputeClock.THREAD.value,
+              show_default=True,
               help="How a real rank's compute is measured: its thread's CPU time, or wall time.")
 @click.option("--straggler", "stragglers", multiple=True,
               help="Slow compute in the replay: WORKERS:FACTOR (3,7:1.5), random:FRACTION:FACTOR, lognormal:SIGMA.")
@@ -77,7 +79,7 @@ def run(ctx: click.Context, workers: int, real: int, network: str | None, iters:
                         payload_scale=auto(payload_scale, int, "--payload-scale"),
                         stragglers=tuple(Straggler.parse(x) for x in stragglers))
     config = network_config(ctx, flags, "run", base, network)
-    run_config = RunConfig(replay=config, real=real, clock=compute_clock, warmup=warmup, timeout_s=timeout,
+    run_config = RunConfig(replay=config, real=real, clock=ComputeClock(compute_clock), warmup=warmup, timeout_s=timeout,
                            compress=compress, compress_speed=compress_speed)
     with ProgressBar(f"run {real} of {workers}") as bar:
         result, baseline, training = train_and_compare(

@@ -10,13 +10,14 @@ ranks end (``emu.capture.inject.end``).
 import argparse
 
 from emu.capture.inject import end
+from emu.run.protocol import ComputeClock
 from emu.run.rank import run
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m emu.run")
     parser.add_argument("--address", required=True)
-    parser.add_argument("--clock", choices=["thread", "wall"], required=True)
+    parser.add_argument("--clock", choices=[c.value for c in ComputeClock], required=True)
     parser.add_argument("--timeout", type=float, required=True, help="seconds a call may wait for the coordinator")
     parser.add_argument("--compress", help="the compressor of the rank's gradients (emu run --compress)")
     parser.add_argument("target", nargs=argparse.REMAINDER)
@@ -24,7 +25,7 @@ def main() -> None:
     target = args.target[1:] if args.target[:1] == ["--"] else args.target
     if not target:
         parser.error("give the script to run after --")
-    end(run(args.address, args.clock, args.timeout, target, args.compress))
+    end(run(args.address, ComputeClock(args.clock), args.timeout, target, args.compress))
 
 
 if __name__ == "__main__":

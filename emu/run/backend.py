@@ -54,7 +54,7 @@ class Unsupported(RuntimeError):
 class Channel:
     """The rank's connection to the coordinator, and its compute clock."""
 
-    def __init__(self, address: str, rank: int, clock: str, timeout_s: float) -> None:
+    def __init__(self, address: str, rank: int, clock: protocol.ComputeClock, timeout_s: float) -> None:
         self.rank = rank
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.REQ)
@@ -62,7 +62,7 @@ class Channel:
         self.timeout_ms = int(min(timeout_s, 30 * 86400) * 1000)
         self.sock.setsockopt(zmq.RCVTIMEO, self.timeout_ms)
         self.sock.connect(address)
-        self.clock = time.thread_time if clock == "thread" else time.perf_counter
+        self.clock = clock.timer()
         self.mark = self.clock()
         self.wall_mark = time.perf_counter()
         self.seq = 0
@@ -375,7 +375,7 @@ def channel() -> Channel | None:
     return _CHANNEL[0] if _CHANNEL else None
 
 
-def register(address: str, clock: str, timeout_s: float, compress: str | None = None) -> None:
+def register(address: str, clock: protocol.ComputeClock, timeout_s: float, compress: str | None = None) -> None:
     """Register the ``emu`` backend, which connects to the coordinator at ``address``;
     ``compress``: the compressor of the rank's gradients (``emu run --compress``)."""
 

@@ -33,8 +33,10 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -49,6 +51,24 @@ OPS = ("sum", "avg", "max", "min", "product")
 DTYPES = {"float32": "<f4", "float64": "<f8", "float16": "<f2", "int64": "<i8", "int32": "<i4",
           "int16": "<i2", "int8": "i1", "uint8": "u1", "bool": "?"}
 PROJECTIONS = 2  # seeded projections of a sum's digest
+
+
+class ComputeClock(str, Enum):
+    """How a real rank's compute is timed between its calls into emu (``emu run --compute-clock``):
+    its thread's CPU time (other processes' load does not count) or wall time."""
+
+    THREAD = "thread"
+    WALL = "wall"
+
+    def timer(self) -> Callable[[], float]:
+        return time.thread_time if self is ComputeClock.THREAD else time.perf_counter
+
+    @property
+    def label(self) -> str:
+        """As a trace's note names it."""
+        return "thread CPU" if self is ComputeClock.THREAD else "wall"
+
+
 MAX_PIECE_HASHES = 1024  # an all_to_all's digests: a hash of each of its M pieces, from each of K real ranks
 MAX_DIGESTS = 128  # real ranks whose digests travel (a header holds this many and more)
 # results a rank does not check, by why (the keys of ``Checked.unchecked``)

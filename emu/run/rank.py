@@ -10,9 +10,10 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from emu.capture.inject import _run_target
 from emu.run import backend
+from emu.run.protocol import ComputeClock
 
 
-def run(address: str, clock: str, timeout_s: float, target: list[str], compress: str | None = None) -> int:
+def run(address: str, clock: ComputeClock, timeout_s: float, target: list[str], compress: str | None = None) -> int:
     """Run ``target`` with emu's backend in place of the one it asks for (its gradients
     compressed by ``compress``, where given); its exit status."""
     backend.register(address, clock, timeout_s, compress)

@@ -34,7 +34,7 @@ from emu.lifetime import current
 from emu.replay import ReplayConfig, ReplayReport, choose_payload_scale, replay, scale_for
 from emu.run.compress import live_compressor
 from emu.run.coordinator import Coordinator
-from emu.run.protocol import Checked
+from emu.run.protocol import Checked, ComputeClock
 from emu.run.training import Curve, TrainingReport, curve, training_report
 from emu.traces.io import encoded
 from emu.traces.model import Source, Trace, TraceMeta
@@ -51,7 +51,7 @@ class RunConfig:
 
     replay: ReplayConfig
     real: int = 1
-    clock: str = "thread"  # thread: each rank's thread CPU time; wall: wall time
+    clock: ComputeClock = ComputeClock.THREAD  # how each real rank's compute is timed
     warmup: int = DEFAULT_WARMUP
     timeout_s: float = 3600.0
     compress: str = "none"  # the compressor of the real ranks' gradients (emu.run.compress)
@@ -69,8 +69,8 @@ class RunConfig:
         if self.real > cores:
             raise ConfigError(f"--real {self.real} is more than this machine's {cores} cores: the real ranks' "
                               "compute would be measured while they wait for a core")
-        if self.clock not in ("thread", "wall"):
-            raise ConfigError(f"--compute-clock {self.clock!r}: thread or wall")
+        if self.clock not in tuple(ComputeClock):  # a str enum: "wall" is ComputeClock.WALL
+            raise ConfigError(f"--compute-clock {self.clock!r}: {' or '.join(c.value for c in ComputeClock)}")
         if self.warmup < 0:
             raise ConfigError(f"--warmup must be 0 or more, got {self.warmup}")
         live_compressor(self.compress)
@@ -137,7 +137,7 @@ def run_job(argv: Sequence[str], config: RunConfig, *, cores: int,
         got = min(len(r.iterations) for r in coordinator.ranks)
         raise ConfigError(f"the script ran {got} optimizer step{'s' if got != 1 else ''}; emu run needs at least "
                           f"{config.warmup + 1} ({config.warmup} to warm up, --warmup): give it more steps")
-    clock = "thread CPU" if config.clock == "thread" else "wall"
+    clock = ComputeClock(config.clock).label
     meta = TraceMeta(source=Source.LIVE, world_size=m, backend="emu", device="cpu",
                      framework=f"torch {_torch_version()}", dtype=_dtype(programs),
                      captured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -238,7 +238,7 @@ def _record(interpreter: str, target: list[str], config: RunConfig,
         # torchrun's agent hosts the store; a barrier after init would wait for M ranks
         env = {**os.environ, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCH_DIST_INIT_BARRIER": "0"}
         compress = [] if live_compressor(config.compress).name == "none" else ["--compress", config.compress]
-        argv = [interpreter, "-m", "emu.run", "--address", coordinator.address, "--clock", config.clock,
+        argv = [interpreter, "-m", "emu.run", "--address", coordinator.address, "--clock", ComputeClock(config.clock).value,
                 "--timeout", str(config.timeout_s), *compress, "--", *target]
         try:
             run_ranks(argv, m, workdir, timeout_s=config.timeout_s, env=env, on_tick=lambda _: coordinator.check(),

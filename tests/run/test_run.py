@@ -118,6 +118,9 @@ def test_bad_requests_are_config_errors(no_children) -> None:
         run_job(["python", str(TINY)], RunConfig(replay=ReplayConfig(workers=8), real=4), cores=2)
     res = CliRunner().invoke(cli, ["run", "--workers", "8", "--", "ls"])
     assert res.exit_code == 2 and "not python" in res.output
+    with pytest.raises(ConfigError, match="--compute-clock 'cpu': thread or wall"):
+        RunConfig(replay=ReplayConfig(workers=4), real=2, clock="cpu").check(2)  # type: ignore[arg-type]
+    RunConfig(replay=ReplayConfig(workers=4), real=2, clock="wall").check(2)  # type: ignore[arg-type]  # its value
 
 
 def test_a_failing_script_fails_the_run(tmp_path, no_children) -> None:

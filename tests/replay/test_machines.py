@@ -280,7 +280,16 @@ def test_forged_messages_are_dropped_and_counted(machines, tmp_path: Path) -> No
     from torch.distributed import PrefixStore, TCPStore
 
     port = free_port()
-    run = machines(2, [*REPLAY, "--iters", "3", "--fabric", "ina"], port=port)
+    # long enough to be reached mid-run (3 iterations took 0.4 s, over before a loaded machine's
+    # client connected: torch's TCPStore client retries a refused connection only 20 to 60 s later)
+    run = machines(2, [*REPLAY, "--iters", "40", "--fabric", "ina"], port=port)
+    deadline = time.monotonic() + 60
+    while True:  # the store listens: one connection attempt is enough
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        assert time.monotonic() < deadline, f"the store never listened: {run.err(0)}"
+        time.sleep(0.02)
     store = PrefixStore("emu/emu/0/0/", TCPStore("127.0.0.1", port, None, False, timedelta(seconds=60),
                                                  wait_for_workers=False))
     store.wait(["run/0/plan"], timedelta(seconds=60))

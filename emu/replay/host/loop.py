@@ -93,6 +93,9 @@ def host_main(setup: HostSetup) -> None:
 class _Loop:
     def __init__(self, host: Host | JobsHost, ctrl: zmq.Socket, data: zmq.Socket) -> None:
         self.host, self.ctrl, self.data = host, ctrl, data
+        # a host of workers (not of parameter-server shards) reports when they are done; asked once
+        # (a JobsHost builds its ``workers`` afresh at each call: every job's, a window's cost)
+        self.runs_workers = bool(host.workers)
         self.poller = zmq.Poller()
         self.poller.register(ctrl, zmq.POLLIN)
         self.poller.register(data, zmq.POLLIN)
@@ -151,12 +154,12 @@ class _Loop:
     def _tick(self) -> None:
         host = self.host
         wall = time.monotonic()
-        if wall - self.last_progress > PROGRESS_S and host.workers:
+        if wall - self.last_progress > PROGRESS_S and self.runs_workers:
             self.last_progress = wall
             done_its = min(fw.s.it for fw in host.workers.values())
             with contextlib.suppress(zmq.Again):  # progress is for the eye: never wait to send it
                 self.ctrl.send(encode(Progress(host.setup.index, done_its)), zmq.NOBLOCK)
-        if host.workers and not self.reported and host.done():
+        if self.runs_workers and not self.reported and host.done():
             self._report()
             self.reported = True
 

@@ -45,6 +45,10 @@ class Arrivals:
         return len(self.dst)
 
     def take(self, rows: np.ndarray) -> Arrivals:
+        """Rows ``rows`` (in that order); all of them in order is this one (nothing changes a values
+        array in place)."""
+        if len(rows) == len(self) and (rows == np.arange(len(rows))).all():
+            return self
         return Arrivals(self.dst[rows], self.segment[rows], self.t[rows], row_bounds(np.diff(self.bounds)[rows]),
                         gather(self.values, self.bounds, rows))
 

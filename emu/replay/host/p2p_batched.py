@@ -311,12 +311,16 @@ class BatchedP2P(P2PEndpoint):
             if not on.all():  # for workers that have not started it: until they do
                 self._one_by_one(rows, sel[~on], t)
                 sel = sel[on]
-            if len(sel):
+            if not len(sel):
+                continue
+            if len(sel) == len(rows):  # the window's one collective: its rows as they are (bounds from 0)
+                got = Arrivals(dst, rows.segment, t, rows.bounds, rows.values)
+            else:
                 got = Arrivals(dst[sel], rows.segment[sel], t[sel], row_bounds(rows.lengths()[sel]),
                                gather(rows.values, rows.bounds, sel))
-                sends, done = kernel.arrive(got)
-                self._push(sends, seq, int(rows.code[sel[0]]))
-                self._finished(seq, done)
+            sends, done = kernel.arrive(got)
+            self._push(sends, seq, int(rows.code[sel[0]]))
+            self._finished(seq, done)
 
     def _one_by_one(self, rows: SegmentRows, sel: np.ndarray, t: np.ndarray) -> None:
         """Segments to per-worker algorithms (``P2PEndpoint.on_segment``'s second half)."""

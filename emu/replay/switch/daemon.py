@@ -313,8 +313,8 @@ class Windows:
     ``T`` is the earliest of the hosts' next events, the contributions held and the segments sent
     in the last window (``seg_min``: those the switch forwarded and those a host delivered to its
     own endpoints, ``Done.sent_us``); nothing can reach an endpoint before ``T + lookahead``, so
-    that is the bound. The
-    contributions before it are applied in stamp order (ties: job, worker, chunk).
+    that is the bound. The contributions before it are applied in stamp order (ties: job, worker,
+    chunk).
 
     With ``queue_bound`` the bound counts the uplinks' queues (``_queued``): where a slow link is
     busy for a whole pool of packets, a window spans what it carries, not one latency."""

@@ -22,7 +22,7 @@ import numpy as np
 from emu.emulator.algorithms.p2p import Check, Chunks
 from emu.emulator.links.fifo import turns
 from emu.emulator.payload.generated import dense_parts
-from emu.emulator.protocol.transport import gather, row_bounds
+from emu.emulator.protocol.transport import every_row, gather, row_bounds
 
 # The real elements of one collective whose values and sums a kernel keeps once made (16 bytes each:
 # 64 MB): each element passes every member of a ring; past this they are made per window.
@@ -47,7 +47,7 @@ class Arrivals:
     def take(self, rows: np.ndarray) -> Arrivals:
         """Rows ``rows`` (in that order); all of them in order is this one (nothing changes a values
         array in place)."""
-        if len(rows) == len(self) and (rows == np.arange(len(rows))).all():
+        if every_row(rows, len(self)):
             return self
         return Arrivals(self.dst[rows], self.segment[rows], self.t[rows], row_bounds(np.diff(self.bounds)[rows]),
                         gather(self.values, self.bounds, rows))

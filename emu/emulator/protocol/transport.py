@@ -238,6 +238,11 @@ class SegmentBatch:
         return out
 
 
+def every_row(rows: np.ndarray, n: int) -> bool:
+    """Whether ``rows`` are all ``n`` rows in order (taking them is taking nothing new)."""
+    return len(rows) == n and (n == 0 or bool((rows == np.arange(n)).all()))
+
+
 def row_bounds(n: np.ndarray) -> np.ndarray:
     """Where each of rows of ``n`` elements begins in a flat array, and the end: int64, from 0."""
     out = np.zeros(len(n) + 1, np.int64)
@@ -323,7 +328,7 @@ class SegmentRows:
     def take(self, rows: np.ndarray) -> SegmentRows:
         """Rows ``rows`` (indices, in that order) with their values."""
         rows = np.asarray(rows, np.int64)
-        if len(rows) == len(self) and (len(rows) == 0 or (rows == np.arange(len(rows))).all()):
+        if every_row(rows, len(self)):
             return self
         n = self.lengths()[rows]
         fields = [getattr(self, f)[rows] for f in (*_ROW_INTS, *_ROW_FLOATS)]

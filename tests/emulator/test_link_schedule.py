@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from emu.emulator.links.spec import Capacity, LinkArray, LinkSpec, parse_schedule
+from emu.emulator.links.array import LinkArray
+from emu.emulator.links.spec import Capacity, LinkSpec, parse_schedule
 from emu.errors import ConfigError
 
 STEPS = parse_schedule("0s:10Gbps,1ms:1Gbps,2ms:10Gbps")

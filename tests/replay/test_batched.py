@@ -11,7 +11,8 @@ import pytest
 
 from emu.emulator.algorithms import batched
 from emu.emulator.links import fifo as link_fifo
-from emu.emulator.links.spec import LinkArray, LinkSpec, parse_schedule
+from emu.emulator.links.array import LinkArray
+from emu.emulator.links.spec import LinkSpec, parse_schedule
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import Straggler
 from emu.replay.host import runtime

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from emu.emulator.links.spec import GIVE_UP_ROUNDS, LinkSpec
+from emu.emulator.links.array import GIVE_UP_ROUNDS
+from emu.emulator.links.spec import LinkSpec
 from emu.replay import ReplayConfig, replay
 from emu.traces import load_trace, sample_path
 

@@ -28,7 +28,7 @@ class Horizons:
 
     def departures(self) -> Departures:
         """When the uplinks can next start to send (``emu.emulator.protocol.transport.Departures``):
-        every uplink is a FIFO (``emu.emulator.links.spec.LinkArray``), busy until its free time,
+        every uplink is a FIFO (``emu.emulator.links.array.LinkArray``), busy until its free time,
         and sends only for an event of an endpoint on it. With leaves' links, a row queued for
         one up (what already left a NIC) counts as a departure at its arrival there: a leaf's
         link sends no earlier, and what its NICs send reaches it a NIC's hop later, past the

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from emu.emulator.links.array import Transmitted
 from emu.emulator.links.scaled_loss import ScaledLoss
-from emu.emulator.links.spec import Transmitted
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol import wire
 from emu.emulator.protocol.ina import SENT, InaCollective, InaGroup, InaParams, Packets, PayloadCache, ResultCheck

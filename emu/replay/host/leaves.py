@@ -41,8 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from emu.emulator.links.array import uniform
 from emu.emulator.links.fifo import firsts_of, lasts_of
-from emu.emulator.links.spec import Capacity, LinkSpec, uniform
+from emu.emulator.links.spec import Capacity, LinkSpec
 from emu.emulator.links.topology import Hierarchy, Layout
 from emu.emulator.protocol.transport import AggBatch, Segment
 from emu.errors import RunFailed

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from emu.emulator.links.spec import GIVE_UP_ROUNDS
+from emu.emulator.links.array import GIVE_UP_ROUNDS
 from emu.emulator.mechanisms import Mechanism, choose
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol.transport import AggBatch, SegmentRows

@@ -1,7 +1,7 @@
 """How a host's endpoints reach the network: the links their traffic queues on (docs/topology.md).
 
 Without a topology every endpoint has its own link to the one switch, each direction a FIFO
-(``emu.emulator.links.spec.LinkArray``). On a topology (``emu.emulator.links.topology``) a host holds whole
+(``emu.emulator.links.array.LinkArray``). On a topology (``emu.emulator.links.topology``) a host holds whole
 nodes: its workers share their node's NICs (the links to the leaf), traffic between two workers
 of a node crosses their node-internal ports instead (up with the intra-node latency, down without
 it, so that a hop costs one latency), and with several leaves the host holds whole leaves, whose
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from emu.emulator.links.spec import LinkArray
+from emu.emulator.links.array import LinkArray
 from emu.emulator.links.topology import Layout
 from emu.replay.config.options import ReplayConfig
 from emu.replay.host.leaves import LeafStage

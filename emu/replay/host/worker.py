@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from emu.emulator.links.spec import uniform
+from emu.emulator.links.array import uniform
 from emu.replay.plan.programs import WorkerProgram
 from emu.traces.model import Coll, Compute, GroupRole, Wait
 

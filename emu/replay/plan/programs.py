@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from emu.emulator.links.spec import uniform
+from emu.emulator.links.array import uniform
 from emu.errors import ConfigError
 from emu.replay.config.options import CompressOption, ReplayConfig, SparsityOption
 from emu.replay.plan.adaptive import planned_ranks

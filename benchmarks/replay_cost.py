@@ -14,9 +14,9 @@ depend on how emu is built:
 ``rows`` are the real rows the design must touch: every row a worker sends is moved and summed
 once and delivered once, so twice the workers' emulated bytes (``summary.bytes_sent``) over the
 payload scale and a packet's wire bytes (the same in one process and across many), plus one for
-each point-to-point segment (``fabric.segments``: a message to take, queue and hand to its
-collective whatever its size; a ring moves ``2 M (M - 1)`` of them a collective however few real
-elements payload scale leaves in each); the dependent
+each point-to-point segment (``verification.segments``: a message to take, queue and hand to its
+collective whatever its size, those inside a node included; a ring moves ``2 M (M - 1)`` of them
+a collective however few real elements payload scale leaves in each); the dependent
 steps are the protocol's rounds that must follow one another, counted from the trace: per
 collective, the stream's round trips through its real slots (``ceil(chunks / slots)``, plus the
 exponent round) on ``ina``, ``2 (M - 1)`` hand-offs on a ring, 2 on a parameter server,
@@ -37,6 +37,12 @@ folder the benchmark runs in does not come first on the path (``python -m`` puts
 
     #!/bin/sh
     PYTHONPATH=OLD exec .venv/bin/python -P -m emu "$@"
+
+Each build first runs the smallest case once, unmeasured, with bytecode written (the harness
+drops ``PYTHONDONTWRITEBYTECODE`` from the runs' environment): the end-to-end figures are those
+of a build whose modules are compiled, as an installed package's are, not of one that compiles
+its hundred modules at every start (about 0.15 s a run on the build machine, whose environment
+sets that variable).
 
 Writes a markdown table to stdout and every measurement to ``--out``.
 """
@@ -168,12 +174,25 @@ def dependent_steps(case: Case, scale: int, slots: int, elements: int) -> int:
     return steps * case.iters
 
 
+# the runs' environment: bytecode written and read (module docstring)
+_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def warm_up(emu: str, timeout_s: float) -> None:
+    """Run the smallest case once, unmeasured: the build's modules compiled, its files cached."""
+    with tempfile.TemporaryDirectory(prefix="emu-cost-") as tmp:
+        case = Case("warm-up", "mlp", 8, "ina", 1)
+        subprocess.run([emu, *case.argv(os.path.join(tmp, "r.json"))], capture_output=True, timeout=timeout_s,
+                       env=_ENV, check=False)
+
+
 def run_case(emu: str, case: Case, timeout_s: float, row_us: float, rtt_us: float) -> Run:
     with tempfile.TemporaryDirectory(prefix="emu-cost-") as tmp:
         report = os.path.join(tmp, "r.json")
         t = time.monotonic()
         try:
-            proc = subprocess.run([emu, *case.argv(report)], capture_output=True, text=True, timeout=timeout_s)
+            proc = subprocess.run([emu, *case.argv(report)], capture_output=True, text=True, timeout=timeout_s,
+                                  env=_ENV)
         except subprocess.TimeoutExpired:
             return Run(emu, case.name, "timeout", timeout_s)
         wall = time.monotonic() - t
@@ -182,7 +201,7 @@ def run_case(emu: str, case: Case, timeout_s: float, row_us: float, rtt_us: floa
             return Run(emu, case.name, status, wall)
         doc = json.loads(Path(report).read_text())
     e, cfg = doc["emulator"], doc["config"]
-    segments = int(doc["fabric"].get("segments") or 0)
+    segments = int(doc["verification"].get("segments") or 0)
     rows = 2 * doc["summary"]["bytes_sent"] / e["payload_scale"] / cfg["packet_wire_bytes"] + segments
     steps = dependent_steps(case, int(e["payload_scale"]), int(doc["fabric"]["slots"]), int(cfg["elements"]))
     bound = (rows * row_us + steps * rtt_us) / 1e6
@@ -268,6 +287,9 @@ def main() -> None:
     if args.keep and out.exists():  # a build measured once (the baseline) is not measured again
         runs = {(r.emu, r.case): r for r in (Run(**d) for d in json.loads(out.read_text())["runs"])
                 if r.emu in args.keep}
+    for e in args.emu:
+        if e not in args.keep:
+            warm_up(e, args.timeout)
     for c in cases:  # the builds side by side, case by case: the machine's load hits both alike
         rtt, row = round_trip_us(), row_cost_us()  # the bound as the machine is now
         for e in args.emu:

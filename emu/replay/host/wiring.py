@@ -36,6 +36,7 @@ class Wiring:
     _nic_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # the NICs' global numbers
     _nics: int = 1  # NICs a node
     _workers: int = 0  # M (a shard's endpoint is M + its index)
+    _node_of: list[int] | None = None  # per worker, its node (``same_node``: asked twice a hand-off)
 
     @classmethod
     def build(cls, cfg: ReplayConfig, endpoints: np.ndarray, workers: bool, leaves: LeafStage | None = None) -> Wiring:
@@ -67,8 +68,12 @@ class Wiring:
 
     def same_node(self, src: int, dst: int) -> bool:
         """Whether a segment from ``src`` to ``dst`` stays inside a node (both are workers)."""
-        lay = self.layout
-        return lay is not None and src < lay.workers and dst < lay.workers and lay.node[src] == lay.node[dst]
+        node = self._node_of
+        if node is None:
+            if self.layout is None:
+                return False
+            node = self._node_of = self.layout.node.tolist()
+        return src < len(node) and dst < len(node) and node[src] == node[dst]
 
     def crosses(self, src: int, dst: int) -> bool:
         """Whether a segment between two endpoints crosses the spine: between leaves, or to or from

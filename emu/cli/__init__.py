@@ -3,8 +3,9 @@
 One module per command; this one holds the group and turns an ``EmuError`` into
 one line on stderr and its exit code (2 bad input, 1 a run that failed or a
 negative check, 130 interrupted, 143 terminated); click's usage errors become one line too. ``--debug`` (or ``EMU_DEBUG=1``) shows the traceback instead.
-Commands import their heavy dependencies inside the function so that
-``emu --help`` is instant.
+Commands import their heavy dependencies inside the function, and ``emu.replay`` imports the
+name asked for only, so that ``emu --help`` does not import the replay's runtime (0.21 s on the
+build machine, was 0.41 s).
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import emu.replay
 
@@ -17,6 +19,17 @@ def test_every_exported_name_resolves_to_its_module_s_object() -> None:
         assert getattr(emu.replay, name) is not None, name
     assert emu.replay.apply_design is apply and emu.replay.DESIGN_KEYS is KEYS and emu.replay.replay is replay
     assert set(emu.replay.__all__) <= set(dir(emu.replay))
+
+
+def test_the_three_lists_of_names_agree() -> None:
+    """``__all__``, the table ``__getattr__`` reads and the imports type checkers read name the same
+    objects from the same modules: one cannot drift from the others unseen."""
+    tree = ast.parse(Path(emu.replay.__file__).read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    static = {(a.asname or a.name): (imp.module, a.name) for imp in block.body if isinstance(imp, ast.ImportFrom)
+              for a in imp.names}
+    assert static == emu.replay._WHERE
+    assert sorted(emu.replay.__all__) == sorted(emu.replay._WHERE)
 
 
 def test_an_unknown_name_is_an_attribute_error() -> None:

@@ -57,6 +57,10 @@ class RunConfig:
     compress: str = "none"  # the compressor of the real ranks' gradients (emu.run.compress)
     compress_speed: float = 1.0  # the device compresses this many times faster than the real ranks measured
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.clock, ComputeClock) and self.clock in tuple(ComputeClock):
+            object.__setattr__(self, "clock", ComputeClock(self.clock))  # a plain "wall": the enum, once
+
     def check(self, cores: int) -> None:
         m = self.replay.workers
         if m < 1:
@@ -137,7 +141,7 @@ def run_job(argv: Sequence[str], config: RunConfig, *, cores: int,
         got = min(len(r.iterations) for r in coordinator.ranks)
         raise ConfigError(f"the script ran {got} optimizer step{'s' if got != 1 else ''}; emu run needs at least "
                           f"{config.warmup + 1} ({config.warmup} to warm up, --warmup): give it more steps")
-    clock = ComputeClock(config.clock).label
+    clock = config.clock.label
     meta = TraceMeta(source=Source.LIVE, world_size=m, backend="emu", device="cpu",
                      framework=f"torch {_torch_version()}", dtype=_dtype(programs),
                      captured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -238,7 +242,7 @@ def _record(interpreter: str, target: list[str], config: RunConfig,
         # torchrun's agent hosts the store; a barrier after init would wait for M ranks
         env = {**os.environ, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCH_DIST_INIT_BARRIER": "0"}
         compress = [] if live_compressor(config.compress).name == "none" else ["--compress", config.compress]
-        argv = [interpreter, "-m", "emu.run", "--address", coordinator.address, "--clock", ComputeClock(config.clock).value,
+        argv = [interpreter, "-m", "emu.run", "--address", coordinator.address, "--clock", config.clock.value,
                 "--timeout", str(config.timeout_s), *compress, "--", *target]
         try:
             run_ranks(argv, m, workdir, timeout_s=config.timeout_s, env=env, on_tick=lambda _: coordinator.check(),

@@ -18,6 +18,7 @@ from emu.cli import cli
 from emu.emulator.payload.recorded import load_payload
 from emu.errors import ConfigError
 from emu.replay import ReplayConfig
+from emu.run.protocol import ComputeClock
 from emu.run.session import RunConfig, run_job
 from emu.traces.io import load_trace
 from emu.traces.model import Coll, CollKind, Compute, Source, Wait
@@ -120,7 +121,9 @@ def test_bad_requests_are_config_errors(no_children) -> None:
     assert res.exit_code == 2 and "not python" in res.output
     with pytest.raises(ConfigError, match="--compute-clock 'cpu': thread or wall"):
         RunConfig(replay=ReplayConfig(workers=4), real=2, clock="cpu").check(2)  # type: ignore[arg-type]
-    RunConfig(replay=ReplayConfig(workers=4), real=2, clock="wall").check(2)  # type: ignore[arg-type]  # its value
+    wall = RunConfig(replay=ReplayConfig(workers=4), real=2, clock="wall")  # type: ignore[arg-type]  # its value
+    wall.check(2)
+    assert wall.clock is ComputeClock.WALL  # made the enum once
 
 
 def test_a_failing_script_fails_the_run(tmp_path, no_children) -> None:

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from emu.emulator.algorithms import batched
+from emu.emulator.algorithms.p2p import Check
 from emu.emulator.links import fifo as link_fifo
 from emu.emulator.links.array import LinkArray
 from emu.emulator.links.spec import LinkSpec, parse_schedule
+from emu.emulator.protocol.transport import row_bounds
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import Straggler
 from emu.replay.host import runtime
@@ -211,3 +213,38 @@ def test_link_stages_in_batches_are_the_scalar_ones(spec: LinkSpec, spread: str,
         for name in ("free_us", "busy_us", "counter", "last_ready", "reorder_error_us"):
             assert getattr(a, name).tolist() == getattr(b, name).tolist(), name
         assert (a.reordered, a.resent_packets, a.most_rounds) == (b.reordered, b.resent_packets, b.most_rounds)
+
+
+@pytest.mark.parametrize("kind", [CollKind.ALL_REDUCE, CollKind.ALL_GATHER])
+def test_a_members_rows_at_once_are_its_rows_one_after_another(kind: CollKind) -> None:
+    """One arrival of several rows for each member, the same segment twice among a member's: the
+    kernel sends, checks and completes what it does taking the rows one at a time, in their order
+    (a member's second copy of a segment passes it on instead of summing into it)."""
+    def kernel() -> batched.RingKernel:
+        return batched.RingKernel(4, 0, 40_000, 40e6, kind != CollKind.ALL_GATHER, True,
+                                  0 if kind == CollKind.ALL_REDUCE else -1, 7, "float32", Check(), 4)
+    at_once, one_by_one = kernel(), kernel()
+    first, _ = at_once.start_many(np.arange(4), 0.0)
+    assert exact_sends(first) == exact_sends(one_by_one.start_many(np.arange(4), 0.0)[0])
+    n = len(first)
+    rows = batched.Arrivals(np.tile(first.dst, 2), np.tile(first.segment, 2), np.arange(2 * n, dtype=np.float64),
+                            row_bounds(np.tile(np.diff(first.bounds), 2)), np.tile(first.values, 2))
+    assert (np.bincount(rows.dst) >= 4).all()  # several rows a member, each segment twice
+    sends, done = at_once.arrive(rows)
+    got = [one_by_one.arrive(rows.take(np.array([r]))) for r in range(len(rows))]
+    assert exact_sends(sends) == exact_sends(batched.Sends.concat([s for s, _ in got]))
+    assert (done.ids.tolist(), done.end_us.tolist()) == \
+        (sorted(int(i) for _, d in got for i in d.ids), [float(e) for _, d in got for e in d.end_us])
+    assert vars(at_once.check) == vars(one_by_one.check) and at_once.check.elements > 0
+    for col in ("got", "end_us"):  # each member's count of segments and its latest
+        assert getattr(at_once.members, col).tolist() == getattr(one_by_one.members, col).tolist()
+
+
+def exact_sends(s: batched.Sends) -> list:
+    return [a.tolist() for a in (s.src, s.dst, s.segment, s.emu_bytes, s.t, s.bounds, s.values)]
+
+
+@pytest.mark.parametrize("idx", [[], [3], [2, 2, 2], [5, 1, 5, 1, 0, 5], list(range(6))])
+def test_places_count_each_value_so_far(idx: list[int]) -> None:
+    want = [idx[:i].count(v) for i, v in enumerate(idx)]
+    assert link_fifo.places(np.array(idx, np.int64)).tolist() == want

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from emu.emulator.algorithms.p2p import Check, Chunks
-from emu.emulator.links.fifo import turns
+from emu.emulator.links.fifo import places
 from emu.emulator.payload.generated import dense_parts
 from emu.emulator.protocol.transport import every_row, gather, row_bounds
 
@@ -225,9 +225,9 @@ class _Members:
         return self.slot_of[dst] >= 0
 
     def took(self, slot: np.ndarray, t: np.ndarray) -> None:
-        """A segment each reached members ``slot`` (distinct) at ``t``."""
-        self.got[slot] += 1
-        self.end_us[slot] = np.maximum(self.end_us[slot], t)
+        """A segment each reached members ``slot`` (a member as often as it has rows) at ``t``."""
+        np.add.at(self.got, slot, 1)
+        np.maximum.at(self.end_us, slot, t)
 
     def done(self, slot: np.ndarray) -> Done:
         """Those of ``slot`` that now have every segment they need."""
@@ -258,13 +258,14 @@ class _Kernel:
         return Sends.concat([g[0] for g in got]), Done.concat([g[1] for g in got])
 
     def arrive(self, a: Arrivals) -> tuple[Sends, Done]:
-        """Segments reaching started members, in their order: what they send on, and the members
-        now done with the collective (their ids and end times)."""
+        """Segments reaching started members, in their order (a member's rows as its algorithm
+        would take them one after another): what they send on, and the members now done with the
+        collective (their ids and end times)."""
         slot = self.members.slot_of[a.dst]
-        sends = [self._turn(a.take(rows), slot[rows]) for rows in turns(slot)[0]]
-        return Sends.concat(sends), self.members.done(slot)
+        return self._turn(a, slot), self.members.done(slot)
 
     def _turn(self, a: Arrivals, slot: np.ndarray) -> Sends:
+        """The rows' sends, a member's rows among them in its order (``slot``: each row's member)."""
         raise NotImplementedError
 
     def _check(self, got: np.ndarray, want, row: np.ndarray, rows: np.ndarray, distinct: np.ndarray) -> None:
@@ -309,7 +310,7 @@ class RingKernel(_Kernel):
                          lambda span: self.payload.values(span, rank)), Done.none()
 
     def _turn(self, a: Arrivals, slot: np.ndarray) -> Sends:
-        """Rows of distinct members: ``Ring.on_segment`` for each."""
+        """``Ring.on_segment`` for each row."""
         m, lay, mem = self.m, self.lay, self.members
         t = np.maximum(a.t, mem.start_us[slot])  # a segment that came before its member started waited
         rank = mem.rank[slot]
@@ -317,12 +318,14 @@ class RingKernel(_Kernel):
         chunk = lay.chunk[a.segment]
         last_reduce = chunk == (o + 1) % m  # this member completes the chunk's sum
         if self.reduce and self.gather:
-            first_time = True if self.seen is None else self.seen[slot, a.segment] == 0
+            first_time = True
+            if self.seen is not None:  # the first time here: seen before neither now nor earlier in these rows
+                first_time = self.seen[slot, a.segment] + places(slot * lay.segments + a.segment) == 0
             reducing = last_reduce | ((chunk != o) & first_time)
         else:
             reducing = np.full(len(slot), self.reduce)
         if self.seen is not None:
-            self.seen[slot, a.segment] += 1
+            np.add.at(self.seen, (slot, a.segment), 1)
         row, index = lay.elements(a)
         pay = self.payload
         out = a.values.copy()
@@ -424,7 +427,7 @@ class BroadcastKernel(_Kernel):
         return np.concatenate(kids), np.concatenate(rows)
 
     def _turn(self, a: Arrivals, slot: np.ndarray) -> Sends:
-        """Rows of distinct members: ``BinomialBroadcast.on_segment`` for each."""
+        """``BinomialBroadcast.on_segment`` for each row."""
         mem, lay, root = self.members, self.lay, self.root
         t = np.maximum(a.t, mem.start_us[slot])
         rank = mem.rank[slot]

@@ -20,6 +20,19 @@ RESTARTS = 16  # idle gaps a running sum restarts at, before the rest of the lin
 TABLE_RESTARTS = 256
 
 
+def places(idx: np.ndarray) -> np.ndarray:
+    """Each row's place among the rows of its value of ``idx``, in their order (0 for the first)."""
+    n = len(idx)
+    order = np.argsort(idx, kind="stable")
+    new = firsts_of(idx[order])
+    starts = np.flatnonzero(new)
+    if len(starts) == n:  # every value once (most often)
+        return np.zeros(n, np.int64)
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n) - starts[np.cumsum(new) - 1]
+    return pos
+
+
 def turns(idx: np.ndarray, deep: int | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Rows grouped by their place among their link's rows: the first row of every link, then the
     second of every link, ... (each group's rows on distinct links, in the order given); with

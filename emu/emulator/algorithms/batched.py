@@ -231,7 +231,10 @@ class _Members:
 
     def done(self, slot: np.ndarray) -> Done:
         """Those of ``slot`` that now have every segment they need."""
-        s = np.unique(slot[self.got[slot] == self.need[slot]])
+        now = self.got[slot] == self.need[slot]
+        if not now.any():  # most often: none
+            return Done.none()
+        s = np.unique(slot[now])
         return Done(self.ids[s], self.end_us[s])
 
 
@@ -270,12 +273,17 @@ class _Kernel:
 
     def _check(self, got: np.ndarray, want, row: np.ndarray, rows: np.ndarray, distinct: np.ndarray) -> None:
         """``Check.compare`` of the rows ``rows`` (a mask) of a turn, their values ``got``;
-        ``want(at)``: what the elements ``at`` (a mask of the values) should be."""
-        at = rows[row]
-        if not at.any():
+        ``want(at)``: what the elements ``at`` (a mask of the values, or every one: ``slice(None)``)
+        should be."""
+        if not rows.any():
             return
-        self.check.elements += int(at.sum())
-        self.check.distinct += int((at & distinct[row]).sum())
+        n = np.bincount(row, minlength=len(rows)) if len(row) else np.zeros(len(rows), np.int64)  # per row
+        self.check.elements += int(n[rows].sum())
+        self.check.distinct += int(n[rows & distinct].sum())
+        if rows.all():  # every element (most often): no mask to make
+            self.check.mismatches += int(np.count_nonzero(got != want(slice(None))))
+            return
+        at = rows[row]
         self.check.mismatches += int(np.count_nonzero(got[at] != want(at)))
 
 
@@ -329,8 +337,10 @@ class RingKernel(_Kernel):
         row, index = lay.elements(a)
         pay = self.payload
         out = a.values.copy()
-        red = reducing[row]
-        if red.any():
+        if reducing.all():  # every row sums into (most often): no mask to make
+            out += pay.values(index, rank[row])
+        elif reducing.any():
+            red = reducing[row]
             out[red] += pay.values(index[red], rank[row][red])
         distinct = (rank == 0) | (not self.gather)  # a reduce_scatter's shards: each member its own
         self._check(out, lambda at: pay.total(index[at]), row, (reducing & last_reduce) | (~reducing & self.reduce),

@@ -99,8 +99,11 @@ class _InProcess:
             if len(segs):  # each host its part (as the switch process forwards them)
                 self.clock.seg_min = min(self.clock.seg_min, float(segs.t.min()))
                 dest = self.route.hosts_of(segs.job, segs.dst)
-                for h in np.unique(dest).tolist():
-                    self.hosts[h].receive_rows(segs.take(np.flatnonzero(dest == h)))
+                if (dest == dest[0]).all():  # one host's (one host a job: most often)
+                    self.hosts[int(dest[0])].receive_rows(segs)
+                else:
+                    for h in np.unique(dest).tolist():
+                        self.hosts[h].receive_rows(segs.take(np.flatnonzero(dest == h)))
                 self.forwarded += len(segs)
 
     def progress(self) -> float:

@@ -259,9 +259,12 @@ class BatchedP2P(P2PEndpoint):
         self.empty_segments += int((payload & (rows.lengths() == 0)).sum())
         carried = np.rint(rows.emu_bytes * CARRIED_UNIT).astype(np.int64)
         framing = np.rint(wire_bytes * CARRIED_UNIT).astype(np.int64) - carried
-        seqs, which = np.unique(rows.seq, return_inverse=True)
-        pay, head = np.bincount(which, carried), np.bincount(which, framing)
-        for i, seq in enumerate(seqs.tolist()):
+        if rows.seq[0] == rows.seq[-1] and (rows.seq == rows.seq[0]).all():  # one collective's (most often)
+            seqs, pay, head = [int(rows.seq[0])], [carried.sum()], [framing.sum()]
+        else:
+            u, which = np.unique(rows.seq, return_inverse=True)
+            seqs, pay, head = u.tolist(), np.bincount(which, carried), np.bincount(which, framing)
+        for i, seq in enumerate(seqs):
             got = self.carried.setdefault(seq, [0, 0])
             got[0] += int(pay[i])
             got[1] += int(head[i])
@@ -301,8 +304,9 @@ class BatchedP2P(P2PEndpoint):
         if self.servers:
             self._serve(rows, t)
             return
-        for seq in np.unique(rows.seq).tolist():
-            sel = np.flatnonzero(rows.seq == seq)
+        one = rows.seq[0] == rows.seq[-1] and bool((rows.seq == rows.seq[0]).all())  # one collective's (most often)
+        for seq in [int(rows.seq[0])] if one else np.unique(rows.seq).tolist():
+            sel = np.arange(len(rows)) if one else np.flatnonzero(rows.seq == seq)
             kernel = self.kernels.get(seq)
             if kernel is None:
                 self._one_by_one(rows, sel, t)

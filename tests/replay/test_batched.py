@@ -248,3 +248,39 @@ def exact_sends(s: batched.Sends) -> list:
 def test_places_count_each_value_so_far(idx: list[int]) -> None:
     want = [idx[:i].count(v) for i, v in enumerate(idx)]
     assert link_fifo.places(np.array(idx, np.int64)).tolist() == want
+
+
+def test_server_sums_in_batches_are_the_sums_push_by_push() -> None:
+    """Pushes for many (shard, collective, segment) sums in batches of any size, a collective's
+    group of three among them: each sum goes to its members once its last push is in, at that
+    push's time, and holds every push's values added in arrival order (rows moved and arrays
+    grown on the way)."""
+    rng = np.random.default_rng(5)
+    workers, groups = 4, (None, (0, 2, 3))
+    pushes = [(shard, seq, seg, w) for shard in (4, 5) for seq in range(6) for seg in range(40)
+              for w in (range(workers) if seq % 2 == 0 else groups[1])]
+    order = rng.permutation(len(pushes))
+    n_of = {(shard, seq, seg): 1 + (shard + seq + seg) % 5 for shard, seq, seg, _ in pushes}
+    rows = [(*pushes[i], float(k), rng.integers(-8, 8, n_of[pushes[i][:3]]).astype(np.float64))
+            for k, i in enumerate(order)]
+    sums, want = {}, []  # the reference: push by push
+    for r, (shard, seq, seg, _, t, v) in enumerate(rows):
+        acc, got, latest = sums.get((shard, seq, seg), (np.zeros(len(v)), 0, 0.0))
+        acc, got, latest = acc + v, got + 1, max(latest, t)
+        members = range(workers) if groups[seq % 2] is None else groups[1]
+        if got < len(members):
+            sums[(shard, seq, seg)] = (acc, got, latest)
+            continue
+        sums.pop((shard, seq, seg))
+        want += [(shard, m, seg, latest, acc.tolist(), r) for m in members]
+    server, got, at = batched.ServerSums(workers, groups), [], 0
+    while at < len(rows):
+        part = rows[at:at + int(rng.integers(1, 60))]
+        cols = [np.array([p[i] for p in part]) for i in range(5)]
+        sends, by = server.arrive(cols[0], cols[1], cols[2], np.full(len(part), 8.0), cols[4],
+                                  row_bounds(np.array([len(p[5]) for p in part])), np.concatenate([p[5] for p in part]))
+        got += [(int(sends.src[i]), int(sends.dst[i]), int(sends.segment[i]), float(sends.t[i]),
+                 sends.values[sends.bounds[i]:sends.bounds[i + 1]].tolist(), at + int(by[i])) for i in range(len(sends))]
+        at += len(part)
+    assert sorted(got) == sorted(want) and len(want) == 2 * 6 * 40 * 4 - 2 * 3 * 40
+    assert not server.rows.at  # every sum sent

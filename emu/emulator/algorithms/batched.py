@@ -466,12 +466,12 @@ def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 class ServerSums:
     """``emu.emulator.algorithms.p2p.PSServer`` for every shard a host holds: each segment summed over
     the workers (of the job, or of a sub-group's collective) in the order the pushes arrived, then
-    sent to each of them at the latest push's time."""
+    sent to each of them at the latest push's time. A sum waits as a row of columns (``_SumRows``),
+    its elements in one flat array: a window's pushes are added where they go in one step."""
 
     def __init__(self, workers: int, groups: tuple[tuple[int, ...] | None, ...] = ()) -> None:
         self.workers, self.groups = workers, groups
-        # (shard, collective, segment) -> [sum so far, pushes, latest push, emulated bytes]
-        self.partial: dict[tuple[int, int, int], list] = {}
+        self.rows = _SumRows()
         self._everyone = np.arange(workers, dtype=np.int64)
         self._everyone.flags.writeable = False
 
@@ -487,32 +487,94 @@ class ServerSums:
         shard), and for each send the push (its row) that completed its sum."""
         uniq, first, which = _unique_rows(shard, seq, segment)
         n = np.diff(bounds)
-        entries = []
-        for i, k in enumerate(map(tuple, uniq.tolist())):
-            e = self.partial.get(k)
-            if e is None:
-                e = self.partial[k] = [np.zeros(int(n[first[i]])), 0, 0.0, float(emu_bytes[first[i]])]
-            entries.append(e)
-        at = row_bounds(np.array([len(e[0]) for e in entries], np.int64))
-        flat = np.concatenate([e[0] for e in entries])
-        pos = np.repeat(at[which] - bounds[:-1], n) + np.arange(int(bounds[-1]), dtype=np.int64)
-        np.add.at(flat, pos, values)  # in arrival order, element by element: the same sums as one by one
-        counts = np.bincount(which, minlength=len(uniq))
+        rows = self.rows
+        at = rows.find(uniq, n[first], emu_bytes[first])
+        # in arrival order, element by element: the same sums as one by one
+        np.add.at(rows.sums, np.repeat(rows.lo[at][which] - bounds[:-1], n) + np.arange(int(bounds[-1])), values)
+        rows.pushes[at] += np.bincount(which, minlength=len(uniq))
         latest = np.full(len(uniq), -np.inf)
         np.maximum.at(latest, which, t)
+        rows.latest[at] = np.maximum(rows.latest[at], latest)
+        seqs = uniq[:, 1]
+        if self.groups:
+            need = np.array([len(self._members(s)) for s in seqs.tolist()], np.int64)
+        else:
+            need = np.full(len(uniq), self.workers, np.int64)
+        done = np.flatnonzero(rows.pushes[at] >= need)
+        if not len(done):
+            return Sends.none(), np.zeros(0, np.int64)
         last_row = np.zeros(len(uniq), np.int64)
         np.maximum.at(last_row, which, np.arange(len(which)))
-        done, sends = [], []
-        for i, (k, e) in enumerate(zip(map(tuple, uniq.tolist()), entries, strict=True)):
-            e[0] = flat[at[i]:at[i + 1]]
-            e[1] += int(counts[i])
-            e[2] = max(e[2], float(latest[i]))
-            to = self._members(k[1])
-            if e[1] < len(to):
-                continue
-            del self.partial[k]
-            c = len(to)
-            done.append(np.full(c, last_row[i], np.int64))
-            sends.append(Sends(np.full(c, k[0], np.int64), to, np.full(c, k[2], np.int64), np.full(c, e[3]),
-                               np.full(c, e[2]), row_bounds(np.full(c, len(e[0]), np.int64)), np.tile(e[0], c)))
-        return Sends.concat(sends), (np.concatenate(done) if done else np.zeros(0, np.int64))
+        to = [self._members(s) for s in seqs[done].tolist()]
+        c = np.array([len(m) for m in to], np.int64)
+        r = at[done]
+        lens = np.repeat(rows.n[r], c)
+        out = row_bounds(lens)
+        lo = np.repeat(rows.lo[r], c)
+        sums = rows.sums[np.repeat(lo - out[:-1], lens) + np.arange(int(out[-1]))]  # each sum once a worker
+        sends = Sends(np.repeat(uniq[done, 0], c), np.concatenate(to), np.repeat(uniq[done, 2], c),
+                      np.repeat(rows.emu_bytes[r], c), np.repeat(rows.latest[r], c), out, sums)
+        rows.free(uniq[done])
+        return sends, np.repeat(last_row[done], c)
+
+
+class _SumRows:
+    """The sums that wait for pushes: per (shard, collective, segment) a row (``at``) of columns
+    (where its elements are in ``sums``, how many, the pushes so far, the latest push's time, the
+    emulated bytes of a push), its elements in ``sums``. Rows and elements are appended; when
+    room runs out, the live ones move to the start and the arrays double as needed."""
+
+    def __init__(self) -> None:
+        self.at: dict[tuple[int, int, int], int] = {}
+        self.lo, self.n, self.pushes = (np.zeros(64, np.int64) for _ in range(3))
+        self.latest, self.emu_bytes = np.zeros(64), np.zeros(64)
+        self.sums = np.zeros(1024)
+        self.rows = self.used = 0  # rows and elements made (live and freed)
+
+    def find(self, keys: np.ndarray, n: np.ndarray, emu_bytes: np.ndarray) -> np.ndarray:
+        """Each key's row (a new one, its sums 0, for a key not seen: ``n`` elements, ``emu_bytes``)."""
+        tuples = list(map(tuple, keys.tolist()))
+        at = np.array([self.at.get(k, -1) for k in tuples], np.int64)
+        new = np.flatnonzero(at < 0)
+        if len(new):
+            self._add(keys[new], n[new], emu_bytes[new])  # which may move the rows there were
+            at = np.array([self.at[k] for k in tuples], np.int64)
+        return at
+
+    def _add(self, keys: np.ndarray, n: np.ndarray, emu_bytes: np.ndarray) -> None:
+        k, total = len(keys), int(n.sum())
+        if self.used + total > len(self.sums) or self.rows + k > len(self.lo):
+            self._make_room(k, total)
+        at = np.arange(self.rows, self.rows + k)
+        self.lo[at] = self.used + np.cumsum(n) - n
+        self.n[at], self.pushes[at], self.latest[at], self.emu_bytes[at] = n, 0, 0.0, emu_bytes
+        self.sums[self.used:self.used + total] = 0.0
+        self.rows += k
+        self.used += total
+        for key, a in zip(map(tuple, keys.tolist()), at.tolist(), strict=True):
+            self.at[key] = a
+
+    def free(self, keys: np.ndarray) -> None:
+        """The rows of these keys, done."""
+        for key in map(tuple, keys.tolist()):
+            del self.at[key]
+
+    def _make_room(self, k: int, total: int) -> None:
+        """Room for ``k`` more rows of ``total`` elements: the live rows moved to the start (their
+        order kept), the arrays doubled where that is not enough."""
+        live = np.array(sorted(self.at.values()), np.int64)
+        n = self.n[live]
+        keep = int(n.sum())
+        size = max(len(self.lo), 2 * (len(live) + k), 64)
+        cols = [np.zeros(size, c.dtype) for c in (self.lo, self.n, self.pushes, self.latest, self.emu_bytes)]
+        for new, old in zip(cols, (self.lo, self.n, self.pushes, self.latest, self.emu_bytes), strict=True):
+            new[:len(live)] = old[live]
+        sums = np.zeros(max(len(self.sums), 2 * (keep + total), 1024))
+        lo = np.cumsum(n) - n
+        sums[:keep] = self.sums[np.repeat(self.lo[live] - lo, n) + np.arange(keep)]
+        cols[0][:len(live)] = lo
+        self.lo, self.n, self.pushes, self.latest, self.emu_bytes = cols
+        self.sums = sums
+        renumber = dict(zip(live.tolist(), range(len(live)), strict=True))
+        self.at = {key: renumber[a] for key, a in self.at.items()}
+        self.rows, self.used = len(live), keep

@@ -1,0 +1,82 @@
+"""A validation's `same` and extrapolated cases with two readings of the replay's iteration.
+
+The report's iteration (``emulated_us``, docs/design.md) runs from the earliest worker's start of
+the iteration to the last worker's end: where the workers end an iteration at different times, the
+next one's span holds that skew too. The real runs time each rank from optimizer step to
+optimizer step: a period. This replays the traces a validation kept (``emu validate --keep DIR``)
+as the validation does (``emu.validate.core.predict``) and prints, per case, the error of the
+median span (the validation's) and of the median period (per iteration, the last worker's end less
+the previous iteration's last end; the first from the earliest start) against the real runs'
+measured step, from the validation's own report:
+
+    .venv/bin/python benchmarks/iteration_period.py --keep DIR --report REPORT.json
+
+The period is read from the replay's per-worker records through the report builder
+(``emu.replay.report.build._iterations``, wrapped for the run of this script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import emu.replay.report.build as build
+from emu.traces import load_trace
+from emu.validate.core import DEFAULT_SETTINGS, _link, predict
+
+_periods: list[float] = []
+_span_iterations = build._iterations
+
+
+def _iterations(records, workers, iters):
+    """The builder's iterations, noting each iteration's period on the way."""
+    ends = [max(rec[i][1] for rec in records.values()) for i in range(iters)]
+    begin = min(rec[0][0] for rec in records.values()) if iters else 0.0
+    _periods[:] = [e - (ends[i - 1] if i else begin) for i, e in enumerate(ends)]
+    return _span_iterations(records, workers, iters)
+
+
+def cases(report: dict) -> list[tuple[str, str, str, object]]:
+    """(case name, kind, kept trace, setting) of every `same` and extrapolated case in the report."""
+    names = {c["name"] for c in report["cases"]}
+    out = []
+    for s in DEFAULT_SETTINGS:
+        bucket = s.name.split("/")[1]
+        for model in ("mlp", "cnn"):
+            out.append((f"{model} {s.name}", "same", f"{model}-{s.name.replace('/', '-')}", s))
+            if s.rate_bps is not None:
+                out.append((f"{model} {s.name} from unshaped/{bucket}", "extrapolated", f"{model}-unshaped-{bucket}", s))
+    return [c for c in out if c[0] in names]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keep", required=True, help="the folder the validation kept its traces in")
+    parser.add_argument("--report", required=True, help="the validation's report (emu validate --json)")
+    args = parser.parse_args()
+    report = json.loads(Path(args.report).read_text())
+    by_name = {c["name"]: c for c in report["cases"]}
+    build._iterations = _iterations
+    print("| case | kind | flagged | error (span) | error (period) |")
+    print("| --- | --- | --- | ---: | ---: |")
+    errors: list[tuple[float, float]] = []
+    for name, kind, kept, setting in cases(report):
+        trace = load_trace(Path(args.keep) / f"{kept}.json.gz")
+        span = predict(trace, _link(setting, trace)).step_us
+        period = statistics.median(_periods)
+        measured = by_name[name]["measured_us"]
+        flagged = bool(by_name[name]["flags"])
+        e = (100 * (span / measured - 1), 100 * (period / measured - 1))
+        if not flagged:
+            errors.append(e)
+        print(f"| {name} | {kind} | {'yes' if flagged else ''} | {e[0]:+.1f}% | {e[1]:+.1f}% |")
+    if errors:
+        for i, what in enumerate(("span", "period")):
+            got = [abs(e[i]) for e in errors]
+            print(f"# not flagged ({len(got)}): mean |error| {what} {statistics.fmean(got):.2f}%, max {max(got):.1f}%")
+
+
+if __name__ == "__main__":
+    main()

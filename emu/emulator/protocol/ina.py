@@ -46,6 +46,7 @@ from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol import fixedpoint
 from emu.emulator.protocol.ina_data import PayloadCache, StreamData
 from emu.emulator.protocol.sparse_ina import NONE, SparseStream, held_blocks, streams_sparse
+from emu.emulator.protocol.transport import every_row
 from emu.emulator.protocol.wire import AGG_HEADER, BLOCK_NONE, FLAG_COPY, FLAG_GATHER, FLAG_OWNER, FLAG_SCATTER, MsgType
 from emu.traces.model import CollKind, Dtype, Sparsity
 
@@ -239,8 +240,10 @@ class InaGroup(StreamData):
         if not parts:
             return None
         fields = ("local", "headers", "payload", "send_us", "emu_packets", "retransmit", "sparse")
-        pk = Packets(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields))
+        pk = parts[0] if len(parts) == 1 else Packets(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields))
         order = np.lexsort((pk.send_us, pk.local))  # per worker in time order: its uplink's FIFO
+        if every_row(order, len(order)):  # in that order already (most often): no copy of the payload
+            return pk
         return Packets(*(getattr(pk, f)[order] for f in fields))
 
     def _retransmissions(self, retransmit: list[tuple[int, int, float, float]]) -> Packets | None:

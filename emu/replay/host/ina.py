@@ -292,7 +292,10 @@ class InaEndpoint:
         arrival = np.stack([sent.first_us, sent.last_us], axis=1)
         self.counters.bytes_sent += float(np.rint(wire_bytes).sum())  # whole bytes: exact in any order
         fresh = ~np.asarray(pk.retransmit, bool)
-        self._carry(pk.headers[fresh], np.asarray(pk.emu_packets, np.float64)[fresh])
+        if fresh.all():  # no retransmission (most often): nothing to select
+            self._carry(pk.headers, np.asarray(pk.emu_packets, np.float64))
+        else:
+            self._carry(pk.headers[fresh], np.asarray(pk.emu_packets, np.float64)[fresh])
         lost = sent.lost
         if lost.any():
             self.counters.lost += int(lost.sum())
@@ -302,8 +305,9 @@ class InaEndpoint:
                 self.timer(float(at) + self.cfg.timeout_rto_us, int(local), int(slot), float(n))
         keep = ~lost
         if keep.any():
-            batch = AggBatch(pk.headers[keep], pk.payload[keep], arrival[keep], pk.sparse[keep],
-                             np.asarray(packets, np.float64)[keep])
+            emu_packets = np.asarray(packets, np.float64)
+            batch = (AggBatch(pk.headers, pk.payload, arrival, pk.sparse, emu_packets) if not lost.any() else  # no copy
+                     AggBatch(pk.headers[keep], pk.payload[keep], arrival[keep], pk.sparse[keep], emu_packets[keep]))
             if self.leaves is not None:  # up the leaf's link to the aggregating spine
                 self.leaves.batch(0, self.leaf[pk.local[keep]], batch, wire_bytes[keep], packets[keep])
             else:

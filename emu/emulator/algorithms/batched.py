@@ -275,10 +275,11 @@ class _Kernel:
         """``Check.compare`` of the rows ``rows`` (a mask) of a turn, their values ``got``;
         ``want(at)``: what the elements ``at`` (a mask of the values, or every one: ``slice(None)``)
         should be."""
-        if not rows.any():
+        n = np.bincount(row, minlength=len(rows))  # each row's elements
+        elements = int(n[rows].sum())
+        if not elements:
             return
-        n = np.bincount(row, minlength=len(rows)) if len(row) else np.zeros(len(rows), np.int64)  # per row
-        self.check.elements += int(n[rows].sum())
+        self.check.elements += elements
         self.check.distinct += int(n[rows & distinct].sum())
         if rows.all():  # every element (most often): no mask to make
             self.check.mismatches += int(np.count_nonzero(got != want(slice(None))))
@@ -529,7 +530,7 @@ class _SumRows:
         self.lo, self.n, self.pushes = (np.zeros(64, np.int64) for _ in range(3))
         self.latest, self.emu_bytes = np.zeros(64), np.zeros(64)
         self.sums = np.zeros(1024)
-        self.rows = self.used = 0  # rows and elements made (live and freed)
+        self.made = self.used = 0  # rows and elements made (live and freed)
 
     def find(self, keys: np.ndarray, n: np.ndarray, emu_bytes: np.ndarray) -> np.ndarray:
         """Each key's row (a new one, its sums 0, for a key not seen: ``n`` elements, ``emu_bytes``)."""
@@ -543,13 +544,13 @@ class _SumRows:
 
     def _add(self, keys: np.ndarray, n: np.ndarray, emu_bytes: np.ndarray) -> None:
         k, total = len(keys), int(n.sum())
-        if self.used + total > len(self.sums) or self.rows + k > len(self.lo):
+        if self.used + total > len(self.sums) or self.made + k > len(self.lo):
             self._make_room(k, total)
-        at = np.arange(self.rows, self.rows + k)
+        at = np.arange(self.made, self.made + k)
         self.lo[at] = self.used + np.cumsum(n) - n
         self.n[at], self.pushes[at], self.latest[at], self.emu_bytes[at] = n, 0, 0.0, emu_bytes
         self.sums[self.used:self.used + total] = 0.0
-        self.rows += k
+        self.made += k
         self.used += total
         for key, a in zip(map(tuple, keys.tolist()), at.tolist(), strict=True):
             self.at[key] = a
@@ -577,4 +578,4 @@ class _SumRows:
         self.sums = sums
         renumber = dict(zip(live.tolist(), range(len(live)), strict=True))
         self.at = {key: renumber[a] for key, a in self.at.items()}
-        self.rows, self.used = len(live), keep
+        self.made, self.used = len(live), keep

@@ -11,6 +11,13 @@ measured step, from the validation's own report:
 
     .venv/bin/python benchmarks/iteration_period.py --keep DIR --report REPORT.json
 
+With ``--trace``, instead, one trace on each fabric and worker count given, the medians of both
+readings side by side (a fabric whose workers end apart, a parameter server's answers leaving one
+after another, against the switch's results that reach every worker at once):
+
+    .venv/bin/python benchmarks/iteration_period.py --trace T --fabrics ring,ps,ina --workers 2,8 \
+        --bandwidth 300e6
+
 The period is read from the replay's per-worker records through the report builder
 (``emu.replay.report.build._iterations``, wrapped for the run of this script).
 """
@@ -23,8 +30,10 @@ import statistics
 from pathlib import Path
 
 import emu.replay.report.build as build
-from emu.traces import load_trace
-from emu.validate.core import DEFAULT_SETTINGS, _link, predict
+from emu.emulator.links.spec import LinkSpec
+from emu.replay import ReplayConfig, replay
+from emu.traces import load_trace, sample_path
+from emu.validate.core import DEFAULT_SETTINGS, VETH_LATENCY_US, _link, predict
 
 _periods: list[float] = []
 _span_iterations = build._iterations
@@ -51,14 +60,37 @@ def cases(report: dict) -> list[tuple[str, str, str, object]]:
     return [c for c in out if c[0] in names]
 
 
+def fabrics(trace_path: str, names: list[str], workers: list[int], bandwidth_bps: float) -> None:
+    """One trace on each fabric and worker count: the median span and period."""
+    trace = load_trace(trace_path if Path(trace_path).exists() else sample_path(trace_path))
+    link = LinkSpec(bandwidth_bps=bandwidth_bps, latency_us=VETH_LATENCY_US)
+    print("| fabric | workers | span (median ms) | period (median ms) | span over period |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for fabric in names:
+        for m in workers:
+            r = replay(trace, ReplayConfig(workers=m, fabric=fabric, link=link))
+            span = statistics.median(it.emulated_us for it in r.iterations)
+            period = statistics.median(_periods)
+            print(f"| {fabric} | {m} | {span / 1e3:.1f} | {period / 1e3:.1f} | {100 * (span / period - 1):+.1f}% |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--keep", required=True, help="the folder the validation kept its traces in")
-    parser.add_argument("--report", required=True, help="the validation's report (emu validate --json)")
+    parser.add_argument("--keep", help="the folder the validation kept its traces in")
+    parser.add_argument("--report", help="the validation's report (emu validate --json)")
+    parser.add_argument("--trace", help="instead: this trace (a file, or a sample's name) on each of --fabrics and --workers")
+    parser.add_argument("--fabrics", default="ring,ps,ina")
+    parser.add_argument("--workers", default="2,8")
+    parser.add_argument("--bandwidth", type=float, default=300e6, help="bits a second")
     args = parser.parse_args()
+    build._iterations = _iterations
+    if args.trace:
+        fabrics(args.trace, args.fabrics.split(","), [int(w) for w in args.workers.split(",")], args.bandwidth)
+        return
+    if not args.keep or not args.report:
+        parser.error("give --keep and --report (a validation's), or --trace")
     report = json.loads(Path(args.report).read_text())
     by_name = {c["name"]: c for c in report["cases"]}
-    build._iterations = _iterations
     print("| case | kind | flagged | error (span) | error (period) |")
     print("| --- | --- | --- | ---: | ---: |")
     errors: list[tuple[float, float]] = []

@@ -40,9 +40,11 @@ _span_iterations = build._iterations
 
 
 def _iterations(records, workers, iters):
-    """The builder's iterations, noting each iteration's period on the way."""
-    ends = [max(rec[i][1] for rec in records.values()) for i in range(iters)]
-    begin = min(rec[0][0] for rec in records.values()) if iters else 0.0
+    """The builder's iterations, noting each iteration's period on the way (of the iterations every
+    worker finished, as the builder counts them)."""
+    done = min([iters, *(len(rec) for rec in records.values())]) if records else 0
+    ends = [max(rec[i][1] for rec in records.values()) for i in range(done)]
+    begin = min(rec[0][0] for rec in records.values()) if done else 0.0
     _periods[:] = [e - (ends[i - 1] if i else begin) for i, e in enumerate(ends)]
     return _span_iterations(records, workers, iters)
 

@@ -271,11 +271,10 @@ class _Kernel:
         """The rows' sends, a member's rows among them in its order (``slot``: each row's member)."""
         raise NotImplementedError
 
-    def _check(self, got: np.ndarray, want, row: np.ndarray, rows: np.ndarray, distinct: np.ndarray) -> None:
-        """``Check.compare`` of the rows ``rows`` (a mask) of a turn, their values ``got``;
-        ``want(at)``: what the elements ``at`` (a mask of the values, or every one: ``slice(None)``)
-        should be."""
-        n = np.bincount(row, minlength=len(rows))  # each row's elements
+    def _check(self, got: np.ndarray, want, n: np.ndarray, rows: np.ndarray, distinct: np.ndarray) -> None:
+        """``Check.compare`` of the rows ``rows`` (a mask) of an arrival, of ``n`` elements each,
+        their values ``got``; ``want(at)``: what the elements ``at`` (a mask of the values, or every
+        one: ``slice(None)``) should be."""
         elements = int(n[rows].sum())
         if not elements:
             return
@@ -284,7 +283,7 @@ class _Kernel:
         if rows.all():  # every element (most often): no mask to make
             self.check.mismatches += int(np.count_nonzero(got != want(slice(None))))
             return
-        at = rows[row]
+        at = np.repeat(rows, n)
         self.check.mismatches += int(np.count_nonzero(got[at] != want(at)))
 
 
@@ -344,11 +343,12 @@ class RingKernel(_Kernel):
             red = reducing[row]
             out[red] += pay.values(index[red], rank[row][red])
         distinct = (rank == 0) | (not self.gather)  # a reduce_scatter's shards: each member its own
-        self._check(out, lambda at: pay.total(index[at]), row, (reducing & last_reduce) | (~reducing & self.reduce),
+        n = np.diff(a.bounds)
+        self._check(out, lambda at: pay.total(index[at]), n, (reducing & last_reduce) | (~reducing & self.reduce),
                     distinct)
         if not self.reduce:  # an all_gather: chunk c is worker c's shard
             first = np.where(rank == 0, chunk != 0, (rank == 1) & (chunk == 0))
-            self._check(out, lambda at: pay.values(index[at], chunk[row][at]), row, np.ones(len(slot), bool), first)
+            self._check(out, lambda at: pay.values(index[at], chunk[row][at]), n, np.ones(len(slot), bool), first)
         mem.took(slot, t)
         rows = np.flatnonzero(np.where(reducing, ~last_reduce | self.gather, chunk != (o + 2) % m))
         return Sends(a.dst[rows], (rank[rows] + 1) % m, a.segment[rows], lay.chunk_bytes[chunk[rows]], t[rows],
@@ -374,8 +374,8 @@ class ClientKernel(_Kernel):
     def _turn(self, a: Arrivals, slot: np.ndarray) -> Sends:
         mem = self.members
         t = np.maximum(a.t, mem.start_us[slot])
-        row, index = self.lay.elements(a)
-        self._check(a.values, lambda at: self.payload.total(index[at]), row, np.ones(len(slot), bool),
+        index = self.lay.elements(a)[1]
+        self._check(a.values, lambda at: self.payload.total(index[at]), np.diff(a.bounds), np.ones(len(slot), bool),
                     mem.rank[slot] == 0)
         mem.took(slot, t)
         return Sends.none()
@@ -442,9 +442,9 @@ class BroadcastKernel(_Kernel):
         mem, lay, root = self.members, self.lay, self.root
         t = np.maximum(a.t, mem.start_us[slot])
         rank = mem.rank[slot]
-        row, index = lay.elements(a)
-        self._check(a.values, lambda at: self.payload.values(index[at], root), row, np.ones(len(slot), bool),
-                    rank == (root + 1) % self.m)
+        index = lay.elements(a)[1]
+        self._check(a.values, lambda at: self.payload.values(index[at], root), np.diff(a.bounds),
+                    np.ones(len(slot), bool), rank == (root + 1) % self.m)
         mem.took(slot, t)
         kids, rows = self._children((rank - root) % self.m)
         return Sends(a.dst[rows], kids, a.segment[rows], lay.chunk_bytes[lay.chunk[a.segment[rows]]], t[rows],

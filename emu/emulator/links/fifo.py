@@ -20,17 +20,25 @@ RESTARTS = 16  # idle gaps a running sum restarts at, before the rest of the lin
 TABLE_RESTARTS = 256
 
 
-def places(idx: np.ndarray) -> np.ndarray:
-    """Each row's place among the rows of its value of ``idx``, in their order (0 for the first)."""
+def _places(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """The rows sorted by ``idx`` (stable), where each value's rows begin in that order, and, unless
+    every value is once, each row's value's number and the row's place among that value's rows."""
     n = len(idx)
     order = np.argsort(idx, kind="stable")
     new = firsts_of(idx[order])
     starts = np.flatnonzero(new)
-    if len(starts) == n:  # every value once (most often)
-        return np.zeros(n, np.int64)
+    if len(starts) == n:
+        return order, starts, None, None
+    link = np.cumsum(new) - 1
     pos = np.empty(n, np.int64)
-    pos[order] = np.arange(n) - starts[np.cumsum(new) - 1]
-    return pos
+    pos[order] = np.arange(n) - starts[link]
+    return order, starts, link, pos
+
+
+def places(idx: np.ndarray) -> np.ndarray:
+    """Each row's place among the rows of its value of ``idx``, in their order (0 for the first)."""
+    pos = _places(idx)[3]
+    return np.zeros(len(idx), np.int64) if pos is None else pos
 
 
 def turns(idx: np.ndarray, deep: int | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -40,16 +48,10 @@ def turns(idx: np.ndarray, deep: int | None = None) -> tuple[list[np.ndarray], l
     n = len(idx)
     if n == 0:
         return [], []
-    order = np.argsort(idx, kind="stable")
-    e = idx[order]
-    new = firsts_of(e)
-    starts = np.flatnonzero(new)
-    if len(starts) == n:  # one row a link: one step
+    order, starts, link, pos = _places(idx)
+    if link is None or pos is None:  # one row a link: one step
         return [np.arange(n)], []
     counts = lasts_of(starts, n) - starts + 1
-    link = np.cumsum(new) - 1
-    pos = np.empty(n, np.int64)
-    pos[order] = np.arange(n) - starts[link]
     deep_rows: list[np.ndarray] = []
     if deep is not None and counts.max() > deep:
         many = counts > deep

@@ -238,6 +238,12 @@ class SegmentBatch:
         return out
 
 
+def one_value(a: np.ndarray) -> bool:
+    """Whether every element of ``a`` (not empty) is its first (a window's rows of one collective,
+    for one host: most often)."""
+    return bool(a[0] == a[-1]) and bool((a == a[0]).all())
+
+
 def every_row(rows: np.ndarray, n: int) -> bool:
     """Whether ``rows`` are all ``n`` rows in order (taking them is taking nothing new)."""
     return len(rows) == n and (n == 0 or bool((rows == np.arange(n)).all()))

@@ -25,6 +25,7 @@ from dataclasses import replace
 import numpy as np
 
 from emu import lifetime
+from emu.emulator.protocol.transport import one_value
 from emu.errors import RunFailed
 from emu.replay.config.options import Clock
 from emu.replay.control.messages import HostResult, SwitchResult
@@ -99,7 +100,7 @@ class _InProcess:
             if len(segs):  # each host its part (as the switch process forwards them)
                 self.clock.seg_min = min(self.clock.seg_min, float(segs.t.min()))
                 dest = self.route.hosts_of(segs.job, segs.dst)
-                if (dest == dest[0]).all():  # one host's (one host a job: most often)
+                if one_value(dest):
                     self.hosts[int(dest[0])].receive_rows(segs)
                 else:
                     for h in np.unique(dest).tolist():

@@ -27,7 +27,7 @@ from emu.emulator.algorithms.p2p import Seg
 from emu.emulator.algorithms.sparse_p2p import SPARSE_SEGMENT
 from emu.emulator.mechanisms import Mechanism
 from emu.emulator.protocol import wire
-from emu.emulator.protocol.transport import FrameError, SegmentRows, gather, row_bounds
+from emu.emulator.protocol.transport import FrameError, SegmentRows, gather, one_value, row_bounds
 from emu.emulator.protocol.wire import DTYPE_CODES
 from emu.replay.control.messages import CARRIED_UNIT
 from emu.replay.host.p2p import Hand, P2PEndpoint
@@ -259,7 +259,7 @@ class BatchedP2P(P2PEndpoint):
         self.empty_segments += int((payload & (rows.lengths() == 0)).sum())
         carried = np.rint(rows.emu_bytes * CARRIED_UNIT).astype(np.int64)
         framing = np.rint(wire_bytes * CARRIED_UNIT).astype(np.int64) - carried
-        if rows.seq[0] == rows.seq[-1] and (rows.seq == rows.seq[0]).all():  # one collective's (most often)
+        if one_value(rows.seq):
             seqs, pay, head = [int(rows.seq[0])], [carried.sum()], [framing.sum()]
         else:
             u, which = np.unique(rows.seq, return_inverse=True)
@@ -304,7 +304,7 @@ class BatchedP2P(P2PEndpoint):
         if self.servers:
             self._serve(rows, t)
             return
-        one = rows.seq[0] == rows.seq[-1] and bool((rows.seq == rows.seq[0]).all())  # one collective's (most often)
+        one = one_value(rows.seq)
         for seq in [int(rows.seq[0])] if one else np.unique(rows.seq).tolist():
             sel = np.arange(len(rows)) if one else np.flatnonzero(rows.seq == seq)
             kernel = self.kernels.get(seq)

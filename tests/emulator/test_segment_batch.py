@@ -94,3 +94,18 @@ def test_gather_is_the_rows_values_in_any_order(lengths: list[int]) -> None:
         got = transport.gather(values, bounds, np.asarray(rows, np.int64))
         want = values[transport.spans(bounds, np.asarray(rows, np.int64))]
         assert np.array_equal(got, want) and not np.shares_memory(got, values)
+
+
+def test_rows_of_is_indexing_by_rows_masks_and_slices() -> None:
+    """``rows_of`` gathers with ``np.take``: the same rows as indexing, for indices (repeated, in any
+    order), boolean masks (which ``np.take`` alone would read as indices 0 and 1) and slices, on
+    plain rows, narrow rows and structured headers."""
+    rng = np.random.default_rng(3)
+    headers = np.zeros(9, transport.AGG_HEADER)
+    headers["chunk"] = rng.integers(0, 1 << 20, 9)
+    for a in (rng.integers(-9, 9, (9, 64)).astype(np.int32), rng.integers(0, 9, (9, 2)).astype(np.uint32),
+              rng.random(9), headers):
+        mask = rng.random(9) < 0.5
+        for rows in (np.array([8, 0, 3, 3, 1]), np.zeros(0, np.int64), mask, np.ones(9, bool), slice(2, 7)):
+            got = transport.rows_of(a, rows)
+            assert got.dtype == a.dtype and np.array_equal(got, a[rows])

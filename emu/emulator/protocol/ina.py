@@ -46,7 +46,7 @@ from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol import fixedpoint
 from emu.emulator.protocol.ina_data import PayloadCache, StreamData
 from emu.emulator.protocol.sparse_ina import NONE, SparseStream, held_blocks, streams_sparse
-from emu.emulator.protocol.transport import every_row
+from emu.emulator.protocol.transport import every_row, rows_of
 from emu.emulator.protocol.wire import AGG_HEADER, BLOCK_NONE, FLAG_COPY, FLAG_GATHER, FLAG_OWNER, FLAG_SCATTER, MsgType
 from emu.traces.model import CollKind, Dtype, Sparsity
 
@@ -244,7 +244,7 @@ class InaGroup(StreamData):
         order = np.lexsort((pk.send_us, pk.local))  # per worker in time order: its uplink's FIFO
         if every_row(order, len(order)):  # in that order already (most often): no copy of the payload
             return pk
-        return Packets(*(getattr(pk, f)[order] for f in fields))
+        return Packets(*(rows_of(getattr(pk, f), order) for f in fields))
 
     def _retransmissions(self, retransmit: list[tuple[int, int, float, float]]) -> Packets | None:
         """The given retransmissions of slots still waiting (built per collective at once), in the
@@ -314,10 +314,13 @@ class InaGroup(StreamData):
         if coll.kind == CollKind.REDUCE_SCATTER:
             owns = ~is_exp & (coll.owner(b) == self.wids[li])
             h["flags"] |= (np.where(is_exp, 0, FLAG_SCATTER) | np.where(owns, FLAG_OWNER, 0)).astype(np.uint8)
-        payload = np.zeros((n, k), np.int32)
         data = np.flatnonzero(~is_exp)
-        if len(data):
-            payload[data] = self.quantized(coll, li[data], b[data])
+        if len(data) == n:  # data rows only (most often): the quantized rows are the payload
+            payload = self.quantized(coll, li, b)
+        else:
+            payload = np.zeros((n, k), np.int32)
+            if len(data):
+                payload[data] = self.quantized(coll, li[data], b[data])
         return Packets(li, h, payload, send, self._emu_packets(coll, b, is_exp), np.full(n, retx),
                        np.zeros((n, 2), np.uint32))
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from emu.emulator.payload.generated import Block, block, holds, sparse_sum_units
 from emu.emulator.protocol import fixedpoint
+from emu.emulator.protocol.transport import rows_of
 from emu.traces.model import CollKind
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ class StreamData:
         lo, hi = first * k, min((last + 1) * k, coll.real_elements)
         span = np.zeros((last - first + 1) * k, dtype=dtype)
         span[: hi - lo] = self.cache.span(coll, lo, hi, field)
-        return span.reshape(-1, k)[blocks - first]
+        return rows_of(span.reshape(-1, k), blocks - first)
 
     def units(self, coll: InaCollective, li: np.ndarray, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Workers li's payload units of data blocks (one int32 row each, k wide, zero padded) and
@@ -107,12 +108,13 @@ class StreamData:
         own = self._rows(coll, uniq, "own", np.int32)
         common = self._rows(coll, uniq, "common", np.int32)
         beta = self._rows(coll, uniq, "beta", np.int32)[:, 0].astype(np.int64)  # constant per block
-        units = common[inv]
+        units = np.take(common, inv, axis=0)
         if self._lookup(len(blocks)):
             rows, cols = self._owned(coll, uniq, inv, ranks)
             units[rows, cols] += own[inv[rows], cols]
-        else:
-            units += np.where(self._owners(coll, uniq)[inv] == np.asarray(ranks)[:, None], own[inv], np.int32(0))
+        else:  # a product with the mask, not np.where (measured: 5x slower on int32 rows)
+            mine = np.take(self._owners(coll, uniq), inv, axis=0) == np.asarray(ranks, np.int32)[:, None]
+            units += np.take(own, inv, axis=0) * mine
         if coll.sparsity is not None:  # zero outside the blocks each worker holds (padding: held by nobody)
             holders = self._rows(coll, uniq, "holders", np.int32)
             mul = self._rows(coll, uniq, "mul", np.int64)
@@ -240,7 +242,7 @@ class StreamData:
         shift = beta + fixedpoint.scale_shift(agreed, self.p.workers)
         if (agreed == fixedpoint.EXP_NONE).any() or (shift < 0).any():  # not a plain left shift
             return fixedpoint.quantize(self.values(coll, li, blocks), agreed, self.p.workers)
-        return np.left_shift(units, shift.astype(np.int32)[:, None])
+        return np.left_shift(units, shift.astype(np.int32)[:, None], out=units)  # units is this call's own
 
     def expected_sums(self, coll: InaCollective, blocks: np.ndarray) -> np.ndarray:
         """The exact int32 sums the switch must return for data blocks (rows, zero padded)."""
@@ -258,13 +260,14 @@ class StreamData:
             units = n * common + own
         else:  # H_B workers hold the block, and its owner is one of them (emu.emulator.payload.generated)
             units = sparse_sum_units(self._rows(coll, uniq, "holders", np.int64), common, own)
-        units = units[inv]
-        beta = self._rows(coll, uniq, "beta", np.int64)[inv]
-        agreed = coll.agreed[blocks]
+        # per distinct block (its scale beta is one number, its agreed exponent too), then its rows
+        beta = self._rows(coll, uniq, "beta", np.int64)[:, 0]
+        agreed = coll.agreed[uniq]
         none = agreed == fixedpoint.EXP_NONE
         shift = np.where(none, 0, fixedpoint.scale_shift(agreed, n))
-        out = (units * np.exp2((beta + shift[:, None]).astype(np.float64))).astype(np.int64)
-        return np.where(none[:, None], 0, out)
+        out = (units * np.exp2((beta + shift).astype(np.float64))[:, None]).astype(np.int64)
+        out[none] = 0
+        return rows_of(out, inv)
 
     def _check(self, coll: InaCollective, rows: np.ndarray, blocks: np.ndarray, payload: np.ndarray,
                verify: np.ndarray) -> None:
@@ -275,6 +278,6 @@ class StreamData:
             want = self._gathered(coll, coll.owner(blocks), blocks).astype(np.int64)
         else:
             want = self.expected_sums(coll, blocks)
-        got = payload[uniq].astype(np.int64)
+        got = rows_of(payload, uniq)  # compared with the int64 sums as they are (numpy widens)
         real = np.arange(self.p.elements)[None, :] < coll.lanes(blocks, self.p.elements)[:, None]
         verify[uniq] = np.count_nonzero((got != want) & real, axis=1)

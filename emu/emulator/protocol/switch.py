@@ -55,6 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from emu.emulator.protocol.fixedpoint import EXP_NONE
+from emu.emulator.protocol.transport import rows_of
 from emu.emulator.protocol.wire import AGG_HEADER, BLOCK_NONE, FLAG_COPY, FLAG_GATHER, FLAG_OWNER, FLAG_SCATTER, MsgType
 
 MULTICAST = 0xFFFF  # the destination of a result for every worker
@@ -258,12 +259,18 @@ class AggregationSwitch:
         groups, counts, starts, order, sums = self._sums(idx, worker, rows, payload)
         fresh = (self.count[groups] == 0) | (self.count[groups] == self.workers)
         # int32 accumulators wrap like the switch's registers (numpy's int32 add wraps too)
-        self.acc[groups] = np.where(fresh[:, None], sums, self.acc[groups] + sums)
+        if fresh.all():  # every slot copy starts a round (most often): its sums are the registers
+            self.acc[groups] = sums
+        else:
+            acc = rows_of(self.acc, groups)
+            acc[fresh] = 0
+            acc += sums
+            self.acc[groups] = acc
         exps = headers["exponent"].astype(np.int64)[rows[order]]
         self.exp[groups] = np.maximum(np.where(fresh, EXP_NONE, self.exp[groups]),
                                       np.maximum.reduceat(exps, starts))
         self.stamp[groups] = np.maximum(np.where(fresh[:, None], -np.inf, self.stamp[groups]),
-                                        np.maximum.reduceat(stamps[rows[order]], starts, axis=0))
+                                        np.maximum.reduceat(rows_of(stamps, rows[order]), starts, axis=0))
         firsts = rows[order][starts]
         # a sparse round's result is as wide as its widest packet (the holders'); a dense round's
         # packets all have one size
@@ -321,7 +328,7 @@ class AggregationSwitch:
             if (grid_idx == grid_idx[0]).all() and (grid_w == grid_w[:, :1]).all():
                 groups = grid_idx[0]
                 order_in_row = np.argsort(groups, kind="stable")
-                block = payload[rows] if not _is_range(rows) else payload[rows[0]: rows[-1] + 1]
+                block = rows_of(payload, rows) if not _is_range(rows) else payload[rows[0]: rows[-1] + 1]
                 sums = np.add.reduce(block.reshape(w_rows, g, -1), axis=0, dtype=np.int32)
                 groups, sums = groups[order_in_row], sums[order_in_row]
                 # positions in the batch: row-major, so the last contribution is in the last row
@@ -332,7 +339,7 @@ class AggregationSwitch:
         sorted_idx = idx[order]
         starts = np.flatnonzero(np.r_[True, sorted_idx[1:] != sorted_idx[:-1]])
         counts = np.diff(np.r_[starts, len(order)])
-        sums = np.add.reduceat(payload[rows[order]], starts, axis=0, dtype=np.int32)
+        sums = np.add.reduceat(rows_of(payload, rows[order]), starts, axis=0, dtype=np.int32)
         return sorted_idx[starts], counts, starts, order, sums
 
     def _apply_one(self, row: int, idx_all: np.ndarray, worker_all: np.ndarray, headers: np.ndarray,

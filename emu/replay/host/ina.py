@@ -22,7 +22,7 @@ from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol import wire
 from emu.emulator.protocol.ina import SENT, InaCollective, InaGroup, InaParams, Packets, PayloadCache, ResultCheck
 from emu.emulator.protocol.switch import MULTICAST
-from emu.emulator.protocol.transport import AggBatch, Lagging
+from emu.emulator.protocol.transport import AggBatch, Lagging, rows_of
 from emu.replay.config.options import ReplayConfig
 from emu.replay.control.messages import CARRIED_UNIT
 from emu.replay.host.wiring import Wiring
@@ -32,7 +32,8 @@ _PACKET_FIELDS = ("local", "headers", "payload", "send_us", "emu_packets", "retr
 
 
 def take(pk: Packets, rows: np.ndarray) -> Packets:
-    return Packets(*(getattr(pk, f)[rows] for f in _PACKET_FIELDS))
+    rows = np.flatnonzero(rows) if np.asarray(rows).dtype == bool else rows
+    return Packets(*(rows_of(getattr(pk, f), rows) for f in _PACKET_FIELDS))
 
 
 def _concat(parts: list[Packets]) -> Packets:
@@ -306,8 +307,8 @@ class InaEndpoint:
         keep = ~lost
         if keep.any():
             emu_packets = np.asarray(packets, np.float64)
-            batch = (AggBatch(pk.headers, pk.payload, arrival, pk.sparse, emu_packets) if not lost.any() else  # no copy
-                     AggBatch(pk.headers[keep], pk.payload[keep], arrival[keep], pk.sparse[keep], emu_packets[keep]))
+            batch = AggBatch(pk.headers, pk.payload, arrival, pk.sparse, emu_packets)
+            batch = batch if not lost.any() else batch.take(keep)  # no copy where none was lost
             if self.leaves is not None:  # up the leaf's link to the aggregating spine
                 self.leaves.batch(0, self.leaf[pk.local[keep]], batch, wire_bytes[keep], packets[keep])
             else:

@@ -302,7 +302,7 @@ def _results(pools: _Pools, job: int, batch: AggBatch) -> list[tuple[int, AggBat
         if mine.all():
             out.append((h, AggBatch(res.headers, res.payload, res.stamps, res.sparse)))
         elif mine.any():
-            out.append((h, AggBatch(res.headers[mine], res.payload[mine], res.stamps[mine], res.sparse[mine])))
+            out.append((h, AggBatch(res.headers, res.payload, res.stamps, res.sparse).take(mine)))
     return out
 
 

@@ -202,7 +202,7 @@ class Block:
         return holds(self.mul, self.add, self.holders, self.workers, worker)
 
     def units(self, worker: int) -> np.ndarray:
-        units = self.common + np.where(self.owner == worker, self.own, 0)
+        units = self.common + self.own * (self.owner == worker)  # a product, not np.where: 2x faster
         held = self.held(worker)
         return units if held is None else np.where(held, units, 0).astype(units.dtype)
 
@@ -231,7 +231,7 @@ class DenseParts:
 
     def values(self, worker: np.ndarray | int) -> np.ndarray:
         """x_w of each element, ``worker`` its worker (one, or one per element): as ``Block.values``."""
-        units = self.common + np.where(self.owner == worker, self.own, 0)
+        units = self.common + self.own * (self.owner == worker)
         return np.ldexp(units.astype(np.float64), self.beta)
 
     def expected_sum(self, num_workers: int) -> np.ndarray:

@@ -1,13 +1,12 @@
 """A validation's `same` and extrapolated cases with two readings of the replay's iteration.
 
-The report's iteration (``emulated_us``, docs/design.md) runs from the earliest worker's start of
-the iteration to the last worker's end: where the workers end an iteration at different times, the
-next one's span holds that skew too. The real runs time each rank from optimizer step to
-optimizer step: a period. This replays the traces a validation kept (``emu validate --keep DIR``)
-as the validation does (``emu.validate.core.predict``) and prints, per case, the error of the
-median span (the validation's) and of the median period (per iteration, the last worker's end less
-the previous iteration's last end; the first from the earliest start) against the real runs'
-measured step, from the validation's own report:
+The report's iteration (``emulated_us``, docs/design.md) is its period: the last worker's end less
+the previous iteration's last end (the first from the earliest start), what the real runs measure
+from optimizer step to optimizer step. Its span (``span_us``: the earliest worker's start to the
+last end) holds the workers' skew too; report versions before 6 gave the span as the iteration.
+This replays the traces a validation kept (``emu validate --keep DIR``) as the validation does
+(``emu.validate.core.predict``) and prints, per case, the error of the median span and of the
+median period against the real runs' measured step, from the validation's own report:
 
     .venv/bin/python benchmarks/iteration_period.py --keep DIR --report REPORT.json
 
@@ -17,9 +16,6 @@ after another, against the switch's results that reach every worker at once):
 
     .venv/bin/python benchmarks/iteration_period.py --trace T --fabrics ring,ps,ina --workers 2,8 \
         --bandwidth 300e6
-
-The period is read from the replay's per-worker records through the report builder
-(``emu.replay.report.build._iterations``, wrapped for the run of this script).
 """
 
 from __future__ import annotations
@@ -29,24 +25,15 @@ import json
 import statistics
 from pathlib import Path
 
-import emu.replay.report.build as build
 from emu.emulator.links.spec import LinkSpec
-from emu.replay import ReplayConfig, replay
+from emu.replay import ReplayConfig, ReplayReport, replay
 from emu.traces import load_trace, sample_path
-from emu.validate.core import DEFAULT_SETTINGS, VETH_LATENCY_US, _link, predict
-
-_periods: list[float] = []
-_span_iterations = build._iterations
+from emu.validate.core import DEFAULT_SETTINGS, VETH_LATENCY_US, _link
 
 
-def _iterations(records, workers, iters):
-    """The builder's iterations, noting each iteration's period on the way (of the iterations every
-    worker finished, as the builder counts them)."""
-    done = min([iters, *(len(rec) for rec in records.values())]) if records else 0
-    ends = [max(rec[i][1] for rec in records.values()) for i in range(done)]
-    begin = min(rec[0][0] for rec in records.values()) if done else 0.0
-    _periods[:] = [e - (ends[i - 1] if i else begin) for i, e in enumerate(ends)]
-    return _span_iterations(records, workers, iters)
+def medians(r: ReplayReport) -> tuple[float, float]:
+    """The report's median span and median period (us)."""
+    return (statistics.median(it.span_us for it in r.iterations), statistics.median(it.emulated_us for it in r.iterations))
 
 
 def cases(report: dict) -> list[tuple[str, str, str, object]]:
@@ -70,9 +57,7 @@ def fabrics(trace_path: str, names: list[str], workers: list[int], bandwidth_bps
     print("| --- | ---: | ---: | ---: | ---: |")
     for fabric in names:
         for m in workers:
-            r = replay(trace, ReplayConfig(workers=m, fabric=fabric, link=link))
-            span = statistics.median(it.emulated_us for it in r.iterations)
-            period = statistics.median(_periods)
+            span, period = medians(replay(trace, ReplayConfig(workers=m, fabric=fabric, link=link)))
             print(f"| {fabric} | {m} | {span / 1e3:.1f} | {period / 1e3:.1f} | {100 * (span / period - 1):+.1f}% |")
 
 
@@ -85,7 +70,6 @@ def main() -> None:
     parser.add_argument("--workers", default="2,8")
     parser.add_argument("--bandwidth", type=float, default=300e6, help="bits a second")
     args = parser.parse_args()
-    build._iterations = _iterations
     if args.trace:
         fabrics(args.trace, args.fabrics.split(","), [int(w) for w in args.workers.split(",")], args.bandwidth)
         return
@@ -98,8 +82,8 @@ def main() -> None:
     errors: list[tuple[float, float]] = []
     for name, kind, kept, setting in cases(report):
         trace = load_trace(Path(args.keep) / f"{kept}.json.gz")
-        span = predict(trace, _link(setting, trace)).step_us
-        period = statistics.median(_periods)
+        span, period = medians(replay(trace, ReplayConfig(workers=trace.meta.world_size, fabric="ring",
+                                                          link=_link(setting, trace))))  # as predict replays
         measured = by_name[name]["measured_us"]
         flagged = bool(by_name[name]["flags"])
         e = (100 * (span / measured - 1), 100 * (period / measured - 1))

@@ -291,7 +291,7 @@ def _read_by(entry: JobReport, t: int) -> float:
     if t - 1 >= len(entry.iterations) or entry.compression is None or entry.compression.adaptive is None:
         return math.inf
     start = entry.compression.adaptive.steps[t - 1].start_us
-    return math.inf if start is None else start + entry.iterations[t - 1].emulated_us
+    return math.inf if start is None else start + entry.iterations[t - 1].span_us
 
 
 def _with_passes(report: ReplayReport, passes: int, wall_s: float) -> ReplayReport:

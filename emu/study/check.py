@@ -21,7 +21,15 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from emu.errors import ConfigError
-from emu.study.reports import LoadedReport, format_bandwidth, key_config, load_reports, point_key, point_label
+from emu.study.reports import (
+    PERIOD_VERSION,
+    LoadedReport,
+    format_bandwidth,
+    key_config,
+    load_reports,
+    point_key,
+    point_label,
+)
 
 DEFAULT_TOLERANCE = 0.05
 MAX_TOLERANCE = 10.0  # 1000%: beyond it a check checks nothing, so a larger value is a typo
@@ -125,6 +133,7 @@ def parse_tolerance(text: str) -> float:
 def compare(current: Sequence[LoadedReport], baseline: Sequence[LoadedReport], tolerance: float = DEFAULT_TOLERANCE,
             ignore_config: bool = False) -> Comparison:
     """Pair the reports by point and judge each point (module docstring)."""
+    _same_meaning(current, baseline)
     cur = _index(current, "CURRENT", ignore_config)
     base = _index(baseline, "--baseline", ignore_config)
     # each side by trace alone, to say why a point is unpaired (built once: a sweep has thousands)
@@ -144,6 +153,20 @@ def compare(current: Sequence[LoadedReport], baseline: Sequence[LoadedReport], t
     unpaired = sum(1 for p in points if p.verdict in (Verdict.MISSING, Verdict.NEW) and p.detail)
     return Comparison(tolerance=tolerance, ignore_config=ignore_config, points=_ordered(_unique_labels(points)),
                       unpaired_by_config=unpaired, one_per_trace=one_per_trace)
+
+
+def _same_meaning(current: Sequence[LoadedReport], baseline: Sequence[LoadedReport]) -> None:
+    """Refuse to compare iterations of two meanings: before report version 6 an iteration was its
+    span (earliest start to last end), since then its period (last end to last end), shorter where
+    the workers end apart (by 25% for the cnn on ps at 8 workers: docs/FIDELITY.md)."""
+    sides = (("CURRENT", current), ("--baseline", baseline))
+    if len({r.version >= PERIOD_VERSION for _, reports in sides for r in reports}) < 2:
+        return
+    side, old = next((side, r) for side, reports in sides for r in reports if r.version < PERIOD_VERSION)
+    raise ConfigError(f"{old.path}: report_version {old.version} measures an iteration as its span (earliest "
+                      f"start to last end), report_version {PERIOD_VERSION} and later as its period (last end to "
+                      f"last end): their times are not comparable; write the {side} reports again with this emu "
+                      "(emu replay --report)")
 
 
 def check(current: str | os.PathLike[str], baseline: str | os.PathLike[str], tolerance: float = DEFAULT_TOLERANCE,

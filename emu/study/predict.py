@@ -139,8 +139,7 @@ class _Forms:
         self.index = {id(fw): i for i, fw in enumerate(self.workers)}
         self.heap: list[tuple[float, int, int, int, CollRun | None]] = []
         self.pending: dict[tuple[frozenset[int], int], dict[int, CollRun]] = {}
-        self.forms: dict[tuple[CollKind, int, str, Sparsity | None, int], tuple[float, float]] = {}
-        self.ends: list[dict[float, float]] = [{} for _ in classes]  # per class: a completion's time -> spread
+        self.forms: dict[tuple[CollKind, int, str, Sparsity | None, int], float] = {}
         self._order = 0
 
     def run(self) -> None:
@@ -180,14 +179,16 @@ class _Forms:
         if len(entry) < len(key[0]):
             return
         del self.pending[key]
+        if any(r.op.splits is not None for r in entry.values()):
+            for i, end in self._exchange(entry).items():
+                self._end(i, entry[i], end)
+            return
         start = max(r.start_us or r.issue_us for r in entry.values())
-        uneven = any(r.op.splits is not None for r in entry.values())
-        duration, spread = self._exchange(entry) if uneven else self.form(run.op)
+        duration = self.form(run.op)
         for i, r in entry.items():
-            self._end(i, r, start + duration, spread)
+            self._end(i, r, start + duration)
 
-    def _end(self, i: int, run: CollRun, end: float, spread: float = 0.0) -> None:
-        self.ends[i][end] = max(spread, self.ends[i].get(end, 0.0))
+    def _end(self, i: int, run: CollRun, end: float) -> None:
         self._push(end, 0, i, run)
 
     def _point_to_point(self, i: int, key: tuple[frozenset[int], int], run: CollRun) -> None:
@@ -202,52 +203,40 @@ class _Forms:
                 return
             (j, recv), = other.items()
             recv_start = recv.start_us if recv.start_us is not None else recv.issue_us
-            self._end(j, recv, max(recv_start, start + self.form(run.op)[0]))
+            self._end(j, recv, max(recv_start, start + self.form(run.op)))
             return
         if other is None:
             self.pending[key] = {i: run}
             return
         send = other[-1]
         sent = send.start_us if send.start_us is not None else send.issue_us
-        self._end(i, run, max(start, sent + self.form(run.op)[0]))
+        self._end(i, run, max(start, sent + self.form(run.op)))
 
-    def _exchange(self, entry: dict[int, CollRun]) -> tuple[float, float]:
-        """An uneven all_to_all's form from every member's splits (each member a class of its own:
-        a layout of experts gives every worker its own sizes), every member ending with the slowest."""
+    def _exchange(self, entry: dict[int, CollRun]) -> dict[int, float]:
+        """An uneven all_to_all's end on each member from every member's splits and start (each member
+        a class of its own: a layout of experts gives every worker its own sizes): a member that
+        starts early sends early, and one that receives little ends early, as in the replay."""
         op = next(iter(entry.values())).op
         members = op.group if op.group is not None else range(len(self.class_of))
         position = {w: p for p, w in enumerate(members)}
         sent: list[list[int]] = [[] for _ in members]
+        starts = [0.0] * len(members)
         for i, run in entry.items():
             sent[position[self.first[i]]] = list(Splits.of(run.op).send_elements)
+            starts[position[self.first[i]]] = run.start_us or run.issue_us
         if any(not row for row in sent):
             raise ConfigError(f"all_to_all {op.id} has per-peer sizes, and members of its group run one program: "
                               "emu predict needs each member's sizes; replay it (emu replay)")
-        return mechanisms.DIRECT.exchange_us(sent, op, self.setting), 0.0
+        ends = mechanisms.DIRECT.exchange_ends(sent, op, self.setting, starts)
+        return {i: ends[position[self.first[i]]] for i in entry}
 
-    def form(self, op: Coll) -> tuple[float, float]:
-        """Its closed form alone on the links and its members' completion spread (``Mechanism``)."""
+    def form(self, op: Coll) -> float:
+        """Its closed form alone on the links, to its last member's completion (``Mechanism``)."""
         key = (op.kind, op.count, op.dtype.value, op.sparsity, len(op.group) if op.group is not None else 0)
         got = self.forms.get(key)
         if got is None:
-            mech = mechanisms.choose(op, self.setting)
-            got = self.forms[key] = (mech.time_us(op, self.setting), mech.spread_us(op, self.setting))
+            got = self.forms[key] = mechanisms.choose(op, self.setting).time_us(op, self.setting)
         return got
-
-    def starts(self, i: int) -> list[float]:
-        """Class i's iterations' starts as its earliest worker's: one iteration ahead of the last by
-        the spread of the collective that ended its last blocking wait (at most the time it blocked)."""
-        s = self.workers[i].s
-        waits = [(a, b) for cat, _, a, b in s.spans if cat == "wait"]
-        out = [s.records[0].start_us]
-        for prev, rec in zip(s.records, s.records[1:], strict=False):
-            inside = [(a, b) for a, b in waits if prev.start_us <= a and b <= prev.end_us]
-            lead = 0.0
-            if inside:
-                a, b = max(inside, key=lambda w: w[1])
-                lead = min(self.ends[i].get(b, 0.0), b - a)
-            out.append(rec.start_us - lead)
-        return out
 
 
 def predict(trace: Trace, config: ReplayConfig) -> Prediction:
@@ -276,14 +265,14 @@ def predict(trace: Trace, config: ReplayConfig) -> Prediction:
     setting = replace(config.setting, payload_scale=scale, real_slots=max(1, -(-config.emulated_slots // scale)))
     forms = _Forms(classes, class_of, setting, iters)
     forms.run()
-    starts = [forms.starts(i) for i in range(len(classes))]
     times, crits = [], []
-    for k in range(iters):
+    last_end = min(fw.s.records[0].start_us for fw in forms.workers)
+    for k in range(iters):  # each iteration's period, as the report's: last end to last end
         rows = [fw.s.records[k] for fw in forms.workers]
-        start = min(s[k] for s in starts)
         crit = max(range(len(classes)), key=lambda j: (rows[j].end_us, -classes[j].first_worker))
-        times.append(rows[crit].end_us - start)
+        times.append(rows[crit].end_us - last_end)
         crits.append(rows[crit])
+        last_end = rows[crit].end_us
     median = statistics.median(times)
     mid = crits[times.index(statistics.median_low(times))]
     ignored = ["queueing between overlapping collectives"]

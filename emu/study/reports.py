@@ -86,6 +86,13 @@ def _from_v4(doc: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def _from_v5(doc: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Version 6 gives an iteration as its period and adds its span (``iterations[].span_us``); a
+    version 5 report's iterations are spans, and nothing in it gives their periods: read as they
+    are, and compared only with reports of their meaning (``PERIOD_VERSION``, emu check)."""
+    return doc
+
+
+def _from_v6(doc: dict[str, Any], path: Path) -> dict[str, Any]:
     """The current version."""
     return doc
 
@@ -93,7 +100,10 @@ def _from_v5(doc: dict[str, Any], path: Path) -> dict[str, Any]:
 # report_version -> the loader that returns the report in the current version's shape (CHANGELOG.md
 # lists what each version added). A new version adds a row and moves the older loaders forward.
 LOADERS: dict[int, Callable[[dict[str, Any], Path], dict[str, Any]]] = {1: _from_v1, 2: _from_v2, 3: _from_v3,
-                                                                      4: _from_v4, 5: _from_v5}
+                                                                      4: _from_v4, 5: _from_v5, 6: _from_v6}
+# the first version whose iteration (and the summary's times) is a period, last end to last end:
+# earlier ones give spans, earliest start to last end (emu check compares one meaning with itself)
+PERIOD_VERSION = 6
 CURRENT_VERSION = max(LOADERS)
 
 

@@ -88,7 +88,9 @@ def test_predict_prints_the_library_estimate_for_every_point() -> None:
     for r in rows:
         want = predict(trace, ReplayConfig(workers=r["workers"], fabric=r["fabric"], link=LinkSpec(bandwidth_bps=10e9)))
         assert r["iteration_us_median"] == pytest.approx(want.iteration_us_median)
-        assert r["compute_us"] + r["exposed_comm_us"] == pytest.approx(r["iteration_us_median"], rel=1e-6, abs=1.0)
+        # the critical worker's own start to end; the period is shorter where it started before the
+        # iteration before had ended on every worker
+        assert r["compute_us"] + r["exposed_comm_us"] >= r["iteration_us_median"] - 1.0
     by = {(r["fabric"], r["workers"]): r["iteration_us_median"] for r in rows}
     assert by[("ring", 64)] > by[("ina", 64)]  # at 10 Gb/s and 64 workers the ring moves ~2x the bytes
 

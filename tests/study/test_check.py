@@ -243,8 +243,9 @@ def test_version_1_reports_hash_their_trace(tmp_path: Path, real: dict[str, Any]
     save(tmp_path / "v1/a.json", old)
     save(tmp_path / "v1/b.json", variant(old, workers=4))
     shutil.copy(real["trace"]["path"], tmp_path / "v1/mlp.json.gz")
-    cur = save(tmp_path / "cur/a.json", real)
-    save(tmp_path / "cur/b.json", variant(real, workers=4))
+    spans = {**real, "report_version": 5}  # iterations of one meaning, spans, on both sides
+    cur = save(tmp_path / "cur/a.json", spans)
+    save(tmp_path / "cur/b.json", variant(spans, workers=4))
     result = run(tmp_path / "cur", "--baseline", tmp_path / "v1")
     assert result.exit_code == 0, result.output
     assert hashed == [str(tmp_path / "v1/mlp.json.gz")]  # hashed once for both reports
@@ -355,3 +356,15 @@ def test_a_report_nested_too_deep_is_one_line(tmp_path: Path) -> None:
     assert result.stderr.strip() == (f"emu: error: {deep}: nests arrays and objects more than 64 deep, which no "
                                      "report does; the file is corrupted: re-run emu replay --report to write it "
                                      "again, or move it out of the folder")
+
+
+def test_spans_and_periods_are_not_compared(tmp_path: Path, real: dict[str, Any]) -> None:
+    """Before report version 6 an iteration was its span, since then its period: a baseline of the
+    one and a current report of the other is refused in one line, naming the file and the fix,
+    either way round; reports of one meaning compare as before."""
+    old = save(tmp_path / "old.json", {**real, "report_version": 5})
+    new = save(tmp_path / "new.json", real)
+    assert_one_line_error(run(new, "--baseline", old), str(old), "report_version 5 measures an iteration as its span",
+                          "write the --baseline reports again with this emu")
+    assert_one_line_error(run(old, "--baseline", new), str(old), "write the CURRENT reports again with this emu")
+    assert run(old, "--baseline", old).exit_code == 0 and run(new, "--baseline", new).exit_code == 0

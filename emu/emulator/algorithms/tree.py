@@ -185,17 +185,13 @@ class DoubleBinaryTreeMechanism(PointToPoint):
     def alone_us(self, op: Coll, s: Setting) -> float:
         return tree_all_reduce_us(op.count, op.dtype.itemsize, s.group_size(op), s.link, s.rto_us, s.payload_scale)
 
-    def spread_us(self, op: Coll, s: Setting) -> float:
-        if s.topology is not None:
-            return 0.0
-        return tree_schedule(op.count, op.dtype.itemsize, s.group_size(op), s.link, s.rto_us, s.payload_scale)[1]
-
     def sent(self, op: Coll, s: Setting, seq: int, sparsity) -> Sent:
         # every member but the root sends its chunk up each tree and gets it back: 2 (M-1) halves a tree
         per_element = op.dtype.itemsize * 2 * (s.workers - 1)
         return Sent(-(-op.count // s.payload_scale) * per_element, op.count * per_element, False)
 
 
+@functools.lru_cache(maxsize=256)
 def tree_all_reduce_us(count: int, itemsize: int, workers: int, link: LinkSpec, rto_us: float = 0.0,
                        payload_scale: int = 1) -> float:
     """The double binary tree all_reduce alone on one switch (docs/physics.md, "Double binary tree"):
@@ -207,15 +203,8 @@ def tree_all_reduce_us(count: int, itemsize: int, workers: int, link: LinkSpec, 
     reduction's segments go up as soon as a member's children's are in (a leaf's at once), the
     root's sums come down, each member passing them on. Loss: each segment's bytes take
     ``1 / (1 - p)`` of its link and its last packet one chain's expected timeouts a hop."""
-    return tree_schedule(count, itemsize, workers, link, rto_us, payload_scale)[0]
-
-
-@functools.lru_cache(maxsize=256)
-def tree_schedule(count: int, itemsize: int, workers: int, link: LinkSpec, rto_us: float = 0.0,
-                  payload_scale: int = 1) -> tuple[float, float]:
-    """The last member's completion and how much earlier the first member completes."""
     if workers < 2 or count == 0:
-        return 0.0, 0.0
+        return 0.0
     real = -(-count // payload_scale)
     per = segment_elements(real, count * itemsize, SEGMENT_BYTES)
     g = [max(1, -(-(hi - lo) // per)) for lo, hi in ((0, real // 2), (real // 2, real))]
@@ -235,7 +224,7 @@ class _Schedule:
         self.heard: dict[tuple[int, int, int], int] = {}
         self.done = [0.0] * len(trees.parent[0])  # each member's last result
 
-    def run(self) -> tuple[float, float]:
+    def run(self) -> float:
         n = len(self.up_free)
         for tree in range(2):
             for v in range(n):
@@ -245,7 +234,7 @@ class _Schedule:
         while self.heap:
             item = heapq.heappop(self.heap)
             getattr(self, item[1])(*item[0:1], *item[2:])
-        return max(self.done), max(self.done) - min(self.done)
+        return max(self.done)
 
     def _send(self, ready: float, tree: int, i: int, src: int, dst: int, down: bool) -> None:
         heapq.heappush(self.heap, (ready, "_up", down, tree, i, src, dst))

@@ -152,11 +152,6 @@ class Mechanism:
         last member's completion (docs/physics.md). On a topology, ``on_topology_us``."""
         raise NotImplementedError
 
-    def spread_us(self, op: Coll, s: Setting) -> float:
-        """How much earlier than the last member the first completes, alone on the links (the members
-        that start their next work that much sooner); 0 where they finish together, or nearly."""
-        return 0.0
-
     def on_topology_us(self, op: Coll, s: Setting) -> float:
         what = ("a sparse all_reduce" if op.kind == CollKind.ALL_REDUCE and op.sparsity is not None
                 else f"{op.kind.value} of {op.dtype.value} by the {self.name}")

@@ -256,13 +256,15 @@ class Direct(PointToPoint):
                               "member's: predict the whole trace (emu predict), which gathers them, or replay it")
         return physics.all_to_all_us(op.count, op.dtype.itemsize, s.group_size(op), s.link, s.rto_us, s.payload_scale)
 
-    def exchange_us(self, sent: list[list[int]], op: Coll, s: Setting) -> float:
-        """An uneven all_to_all alone on the links, ``sent[i][j]`` the elements member i sends member j
-        (every member's ``splits.send_elements``, in the group's order); on a topology, refused as
-        every point-to-point form is (``on_topology_us``)."""
+    def exchange_ends(self, sent: list[list[int]], op: Coll, s: Setting, starts: list[float]) -> list[float]:
+        """An uneven all_to_all alone on the links, each member's end: ``sent[i][j]`` the elements
+        member i sends member j (every member's ``splits.send_elements``, in the group's order),
+        ``starts`` when each began (a member that starts early sends early); on a topology, refused
+        as every point-to-point form is (``on_topology_us``)."""
         if s.topology is not None:
-            return self.on_topology_us(op, s)
-        return physics.uneven_all_to_all_us(sent, op.dtype.itemsize, s.link, s.rto_us, s.payload_scale)
+            self.on_topology_us(op, s)
+        return [float(e) for e in physics.uneven_all_to_all_ends(sent, op.dtype.itemsize, s.link, s.rto_us,
+                                                                 s.payload_scale, starts)]
 
 
 class SendReceive(PointToPoint):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -266,13 +267,21 @@ def all_to_all_us(count: int, itemsize: int, workers: int, link: LinkSpec, rto_u
 
 def uneven_all_to_all_us(sent: list[list[int]], itemsize: int, link: LinkSpec, rto_us: float = 0.0,
                          payload_scale: int = 1) -> float:
-    """Direct exchange with per-peer sizes (p2p.UnevenAllToAll): member i sends member j its
-    ``sent[i][j]`` elements, a message in segments of its own, in order of j. Member j's downlink
-    takes what every sender's uplink delivers, first come first served (a fluid queue): it is done
-    at ``max_s (s + what reaches it from s on)``, s over the times its messages start leaving their
-    senders, after each sender's messages to the members before j. The exchange ends when the
-    slowest downlink (or uplink) is done, and a segment's flight ``h`` later. With every message
-    ``g`` segments of ``s`` this is ``all_to_all_us``: ``(2M-3) g s + h``."""
+    """Direct exchange with per-peer sizes (p2p.UnevenAllToAll), every member starting at once: the
+    last member's end (``uneven_all_to_all_ends``). With every message ``g`` segments of ``s`` this
+    is ``all_to_all_us``: ``(2M-3) g s + h``."""
+    return float(uneven_all_to_all_ends(sent, itemsize, link, rto_us, payload_scale).max(initial=0.0))
+
+
+def uneven_all_to_all_ends(sent: list[list[int]], itemsize: int, link: LinkSpec, rto_us: float = 0.0,
+                           payload_scale: int = 1, starts: Sequence[float] | None = None) -> np.ndarray:
+    """Each member's end of a direct exchange with per-peer sizes, member i sending member j its
+    ``sent[i][j]`` elements, a message in segments of its own, in order of j, from its own start
+    (``starts``, us; all 0 by default). Member j's downlink takes what every sender's uplink
+    delivers, first come first served (a fluid queue): it is done at ``max_s (s + what reaches it
+    from s on)``, s over the times its messages start leaving their senders, after each sender's
+    messages to the members before j. A member ends when its downlink, and its own uplink, are done,
+    and a segment's flight ``h`` later; all 0 where nothing is sent."""
     m = len(sent)
     t = np.zeros((m, m))
     h = 0.0
@@ -286,14 +295,15 @@ def uneven_all_to_all_us(sent: list[list[int]], itemsize: int, link: LinkSpec, r
                     forms[n] = (seg.g * seg.s, seg.h)
                 t[i, j], h = forms[n][0], max(h, forms[n][1])
     if h == 0.0:
-        return 0.0
-    starts = np.cumsum(t, axis=1) - t  # a_ij: i's messages to the members before j (t_ii = 0)
-    end = float(t.sum(axis=1).max())  # the busiest uplink
+        return np.zeros(m)
+    begin = np.zeros(m) if starts is None else np.asarray(starts, np.float64)
+    at = begin[:, None] + np.cumsum(t, axis=1) - t  # i's messages to the members before j after its start
+    end = begin + t.sum(axis=1)  # each uplink
     for j in range(m):
-        a, d = starts[:, j][t[:, j] > 0], t[:, j][t[:, j] > 0]
+        a, d = at[:, j][t[:, j] > 0], t[:, j][t[:, j] > 0]
         if len(a):  # from each start s on, what still reaches j: min(d, a + d - s), at least 0
             after = np.clip(np.minimum(d[None, :], (a + d)[None, :] - a[:, None]), 0.0, None).sum(axis=1)
-            end = max(end, float((a + after).max()))
+            end[j] = max(end[j], float((a + after).max()))
     return end + h
 
 

@@ -88,19 +88,27 @@ def build_report(trace: Trace, trace_path: str | None, config: ReplayConfig, ite
 
 
 def _iterations(records: dict[int, list[list[float]]], workers: int, iters: int) -> list[IterationReport]:
-    """Each iteration every worker finished (a partial run's last may not be): from the earliest
-    worker's start to the last one's end, the critical (last) worker's compute and communication."""
+    """Each iteration every worker finished (a partial run's last may not be): its period (the last
+    end of the iteration before, or the first's earliest start, to its last end), its span (its
+    earliest start to its last end), the critical (last) worker's compute and communication.
+
+    The period is what a real job's step-to-step time measures, and the periods add up to the run;
+    where workers end an iteration apart (a parameter server answers them one after another), the
+    next span holds that skew too (docs/FIDELITY.md, "An iteration's span and its period")."""
     if len(records) < workers:
         iters = 0
     iters = min([iters, *(len(rec) for rec in records.values())])
     out = []
+    last_end = None
     for i in range(iters):
         rows = {w: rec[i] for w, rec in records.items() if i < len(rec)}
         start = min(row[0] for row in rows.values())
         crit = max(rows, key=lambda w: (rows[w][1], -w))
         s, e, comp, blocked, comm = rows[crit]
-        out.append(IterationReport(index=i, emulated_us=e - start, compute_us=comp, comm_us=comm,
-                                   exposed_comm_us=blocked, critical_worker=crit, start_offset_us=s - start))
+        out.append(IterationReport(index=i, emulated_us=e - (start if last_end is None else last_end),
+                                   compute_us=comp, comm_us=comm, exposed_comm_us=blocked, critical_worker=crit,
+                                   start_offset_us=s - start, span_us=e - start))
+        last_end = e
     return out
 
 

@@ -1,7 +1,9 @@
 """The replay report: docs/design.md's contract as frozen dataclasses, and its JSON.
 
-Meanings (docs/design.md): an iteration's ``emulated_us`` runs from the earliest worker's
-start of the iteration to the moment the last worker finishes it; ``compute_us``,
+Meanings (docs/design.md): an iteration's ``emulated_us`` is its period: from the moment the last
+worker finished the iteration before (the first iteration: the earliest worker's start) to the
+moment the last worker finishes this one; ``span_us`` runs from the earliest worker's start of
+the iteration to the same end, and holds the workers' skew on top of the period. ``compute_us``,
 ``comm_us`` and ``exposed_comm_us`` are those of that last (critical) worker: the
 sum of its compute, the union of its collectives' issue-to-completion intervals,
 and the time its compute was blocked in waits. ``bytes_sent`` counts emulated
@@ -26,7 +28,10 @@ from emu.files import write_atomic
 # 3: verification.elements_distinct, fabric.packets_lost_modelled and jobs[].compression added; no
 # meaning changed
 # 4: compression.data added; no meaning changed
-REPORT_VERSION = 5
+# 5: sparsity.sent_fraction from the bytes that crossed the links; sparsity's byte counts added
+# 6: iterations[].emulated_us (and the summary's iteration times, throughput) is the period, last end
+# to last end, no longer the span; iterations[].span_us added (the span, what emulated_us was)
+REPORT_VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,8 @@ class IterationReport:
     exposed_comm_us: float
     critical_worker: int
     start_offset_us: float  # the critical worker's start after the earliest worker's
+    # the earliest worker's start to the last end: compute_us + exposed_comm_us + start_offset_us
+    span_us: float
 
 
 @dataclass(frozen=True)

@@ -235,7 +235,7 @@ def _finished(out: Path, point: Point) -> tuple[dict[str, Any] | None, str | Non
     """An earlier run's report of this very point that can stand (read by ``emu check``'s reader,
     whole by the replay's own, complete, verified, trustworthy, of the same trace content), or None
     and, where a file is there, why not (then the point runs again and says so)."""
-    from emu.study.reports import read_report
+    from emu.study.reports import CURRENT_VERSION, read_report
 
     path = out / "points" / f"{point.slug}.json"
     if not path.exists():
@@ -244,6 +244,8 @@ def _finished(out: Path, point: Point) -> tuple[dict[str, Any] | None, str | Non
         loaded = read_report(path)
         if loaded is None:
             return None, f"{path}: no report_version: not a replay report"
+        if loaded.version != CURRENT_VERSION:  # another meaning or shape (an iteration was a span before 6)
+            return None, f"{path}: report_version {loaded.version}, where this emu writes {CURRENT_VERSION}"
         doc = ReplayReport.from_dict(loaded.doc).to_dict()  # every field of its kind, as the replay wrote it
     except (ConfigError, TypeError, ValueError, KeyError) as exc:
         why = (str(exc).splitlines() or [""])[0][:300]

@@ -86,7 +86,7 @@ def test_sweep_resumes_finished_points(study: Path, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("edit", ["empty summary", "median as text", "iterations without compute",
-                                  "report_version 99"])
+                                  "report_version 99", "report_version 5 (spans)"])
 def test_a_bad_point_is_replayed_again_and_says_so(study: Path, monkeypatch, edit: str) -> None:
     """A point report edited or from elsewhere is read by the replay's own reader: never a traceback,
     never "(resumed)", replayed again with a line saying why (issue 37)."""
@@ -100,14 +100,20 @@ def test_a_bad_point_is_replayed_again_and_says_so(study: Path, monkeypatch, edi
     elif edit == "iterations without compute":
         for it in doc["iterations"]:
             it.pop("compute_us")
-    else:
+    elif edit == "report_version 99":
         doc["report_version"] = 99
+    else:  # a whole report of the version before, whose iterations were spans
+        doc["report_version"] = 5
+        for it in doc["iterations"]:
+            it.pop("span_us")
     victim.write_text(json.dumps(doc))
     calls = _counted_replays(monkeypatch)
     result = run("mlp", "--workers", "2,4", "--fabric", "ina,ring", *FAST, "--out", str(study))
     assert result.exit_code == 0, result.output
     assert calls == [victim.stem]
     assert f"{victim}" in result.output and "replaying the point again" in result.output
+    if edit == "report_version 5 (spans)":
+        assert "report_version 5, where this emu writes 6" in " ".join(result.output.split())
     assert [r["iteration_us_median"] for r in rows(study)] == [r["iteration_us_median"] for r in before]
     checked = CliRunner().invoke(cli, ["check", str(study / "points"), "--baseline", str(study / "points")])
     assert checked.exit_code == 0, checked.output  # and emu check reads the folder the sweep left

@@ -105,8 +105,9 @@ def save_report(report: ValidateReport, path: Path) -> None:
 
 @dataclass(frozen=True)
 class Prediction:
-    """A replay's median iteration, and the medians over iterations of its critical worker's
-    compute and of its communication not hidden behind compute."""
+    """A replay's median iteration (a period, as the real runs' step), and the medians over
+    iterations of its critical worker's compute and of the rest of the period (its communication
+    not hidden behind compute, as the real ranks' blocked time is the rest of their step)."""
 
     step_us: float
     compute_us: float
@@ -116,7 +117,7 @@ class Prediction:
     def of(cls, report: ReplayReport) -> Prediction:
         its = report.iterations
         return cls(report.summary.iteration_us_median, statistics.median(i.compute_us for i in its),
-                   statistics.median(i.exposed_comm_us for i in its))
+                   statistics.median(i.emulated_us - i.compute_us for i in its))
 
 
 def error_pct(predicted: float, measured: float) -> float:

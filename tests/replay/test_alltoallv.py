@@ -137,7 +137,7 @@ def test_the_closed_form_of_an_even_exchange_is_the_even_form() -> None:
 
 @pytest.mark.parametrize("bandwidth", [1e9, 100e6])
 def test_predict_meets_the_replay_at_the_traces_size(uneven: Trace, bandwidth: float, no_children) -> None:
-    """The iteration's period (report version 6). Measured 2026-12-05: +0.04% at 1 Gb/s, +1.55% at
+    """The iteration's period (report version 6). Measured 2026-12-05: +0.02% at 1 Gb/s, +1.55% at
     100 Mb/s, where the ranks end the first iteration 46.6 us apart (the one that receives less
     first) and the second iteration's period is 938.5 us replayed, 957.9 predicted; the exchange's
     form starts each member's messages at its own start, and the rest of the gap is not explained."""
@@ -148,8 +148,8 @@ def test_predict_meets_the_replay_at_the_traces_size(uneven: Trace, bandwidth: f
 
 @pytest.mark.parametrize("fabric", ["ina", "ring"])
 def test_predict_meets_the_replay_of_a_grown_moe(fabric: str, no_children) -> None:
-    """dp=2 x ep=8: every worker its own sizes and its own class (measured 2026-12-04: +0.10% on ina,
-    -0.11% on ring; 64 workers in the slow tier)."""
+    """dp=2 x ep=8: every worker its own sizes and its own class (measured 2026-12-05, periods:
+    +0.04% on ina, -0.09% on ring; 64 workers in the slow tier)."""
     moe = load_trace(sample_path("moe"))
     config = ReplayConfig(workers=16, fabric=fabric, iters=2, mesh=parse_mesh("dp=2,ep=8"))
     expected = replay(moe, config).summary.iteration_us_median

@@ -269,7 +269,7 @@ def test_an_emu_run_case_is_flagged_where_the_machine_moved_after_it(monkeypatch
         runs.append(argv)
         report = SimpleNamespace(verification=SimpleNamespace(ok=True), emulator=SimpleNamespace(trustworthy=True),
                                  summary=SimpleNamespace(iteration_us_median=62e3),
-                                 iterations=[SimpleNamespace(compute_us=40e3, exposed_comm_us=22e3)])
+                                 iterations=[SimpleNamespace(compute_us=40e3, exposed_comm_us=22e3, emulated_us=62e3)])
         return SimpleNamespace(report=report, checked=SimpleNamespace(mismatches=0),
                                trace=SimpleNamespace(ranks=[SimpleNamespace(iterations=[1, 2, 3])]))
 

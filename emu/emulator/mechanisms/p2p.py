@@ -262,7 +262,7 @@ class Direct(PointToPoint):
         ``starts`` when each began (a member that starts early sends early); on a topology, refused
         as every point-to-point form is (``on_topology_us``)."""
         if s.topology is not None:
-            self.on_topology_us(op, s)
+            self.on_topology_us(op, s)  # raises: no point-to-point form on a topology
         return [float(e) for e in physics.uneven_all_to_all_ends(sent, op.dtype.itemsize, s.link, s.rto_us,
                                                                  s.payload_scale, starts)]
 

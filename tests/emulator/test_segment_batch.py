@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from emu.emulator.protocol import rows as row_ops
 from emu.emulator.protocol import transport
 from emu.emulator.protocol.transport import FrameError, Segment, SegmentBatch
 
@@ -88,11 +89,11 @@ def test_frame_count_is_checked() -> None:
 def test_gather_is_the_rows_values_in_any_order(lengths: list[int]) -> None:
     """Long runs of consecutive rows are copied as slices, many short ones by index: the same
     values either way, in the order asked, a new array."""
-    bounds = transport.row_bounds(np.asarray(lengths))
+    bounds = row_ops.row_bounds(np.asarray(lengths))
     values = np.arange(bounds[-1], dtype=np.float64)
     for rows in ([0, 1, 2, 3], [2, 3, 0], [3, 1, 2], [1], [], [3, 2, 1, 0]):
-        got = transport.gather(values, bounds, np.asarray(rows, np.int64))
-        want = values[transport.spans(bounds, np.asarray(rows, np.int64))]
+        got = row_ops.gather(values, bounds, np.asarray(rows, np.int64))
+        want = values[row_ops.spans(bounds, np.asarray(rows, np.int64))]
         assert np.array_equal(got, want) and not np.shares_memory(got, values)
 
 
@@ -107,5 +108,5 @@ def test_rows_of_is_indexing_by_rows_masks_and_slices() -> None:
               rng.random(9), headers):
         mask = rng.random(9) < 0.5
         for rows in (np.array([8, 0, 3, 3, 1]), np.zeros(0, np.int64), mask, np.ones(9, bool), slice(2, 7)):
-            got = transport.rows_of(a, rows)
+            got = row_ops.rows_of(a, rows)
             assert got.dtype == a.dtype and np.array_equal(got, a[rows])

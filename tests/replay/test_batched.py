@@ -14,7 +14,7 @@ from emu.emulator.algorithms.p2p import Check
 from emu.emulator.links import fifo as link_fifo
 from emu.emulator.links.array import LinkArray
 from emu.emulator.links.spec import LinkSpec, parse_schedule
-from emu.emulator.protocol.transport import row_bounds
+from emu.emulator.protocol.rows import row_bounds
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import Straggler
 from emu.replay.host import runtime

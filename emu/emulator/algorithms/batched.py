@@ -22,7 +22,7 @@ import numpy as np
 from emu.emulator.algorithms.p2p import Check, Chunks
 from emu.emulator.links.fifo import places
 from emu.emulator.payload.generated import dense_parts
-from emu.emulator.protocol.transport import every_row, gather, row_bounds
+from emu.emulator.protocol.rows import every_row, gather, row_bounds
 
 # The real elements of one collective whose values and sums a kernel keeps once made (16 bytes each:
 # 64 MB): each element passes every member of a ring; past this they are made per window.

@@ -45,8 +45,8 @@ from emu.emulator.payload.generated import is_sparse, is_wide
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol import fixedpoint
 from emu.emulator.protocol.ina_data import PayloadCache, StreamData
+from emu.emulator.protocol.rows import every_row, rows_of
 from emu.emulator.protocol.sparse_ina import NONE, SparseStream, held_blocks, streams_sparse
-from emu.emulator.protocol.transport import every_row, rows_of
 from emu.emulator.protocol.wire import AGG_HEADER, BLOCK_NONE, FLAG_COPY, FLAG_GATHER, FLAG_OWNER, FLAG_SCATTER, MsgType
 from emu.traces.model import CollKind, Dtype, Sparsity
 

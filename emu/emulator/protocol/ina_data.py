@@ -15,7 +15,7 @@ import numpy as np
 
 from emu.emulator.payload.generated import Block, block, holds, sparse_sum_units
 from emu.emulator.protocol import fixedpoint
-from emu.emulator.protocol.transport import rows_of
+from emu.emulator.protocol.rows import rows_of
 from emu.traces.model import CollKind
 
 if TYPE_CHECKING:

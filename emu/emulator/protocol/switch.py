@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from emu.emulator.protocol.fixedpoint import EXP_NONE
-from emu.emulator.protocol.transport import rows_of
+from emu.emulator.protocol.rows import rows_of
 from emu.emulator.protocol.wire import AGG_HEADER, BLOCK_NONE, FLAG_COPY, FLAG_GATHER, FLAG_OWNER, FLAG_SCATTER, MsgType
 
 MULTICAST = 0xFFFF  # the destination of a result for every worker

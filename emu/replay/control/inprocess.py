@@ -25,7 +25,7 @@ from dataclasses import replace
 import numpy as np
 
 from emu import lifetime
-from emu.emulator.protocol.transport import one_value
+from emu.emulator.protocol.rows import one_value
 from emu.errors import RunFailed
 from emu.replay.config.options import Clock
 from emu.replay.control.messages import HostResult, SwitchResult

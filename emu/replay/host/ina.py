@@ -21,8 +21,9 @@ from emu.emulator.links.scaled_loss import ScaledLoss
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol import wire
 from emu.emulator.protocol.ina import SENT, InaCollective, InaGroup, InaParams, Packets, PayloadCache, ResultCheck
+from emu.emulator.protocol.rows import indices, rows_of
 from emu.emulator.protocol.switch import MULTICAST
-from emu.emulator.protocol.transport import AggBatch, Lagging, rows_of
+from emu.emulator.protocol.transport import AggBatch, Lagging
 from emu.replay.config.options import ReplayConfig
 from emu.replay.control.messages import CARRIED_UNIT
 from emu.replay.host.wiring import Wiring
@@ -32,7 +33,7 @@ _PACKET_FIELDS = ("local", "headers", "payload", "send_us", "emu_packets", "retr
 
 
 def take(pk: Packets, rows: np.ndarray) -> Packets:
-    rows = np.flatnonzero(rows) if np.asarray(rows).dtype == bool else rows
+    rows = indices(rows)  # a mask's places once, not per field
     return Packets(*(rows_of(getattr(pk, f), rows) for f in _PACKET_FIELDS))
 
 

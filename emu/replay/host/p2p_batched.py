@@ -27,7 +27,8 @@ from emu.emulator.algorithms.p2p import Seg
 from emu.emulator.algorithms.sparse_p2p import SPARSE_SEGMENT
 from emu.emulator.mechanisms import Mechanism
 from emu.emulator.protocol import wire
-from emu.emulator.protocol.transport import FrameError, SegmentRows, gather, one_value, row_bounds
+from emu.emulator.protocol.rows import gather, one_value, row_bounds
+from emu.emulator.protocol.transport import FrameError, SegmentRows
 from emu.emulator.protocol.wire import DTYPE_CODES
 from emu.replay.control.messages import CARRIED_UNIT
 from emu.replay.host.p2p import Hand, P2PEndpoint

@@ -110,3 +110,52 @@ def test_rows_of_is_indexing_by_rows_masks_and_slices() -> None:
         for rows in (np.array([8, 0, 3, 3, 1]), np.zeros(0, np.int64), mask, np.ones(9, bool), slice(2, 7)):
             got = row_ops.rows_of(a, rows)
             assert got.dtype == a.dtype and np.array_equal(got, a[rows])
+
+
+def _rows_values(rows: transport.SegmentRows) -> list[list[float]]:
+    return [rows.row_values(r).tolist() for r in range(len(rows))]
+
+
+def test_rows_taken_sliced_and_joined_keep_their_values() -> None:
+    """Rows share their values when taken, sliced or sorted, and ``concat`` joins the arrays of
+    different parts: every row keeps its own values through any chain of these, ``flat`` gives them
+    one row after another (a view where they already lie so), and a join never carries a part's
+    array when it would mostly be unused."""
+    rng = np.random.default_rng(5)
+    segs = [Segment(0, "float32", int(rng.integers(0, 9)), int(rng.integers(0, 9)), 7, i, 8.0, float(i), float(i),
+                    rng.integers(-9, 9, int(rng.integers(0, 6))) * 1.0) for i in range(40)]
+    rows = transport.SegmentRows.of(segs)
+    want = {s.segment: s.values.tolist() for s in segs}
+
+    def check(r: transport.SegmentRows) -> None:
+        assert [want[int(s)] for s in r.segment] == _rows_values(r)
+        bounds, flat = r.flat()
+        assert [flat[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:], strict=True)] == _rows_values(r)
+
+    check(rows)
+    assert np.shares_memory(rows.flat()[1], rows.values)  # in order: a view
+    shuffled = rows.take(rng.permutation(40))
+    assert shuffled.values is rows.values
+    check(shuffled)
+    joined = transport.SegmentRows.concat([shuffled.slice(0, 10), transport.SegmentRows.of(segs[:5]),
+                                           rows.slice(30, 40), shuffled.slice(20, 25)])
+    check(joined)
+    check(joined.take(np.argsort(joined.t, kind="stable")))
+    big = transport.SegmentRows.of([Segment(0, "float32", 0, 1, 7, 100 + i, 8.0, 0.0, 0.0, np.ones(3000))
+                                    for i in range(10)])
+    want.update({100 + i: [1.0] * 3000 for i in range(10)})
+    few = transport.SegmentRows.concat([big.slice(9, 10), rows.slice(0, 2)])
+    check(few)
+    assert len(few.values) <= 2 * int(few.n.sum()) + transport._SPARE  # the other nine rows' values not carried
+
+
+@pytest.mark.parametrize("high", [50, 1 << 40], ids=["packed", "too-wide"])
+def test_lexsort_is_numpy_lexsort(high: int) -> None:
+    """The packed sort gives ``np.lexsort``'s order, ties of the time resolved by the other keys,
+    and falls back where the keys do not fit in one integer or go below 0."""
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 7, 500):
+        keys = tuple(rng.integers(0, high, n) for _ in range(4)) + (rng.integers(0, 20, n) * 0.5,)
+        assert np.array_equal(row_ops.lexsort(keys), np.lexsort(keys))
+        negative = (keys[0] - 3, *keys[1:])
+        assert np.array_equal(row_ops.lexsort(negative), np.lexsort(negative))

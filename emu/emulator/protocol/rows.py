@@ -44,8 +44,12 @@ def row_bounds(n: np.ndarray) -> np.ndarray:
 def spans(bounds: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The positions ``bounds[r]`` to ``bounds[r + 1]`` of each of ``rows``, one after another (the
     elements of those rows of a flat array)."""
-    lo, hi = bounds[rows], bounds[np.asarray(rows) + 1]
-    n = hi - lo
+    lo = bounds[rows]
+    return positions(lo, bounds[np.asarray(rows) + 1] - lo)
+
+
+def positions(lo: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """The positions ``lo[i]`` to ``lo[i] + n[i]`` of each i, one after another."""
     total = int(n.sum())
     if total == 0:
         return np.zeros(0, np.int64)
@@ -57,23 +61,49 @@ _RUN_ELEMENTS = 1024  # elements a run of rows must average to be copied as a sl
 
 
 def gather(values: np.ndarray, bounds: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``values[spans(bounds, rows)]``, a new array: runs of consecutive rows as one slice each
-    where they are long (a parameter server's answers of thousands of elements a row: an index a
-    value cost 5 to 10 times a copy), by index where they are many and short."""
+    """``values[spans(bounds, rows)]``, a new array (``gather_at``)."""
     rows = np.asarray(rows, np.int64)
-    if len(rows) == 0:
+    lo = bounds[rows]
+    return gather_at(values, lo, bounds[rows + 1] - lo)
+
+
+def gather_at(values: np.ndarray, lo: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """``values[positions(lo, n)]``, a new array: runs of rows that follow one another in ``values``
+    as one slice each where they are long (a parameter server's answers of thousands of elements a
+    row: an index a value cost 5 to 10 times a copy), by index where they are many and short."""
+    if len(lo) == 0:
         return values[:0].copy()
-    breaks = np.flatnonzero(rows[1:] != rows[:-1] + 1) + 1
-    if not len(breaks):  # one run of rows: one slice (never dearer than by index)
-        return values[int(bounds[rows[0]]):int(bounds[rows[-1] + 1])].copy()
+    hi = lo + n
+    breaks = np.flatnonzero(lo[1:] != hi[:-1]) + 1
+    if not len(breaks):  # one run: one slice (never dearer than by index)
+        return values[int(lo[0]):int(hi[-1])].copy()
     firsts = np.empty(len(breaks) + 1, np.int64)  # each run's first and last row (no np.r_: its cost)
     firsts[0] = 0
     firsts[1:] = breaks
     lasts = np.empty_like(firsts)
     lasts[:-1] = breaks - 1
-    lasts[-1] = len(rows) - 1
-    lo = bounds[rows[firsts]]
-    hi = bounds[rows[lasts] + 1]
-    if int((hi - lo).sum()) < _RUN_ELEMENTS * len(lo):
-        return values[spans(bounds, rows)]
-    return np.concatenate([values[a:b] for a, b in zip(lo.tolist(), hi.tolist(), strict=True)])
+    lasts[-1] = len(lo) - 1
+    run_lo, run_hi = lo[firsts], hi[lasts]
+    if int((run_hi - run_lo).sum()) < _RUN_ELEMENTS * len(run_lo):
+        return values[positions(lo, n)]
+    return np.concatenate([values[a:b] for a, b in zip(run_lo.tolist(), run_hi.tolist(), strict=True)])
+
+
+def lexsort(keys: tuple[np.ndarray, ...]) -> np.ndarray:
+    """``np.lexsort(keys)`` (the last key first), faster where the keys before the last are
+    integers from 0 that fit in 63 bits together: packed into one (the first key lowest), two keys
+    sorted instead of many (2 to 3 times faster at 660 to 5,000 rows of four such keys and a time)."""
+    *ints, last = keys
+    if len(ints) < 2 or not len(last):
+        return np.lexsort(keys)
+    packed, shift = None, 0
+    for k in ints:
+        if k.dtype.kind not in "iu" or int(k.min()) < 0:
+            return np.lexsort(keys)
+        bits = int(k.max()).bit_length()
+        if shift + bits > 63:
+            return np.lexsort(keys)
+        part = k.astype(np.int64) << shift
+        packed = part if packed is None else packed | part
+        shift += bits
+    return np.lexsort((packed, last))

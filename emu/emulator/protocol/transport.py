@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from emu.emulator.protocol.rows import every_row, gather, indices, row_bounds, rows_of, spans
+from emu.emulator.protocol.rows import every_row, gather, gather_at, indices, row_bounds, rows_of, spans
 from emu.emulator.protocol.wire import AGG_HEADER, DTYPE_CODES, P2P_HEADER, PAYLOAD, MsgType
 from emu.errors import RunFailed
 from emu.traces.model import Dtype
@@ -224,9 +224,9 @@ class SegmentBatch:
         n = m["elements"].astype(np.int64)
         code = h["dtype"].astype(np.int64)
         ints = [h[f].astype(np.int64) for f in ("job", "src", "dst", "seq", "segment")]
-        return SegmentRows(*ints, code, ints[2], m["emu_bytes"].astype(np.float64), m["first_us"].astype(np.float64),
-                           m["last_us"].astype(np.float64), row_bounds(n),
-                           _decode(self.data, code, n))
+        return SegmentRows.packed([*ints, code, ints[2], m["emu_bytes"].astype(np.float64),
+                                   m["first_us"].astype(np.float64), m["last_us"].astype(np.float64)],
+                                  row_bounds(n), _decode(self.data, code, n))
 
     def segments(self) -> list[Segment]:
         ends = np.cumsum(self._sizes()).tolist()
@@ -242,14 +242,19 @@ class SegmentBatch:
 
 _ROW_INTS = ("job", "src", "dst", "seq", "segment", "code", "key")
 _ROW_FLOATS = ("emu_bytes", "t", "last")
+_COLUMNS = (*_ROW_INTS, *_ROW_FLOATS, "lo", "n")
+_SPARE = 4096  # values a joined part may carry unused beyond twice its own (SegmentRows.concat)
 
 
 @dataclass(frozen=True)
 class SegmentRows:
     """Point-to-point segments as columns, a window's at once between the stages of a host (where a
     ``Segment`` object per hand-off costs more than the hand-off): per row its header's fields, its
-    emulated size and times, and its values, every row's in one flat float64 array (row r's are
-    ``values[bounds[r]:bounds[r + 1]]``). ``SegmentBatch`` is the same on the wire."""
+    emulated size and times, and where its values are in a flat float64 array (row r's are
+    ``values[lo[r]:lo[r] + n[r]]``). Rows taken, sliced or sorted share their values: only the columns
+    move (a parameter server's segments of a few elements each cost their values' gathering several
+    times over, once per stage they waited in); ``flat`` gathers them once, where they are used.
+    ``SegmentBatch`` is the same on the wire."""
 
     job: np.ndarray  # int64, as the header's fields
     src: np.ndarray
@@ -263,8 +268,9 @@ class SegmentRows:
     emu_bytes: np.ndarray  # float64
     t: np.ndarray  # waiting to be sent: the send time; sent: the first packet at the switch (us)
     last: np.ndarray  # the last packet at the switch (us); the send time while waiting
-    bounds: np.ndarray  # int64, one more than the rows, from 0 to len(values)
-    values: np.ndarray  # float64
+    lo: np.ndarray  # int64: where each row's values begin in ``values``
+    n: np.ndarray  # int64: how many values each row has
+    values: np.ndarray  # float64; may hold other rows' values too (never written through)
 
     def __len__(self) -> int:
         return len(self.src)
@@ -274,35 +280,69 @@ class SegmentRows:
         """No rows: one read-only instance for all."""
         return _NO_ROWS
 
+    @staticmethod
+    def packed(columns: list[np.ndarray], bounds: np.ndarray, values: np.ndarray) -> SegmentRows:
+        """From the ten columns (job to last, in the fields' order) and values one row after another
+        (row r's ``values[bounds[r]:bounds[r + 1]]``, ``bounds`` from 0)."""
+        return SegmentRows(*columns, bounds[:-1], np.diff(bounds), values)
+
     def lengths(self) -> np.ndarray:
-        return np.diff(self.bounds)
+        return self.n
+
+    def flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's values one after another, and where each begins (bounds from 0, one more than
+        the rows): a view where the rows already lie so in ``values``, else gathered."""
+        bounds = row_bounds(self.n)
+        lo = self.lo
+        if not len(lo):
+            return bounds, self.values[:0]
+        start = int(lo[0])
+        if bool((lo == bounds[:-1] + start).all()):
+            return bounds, self.values[start:start + int(bounds[-1])]
+        return bounds, gather_at(self.values, lo, self.n)
+
+    def row_values(self, r: int) -> np.ndarray:
+        """Row ``r``'s values (a view)."""
+        lo = int(self.lo[r])
+        return self.values[lo:lo + int(self.n[r])]
 
     def take(self, rows: np.ndarray) -> SegmentRows:
-        """Rows ``rows`` (indices, in that order) with their values."""
+        """Rows ``rows`` (indices, in that order), their values shared."""
         rows = np.asarray(rows, np.int64)
         if every_row(rows, len(self)):
             return self
-        n = self.lengths()[rows]
-        fields = [getattr(self, f)[rows] for f in (*_ROW_INTS, *_ROW_FLOATS)]
-        return SegmentRows(*fields, row_bounds(n), gather(self.values, self.bounds, rows))
+        return SegmentRows(*[getattr(self, f)[rows] for f in _COLUMNS], self.values)
 
     def slice(self, lo: int, hi: int) -> SegmentRows:
-        """Rows ``lo`` to ``hi`` as views (nothing copied but their bounds)."""
-        b = self.bounds[lo:hi + 1]
-        fields = [getattr(self, f)[lo:hi] for f in (*_ROW_INTS, *_ROW_FLOATS)]
-        return SegmentRows(*fields, b - b[0], self.values[b[0]:b[-1]])
+        """Rows ``lo`` to ``hi`` as views."""
+        return SegmentRows(*[getattr(self, f)[lo:hi] for f in _COLUMNS], self.values)
 
     @staticmethod
     def concat(parts: list[SegmentRows]) -> SegmentRows:
+        """The rows of ``parts`` one after another. Their values arrays are joined, each once, the
+        rows pointing into the join; a part whose array it would carry mostly unused (more than
+        twice its rows' values, past ``_SPARE``) is gathered first, so a long wait's rows never hold
+        a window's values many times over."""
         parts = [p for p in parts if len(p)]
         if not parts:
             return SegmentRows.empty()
         if len(parts) == 1:
             return parts[0]
-        fields = [np.concatenate([getattr(p, f) for p in parts]) for f in (*_ROW_INTS, *_ROW_FLOATS)]
-        n = np.concatenate([p.lengths() for p in parts])
-        return SegmentRows(*fields, row_bounds(n),
-                           np.concatenate([p.values for p in parts]))
+        used: dict[int, int] = {}  # values array (by id) -> its elements the parts use
+        for p in parts:
+            used[id(p.values)] = used.get(id(p.values), 0) + int(p.n.sum())
+        parts = [_compacted(p) if len(p.values) > 2 * used[id(p.values)] + _SPARE else p for p in parts]
+        arrays: dict[int, tuple[int, np.ndarray]] = {}  # values array (by id) -> its offset in the join
+        at = 0
+        for p in parts:
+            if id(p.values) not in arrays:
+                arrays[id(p.values)] = (at, p.values)
+                at += len(p.values)
+        columns = [np.concatenate([getattr(p, f) for p in parts]) for f in _COLUMNS]
+        if len(arrays) > 1:
+            columns[-2] = np.concatenate([p.lo + arrays[id(p.values)][0] for p in parts])
+        values = np.concatenate([a for _, a in arrays.values()]) if len(arrays) > 1 else parts[0].values
+        return SegmentRows(*columns, values)
 
     @staticmethod
     def of(segs: list[Segment]) -> SegmentRows:
@@ -314,12 +354,13 @@ class SegmentRows:
         floats = np.array([(s.emu_bytes, s.first_us, s.last_us) for s in segs], np.float64).reshape(len(segs), 3)
         n = np.array([len(s.values) for s in segs], np.int64)
         values = np.concatenate([s.values for s in segs]).astype(np.float64, copy=False)
-        return SegmentRows(*ints.T.copy(), *floats.T.copy(), row_bounds(n), values)
+        return SegmentRows.packed([*ints.T.copy(), *floats.T.copy()], row_bounds(n), values)
 
     def segments(self) -> list[Segment]:
         """As ``Segment`` objects (sent: ``t`` and ``last`` are the first and last packets' times)."""
-        b = self.bounds.tolist()
-        return [Segment(job, DTYPE_CODES[code], src, dst, seq, segment, e, t, last, self.values[b[r]:b[r + 1]])
+        b, values = self.flat()
+        b = b.tolist()
+        return [Segment(job, DTYPE_CODES[code], src, dst, seq, segment, e, t, last, values[b[r]:b[r + 1]])
                 for r, (job, src, dst, seq, segment, code, e, t, last) in enumerate(zip(
                     self.job.tolist(), self.src.tolist(), self.dst.tolist(), self.seq.tolist(),
                     self.segment.tolist(), self.code.tolist(), self.emu_bytes.tolist(), self.t.tolist(),
@@ -349,7 +390,7 @@ class SegmentRows:
         meta = np.zeros(len(part), SEG_META)
         meta["emu_bytes"], meta["first_us"], meta["last_us"] = part.emu_bytes, part.t, part.last
         meta["elements"] = part.lengths()
-        return SegmentBatch(headers, meta, _encode(part.values, part.code, part.lengths()))
+        return SegmentBatch(headers, meta, _encode(part.flat()[1], part.code, part.lengths()))
 
 
 def _encode(values: np.ndarray, code: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -403,11 +444,15 @@ def _floats(frame: object, what: str) -> list[float]:
 
 def _no_rows() -> SegmentRows:
     ints, floats = np.zeros(0, np.int64), np.zeros(0)
-    arrays = ([ints] * 7, [floats] * 3, [np.zeros(1, np.int64), floats])
-    for part in arrays:
-        for a in part:
-            a.flags.writeable = False
-    return SegmentRows(*arrays[0], *arrays[1], *arrays[2])
+    for a in (ints, floats):
+        a.flags.writeable = False
+    return SegmentRows(*[ints] * 7, *[floats] * 3, ints, ints, floats)
+
+
+def _compacted(rows: SegmentRows) -> SegmentRows:
+    """``rows`` with values of their own, one row after another."""
+    bounds, values = rows.flat()
+    return replace(rows, lo=bounds[:-1], values=values)
 
 
 _NO_ROWS = _no_rows()

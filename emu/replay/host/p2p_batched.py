@@ -27,7 +27,7 @@ from emu.emulator.algorithms.p2p import Seg
 from emu.emulator.algorithms.sparse_p2p import SPARSE_SEGMENT
 from emu.emulator.mechanisms import Mechanism
 from emu.emulator.protocol import wire
-from emu.emulator.protocol.rows import gather, one_value, row_bounds
+from emu.emulator.protocol.rows import lexsort, one_value, row_bounds
 from emu.emulator.protocol.transport import FrameError, SegmentRows
 from emu.emulator.protocol.wire import DTYPE_CODES
 from emu.replay.control.messages import CARRIED_UNIT
@@ -84,18 +84,19 @@ class _Waiting:
         due, rest = [], []
         for p in self.parts:
             k = int(np.searchsorted(p.t, bound, side=side))
-            if not k:  # nothing due in it: kept as it is (a slice copies its bounds)
+            if not k:  # nothing due in it: kept as it is
                 rest.append(p)
-                continue
-            due.append(p.slice(0, k))
-            if k < len(p):
+            elif k == len(p):
+                due.append(p)
+            else:
+                due.append(p.slice(0, k))
                 rest.append(p.slice(k, len(p)))
         self.parts = rest
         self._first = min((float(p.t[0]) for p in rest), default=math.inf)
         rows = SegmentRows.concat(due)
         keys = ((rows.key, rows.src, rows.segment, rows.seq, rows.t) if self.up else
                 (rows.segment, rows.seq, rows.src, rows.dst, rows.t))
-        return rows.take(np.lexsort(keys))
+        return rows.take(lexsort(keys))
 
     def earliest(self, nxt: np.ndarray, link_of: np.ndarray) -> None:
         """Into ``nxt`` (per link): the earliest of its rows (by source up, by destination down)."""
@@ -173,15 +174,15 @@ class BatchedP2P(P2PEndpoint):
         emu = np.array([s.emu_bytes for _, s, _ in segs], np.float64)
         t = np.array([s.send_us for _, s, _ in segs], np.float64)
         values = np.concatenate([np.asarray(s.data, np.float64) for _, s, _ in segs])
-        self.waiting_up.push(SegmentRows(*ints, emu, t, t.copy(), row_bounds(n), values))
+        self.waiting_up.push(SegmentRows.packed([*ints, emu, t, t.copy()], row_bounds(n), values))
 
     def _push(self, sends: Sends, seq: int, code: int) -> None:
         """A kernel's sends, to wait for their time."""
         k = len(sends)
         if k:
-            self.waiting_up.push(SegmentRows(np.full(k, self.job, np.int64), sends.src, sends.dst, np.full(k, seq, np.int64),
-                                             sends.segment, np.full(k, code, np.int64), sends.dst, sends.emu_bytes,
-                                             sends.t, sends.t, sends.bounds, sends.values))
+            self.waiting_up.push(SegmentRows.packed(
+                [np.full(k, self.job, np.int64), sends.src, sends.dst, np.full(k, seq, np.int64), sends.segment,
+                 np.full(k, code, np.int64), sends.dst, sends.emu_bytes, sends.t, sends.t], sends.bounds, sends.values))
 
     # -- collectives --------------------------------------------------------------------
     def pending(self) -> list[CollRun]:
@@ -318,22 +319,18 @@ class BatchedP2P(P2PEndpoint):
                 sel = sel[on]
             if not len(sel):
                 continue
-            if len(sel) == len(rows):  # the window's one collective: its rows as they are (bounds from 0)
-                got = Arrivals(dst, rows.segment, t, rows.bounds, rows.values)
-            else:
-                got = Arrivals(dst[sel], rows.segment[sel], t[sel], row_bounds(rows.lengths()[sel]),
-                               gather(rows.values, rows.bounds, sel))
+            part = rows if len(sel) == len(rows) else rows.take(sel)  # the window's one collective: most often
+            got = Arrivals(part.dst, part.segment, t if part is rows else t[sel], *part.flat())
             sends, done = kernel.arrive(got)
             self._push(sends, seq, int(rows.code[sel[0]]))
             self._finished(seq, done)
 
     def _one_by_one(self, rows: SegmentRows, sel: np.ndarray, t: np.ndarray) -> None:
         """Segments to per-worker algorithms (``P2PEndpoint.on_segment``'s second half)."""
-        b = rows.bounds
         for r in sel.tolist():
             dst, seq = int(rows.dst[r]), int(rows.seq[r])
             key = (dst, seq)
-            values = rows.values[b[r]:b[r + 1]]
+            values = rows.row_values(r)
             alg = self.algs.get(key)
             if alg is None:
                 self.early.setdefault(key, []).append((int(rows.src[r]), int(rows.segment[r]), values, float(t[r])))
@@ -348,19 +345,17 @@ class BatchedP2P(P2PEndpoint):
         summed a window's at once."""
         assert self.sums is not None
         sparse = (rows.segment & SPARSE_SEGMENT) != 0
-        b = rows.bounds
         for r in np.flatnonzero(sparse).tolist():
             dst = int(rows.dst[r])
-            self._queue(dst, self.sparse_servers[dst].on_segment(dst, int(rows.seq[r]), rows.values[b[r]:b[r + 1]],
+            self._queue(dst, self.sparse_servers[dst].on_segment(dst, int(rows.seq[r]), rows.row_values(r),
                                                                  float(t[r])), DTYPE_CODES[int(rows.code[r])])
         dense = np.flatnonzero(~sparse)
         if not len(dense):
             return
         part = rows.take(dense)
-        sends, by = self.sums.arrive(part.dst, part.seq, part.segment, part.emu_bytes, t[dense], part.bounds,
-                                     part.values)
+        sends, by = self.sums.arrive(part.dst, part.seq, part.segment, part.emu_bytes, t[dense], *part.flat())
         k = len(sends)
         if k:
-            self.waiting_up.push(SegmentRows(np.full(k, self.job, np.int64), sends.src, sends.dst, part.seq[by],
-                                             sends.segment, part.code[by], sends.dst, sends.emu_bytes, sends.t, sends.t,
-                                             sends.bounds, sends.values))
+            self.waiting_up.push(SegmentRows.packed(
+                [np.full(k, self.job, np.int64), sends.src, sends.dst, part.seq[by], sends.segment, part.code[by],
+                 sends.dst, sends.emu_bytes, sends.t, sends.t], sends.bounds, sends.values))

@@ -56,7 +56,7 @@ from emu.validate.report import (
     save_report,
     summarize,
 )
-from emu.validate.truth import TBF_TO_WIRE, VETH_LATENCY_US, Setting, Truth
+from emu.validate.truth import Setting, Truth, shaped_link
 
 PROBE_SECONDS = 1.0
 CAPTURE_WINDOWS = 3  # as `emu capture`'s default: a window whose steps vary past STEP_CV is taken again
@@ -75,7 +75,7 @@ PROFILED_STEPS = 5  # a validation capture's profiled steps, times its setting's
 def _link(setting: Setting, trace: Trace) -> LinkSpec:
     if setting.rate_bps is None:
         return fit_link(trace).link()  # unshaped: what the veth and gloo actually deliver
-    return LinkSpec(bandwidth_bps=setting.rate_bps * TBF_TO_WIRE, latency_us=VETH_LATENCY_US)
+    return shaped_link(setting.rate_bps)
 
 
 @dataclass(frozen=True)

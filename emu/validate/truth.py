@@ -16,6 +16,13 @@ from emu.traces.noise import OTHER_CORES, PROFILER_OVERHEAD, profiled_step_us, p
 # The link that moves payload at the same rate as a tbf of rate R has this bandwidth:
 TBF_TO_WIRE = (1448 / 1514) / (1456 / 1538)
 TCP_PAYLOAD = 1448 / 1514  # a tbf of rate R moves TCP payload at R x this at best
+# Both directions of a two-rank ring carry data at once, and each direction's tbf carries the other
+# direction's TCP acknowledgements beside its own data: a 66-byte frame (Ethernet 14, IP 20, TCP
+# with timestamps 32) every two 1,514-byte segments (Linux's delayed acknowledgement). The share of
+# a direction's rate left to its data, which emu's link (data frames only) is given. A count from
+# the frames, not a fit: the probes both ways at once delivered 1-3% less than one way
+# (docs/FIDELITY.md, "TCP's acknowledgements on the shaped links").
+BOTH_WAYS_DATA = 1 / (1 + 66 / (2 * 1514))
 # Trusted cases (docs/FIDELITY.md): the shaped link delivered at least this share of its payload
 # rate in the probes beside the real runs, and the capture's machine was not busy (meta.noise)
 DELIVERED_SHARE = 0.95
@@ -45,6 +52,13 @@ CAPTURE_AGREEMENT = 0.05
 # +11.7%, whose profiled steps ran 8% over its unprofiled ones.
 
 VETH_LATENCY_US = 20.0
+
+
+def shaped_link(rate_bps: float) -> LinkSpec:
+    """emu's link for a tbf of ``rate_bps`` on the validation's veth, both directions carrying data
+    at once: the wire's bytes for the tbf's (``TBF_TO_WIRE``), less the other direction's
+    acknowledgements (``BOTH_WAYS_DATA``)."""
+    return LinkSpec(bandwidth_bps=rate_bps * TBF_TO_WIRE * BOTH_WAYS_DATA, latency_us=VETH_LATENCY_US)
 
 
 @dataclass(frozen=True)
@@ -142,11 +156,13 @@ class Truth:
 
     def delivered_link(self, both_ways: bool = False) -> LinkSpec | None:
         """The link at the rate the probes measured (payload rate back to a tbf rate, then the
-        wire's): one way, or ``both_ways`` at once (the slower direction)."""
-        bps = self.both_ways_bps if both_ways else self.delivered_bps
-        if bps is None:
-            return None
-        return LinkSpec(bandwidth_bps=bps / TCP_PAYLOAD * TBF_TO_WIRE, latency_us=VETH_LATENCY_US)
+        wire's): one way (its acknowledgements then on the other direction, as ``shaped_link``
+        counts them), or ``both_ways`` at once (the slower direction: theirs already in it)."""
+        if both_ways:
+            bps = self.both_ways_bps
+            return None if bps is None else LinkSpec(bandwidth_bps=bps / TCP_PAYLOAD * TBF_TO_WIRE,
+                                                      latency_us=VETH_LATENCY_US)
+        return None if self.delivered_bps is None else shaped_link(self.delivered_bps / TCP_PAYLOAD)
 
 
 def capture_flags(trace: Trace | None, captured: Truth) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ from emu.traces import Coll, CollKind, Dtype, Iteration, RankProgram, Source, Tr
 from emu.validate import Setting, fit_link, run_validation
 from emu.validate.netns import available
 from emu.validate.report import CaseKind, Prediction, case_result, summarize, trusted_enough
-from emu.validate.truth import TCP_PAYLOAD, Truth
+from emu.validate.truth import BOTH_WAYS_DATA, TCP_PAYLOAD, Truth
 from tests.conftest import as_in_a_terminal, processes_mentioning
 
 # Rank 1 of every rank process (real run or capture) whose command line holds
@@ -176,7 +176,8 @@ def test_cases_are_trusted_by_criteria_fixed_in_advance() -> None:
     assert both.flags(None) == ()
     assert case_result("e", CaseKind.SAME, both, step(101.0)).link_both_ways_bps == both.both_ways_bps
     one, two = both.delivered_link(), both.delivered_link(both_ways=True)
-    assert two.bandwidth_bps == pytest.approx(one.bandwidth_bps * 0.90 / 0.99)
+    # the one-way probe's rate less the other direction's acknowledgements; the two-way one has them in it
+    assert two.bandwidth_bps == pytest.approx(one.bandwidth_bps * 0.90 / 0.99 / BOTH_WAYS_DATA)
     assert fine.delivered_link(both_ways=True) is None
     # TCP retransmitting (packets lost or reordered on the machine), a busy machine beside the real runs
     lossy = replace(fine, retransmitted=2.5e-3, other_cores=0.7, core_share=0.6, machine_busy=0.97)
@@ -475,3 +476,17 @@ def test_a_setting_sample_multiplies_the_steps_of_its_real_runs_and_emu_run(monk
     assert asked == [("real", "unshaped/4MB", 20), ("emu run", "unshaped/4MB", 20), ("real after", "unshaped/4MB", 20),
                      ("real", "300Mbit/4MB", 5), ("emu run", "300Mbit/4MB", 5), ("real after", "300Mbit/4MB", 5)]
     assert len(report.cases) == 5  # same and run at each, and 300Mbit/4MB from unshaped/4MB
+
+
+def test_a_shaped_link_moves_data_as_the_tbf_does_both_ways() -> None:
+    """Both ranks send at once: each direction's tbf carries its 1,514-byte frames of 1,448 bytes of
+    payload and, every two of the other direction's, a 66-byte acknowledgement. emu's link, counting
+    the wire's 1,538 bytes for 1,456 of payload and nothing else, takes as long for the same data."""
+    from emu.validate.truth import shaped_link
+
+    rate, payload = 300e6, 25 * 1448 * 2000
+    frames = payload / 1448
+    tbf_s = (frames * 1514 + frames / 2 * 66) * 8 / rate
+    link = shaped_link(rate)
+    assert payload / 1456 * 1538 * 8 / link.bandwidth_bps == pytest.approx(tbf_s)
+    assert link.latency_us == 20.0

@@ -22,7 +22,7 @@ the median 7.0%, +5.4%). Since the report's iteration is its period (report vers
 drops the span's skew, the 90th percentile left every replay short: on 20 unshaped captures of
 five validations, each replayed with the link fitted to it against its own profiled steps, mean
 error -4.4% (every one short, max |error| 8.3%) at the 90th, -2.4% at the 75th, +0.1% (mean
-|error| 1.7%, max 4.1%) at the median; against the real runs of the four trusted ones, -4.8% to
+|error| 1.7%, max 4.1%) at the median; against the real runs of the four trusted ones, -6.0% to
 -3.0% at the 90th, -0.9% to +3.1% at the median (2026-12-06, docs/FIDELITY.md).
 """
 

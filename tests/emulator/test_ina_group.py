@@ -78,3 +78,35 @@ def test_units_match_every_element_against_its_owner(workers: int, sparse: bool,
     assert (owner == ranks[:, None]).any() or workers > 1000  # some rows hold their own
     peak, peak_beta = g._peaks(c, ranks, blocks)
     assert np.array_equal(peak, np.abs(units).max(axis=1).astype(np.int64)) and np.array_equal(peak_beta, beta)
+
+
+def test_waiting_workers_follow_every_slot_sent_and_back() -> None:
+    """``InaGroup.waiting`` (asked by the clock several times a window, kept until a slot's state
+    changes) is, after every step of a lossy stream, the workers with a slot sent and not back."""
+    from emu.emulator.protocol.ina import SENT, ResultCheck
+    from emu.emulator.protocol.switch import MULTICAST, AggregationSwitch
+
+    workers, slots, k = 4, 4, 64
+    g = InaGroup(np.arange(workers), InaParams(slots=slots, elements=k, workers=workers, job=0, seed=5))
+    g.collective(0, "float32", 3000, -(-3000 // k)).start_us[:] = 0.0
+    sw, check, rng, retx = AggregationSwitch(slots, workers, k), ResultCheck(), np.random.default_rng(5), []
+    seen = set()
+    for _ in range(10_000):
+        assert np.array_equal(g.waiting(), (g.slot_state == SENT).any(axis=1))
+        seen.add(tuple(g.waiting().tolist()))
+        pk = g.next_packets(retx)
+        if pk is None:
+            break
+        assert np.array_equal(g.waiting(), (g.slot_state == SENT).any(axis=1))
+        lost = rng.random(len(pk.local)) < 0.2
+        retx = [(int(w), int(s), 0.0, 1.0) for w, s in zip(pk.local[lost], pk.headers["slot"][lost], strict=True)]
+        res = sw.process(pk.headers[~lost], pk.payload[~lost], sparse=pk.sparse[~lost])
+        dest = res.headers["worker"].astype(int)
+        pairs = [(w, i) for i, d in enumerate(dest) for w in (range(workers) if d == MULTICAST else [d])]
+        li, rb = np.array([w for w, _ in pairs], int), np.array([i for _, i in pairs], int)
+        back = rng.random(len(li)) < 0.8  # the rest lost on the way down: their slots stay sent, resent
+        retx += [(int(w), int(res.headers["slot"][i]), 0.0, 1.0) for w, i in zip(li[~back], rb[~back], strict=True)]
+        g.on_results(li[back], rb[back], res.headers, res.payload, np.ones(back.sum()), None,
+                     np.full(len(res.headers), -1), check, res.sparse)
+    assert g.colls[0].finished.all() and check.mismatches == 0
+    assert len(seen) > 2  # some workers waited while others did not

@@ -162,6 +162,7 @@ class InaGroup(StreamData):
         s = params.slots
         self.slot_chunk = np.tile(np.arange(s, dtype=np.int64), (self.m, 1))
         self.slot_state = np.full((self.m, s), IDLE, np.int8)
+        self._waiting: np.ndarray | None = None  # ``waiting``'s answer until a slot's state changes
         self.free_at = np.zeros((self.m, s))
         self.sent_at = np.zeros((self.m, s))
         self.colls: list[InaCollective] = []
@@ -215,6 +216,14 @@ class InaGroup(StreamData):
         coll.data_blocks = s * coll.stream.rounds
         coll.exp_known = np.full((self.m, s), math.inf)
         coll.finished = np.zeros(self.m, bool)
+
+    def waiting(self) -> np.ndarray:
+        """Per local worker, whether it has a slot sent and not back (read only: asked several
+        times a window by the clock, and made again only after a slot's state changed)."""
+        if self._waiting is None:
+            self._waiting = (self.slot_state == SENT).any(axis=1)
+            self._waiting.setflags(write=False)
+        return self._waiting
 
     def locate(self, chunks: np.ndarray) -> np.ndarray:
         """The index (in issue order) of the collective each chunk belongs to."""
@@ -299,6 +308,7 @@ class InaGroup(StreamData):
         h["slot"] = si
         h["chunk"] = chunks
         self.slot_state[li, si] = SENT
+        self._waiting = None
         self.sent_at[li, si] = send
         if coll.stream is not None:
             return self._build_sparse(coll, h, li, is_exp, b, send, retx)
@@ -480,6 +490,7 @@ class InaGroup(StreamData):
         self.resends[w, s] = 0
         self.slot_chunk[w, s] = chunks[rows] + advance
         self.slot_state[w, s] = IDLE
+        self._waiting = None
         self.free_at[w, s] = arrival_us[rows]
         return finished
 

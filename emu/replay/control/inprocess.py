@@ -26,6 +26,7 @@ import numpy as np
 
 from emu import lifetime
 from emu.emulator.protocol.rows import one_value
+from emu.emulator.protocol.transport import AggBatch, Segment
 from emu.errors import RunFailed
 from emu.replay.config.options import Clock
 from emu.replay.control.messages import HostResult, SwitchResult
@@ -63,6 +64,9 @@ class _InProcess:
         self.clock = Windows(self.switch_setup)
         self.forwarded = 0
         self.workers = [h for h in self.hosts if h.setup.role == "workers"]
+        # hosts that hand their segments over one at a time keep them as objects between hosts: rows
+        # (the wire's form) would be built and taken apart again within the window
+        self.objects = all(isinstance(h, Host) and not h.p2p.batched for h in self.hosts)
 
     def run(self, on_progress: Callable[[float], None] | None) -> None:
         for h in self.hosts:
@@ -94,6 +98,10 @@ class _InProcess:
                 self.hosts[h].receive_results(part)
         for host in self.hosts:
             host.advance(bound, inclusive, quiet_us=self.clock.quiet_us)
+            if self.objects:
+                assert isinstance(host, Host)
+                self._forward(*host.take_segments())
+                continue
             out, segs = host.take_outgoing()
             if out is not None and len(out.headers):
                 self.clock.pending.append(out)
@@ -106,6 +114,23 @@ class _InProcess:
                     for h in np.unique(dest).tolist():
                         self.hosts[h].receive_rows(segs.take(np.flatnonzero(dest == h)))
                 self.forwarded += len(segs)
+
+    def _forward(self, out: AggBatch | None, segs: list[Segment]) -> None:
+        """A host's contributions to the switch, and its segments each to its destination's host,
+        in the order the rows of ``take_outgoing`` hand them over, each with values of its own (as
+        a segment off the wire has)."""
+        if out is not None and len(out.headers):
+            self.clock.pending.append(out)
+        if not segs:
+            return
+        self.clock.seg_min = min(self.clock.seg_min, min(s.first_us for s in segs))
+        route, hosts = self.route, self.hosts
+        for s in segs:
+            h = hosts[route.host_of(s.job, s.dst)]
+            assert isinstance(h, Host)
+            h.receive_segment(Segment(s.job, s.dtype, s.src, s.dst, s.seq, s.segment, s.emu_bytes, s.first_us,
+                                      s.last_us, np.array(s.values, np.float64)))
+        self.forwarded += len(segs)
 
     def progress(self) -> float:
         done = sum(min(fw.s.it for fw in h.workers.values()) * len(h.workers) if isinstance(h, Host)

@@ -75,8 +75,7 @@ class Horizons:
         self.ina.inside(inside)
         if isinstance(self.p2p, BatchedP2P):  # its kernels' runs are not by worker: any may be inside one
             inside[:] = True
-        for e, _ in self.p2p.runs:
-            inside[e] = True
+        inside[self.p2p.inside_ids()] = True
         out = [Lagging()] * pools
         for p, lag in self.ina.lagging(self._run_t, inside):
             out[p] = Lagging.least([out[p], lag])
@@ -119,9 +118,9 @@ class Horizons:
         if not quiet_us:
             return np.full(len(w.up.free_us), bound + hop)
         wake = np.full(len(w.up.free_us), math.inf)
-        p2p = [e for e, _ in self.p2p.runs] + list(self.p2p.servers)
-        if p2p:
-            wake[self._link_of[np.asarray(p2p, np.int64)]] = bound + hop
+        p2p = self.p2p.inside_ids(servers=True)
+        if len(p2p):
+            wake[self._link_of[p2p]] = bound + hop
         for pool, links in self.ina.waiting_links():
             quiet = quiet_us[pool] if pool < len(quiet_us) else -math.inf
             wake[links] = np.minimum(wake[links], max(bound, quiet) + hop)

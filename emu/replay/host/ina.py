@@ -20,7 +20,7 @@ from emu.emulator.links.array import Transmitted
 from emu.emulator.links.scaled_loss import ScaledLoss
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol import wire
-from emu.emulator.protocol.ina import SENT, InaCollective, InaGroup, InaParams, Packets, PayloadCache, ResultCheck
+from emu.emulator.protocol.ina import InaCollective, InaGroup, InaParams, Packets, PayloadCache, ResultCheck
 from emu.emulator.protocol.rows import indices, rows_of
 from emu.emulator.protocol.switch import MULTICAST
 from emu.emulator.protocol.transport import AggBatch, Lagging
@@ -220,7 +220,7 @@ class InaEndpoint:
     def waiting_links(self) -> list[tuple[int, np.ndarray]]:
         """For its pool (its number in the headers' job field), the links of the workers that wait
         for one of its results: a slot sent, not back (only they can receive one)."""
-        return [(self.pool.job, self.link[(self.group.slot_state == SENT).any(axis=1)])]
+        return [(self.pool.job, self.link[self.group.waiting()])]
 
     def inside(self, into: np.ndarray) -> None:
         """Mark in ``into`` (per worker id) the workers inside one of the pool's collectives:

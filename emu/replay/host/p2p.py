@@ -89,6 +89,10 @@ class P2PEndpoint:
         self.carried: dict[int, list[int]] = {}
         self.algs: dict[tuple[int, int], Algorithm] = {}
         self.runs: dict[tuple[int, int], CollRun] = {}
+        # per endpoint id, its runs in ``runs`` (the clock asks every window which endpoints are
+        # inside one: ``inside_ids``), and the shards' ids
+        self.running = np.zeros(max(index, default=-1) + 1, np.int64)
+        self._server_ids = np.asarray(sorted(servers), np.int64)
         # a sub-group collective's members (its algorithm's ranks) and each one's rank among them
         self.members: dict[tuple[int, int], tuple[tuple[int, ...], dict[int, int]]] = {}
         self._ranks: dict[tuple[int, ...], dict[int, int]] = {}
@@ -139,6 +143,12 @@ class P2PEndpoint:
         """Each started run not yet completed, once per worker."""
         return list(self.runs.values())
 
+    def inside_ids(self, servers: bool = False) -> np.ndarray:
+        """The endpoints inside a collective run here (``runs``), ascending, and with ``servers``
+        the shards after them: those waiting for something from outside (``emu.replay.host.horizons``)."""
+        ids = np.flatnonzero(self.running)
+        return np.concatenate([ids, self._server_ids]) if servers and len(self._server_ids) else ids
+
     def start_many(self, ws: np.ndarray, run: CollRun, real_elements: int, mech: Mechanism) -> None:
         """Workers ``ws`` (a cohort's members) start one collective, in their order (``start``)."""
         for w in ws.tolist():
@@ -147,6 +157,7 @@ class P2PEndpoint:
     def start(self, w: int, run: CollRun, real_elements: int, mech: Mechanism) -> None:
         """Worker ``w`` starts a collective that ``mech`` runs (the fabric's choice: emu.emulator.mechanisms)."""
         key = (w, run.seq)
+        self.running[w] += key not in self.runs
         self.runs[key] = run
         if run.op.group is not None:
             group = run.op.group
@@ -223,7 +234,9 @@ class P2PEndpoint:
     def _finish(self, w: int, seq: int) -> None:
         self.members.pop((w, seq), None)
         alg = self.algs.pop((w, seq))
-        self.completed(np.array([w], np.int64), self.runs.pop((w, seq)), np.array([alg.end_us], np.float64))
+        run = self.runs.pop((w, seq))
+        self.running[w] -= 1
+        self.completed(np.array([w], np.int64), run, np.array([alg.end_us], np.float64))
 
     def _queue(self, src: int, segs: list[Seg], dtype: str) -> None:
         # a shard's answers, sent at once, leave in its turn order (``_reply_turns``); else by destination

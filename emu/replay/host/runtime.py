@@ -34,7 +34,7 @@ import numpy as np
 from emu.emulator.links.array import GIVE_UP_ROUNDS
 from emu.emulator.mechanisms import Mechanism, choose
 from emu.emulator.payload.recorded import RecordedPayload
-from emu.emulator.protocol.transport import AggBatch, SegmentRows
+from emu.emulator.protocol.transport import AggBatch, Segment, SegmentRows
 from emu.errors import RunFailed
 from emu.replay.config.options import ReplayConfig
 from emu.replay.control.messages import HostResult, WorkerRecord
@@ -270,6 +270,12 @@ class Host(Horizons):
         return self.ina.take_outgoing(), (p2p.take_rows() if isinstance(p2p, BatchedP2P)
                                           else SegmentRows.of(p2p.take_outgoing()))
 
+    def take_segments(self) -> tuple[AggBatch | None, list[Segment]]:
+        """``take_outgoing`` with the segments as the objects the endpoint made, where it hands them
+        over one at a time (``emu.replay.control.inprocess``: no rows between hosts of one process)."""
+        assert not isinstance(self.p2p, BatchedP2P)
+        return self.ina.take_outgoing(), self.p2p.take_outgoing()
+
     def holds(self, job: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """Per segment (its job and destination), whether its endpoint is held here."""
         own = self._own
@@ -286,6 +292,10 @@ class Host(Horizons):
             return
         for seg in rows.segments():
             self.p2p.arrive(seg)
+
+    def receive_segment(self, seg: Segment) -> None:
+        """A segment from the switch for an endpoint of this host, as ``receive_rows`` hands each on."""
+        self.p2p.arrive(seg)
 
     def _downlinks(self, bound: float, inclusive: bool, now: float | None) -> None:
         """Hand every result and segment due before the bound to its downlink, per link in stamp

@@ -500,6 +500,8 @@ class Departures:
         """Every field's least, pool by pool (several jobs in one host, or every host at the switch)."""
         if not all_:
             return cls(math.inf, math.inf)
+        if len(all_) == 1 and len(all_[0].lagging) == len(all_[0].waiting):  # one host's (in one process)
+            return all_[0]
         pools = max(len(d.waiting) for d in all_)
         pad = [(*d.waiting, *[(math.inf, math.inf)] * (pools - len(d.waiting))) for d in all_]
         lag = [(*d.lagging, *[Lagging()] * (pools - len(d.lagging))) for d in all_]

@@ -94,6 +94,23 @@ class _Rows:
         return int(self.item.headers["job"][0])
 
 
+@dataclass(slots=True)
+class _Seg:
+    """One segment waiting for a leaf link: ``_Rows``' fields as numbers (most of what waits at a
+    leaf is single segments, whose one-row arrays cost more than the hand-off around them)."""
+
+    leaf: int
+    first: float
+    last: float
+    wire_bytes: float
+    packets: float
+    seg: Segment
+
+    def rows(self) -> _Rows:
+        return _Rows(np.array([self.leaf]), np.array([self.first]), np.array([self.last]), np.array([self.wire_bytes]),
+                     np.array([self.packets]), self.seg)
+
+
 def conserve(link: np.ndarray, first: np.ndarray, last: np.ndarray, ser: np.ndarray, packets: np.ndarray,
              free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows sorted by (link, first) through work-conserving servers (module docstring): row ``i``
@@ -174,8 +191,19 @@ class LeafStage:
         """The earliest a row waiting for a leaf's link down can wake a NIC that sends: no earlier
         than it arrives and than the least free time of the NICs on its leaf (``free_by_leaf``,
         per leaf held)."""
-        return min((float(np.maximum(rows.first, free_by_leaf[rows.leaf]).min()) for _, _, rows in self._heaps[1]),
+        return min((max(rows.first, float(free_by_leaf[rows.leaf])) if isinstance(rows, _Seg) else
+                    float(np.maximum(rows.first, free_by_leaf[rows.leaf]).min()) for _, _, rows in self._heaps[1]),
                    default=math.inf)
+
+    def _push_seg(self, direction: int, item: _Seg) -> None:
+        """``_push`` of one segment."""
+        if direction == 0:
+            passed = float(self.passed[item.leaf])
+            if item.first < passed - 1e-12 * abs(passed):
+                self._push(0, item.rows())  # which refuses it, saying why
+                return
+        self._count += 1
+        heapq.heappush(self._heaps[direction], (item.first, self._count, item))
 
     def _push(self, direction: int, rows: _Rows) -> None:
         if not len(rows.first):
@@ -236,9 +264,8 @@ class LeafStage:
 
     def segment(self, direction: int, leaf: int, seg: Segment, wire_bytes: float, packets: int) -> None:
         """A segment reached ``leaf`` (up: from its NIC; down: from the spine)."""
-        one = np.ones(1)
-        self._push(direction, _Rows(np.array([self.index[leaf]]), np.array([seg.first_us]), np.array([seg.last_us]),
-                                    one * wire_bytes, one * packets, seg))
+        self._push_seg(direction, _Seg(self.index[leaf], float(seg.first_us), float(seg.last_us), float(wire_bytes),
+                                       float(packets), seg))
 
     def batch(self, direction: int, leaves: np.ndarray, batch: AggBatch, wire_bytes: np.ndarray,
               packets: np.ndarray, tags: np.ndarray | None = None) -> None:
@@ -303,14 +330,46 @@ class LeafStage:
         before it go now, however far past the bound: no later row can come before them on
         their link, and what reaches the switch early waits for its window (a contribution at the
         switch, a forwarded segment at the host it is for)."""
+        parts = self._due(direction, bound, inclusive, horizon)
+        if not parts:
+            return
+        if all(isinstance(p, _Seg) for p in parts):  # segments alone: their columns from their numbers
+            segs = [p.seg for p in parts]
+            leaf = np.array([p.leaf for p in parts], np.int64)
+            first = np.array([p.first for p in parts])
+            last = np.array([p.last for p in parts])
+            wire_bytes = np.array([p.wire_bytes for p in parts])
+            packets = np.array([p.packets for p in parts])
+            kind = np.array([g.job << 1 for g in segs], np.int64)  # as ``_Rows.order_keys``
+            k1 = np.array([(g.seq << 16) | g.dst for g in segs], np.int64)
+            k2 = np.array([(g.src << 32) | g.segment for g in segs], np.int64)
+        else:
+            rows = [p.rows() if isinstance(p, _Seg) else p for p in parts]
+            leaf, first, last, wire_bytes, packets = (np.concatenate([getattr(p, f) for p in rows]) for f in (
+                "leaf", "first", "last", "wire_bytes", "packets"))
+            kind, k1, k2 = (np.concatenate(k) for k in zip(*(p.order_keys() for p in rows), strict=True))
+        order = np.lexsort((k2, k1, kind, first, leaf))  # per link, in arrival order, ties by content
+        wire = wire_bytes[order]
+        f_out, l_out = self._transmit(direction, leaf[order], first[order], last[order], wire, packets[order])
+        self.bytes_sent += float(np.rint(wire).sum())
+        out_first, out_last = np.empty(len(first)), np.empty(len(first))
+        out_first[order], out_last[order] = f_out, l_out
+        self._pass_on(parts, wire_bytes, out_first, out_last, on_segment, on_batch)
+
+    def _due(self, direction: int, bound: float, inclusive: bool, horizon: np.ndarray | None) -> list[_Rows | _Seg]:
+        """What ``advance`` hands to the links now, in the heap's order; the rest waits on."""
         heap = self._heaps[direction]
         reach = bound if horizon is None else max(bound, float(horizon.max(initial=-math.inf)))
         if horizon is not None:
             np.maximum(self.passed, horizon, out=self.passed)
-        parts: list[_Rows] = []
-        later: list[_Rows] = []
+        parts: list[_Rows | _Seg] = []
+        later: list[_Rows | _Seg] = []
         while heap and (heap[0][0] <= reach if inclusive else heap[0][0] < reach):
             _, _, rows = heapq.heappop(heap)
+            if isinstance(rows, _Seg):
+                now = rows.first <= bound if inclusive else rows.first < bound
+                (parts if now or (horizon is not None and rows.first < horizon[rows.leaf]) else later).append(rows)
+                continue
             due = rows.first <= bound if inclusive else rows.first < bound
             if horizon is not None:
                 due |= rows.first < horizon[rows.leaf]
@@ -322,31 +381,27 @@ class LeafStage:
                 rows = rows.take(np.flatnonzero(due))
             parts.append(rows)
         for rows in later:
-            self._push(direction, rows)
-        if not parts:
-            return
-        leaf = np.concatenate([p.leaf for p in parts])
-        first = np.concatenate([p.first for p in parts])
-        kind, k1, k2 = (np.concatenate(k) for k in zip(*(p.order_keys() for p in parts), strict=True))
-        order = np.lexsort((k2, k1, kind, first, leaf))  # per link, in arrival order, ties by content
-        wire = np.concatenate([p.wire_bytes for p in parts])[order]
-        f_out, l_out = self._transmit(direction, leaf[order], first[order],
-                                      np.concatenate([p.last for p in parts])[order], wire,
-                                      np.concatenate([p.packets for p in parts])[order])
-        self.bytes_sent += float(np.rint(wire).sum())
-        job_wire = np.empty(len(wire))
-        job_wire[order] = wire
+            if isinstance(rows, _Seg):
+                self._push_seg(direction, rows)
+            else:
+                self._push(direction, rows)
+        return parts
+
+    def _pass_on(self, parts: list[_Rows | _Seg], wire_bytes: np.ndarray, out_first: np.ndarray,
+                 out_last: np.ndarray, on_segment: Callable[[Segment], None],
+                 on_batch: Callable[[AggBatch, np.ndarray | None], None]) -> None:
+        """Each part's bytes to its job, and the part on with its rows' new times (in ``parts``' order)."""
         at = 0
         for p in parts:
+            if isinstance(p, _Seg):
+                job = p.seg.job
+                self.bytes_by_job[job] = self.bytes_by_job.get(job, 0.0) + float(np.rint(wire_bytes[at]))
+                on_segment(p.seg.at(float(out_first[at]), float(out_last[at])))
+                at += 1
+                continue
             n = len(p.first)
             job = p.job()
-            self.bytes_by_job[job] = self.bytes_by_job.get(job, 0.0) + float(np.rint(job_wire[at:at + n]).sum())
-            at += n
-        out_first, out_last = np.empty(len(first)), np.empty(len(first))
-        out_first[order], out_last[order] = f_out, l_out
-        at = 0
-        for p in parts:
-            n = len(p.first)
+            self.bytes_by_job[job] = self.bytes_by_job.get(job, 0.0) + float(np.rint(wire_bytes[at:at + n]).sum())
             f, la = out_first[at:at + n], out_last[at:at + n]
             at += n
             if isinstance(p.item, Segment):

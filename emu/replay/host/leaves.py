@@ -147,13 +147,14 @@ class LeafStage:
     """The uplinks and downlinks of the leaves a host holds."""
 
     def __init__(self, leaves: np.ndarray, link: LinkSpec, seed: int, partial_of: np.ndarray | None = None,
-                 window: int = 1) -> None:
+                 window: int = 1, hop_us: float = 0.0) -> None:
         """``partial_of``: per job and leaf held, the workers whose contributions make one partial
         sum (hierarchical aggregation; None: flat); ``window``: the stream's real slots (how far back
         a retransmission can reach)."""
         self.leaves = np.asarray(leaves, np.int64)  # the global ids of the host's leaves
         self.partial_of = None if partial_of is None else np.atleast_2d(partial_of)
         self.window = window
+        self.hop_us = hop_us  # the least time from a row's arrival down to an endpoint acting on it (``down_wakes_us``)
         self._held: dict[tuple[int, int, int], tuple[set[int], list[AggBatch], float, float, float, float]] = {}
         self._done: dict[tuple[int, int, int], None] = {}  # partial sums sent, recent ones (duplicates pass)
         self.index = {int(leaf): i for i, leaf in enumerate(self.leaves)}
@@ -180,7 +181,7 @@ class LeafStage:
         spine = topo.spine_link(cfg.link)
         partial_of = (np.stack([np.bincount(lay.leaf, minlength=lay.leaves)[held] for lay in layouts])
                       if topo.algorithm == Hierarchy.HIERARCHICAL else None)
-        return cls(held, spine, cfg.seed, partial_of, cfg.real_slots)
+        return cls(held, spine, cfg.seed, partial_of, cfg.real_slots, cfg.nic_hop_us())
 
     def next_us(self, direction: int | None = None) -> float:
         """The earliest row waiting for a leaf's link (``direction``: 0 up, 1 down, None either)."""
@@ -189,11 +190,15 @@ class LeafStage:
 
     def down_wakes_us(self, free_by_leaf: np.ndarray) -> float:
         """The earliest a row waiting for a leaf's link down can wake a NIC that sends: no earlier
-        than it arrives and than the least free time of the NICs on its leaf (``free_by_leaf``,
-        per leaf held)."""
-        return min((max(rows.first, float(free_by_leaf[rows.leaf])) if isinstance(rows, _Seg) else
-                    float(np.maximum(rows.first, free_by_leaf[rows.leaf]).min()) for _, _, rows in self._heaps[1]),
-                   default=math.inf)
+        than the least free time of the NICs on its leaf (``free_by_leaf``, per leaf held), nor
+        than it reaches an endpoint, ``hop_us`` at least after it arrives (a NIC's hop: it crosses
+        the link down and then its NIC's downlink; never under the clock's lookahead, which the
+        switch adds to a segment it just forwarded, ``emu.replay.switch.daemon.Windows._queued``,
+        so that the bound is the same whether the segment reached its host yet or not)."""
+        hop = self.hop_us
+        return min((max(rows.first + hop, float(free_by_leaf[rows.leaf])) if isinstance(rows, _Seg) else
+                    float(np.maximum(rows.first + hop, free_by_leaf[rows.leaf]).min())
+                    for _, _, rows in self._heaps[1]), default=math.inf)
 
     def _push_seg(self, direction: int, item: _Seg) -> None:
         """``_push`` of one segment."""

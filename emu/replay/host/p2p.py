@@ -114,6 +114,9 @@ class P2PEndpoint:
         self.inside_up = _Timed(lambda e: (link[e[3]], link[e[5].dst]))
         self.inside_down = _Timed(lambda e: (link[e[1]],))
         self.outgoing: list[Segment] = []
+        # the least time from a segment's first packet at the switch to its endpoint acting on it: the
+        # downlink's hop (``link_events``; jitter, loss and a busy link only add)
+        self.down_hop_us = cfg.nic_hop_us()
 
     def next_us(self) -> float:
         return min(self.up_heap.first(), self.down_heap.first(), self.inside_us())
@@ -121,7 +124,9 @@ class P2PEndpoint:
     def link_events(self, nxt: np.ndarray, down_free: np.ndarray) -> None:
         """Into ``nxt`` (per uplink): the earliest segment to send from an endpoint on it, or to
         reach one (which may make it send): one from the switch no earlier than its downlink, a
-        FIFO busy until ``down_free``, can start on it (``BatchedP2P.departs_us`` alike)."""
+        FIFO busy until ``down_free``, can start on it, and it is in a link's hop later (its
+        latency and the least serialization: ``ReplayConfig.nic_hop_us``), when its endpoint can
+        act on it (``BatchedP2P.departs_us`` alike)."""
         for q in (self.up_heap, self.inside_down, self.inside_up):
             q.earliest(nxt)
         if self.down_heap.by_link:
@@ -132,7 +137,7 @@ class P2PEndpoint:
                 self.down_heap.earliest(down)
             # without node passes, segments inside a node wait here too, and cross the node's own link
             crosses_nic = self.split_inside or self.wiring.intra_up is None
-            np.minimum(nxt, np.maximum(down, down_free) if crosses_nic else down, out=nxt)
+            np.minimum(nxt, np.maximum(down, down_free) + self.down_hop_us if crosses_nic else down, out=nxt)
 
     def inside_us(self) -> float:
         """The earliest segment inside a node on its way: to be sent, or to arrive (inf: none)."""

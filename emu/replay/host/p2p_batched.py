@@ -131,21 +131,23 @@ class BatchedP2P(P2PEndpoint):
     def departs_us(self, free: np.ndarray, down_free: np.ndarray) -> float:
         """The least over every waiting segment of the earliest it can make its link send: the
         later of the link's free time and the segment's own time, or, for one still to arrive,
-        the time its downlink can start on it, a FIFO busy until ``down_free`` (``Host.departures``:
-        per link, the later of its free time and its next event, least over links)."""
+        a downlink's hop (``P2PEndpoint.down_hop_us``) after its downlink can start on it, a FIFO
+        busy until ``down_free`` (``Host.departures``: per link, the later of its free time and its
+        next event, least over links)."""
         self._flush()
         parts = [(p, p.src, None) for p in self.waiting_up.parts]
+        hop = self.down_hop_us
         if self.servers:  # a shard sends once a sum has all its pushes (``ShardWakes``)
             wakes = np.full(len(free), math.inf)
             self.shard_wakes.earliest(wakes)
-            least = float(np.maximum(np.maximum(free, down_free), wakes).min(initial=math.inf))
+            least = float(np.maximum(free, np.maximum(down_free, wakes) + hop).min(initial=math.inf))
         else:
             parts += [(p, p.dst, down_free) for p in self.waiting_down.parts]
             least = math.inf
 
         def starts(p: SegmentRows, ends: np.ndarray, down: np.ndarray | None, k: int) -> np.ndarray:
             links = self.link_of[ends[:k]]
-            t = p.t[:k] if down is None else np.maximum(p.t[:k], down[links])
+            t = p.t[:k] if down is None else np.maximum(p.t[:k], down[links]) + hop
             return np.maximum(free[links], t)
         least = min([least, *(float(starts(p, ends, down, 1)[0]) for p, ends, down in parts)])
         for p, ends, down in parts:  # each part is sorted by time: a row at or past ``least`` cannot lower it

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -240,16 +240,10 @@ class SegmentBatch:
         return out
 
 
-# a row's integers and floats, each kind one matrix of a row per segment (rows x columns): taking,
-# slicing and joining rows is then one step a kind, not one a column (2 to 10 times faster)
-_INTS = ("job", "src", "dst", "seq", "segment", "code", "key", "lo", "n")
-_FLOATS = ("emu_bytes", "t", "last")
-_LO = _INTS.index("lo")
+_ROW_INTS = ("job", "src", "dst", "seq", "segment", "code", "key")
+_ROW_FLOATS = ("emu_bytes", "t", "last")
+_COLUMNS = (*_ROW_INTS, *_ROW_FLOATS, "lo", "n")
 _SPARE = 4096  # values a joined part may carry unused beyond twice its own (SegmentRows.concat)
-
-
-def _column(matrix: str, k: int, doc: str) -> property:
-    return property(lambda self: getattr(self, matrix)[:, k], doc=doc)
 
 
 @dataclass(frozen=True)
@@ -260,29 +254,26 @@ class SegmentRows:
     ``values[lo[r]:lo[r] + n[r]]``). Rows taken, sliced or sorted share their values: only the columns
     move (a parameter server's segments of a few elements each cost their values' gathering several
     times over, once per stage they waited in); ``flat`` gathers them once, where they are used.
-    The columns are views of two matrices, a row each (``ints``, ``floats``), so that a row's
-    fields move together. ``SegmentBatch`` is the same on the wire."""
+    ``SegmentBatch`` is the same on the wire."""
 
-    ints: np.ndarray  # (rows, 9) int64: the columns of ``_INTS``
-    floats: np.ndarray  # (rows, 3) float64: the columns of ``_FLOATS``
+    job: np.ndarray  # int64, as the header's fields
+    src: np.ndarray
+    dst: np.ndarray
+    seq: np.ndarray
+    segment: np.ndarray
+    code: np.ndarray  # the values' dtype on the wire: an index of DTYPE_CODES
+    # the order among rows of equal (t, seq, segment, src) waiting to be sent: the destination, or a
+    # parameter-server shard's turn for it (emu.replay.host.p2p._reply_turns)
+    key: np.ndarray
+    emu_bytes: np.ndarray  # float64
+    t: np.ndarray  # waiting to be sent: the send time; sent: the first packet at the switch (us)
+    last: np.ndarray  # the last packet at the switch (us); the send time while waiting
+    lo: np.ndarray  # int64: where each row's values begin in ``values``
+    n: np.ndarray  # int64: how many values each row has
     values: np.ndarray  # float64; may hold other rows' values too (never written through)
 
-    job = _column("ints", 0, "as the header's fields")
-    src = _column("ints", 1, "")
-    dst = _column("ints", 2, "")
-    seq = _column("ints", 3, "")
-    segment = _column("ints", 4, "")
-    code = _column("ints", 5, "the values' dtype on the wire: an index of DTYPE_CODES")
-    key = _column("ints", 6, "the order among rows of equal (t, seq, segment, src) waiting to be sent: the "
-                             "destination, or a parameter-server shard's turn for it (emu.replay.host.p2p._reply_turns)")
-    lo = _column("ints", 7, "where each row's values begin in ``values``")
-    n = _column("ints", 8, "how many values each row has")
-    emu_bytes = _column("floats", 0, "")
-    t = _column("floats", 1, "waiting to be sent: the send time; sent: the first packet at the switch (us)")
-    last = _column("floats", 2, "the last packet at the switch (us); the send time while waiting")
-
     def __len__(self) -> int:
-        return len(self.ints)
+        return len(self.src)
 
     @staticmethod
     def empty() -> SegmentRows:
@@ -293,22 +284,7 @@ class SegmentRows:
     def packed(columns: list[np.ndarray], bounds: np.ndarray, values: np.ndarray) -> SegmentRows:
         """From the ten columns (job to last, in the fields' order) and values one row after another
         (row r's ``values[bounds[r]:bounds[r + 1]]``, ``bounds`` from 0)."""
-        k = len(_INTS) - 2
-        ints = np.empty((len(bounds) - 1, len(_INTS)), np.int64)
-        for i, c in enumerate(columns[:k]):
-            ints[:, i] = c
-        ints[:, k] = bounds[:-1]
-        ints[:, k + 1] = np.diff(bounds)
-        floats = np.empty((len(ints), len(_FLOATS)))
-        for i, c in enumerate(columns[k:]):
-            floats[:, i] = c
-        return SegmentRows(ints, floats, values)
-
-    def at_times(self, t: np.ndarray, last: np.ndarray) -> SegmentRows:
-        """The same rows, their first and last packets at these times."""
-        floats = self.floats.copy()
-        floats[:, 1], floats[:, 2] = t, last
-        return SegmentRows(self.ints, floats, self.values)
+        return SegmentRows(*columns, bounds[:-1], np.diff(bounds), values)
 
     def lengths(self) -> np.ndarray:
         return self.n
@@ -335,11 +311,11 @@ class SegmentRows:
         rows = np.asarray(rows, np.int64)
         if every_row(rows, len(self)):
             return self
-        return SegmentRows(self.ints.take(rows, axis=0), self.floats.take(rows, axis=0), self.values)
+        return SegmentRows(*[getattr(self, f)[rows] for f in _COLUMNS], self.values)
 
     def slice(self, lo: int, hi: int) -> SegmentRows:
         """Rows ``lo`` to ``hi`` as views."""
-        return SegmentRows(self.ints[lo:hi], self.floats[lo:hi], self.values)
+        return SegmentRows(*[getattr(self, f)[lo:hi] for f in _COLUMNS], self.values)
 
     @staticmethod
     def concat(parts: list[SegmentRows]) -> SegmentRows:
@@ -362,11 +338,11 @@ class SegmentRows:
             if id(p.values) not in arrays:
                 arrays[id(p.values)] = (at, p.values)
                 at += len(p.values)
-        ints = np.concatenate([p.ints for p in parts])
+        columns = [np.concatenate([getattr(p, f) for p in parts]) for f in _COLUMNS]
         if len(arrays) > 1:
-            ints[:, _LO] = np.concatenate([p.lo + arrays[id(p.values)][0] for p in parts])
+            columns[-2] = np.concatenate([p.lo + arrays[id(p.values)][0] for p in parts])
         values = np.concatenate([a for _, a in arrays.values()]) if len(arrays) > 1 else parts[0].values
-        return SegmentRows(ints, np.concatenate([p.floats for p in parts]), values)
+        return SegmentRows(*columns, values)
 
     @staticmethod
     def of(segs: list[Segment]) -> SegmentRows:
@@ -467,18 +443,16 @@ def _floats(frame: object, what: str) -> list[float]:
 
 
 def _no_rows() -> SegmentRows:
-    ints, floats, values = np.zeros((0, len(_INTS)), np.int64), np.zeros((0, len(_FLOATS))), np.zeros(0)
-    for a in (ints, floats, values):
+    ints, floats = np.zeros(0, np.int64), np.zeros(0)
+    for a in (ints, floats):
         a.flags.writeable = False
-    return SegmentRows(ints, floats, values)
+    return SegmentRows(*[ints] * 7, *[floats] * 3, ints, ints, floats)
 
 
 def _compacted(rows: SegmentRows) -> SegmentRows:
     """``rows`` with values of their own, one row after another."""
     bounds, values = rows.flat()
-    ints = rows.ints.copy()
-    ints[:, _LO] = bounds[:-1]
-    return SegmentRows(ints, rows.floats, values)
+    return replace(rows, lo=bounds[:-1], values=values)
 
 
 _NO_ROWS = _no_rows()

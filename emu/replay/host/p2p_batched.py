@@ -18,6 +18,7 @@ segments over in runs between the stream's rows, in time order (``emu.replay.hos
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -271,7 +272,7 @@ class BatchedP2P(P2PEndpoint):
             got = self.carried.setdefault(seq, [0, 0])
             got[0] += int(pay[i])
             got[1] += int(head[i])
-        self.sent.append(rows.at_times(first, last))
+        self.sent.append(replace(rows, t=first, last=last))
 
     def take_rows(self) -> SegmentRows:
         out, self.sent = SegmentRows.concat(self.sent), []

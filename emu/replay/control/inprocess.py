@@ -26,7 +26,7 @@ import numpy as np
 
 from emu import lifetime
 from emu.emulator.protocol.rows import one_value
-from emu.emulator.protocol.transport import AggBatch, Segment
+from emu.emulator.protocol.transport import Segment, SegmentRows
 from emu.errors import RunFailed
 from emu.replay.config.options import Clock
 from emu.replay.control.messages import HostResult, SwitchResult
@@ -100,12 +100,15 @@ class _InProcess:
             host.advance(bound, inclusive, quiet_us=self.clock.quiet_us)
             if self.objects:
                 assert isinstance(host, Host)
-                self._forward(*host.take_segments())
-                continue
-            out, segs = host.take_outgoing()
+                out, segs = host.take_segments()
+            else:
+                out, segs = host.take_outgoing()
             if out is not None and len(out.headers):
                 self.clock.pending.append(out)
-            if len(segs):  # each host its part (as the switch process forwards them)
+            if not len(segs):
+                continue
+            # each host its part (as the switch process forwards them)
+            if isinstance(segs, SegmentRows):
                 self.clock.seg_min = min(self.clock.seg_min, float(segs.t.min()))
                 dest = self.route.hosts_of(segs.job, segs.dst)
                 if one_value(dest):
@@ -113,16 +116,13 @@ class _InProcess:
                 else:
                     for h in np.unique(dest).tolist():
                         self.hosts[h].receive_rows(segs.take(np.flatnonzero(dest == h)))
-                self.forwarded += len(segs)
+            else:
+                self._forward(segs)
+            self.forwarded += len(segs)
 
-    def _forward(self, out: AggBatch | None, segs: list[Segment]) -> None:
-        """A host's contributions to the switch, and its segments each to its destination's host,
-        in the order the rows of ``take_outgoing`` hand them over, each with values of its own (as
-        a segment off the wire has)."""
-        if out is not None and len(out.headers):
-            self.clock.pending.append(out)
-        if not segs:
-            return
+    def _forward(self, segs: list[Segment]) -> None:
+        """Segments, each to its destination's host, in the order the rows of ``take_outgoing``
+        hand them over, each with values of its own (as a segment off the wire has)."""
         self.clock.seg_min = min(self.clock.seg_min, min(s.first_us for s in segs))
         route, hosts = self.route, self.hosts
         for s in segs:
@@ -130,7 +130,6 @@ class _InProcess:
             assert isinstance(h, Host)
             h.receive_segment(Segment(s.job, s.dtype, s.src, s.dst, s.seq, s.segment, s.emu_bytes, s.first_us,
                                       s.last_us, np.array(s.values, np.float64)))
-        self.forwarded += len(segs)
 
     def progress(self) -> float:
         done = sum(min(fw.s.it for fw in h.workers.values()) * len(h.workers) if isinstance(h, Host)

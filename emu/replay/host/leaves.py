@@ -73,11 +73,8 @@ class _Rows:
         (the order hosts' messages reached the switch varies from run to run): segments before
         aggregation rows; a segment by (collective and destination, source and segment number); a
         row by (chunk, worker)."""
-        n = len(self.first)
-        if isinstance(self.item, Segment):  # (collective, destination), (source, segment)
-            s = self.item
-            return (np.full(n, s.job << 1, np.int64), np.full(n, (s.seq << 16) | s.dst, np.int64),
-                    np.full(n, (s.src << 32) | s.segment, np.int64))
+        if isinstance(self.item, Segment):  # one row
+            return segment_keys([self.item])
         assert isinstance(self.item, AggBatch)
         chunks = self.item.headers["chunk"].astype(np.int64)
         workers = self.item.headers["worker"].astype(np.int64)
@@ -92,6 +89,13 @@ class _Rows:
             return self.item.job
         assert isinstance(self.item, AggBatch)
         return int(self.item.headers["job"][0])
+
+
+def segment_keys(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_Rows.order_keys`` of segments: (job, before aggregation rows), (collective, destination),
+    (source, segment number)."""
+    return (np.array([g.job << 1 for g in segs], np.int64), np.array([(g.seq << 16) | g.dst for g in segs], np.int64),
+            np.array([(g.src << 32) | g.segment for g in segs], np.int64))
 
 
 @dataclass(slots=True)
@@ -339,15 +343,12 @@ class LeafStage:
         if not parts:
             return
         if all(isinstance(p, _Seg) for p in parts):  # segments alone: their columns from their numbers
-            segs = [p.seg for p in parts]
             leaf = np.array([p.leaf for p in parts], np.int64)
             first = np.array([p.first for p in parts])
             last = np.array([p.last for p in parts])
             wire_bytes = np.array([p.wire_bytes for p in parts])
             packets = np.array([p.packets for p in parts])
-            kind = np.array([g.job << 1 for g in segs], np.int64)  # as ``_Rows.order_keys``
-            k1 = np.array([(g.seq << 16) | g.dst for g in segs], np.int64)
-            k2 = np.array([(g.src << 32) | g.segment for g in segs], np.int64)
+            kind, k1, k2 = segment_keys([p.seg for p in parts])
         else:
             rows = [p.rows() if isinstance(p, _Seg) else p for p in parts]
             leaf, first, last, wire_bytes, packets = (np.concatenate([getattr(p, f) for p in rows]) for f in (

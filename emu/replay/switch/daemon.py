@@ -356,18 +356,17 @@ class Windows:
         for its stamp, which crosses a downlink first (one lookahead) and wakes only a link whose
         workers wait for one (``waiting_us``), or a segment just sent (any link). Whatever
         is sent reaches another endpoint one lookahead later still, so every event before that
-        plus the lookahead is known. A segment a host holds, or the switch just forwarded, makes its
-        endpoint send no earlier than it reaches it, a hop past the switch. Minima over every link of every host: the windows, and so
-        every number, are the same however the endpoints are spread over processes. Only valid
-        where no event a host's pass creates falls due at that host inside the window after its
-        pass went by (no retransmission timers: ``queue_bound``)."""
+        plus the lookahead is known. A segment just forwarded makes its endpoint send no earlier
+        than it reaches it, a hop past the switch (the least hop: the lookahead; no later than a
+        host's count of a segment it holds, ``P2PEndpoint.link_events``). Minima over every link of
+        every host: the windows, and so every number, are the same however the endpoints are
+        spread over processes. Only valid where no event a host's pass creates falls due at that
+        host inside the window after its pass went by (no retransmission timers: ``queue_bound``)."""
         held_by_pool = self.held_by_pool(len(d.waiting))
         results = min((max(w, min(h, r) + self.lookahead_us) for (w, r), h in zip(d.waiting, held_by_pool, strict=True)),
                       default=math.inf)
         if held_by_pool[len(d.waiting):].min(initial=math.inf) < math.inf:  # a pool no host named: anyone
             results = min(results, max(d.free_us, held + self.lookahead_us))
-        # a segment just sent acts at its endpoint no earlier than a hop past the switch (the least
-        # is the lookahead), as a segment a host holds for its downlink (``P2PEndpoint.link_events``)
         return min(d.local_us, results, max(d.free_us, self.seg_min + self.lookahead_us))
 
     def held_by_pool(self, pools: int) -> np.ndarray:

@@ -439,7 +439,7 @@ def _emu_run(name: str, model: str, steps: int, truth: Truth, trace: Trace, afte
             after_us, flags = None, (*truth.flags(None), f"the real run after emu run failed ({exc}): its speed "
                                      "then is not known")
             break
-        flags = truth.run_flags(after_us)
+        flags = truth.run_flags(after_us, Prediction.of(result.report).compute_us)
         moved = flags[len(truth.flags(None)):]  # what another emu run can change
         if not moved or truth.flags(None) or attempt == RERUNS:  # a truth flagged already stays so
             break

@@ -50,6 +50,15 @@ CAPTURE_AGREEMENT = 0.05
 # profiler's cost or the machine's drift over the capture is in the trace's compute. Added
 # 2026-12-05 after three validations in a row (docs/FIDELITY.md) trusted mlp unshaped/25MB at
 # +11.7%, whose profiled steps ran 8% over its unprofiled ones.
+# ... and an ``emu run`` case's real ranks computed no slower than the real runs' ranks: their live
+# compute a step (thread CPU clock, the critical rank's median) under LIVE_COMPUTE over the real ranks'
+# time ready a step (``Truth.ready_us``: on a core or waiting for one, which bounds their compute from
+# above; where the link is shaped it also holds the kernel's networking charged to the thread, so only
+# the slower side is judged). Over it, the same work ran slower on the CPU during emu run than in the
+# real runs (emu's process, or another, beside the ranks on the cores): the machine, not the network.
+# Added 2026-12-06 after a validation (docs/FIDELITY.md) trusted cnn unshaped/25MB by emu run at
+# +11.3%, its live compute 67.2 ms a step against the real ranks' 60.3 ready.
+LIVE_COMPUTE = 0.05
 
 VETH_LATENCY_US = 20.0
 
@@ -120,17 +129,25 @@ class Truth:
                            "moved between them, so the truth is not one number)")
         return tuple(out) + capture_flags(trace, captured or self)
 
-    def run_flags(self, after_us: float) -> tuple[str, ...]:
+    def run_flags(self, after_us: float, live_compute_us: float | None = None) -> tuple[str, ...]:
         """Why an ``emu run`` case may not be judged against this truth: ``flags`` without a
-        capture, and a real run of the setting right after emu run (``after_us``, its median step)
-        ``TRUTH_AGREEMENT`` or more from these real runs' median: the machine's speed moved after
-        them, while emu run's real ranks computed."""
+        capture; a real run of the setting right after emu run (``after_us``, its median step)
+        ``TRUTH_AGREEMENT`` or more from these real runs' median (the machine's speed moved after
+        them, while emu run's real ranks computed); emu run's ranks' live compute a step
+        (``live_compute_us``) ``LIVE_COMPUTE`` or more over the real ranks' time ready a step."""
         out = list(self.flags(None))
         apart = max(after_us, self.measured_us) / min(after_us, self.measured_us) - 1
         if apart >= TRUTH_AGREEMENT:
             out.append(f"a real run right after emu run took {after_us / 1e3:.1f} ms a step against the real runs' "
                        f"{self.measured_us / 1e3:.1f} ms ({apart:.0%} apart, {TRUTH_AGREEMENT:.0%} or more: the "
                        "machine's speed moved after the real runs, while emu run's ranks computed)")
+        if live_compute_us is not None and self.ready_us:
+            over = live_compute_us / self.ready_us - 1
+            if over >= LIVE_COMPUTE:
+                out.append(f"emu run's ranks computed {live_compute_us / 1e3:.1f} ms a step on their CPU clock against "
+                           f"the real ranks' {self.ready_us / 1e3:.1f} ms on a core or waiting for one ({over:+.0%}; "
+                           f"{LIVE_COMPUTE:.0%} or more: the same work ran slower on the CPU during emu run than in "
+                           "the real runs, the machine and not the network)")
         return tuple(out)
 
     def _machine_flags(self) -> tuple[str, ...]:

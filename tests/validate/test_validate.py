@@ -301,18 +301,25 @@ def test_an_emu_run_case_is_flagged_where_the_machine_moved_after_it(monkeypatch
     assert case.flags == ("the real run after emu run failed (the real run crashed twice): its speed then is not known",)
 
 
-def test_an_emu_run_case_is_flagged_where_its_ranks_computed_slower_than_the_real_ones() -> None:
-    """emu run's live compute 5% or more over the real ranks' time ready a step flags its case (the
-    same work ran slower on the CPU than in the real runs); under it, or faster, does not: the
-    ready time bounds the real ranks' compute from above, with the kernel's networking in it."""
+def test_an_emu_run_case_is_flagged_where_its_ranks_computed_at_another_speed_than_the_real_ones() -> None:
+    """emu run's live compute 5% or more off the real ranks' time ready a step flags its case (the
+    same work ran at another speed on the CPU than in the real runs): either way where the link is
+    unshaped, only slower where it is shaped (the kernel's networking is in the ready time there)."""
     truth = Truth(Setting("unshaped/25MB", None, 25), 68.5e3, 1.0, None, halves_us=(68e3, 69e3), ready_us=60.3e3)
-    assert truth.run_flags(67.5e3, 62.0e3) == ()  # +3%
-    assert truth.run_flags(67.5e3, 50.0e3) == ()  # faster: not judged
+    assert truth.run_flags(67.5e3, 62.0e3) == ()  # 3% slower
+    assert truth.run_flags(67.5e3, 58.0e3) == ()  # 4% faster
     assert truth.run_flags(67.5e3) == ()  # no live compute known
     assert truth.run_flags(67.5e3, 67.2e3) == (
         "emu run's ranks computed 67.2 ms a step on their CPU clock against the real ranks' 60.3 ms on a core or "
-        "waiting for one (+11%; 5% or more: the same work ran slower on the CPU during emu run than in the real "
-        "runs, the machine and not the network)",)
+        "waiting for one (11% slower; 5% or more: the same work ran slower on the CPU during emu run than in the "
+        "real runs, the machine and not the network)",)
+    assert truth.run_flags(67.5e3, 54.0e3) == (
+        "emu run's ranks computed 54.0 ms a step on their CPU clock against the real ranks' 60.3 ms on a core or "
+        "waiting for one (12% faster; 5% or more: the same work ran faster on the CPU during emu run than in the "
+        "real runs, the machine and not the network)",)
+    shaped = replace(truth, setting=Setting("300Mbit/25MB", 300e6, 25))
+    assert shaped.run_flags(67.5e3, 50.0e3) == ()  # faster than the ready time: its networking is in it
+    assert len(shaped.run_flags(67.5e3, 67.2e3)) == 1
     assert replace(truth, ready_us=None).run_flags(67.5e3, 67.2e3) == ()  # an older truth: nothing to judge
 
 

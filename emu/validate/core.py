@@ -56,7 +56,7 @@ from emu.validate.report import (
     save_report,
     summarize,
 )
-from emu.validate.truth import Setting, Truth, shaped_link
+from emu.validate.truth import Setting, Truth, capture_flags, shaped_link
 
 PROBE_SECONDS = 1.0
 CAPTURE_WINDOWS = 3  # as `emu capture`'s default: a window whose steps vary past STEP_CV is taken again
@@ -426,6 +426,10 @@ def _emu_run(name: str, model: str, steps: int, truth: Truth, trace: Trace, afte
     argv = ["python", "-m", "emu.capture.workload", "--model", model, "--steps", str(steps + 3),
             "--bucket-cap-mb", str(setting.bucket_cap_mb)]
     config = RunConfig(replay=ReplayConfig(workers=2, fabric="ring", link=_link(setting, trace)), real=2, warmup=3)
+    # unshaped, the link is fitted to the capture: what makes the capture not the setting's makes
+    # the link not its either, and no run of emu run again changes it
+    fitted = () if setting.rate_bps is not None else tuple(
+        f"its link is fitted to a capture that may not be the setting's: {f}" for f in capture_flags(trace, truth))
     for attempt in range(RERUNS + 1):
         result = run_job(argv, config, cores=max(2, os.cpu_count() or 1))
         if not result.report.verification.ok or not result.report.emulator.trustworthy:
@@ -436,12 +440,13 @@ def _emu_run(name: str, model: str, steps: int, truth: Truth, trace: Trace, afte
         try:
             after_us: float | None = after()
         except EmuError as exc:  # emu run's result stands; the case says what it could not check
-            after_us, flags = None, (*truth.flags(None), f"the real run after emu run failed ({exc}): its speed "
-                                     "then is not known")
+            after_us, flags = None, (*truth.flags(None), *fitted, f"the real run after emu run failed ({exc}): its "
+                                     "speed then is not known")
             break
         flags = truth.run_flags(after_us, Prediction.of(result.report).compute_us)
         moved = flags[len(truth.flags(None)):]  # what another emu run can change
-        if not moved or truth.flags(None) or attempt == RERUNS:  # a truth flagged already stays so
+        flags += fitted
+        if not moved or truth.flags(None) or fitted or attempt == RERUNS:  # a truth or link flagged stays so
             break
         note(f"{name}: emu run ran again ({'; '.join(moved)})")
     case = case_result(name, CaseKind.RUN, truth, Prediction.of(result.report),

@@ -73,9 +73,15 @@ PROFILED_STEPS = 5  # a validation capture's profiled steps, times its setting's
 
 
 def _link(setting: Setting, trace: Trace) -> LinkSpec:
-    if setting.rate_bps is None:
-        return fit_link(trace).link()  # unshaped: what the veth and gloo actually deliver
+    if _fitted(setting):
+        return fit_link(trace).link()
     return shaped_link(setting.rate_bps)
+
+
+def _fitted(setting: Setting) -> bool:
+    """Whether the setting's link is fitted to its capture (unshaped: what the veth and gloo
+    actually deliver), not the tbf's rate."""
+    return setting.rate_bps is None
 
 
 @dataclass(frozen=True)
@@ -428,7 +434,7 @@ def _emu_run(name: str, model: str, steps: int, truth: Truth, trace: Trace, afte
     config = RunConfig(replay=ReplayConfig(workers=2, fabric="ring", link=_link(setting, trace)), real=2, warmup=3)
     # unshaped, the link is fitted to the capture: what makes the capture not the setting's makes
     # the link not its either, and no run of emu run again changes it
-    fitted = () if setting.rate_bps is not None else tuple(
+    fitted = () if not _fitted(setting) else tuple(
         f"its link is fitted to a capture that may not be the setting's: {f}" for f in capture_flags(trace, truth))
     for attempt in range(RERUNS + 1):
         result = run_job(argv, config, cores=max(2, os.cpu_count() or 1))

@@ -164,7 +164,7 @@ def test_cases_are_trusted_by_criteria_fixed_in_advance() -> None:
     assert slow.flags(None) == ("the shaped link delivered 90% of its payload rate in the probes beside the real "
                                 "runs (under 95%)",)
     assert fine.flags(None) == ()
-    plain = trace_with({1000: 10.0})  # its one step 1 us: at the truth's 100 us, a trace at another speed
+    plain = trace_with({1000: 10.0})  # its one step set to the truth's 100 us (1 us: a trace at another speed)
     plain = replace(plain, ranks=(replace(plain.ranks[0], iterations=(replace(plain.ranks[0].iterations[0],
                                                                                measured_us=100.0),)),))
     busy = replace(plain, meta=replace(plain.meta, noise=CaptureNoise(0.01, 0.01, other_cores=1.0)))

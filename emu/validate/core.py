@@ -436,6 +436,7 @@ def _emu_run(name: str, model: str, steps: int, truth: Truth, trace: Trace, afte
     # the link not its either, and no run of emu run again changes it
     fitted = () if not _fitted(setting) else tuple(
         f"its link is fitted to a capture that may not be the setting's: {f}" for f in capture_flags(trace, truth))
+    held = truth.flags(None)  # the truth's own flags: no run of emu run again changes them
     for attempt in range(RERUNS + 1):
         result = run_job(argv, config, cores=max(2, os.cpu_count() or 1))
         if not result.report.verification.ok or not result.report.emulator.trustworthy:
@@ -443,19 +444,20 @@ def _emu_run(name: str, model: str, steps: int, truth: Truth, trace: Trace, afte
         if result.checked.mismatches:  # the real ranks' own check of the results they were given
             raise ReplayError(f"emu run of {model} at {setting.name}: {result.checked.mismatches} of the real "
                               "ranks' results did not match what the ranks contributed")
+        predicted = Prediction.of(result.report)
         try:
             after_us: float | None = after()
         except EmuError as exc:  # emu run's result stands; the case says what it could not check
-            after_us, flags = None, (*truth.flags(None), *fitted, f"the real run after emu run failed ({exc}): its "
+            after_us, flags = None, (*held, *fitted, f"the real run after emu run failed ({exc}): its "
                                      "speed then is not known")
             break
-        flags = truth.run_flags(after_us, Prediction.of(result.report).compute_us)
-        moved = flags[len(truth.flags(None)):]  # what another emu run can change
+        flags = truth.run_flags(after_us, predicted.compute_us)
+        moved = flags[len(held):]  # what another emu run can change
         flags += fitted
-        if not moved or truth.flags(None) or fitted or attempt == RERUNS:  # a truth or link flagged stays so
+        if not moved or held or fitted or attempt == RERUNS:  # a truth or link flagged stays so
             break
         note(f"{name}: emu run ran again ({'; '.join(moved)})")
-    case = case_result(name, CaseKind.RUN, truth, Prediction.of(result.report),
+    case = case_result(name, CaseKind.RUN, truth, predicted,
                  f"{len(result.trace.ranks[0].iterations)} steps, compute on the thread CPU clock", flags=flags)
     return replace(case, real_after_us=after_us)
 

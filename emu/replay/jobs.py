@@ -319,7 +319,8 @@ def _plan(traces: list[Trace], paths: list[str], config: ReplayConfig, jobs: Job
         layout = Layout(node=np.concatenate([lay.node for lay in lays]), nic=np.concatenate([lay.nic for lay in lays]),
                         leaf=np.concatenate([lay.leaf for lay in lays]), leaves=lays[0].leaves)
     ps = config.network.parameter_server
-    hosts = host_layout(layout, counts, [cfg.shards if ps else 0 for cfg in configs], config.host_processes)
+    hosts = host_layout(layout, counts, [cfg.shards if ps else 0 for cfg in configs], config.host_processes,
+                        config.shard_hosts)
     common = dict(switch_addr="", control_addr="", spans=False)
     setups = []
     for h, ws in enumerate(hosts.workers):

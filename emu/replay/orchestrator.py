@@ -207,7 +207,8 @@ def plan_run(trace: Trace, config: ReplayConfig, trace_path: str | None, spans: 
                           f"{len(pools)} sub-groups too; give topology.algorithm = \"flat\" or one leaf")
     iters = config.iters or trace.iterations
     m = config.workers
-    hosts = host_layout(shape, [m], [config.shards if config.network.parameter_server else 0], config.host_processes)
+    hosts = host_layout(shape, [m], [config.shards if config.network.parameter_server else 0], config.host_processes,
+                        config.shard_hosts)
     setups = [HostSetup(index=h, role="workers", endpoints=tuple(int(w) for w in ws), config=config,
                         programs=tuple(programs[int(w)] for w in ws), iters=iters, switch_addr="", control_addr="",
                         spans=spans, payload=payload, groups=groups, pools=pools, pool_slots=pool_slots)

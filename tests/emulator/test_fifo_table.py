@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from emu.emulator.links.fifo import TABLE_RESTARTS, fifo_pipelined, pipelined_table
+from emu.emulator.links.fifo import DEEP_CELLS, LIKE, TABLE_RESTARTS, fifo_pipelined, parts, pipelined_table
 
 
 def _table(rng: np.random.Generator, links: int, width: int, gaps: float):
@@ -45,3 +45,18 @@ def test_a_link_past_the_restarts_is_left_for_one_by_one() -> None:
     assert not ok[0]
     short = pipelined_table(first[:, :8], ser[:, :8], first[:, :8] + 1.0, np.ones((1, 8), bool), np.zeros(1))
     assert short[1][0] and np.array_equal(short[0][0], first[0, :8] + 1.0)
+
+
+def test_links_of_like_length_share_a_table() -> None:
+    """Every link once, in tables of links at most ``LIKE`` times their shortest's rows (each pads
+    to its longest) and at most ``DEEP_CELLS`` cells, but for a link longer than that alone: a
+    parameter-server shard's link of many pushes no longer pads a thousand short ones."""
+    rng = np.random.default_rng(5)
+    deep = [np.arange(int(n)) for n in rng.integers(17, 3000, 1000)] + [np.arange(DEEP_CELLS + 1)]
+    groups = parts(deep)
+    assert sorted(len(r) for g in groups for r in g) == sorted(len(r) for r in deep)
+    for g in groups:
+        lengths = [len(r) for r in g]
+        assert max(lengths) <= LIKE * min(lengths)
+        assert len(g) * max(lengths) <= DEEP_CELLS or len(g) == 1
+    assert 1 < len(groups) < 20

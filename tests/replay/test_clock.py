@@ -13,6 +13,7 @@ from emu.emulator.links.spec import LinkSpec
 from emu.replay import ReplayConfig, replay
 from emu.replay.config.options import Clock, Straggler
 from emu.replay.host.lag import LagHistogram
+from emu.replay.plan.hosts import host_layout
 from emu.traces import load_trace, sample_path
 from emu.traces.model import CollKind
 from emu.traces.synthetic import single_collective
@@ -52,6 +53,19 @@ def test_identical_across_process_layouts(mlp, fabric: str, no_children) -> None
     servers = 2 if fabric == "ps" else 0  # the parameter-server shards' host processes
     assert [r.emulator.processes for r in reports] == [p + servers + 1 for p in (1, 2, 4)] + [1]
     assert reports[-1].emulator.real_bytes == 0  # nothing crossed a socket
+
+
+def test_a_jobs_shards_take_one_host_in_one_process_and_two_beside_it() -> None:
+    """In one process a host is not run beside another, only its window's fixed cost is paid once
+    more, so the shards share one; with processes, two hosts sum them side by side. The reports
+    agree whichever (``test_identical_across_process_layouts``, processes 0 against 1, 2 and 4)."""
+    config = ReplayConfig(workers=64, fabric="ps", iters=1)
+    assert config.one_process and config.shard_hosts == 1
+    assert replace(config, processes=2).shard_hosts == 2
+    one = host_layout(None, [64], [64], config.host_processes, config.shard_hosts)
+    assert one.shards == (((0, 64),),) and set(one.endpoint_host[64:]) == {1}
+    two = host_layout(None, [64], [64], 2, 2)
+    assert two.shards == (((0, 32), (32, 64)),) and set(two.endpoint_host[64:]) == {2, 3}
 
 
 def test_identical_real_loss_recovery(no_children) -> None:

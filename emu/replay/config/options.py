@@ -509,6 +509,14 @@ class ReplayConfig:
         return 1 if self.workers <= 16 else min(self.workers, max(2, os.cpu_count() or 2))
 
     @property
+    def shard_hosts(self) -> int:
+        """A job's parameter-server shards take two hosts beside the workers' (their sums side by
+        side, in two processes), one where every host runs in one process: there nothing runs side
+        by side and each host costs a clock window its fixed cost (docs/design-notes.md, "A
+        socketed layout's window costs a host's fixed cost per host")."""
+        return 1 if self.one_process else 2
+
+    @property
     def shards(self) -> int:
         return self.ps_shards or self.workers
 

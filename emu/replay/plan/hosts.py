@@ -111,17 +111,19 @@ class HostLayout:
         return tuple((int(ws[0]), int(ws[-1]) + 1) for ws in self.workers)
 
 
-def host_layout(layout: Layout | None, counts: list[int], shards: list[int], processes: int) -> HostLayout:
+def host_layout(layout: Layout | None, counts: list[int], shards: list[int], processes: int,
+                shard_hosts: int = 2) -> HostLayout:
     """``counts``: each job's workers, ``shards``: its parameter-server shards (0: none),
     ``layout``: the fabric's (every job's workers, job after job), ``processes``: worker hosts at
-    most. A job's shards take two host processes, or one where more than two jobs share the
-    fabric (every process gates every clock window)."""
+    most, ``shard_hosts``: a job's shard hosts at most (``ReplayConfig.shard_hosts``). A job's
+    shards take one host where more than two jobs share the fabric (every process gates every
+    clock window)."""
     held = partition(layout, sum(counts), processes)
     offset = np.r_[0, np.cumsum(counts)[:-1]].astype(np.int64)
     job_of = np.repeat(np.arange(len(counts)), counts)
     local_of = np.arange(sum(counts)) - offset[job_of]
     base = np.r_[0, np.cumsum([m + s for m, s in zip(counts, shards, strict=True)])[:-1]].astype(np.int64)
-    spans = tuple(tuple(even_ranges(s, min(s, 2 if len(counts) <= 2 else 1))) if s else () for s in shards)
+    spans = tuple(tuple(even_ranges(s, min(s, shard_hosts if len(counts) <= 2 else 1))) if s else () for s in shards)
     endpoint_host = np.zeros(int(base[-1]) + counts[-1] + shards[-1], np.int64)
     for h, ws in enumerate(held):
         endpoint_host[base[job_of[ws]] + local_of[ws]] = h

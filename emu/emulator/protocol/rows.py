@@ -49,12 +49,20 @@ def spans(bounds: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 def positions(lo: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """The positions ``lo[i]`` to ``lo[i] + n[i]`` of each i, one after another."""
+    """The positions ``lo[i]`` to ``lo[i] + n[i]`` of each i, one after another: a running sum of
+    steps of 1, each row's first a jump from the last row's end to its ``lo`` (``np.repeat`` of a
+    row's offset over its elements took 8 to 10 times as long at thousands of rows of a few
+    elements, a parameter server's segments: 345 against 40 us at 5,000 rows of 6)."""
     total = int(n.sum())
     if total == 0:
         return np.zeros(0, np.int64)
-    starts = np.cumsum(n) - n  # where each row's elements begin in the output
-    return np.arange(total, dtype=np.int64) - np.repeat(starts - lo, n)
+    if not n.all():  # rows without elements have no position, and no jump of their own
+        keep = n > 0
+        lo, n = lo[keep], n[keep]
+    step = np.ones(total, np.int64)
+    step[0] = lo[0]
+    step[np.cumsum(n[:-1])] = lo[1:] - (lo[:-1] + n[:-1]) + 1
+    return np.cumsum(step, out=step)
 
 
 _RUN_ELEMENTS = 1024  # elements a run of rows must average to be copied as a slice (a slice's Python costs about so many)

@@ -512,8 +512,8 @@ class ReplayConfig:
     def shard_hosts(self) -> int:
         """A job's parameter-server shards take two hosts beside the workers' (their sums side by
         side, in two processes), one where every host runs in one process: there nothing runs side
-        by side and each host costs a clock window its fixed cost (docs/design-notes.md, "A
-        socketed layout's window costs a host's fixed cost per host")."""
+        by side and each host costs a clock window its fixed cost (docs/design-notes.md, "In one
+        process a job's shards share one host")."""
         return 1 if self.one_process else 2
 
     @property

@@ -222,11 +222,11 @@ def capture_flags(trace: Trace | None, captured: Truth) -> tuple[str, ...]:
                        f"against the real runs' {captured.measured_us / 1e3:.1f} ms at {captured.setting.name} "
                        f"({off:+.0%}; {CAPTURE_AGREEMENT:.0%} or more: the machine ran the workload at another "
                        "speed while capturing, and the trace froze it)")
-    overhead = profiler_overhead(trace) if trace is not None else None
+    overhead = profiler_overhead(trace)
     if overhead is not None and abs(overhead) >= PROFILER_OVERHEAD:
         assert noise.unprofiled_step_us
         why = "the profiler's cost or the machine's drift" if overhead > 0 else "the machine's drift"
-        out.append(f"its capture's profiled steps took {profiled_step_us(trace) / 1e3:.1f} ms against its own "
+        out.append(f"its capture's profiled steps took {profiled / 1e3:.1f} ms against its own "
                    f"{noise.unprofiled_step_us / 1e3:.1f} ms without the profiler ({overhead:+.0%}; "
                    f"{PROFILER_OVERHEAD:.0%} or more either way: {why} over the capture is in the trace's compute)")
     return tuple(out)

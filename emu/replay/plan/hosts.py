@@ -112,7 +112,7 @@ class HostLayout:
 
 
 def host_layout(layout: Layout | None, counts: list[int], shards: list[int], processes: int,
-                shard_hosts: int = 2) -> HostLayout:
+                shard_hosts: int) -> HostLayout:
     """``counts``: each job's workers, ``shards``: its parameter-server shards (0: none),
     ``layout``: the fabric's (every job's workers, job after job), ``processes``: worker hosts at
     most, ``shard_hosts``: a job's shard hosts at most (``ReplayConfig.shard_hosts``). A job's

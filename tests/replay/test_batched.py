@@ -280,7 +280,7 @@ def test_server_sums_in_batches_are_the_sums_push_by_push() -> None:
         sends, by = server.arrive(cols[0], cols[1], cols[2], np.full(len(part), 8.0), cols[4],
                                   row_bounds(np.array([len(p[5]) for p in part])), np.concatenate([p[5] for p in part]))
         got += [(int(sends.src[i]), int(sends.dst[i]), int(sends.segment[i]), float(sends.t[i]),
-                 sends.values[sends.bounds[i]:sends.bounds[i + 1]].tolist(), at + int(by[i])) for i in range(len(sends))]
+                 sends.row_values(i).tolist(), at + int(by[i])) for i in range(len(sends))]
         at += len(part)
     assert sorted(got) == sorted(want) and len(want) == 2 * 6 * 40 * 4 - 2 * 3 * 40
     assert not server.rows.at  # every sum sent

@@ -357,7 +357,7 @@ class BatchedP2P(P2PEndpoint):
         part = rows.take(dense)
         sends, by = self.sums.arrive(part.dst, part.seq, part.segment, part.emu_bytes, t[dense], *part.flat())
         k = len(sends)
-        if k:
-            self.waiting_up.push(SegmentRows.packed(
-                [np.full(k, self.job, np.int64), sends.src, sends.dst, part.seq[by], sends.segment, part.code[by],
-                 sends.dst, sends.emu_bytes, sends.t, sends.t], sends.bounds, sends.values))
+        if k:  # every worker's answer of one sum shares its elements (``Answers``)
+            self.waiting_up.push(SegmentRows(
+                np.full(k, self.job, np.int64), sends.src, sends.dst, part.seq[by], sends.segment, part.code[by],
+                sends.dst, sends.emu_bytes, sends.t, sends.t, sends.lo, sends.n, sends.values))

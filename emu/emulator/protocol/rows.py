@@ -34,6 +34,13 @@ def every_row(rows: np.ndarray, n: int) -> bool:
     return len(rows) == n and (n == 0 or bool((rows == np.arange(n)).all()))
 
 
+def split_at(a: np.ndarray, cuts: np.ndarray) -> list[np.ndarray]:
+    """``np.split(a, cuts)``: views of ``a`` between increasing ``cuts`` (5 times faster than
+    ``np.split`` at 3 cuts, 4 times at 100: it goes through ``np.array_split``'s general path)."""
+    edges = [0, *cuts.tolist(), len(a)]
+    return [a[lo:hi] for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+
+
 def row_bounds(n: np.ndarray) -> np.ndarray:
     """Where each of rows of ``n`` elements begins in a flat array, and the end: int64, from 0."""
     out = np.zeros(len(n) + 1, np.int64)
@@ -97,25 +104,26 @@ def gather_at(values: np.ndarray, lo: np.ndarray, n: np.ndarray) -> np.ndarray:
     return np.concatenate([values[a:b] for a, b in zip(run_lo.tolist(), run_hi.tolist(), strict=True)])
 
 
-_PACK_ROWS = 1024  # rows from which lexsort packs its keys (measured: even at about 600 to 1,000)
+_PACK_ROWS = 512  # rows from which lexsort packs its keys (measured: even at about 450)
 
 
 def lexsort(keys: tuple[np.ndarray, ...]) -> np.ndarray:
     """``np.lexsort(keys)`` (the last key first), faster where the keys before the last are
     integers from 0 that fit in 63 bits together: packed into one (the first key lowest), two keys
-    sorted instead of many (2 to 3 times faster at 1,000 to 5,000 rows of four such keys and a time;
-    under ``_PACK_ROWS`` rows, packing costs more than it saves)."""
+    sorted instead of many (1.6 times faster at 1,000 rows of four such keys and a time, 3 times
+    at 3,000; under ``_PACK_ROWS`` rows, packing costs more than it saves). A key's bits are those
+    of the OR of its values: one pass that also finds a negative one."""
     *ints, last = keys
     if len(ints) < 2 or len(last) < _PACK_ROWS:
         return np.lexsort(keys)
     packed, shift = None, 0
     for k in ints:
-        if k.dtype.kind not in "iu" or int(k.min()) < 0:
+        if k.dtype.kind not in "iu":
             return np.lexsort(keys)
-        bits = int(k.max()).bit_length()
-        if shift + bits > 63:
+        ored = int(np.bitwise_or.reduce(k))
+        if ored < 0 or shift + ored.bit_length() > 63:
             return np.lexsort(keys)
         part = k.astype(np.int64) << shift
-        packed = part if packed is None else packed | part
-        shift += bits
+        packed = part if packed is None else np.bitwise_or(packed, part, out=packed)
+        shift += ored.bit_length()
     return np.lexsort((packed, last))

@@ -149,6 +149,7 @@ class Segment:
 # a batch's per-segment fields besides the header: emulated payload bytes, first/last packet ready
 # at the switch (us), real elements
 SEG_META = np.dtype([("emu_bytes", "<f8"), ("first_us", "<f8"), ("last_us", "<f8"), ("elements", "<u8")])
+SEG_FRAMES, DONE_FRAMES = 4, 3  # a SegmentBatch's frames and a Done's, their kinds included
 SEG_BATCH_BYTES = 64 << 20  # the real data of one batch message at most (a quarter of MAX_FRAME)
 
 
@@ -190,12 +191,12 @@ class SegmentBatch:
         return len(self.headers)
 
     def frames(self) -> list:
-        return [SEG, self.headers, self.meta, self.data]
+        return [SEG, self.headers, self.meta, self.data]  # SEG_FRAMES
 
     @classmethod
     def parse(cls, frames: list) -> SegmentBatch:
         """From bytes or buffers (zero-copy frames), checked: the arrays view the message's memory."""
-        _check(frames, 4)
+        _check(frames, SEG_FRAMES)
         if _nbytes(frames[1]) % P2P_HEADER.itemsize or _nbytes(frames[2]) % SEG_META.itemsize:
             raise FrameError("bad segment batch: its header or meta frame is not whole records")
         headers, meta = np.frombuffer(frames[1], P2P_HEADER), np.frombuffer(frames[2], SEG_META)
@@ -584,13 +585,13 @@ class Done:
     sent_us: float = math.inf
     kept_segments: int = 0
 
-    def frames(self) -> list[bytes]:
+    def frames(self) -> list[bytes]:  # DONE_FRAMES
         return [DONE, _DONE.pack(self.window, self.next_us, self.finished, self.sent_us, self.kept_segments),
                 self.departures.frame()]
 
     @classmethod
     def parse(cls, frames: list) -> Done:
-        _check(frames, 3)
+        _check(frames, DONE_FRAMES)
         if _nbytes(frames[1]) != _DONE.size:
             raise FrameError("bad window report")
         window, next_us, finished, sent_us, kept = _DONE.unpack(frames[1])

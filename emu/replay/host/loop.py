@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -123,13 +124,15 @@ class _Loop:
         for i, result in enumerate(results if isinstance(results, list) else [results]):
             self.ctrl.send(encode(replace(result, rejected=dropped if i == 0 else 0)))
 
-    def _send_out(self, keep_own: bool = False) -> tuple[float, int]:
+    def _send_out(self, keep_own: bool = False, report: Callable[[float, int], list] | None = None) -> None:
         """Send what the uplinks delivered: the contributions, and the segments to the switch, which
         forwards each to its destination's host. ``keep_own`` (the synchronized clock): a segment
         for an endpoint of this host is delivered here at once instead, as the switch would have
         before the next window (the lookahead; the in-process layout does the same), and the
-        window's report counts it (``Done``). Returns the earliest segment sent (at the switch)
-        and how many were kept."""
+        window's report counts it (``Done``). ``report`` (the synchronized clock): the window's
+        report's frames from the earliest segment sent (at the switch) and how many were kept, made
+        once those are delivered here and sent in the message of the last batch of segments (or
+        alone): a message less a window for the switch to take."""
         batch, segs = self.host.take_outgoing()
         sent = 0
         if batch is not None:
@@ -144,12 +147,16 @@ class _Loop:
             if kept:
                 self.host.receive_rows(segs.take(np.flatnonzero(own)) if kept < len(segs) else segs)
                 segs = segs.take(np.flatnonzero(~own))
-        for part in segs.batches() if len(segs) else ():
+        parts = segs.batches() if len(segs) else []
+        for i, part in enumerate(parts):
             frames = part.frames()
             sent += sum(memoryview(f).nbytes for f in frames)
+            if report is not None and i == len(parts) - 1:
+                frames, report = [*frames, *report(first, kept)], None
             self.data.send_multipart(frames, copy=False)
+        if report is not None:
+            self.data.send_multipart(report(first, kept))
         self.host.counters.real_bytes += sent
-        return first, kept
 
     def _tick(self) -> None:
         host = self.host
@@ -203,9 +210,8 @@ class _Loop:
     def _window(self, go: Go) -> None:
         host = self.host
         host.advance(go.bound_us, go.inclusive, quiet_us=go.quiet_us)
-        first, kept = self._send_out(keep_own=True)
-        self.data.send_multipart(Done(go.window, host.next_us(), host.finished(), host.departures(), first,
-                                      kept).frames())
+        self._send_out(keep_own=True, report=lambda first, kept: Done(
+            go.window, host.next_us(), host.finished(), host.departures(), first, kept).frames())
 
     # -- the wall clock -----------------------------------------------------------------
     def now_us(self) -> float:

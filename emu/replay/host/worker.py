@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from emu.emulator.links.array import uniform
+from emu.emulator.protocol.rows import split_at
 from emu.replay.plan.programs import WorkerProgram
 from emu.traces.model import Coll, Compute, GroupRole, Wait
 
@@ -58,7 +59,7 @@ def groups(values: np.ndarray) -> list[np.ndarray]:
     position comes: one sort, not a comparison per group."""
     order = np.argsort(values, kind="stable")
     cuts = np.flatnonzero(values[order][1:] != values[order][:-1]) + 1
-    return sorted(np.split(order, cuts), key=lambda g: int(g[0]))
+    return sorted(split_at(order, cuts), key=lambda g: int(g[0]))
 
 
 @dataclass

@@ -27,9 +27,11 @@ from emu.emulator.protocol.switch import MULTICAST
 from emu.emulator.protocol.transport import (
     AGG,
     DONE,
+    DONE_FRAMES,
     HELLO,
     RESULTS,
     SEG,
+    SEG_FRAMES,
     AggBatch,
     Departures,
     Done,
@@ -116,12 +118,12 @@ class _Pools:
         ends = [*self.base[1:], len(self.endpoint_host)]
         # per job, its endpoints' hosts (asked once per segment forwarded: plain lists)
         self._host_of = [self.endpoint_host[b:e].tolist() for b, e in zip(self.base, ends, strict=True)]
+        self._counts = np.asarray(ends, np.int64) - self.base  # each job's endpoints
 
     def hosts_of(self, jobs: np.ndarray, endpoints: np.ndarray) -> np.ndarray:
         """``host_of`` of many segments at once."""
-        counts = np.diff(np.r_[self.base, len(self.endpoint_host)])
         bad = (jobs < 0) | (jobs >= len(self.base))
-        bad |= (endpoints < 0) | (endpoints >= counts[np.where(bad, 0, jobs)])
+        bad |= (endpoints < 0) | (endpoints >= self._counts[np.where(bad, 0, jobs)])
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise FrameError(f"segment for unknown endpoint {int(endpoints[i])} of job {int(jobs[i])}")
@@ -446,19 +448,28 @@ class _Coordinator:
                 if self.switch is None:
                     raise FrameError("contributions reached a switch that does not aggregate")
                 self.clock.pending.append(AggBatch.parse(frames[1:]))
-            elif kind == SEG:
-                self.forwarded[0] += _forward(self.router, self.route, self.idents, SegmentBatch.parse(frames[1:]))
+            elif kind == SEG:  # a host's last batch of a window carries its report (``_Loop._send_out``)
+                report = len(frames) == 1 + SEG_FRAMES + DONE_FRAMES
+                self.forwarded[0] += _forward(self.router, self.route, self.idents,
+                                              SegmentBatch.parse(frames[1:1 + SEG_FRAMES] if report else frames[1:]))
+                if report:
+                    self._report(bytes(frames[0]), frames[1 + SEG_FRAMES:])
             elif kind == DONE:
-                done = Done.parse(frames[1:])
-                if done.window != self.clock.window:
-                    raise FrameError(f"host {bytes(frames[0]).decode()} reported window {done.window} "
-                                     f"during window {self.clock.window}")
-                self.reports[bytes(frames[0])] = done
-                # every segment it sent in the window, forwarded or kept for its own endpoints
-                self.clock.seg_min = min(self.clock.seg_min, done.sent_us)
-                self.forwarded[0] += done.kept_segments
+                self._report(bytes(frames[0]), frames[1:])
             else:
                 raise FrameError(f"unexpected message kind {kind[:8]!r} at the switch")
+
+    def _report(self, ident: bytes, frames: list) -> None:
+        """A host's report of the window (``Done``)."""
+        if bytes(frames[0]) != DONE:
+            raise FrameError(f"host {ident.decode()} sent segments with a trailing message that is not a report")
+        done = Done.parse(frames)
+        if done.window != self.clock.window:
+            raise FrameError(f"host {ident.decode()} reported window {done.window} during window {self.clock.window}")
+        self.reports[ident] = done
+        # every segment it sent in the window, forwarded or kept for its own endpoints
+        self.clock.seg_min = min(self.clock.seg_min, done.sent_us)
+        self.forwarded[0] += done.kept_segments
 
     def _next_window(self) -> None:
         reports = list(self.reports.values())

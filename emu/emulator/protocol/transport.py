@@ -149,7 +149,7 @@ class Segment:
 # a batch's per-segment fields besides the header: emulated payload bytes, first/last packet ready
 # at the switch (us), real elements
 SEG_META = np.dtype([("emu_bytes", "<f8"), ("first_us", "<f8"), ("last_us", "<f8"), ("elements", "<u8")])
-SEG_FRAMES, DONE_FRAMES = 4, 3  # a SegmentBatch's frames and a Done's, their kinds included
+SEG_FRAMES, DONE_FRAMES, GO_FRAMES = 4, 3, 3  # a SegmentBatch's frames, a Done's and a Go's, their kinds included
 SEG_BATCH_BYTES = 64 << 20  # the real data of one batch message at most (a quarter of MAX_FRAME)
 
 
@@ -471,13 +471,13 @@ class Go:
     inclusive: bool
     quiet_us: tuple[float, ...] = ()
 
-    def frames(self) -> list[bytes]:
+    def frames(self) -> list[bytes]:  # GO_FRAMES
         return [GO, _WINDOW.pack(self.window, self.bound_us, self.inclusive),
                 np.asarray(self.quiet_us, "<f8").tobytes()]
 
     @classmethod
     def parse(cls, frames: list) -> Go:
-        window, bound, inclusive = _window(frames, 3)
+        window, bound, inclusive = _window(frames, GO_FRAMES)
         return cls(window, bound, bool(inclusive), tuple(_floats(frames[2], "pool wakes in a window message")))
 
 

@@ -30,9 +30,11 @@ from emu import lifetime
 from emu.emulator.protocol.transport import (
     AGG,
     GO,
+    GO_FRAMES,
     HELLO,
     RESULTS,
     SEG,
+    SEG_FRAMES,
     AggBatch,
     Done,
     FrameError,
@@ -180,8 +182,14 @@ class _Loop:
             self.host.counters.real_bytes += sum(len(f) for f in frames)
             if kind == RESULTS:
                 self.host.receive_results(AggBatch.parse(frames))
-            elif kind == SEG:
-                self.host.receive_rows(SegmentBatch.parse(frames).rows())
+            elif kind == SEG:  # on the synchronized clock, the switch's last batch of a window carries its Go
+                go = len(frames) == SEG_FRAMES + GO_FRAMES
+                self.host.receive_rows(SegmentBatch.parse(frames[:SEG_FRAMES] if go else frames).rows())
+                if go:
+                    if bytes(frames[SEG_FRAMES]) != GO or on_go is None:
+                        raise FrameError(f"segments with a trailing message that is not a window's Go at host "
+                                         f"{self.host.setup.index}")
+                    on_go(Go.parse(frames[SEG_FRAMES:]))
             elif kind == GO and on_go is not None:
                 on_go(Go.parse(frames))
             else:

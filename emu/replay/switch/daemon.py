@@ -207,12 +207,16 @@ def _arrivals(router: zmq.Socket, switch: _Pools | None, route: _Pools, idents: 
 def _forward(router: zmq.Socket, route: _Pools, idents: list[bytes], batch: SegmentBatch) -> int:
     """Each host its part of a batch of segments (the whole message where it is all one host's);
     returns how many were forwarded."""
-    dest = route.hosts_of(batch.headers["job"].astype(np.int64), batch.headers["dst"].astype(np.int64))
-    hosts = np.unique(dest)
-    for h in hosts.tolist():
-        part = batch if len(hosts) == 1 else batch.take(dest == h)
+    for h, part in _by_host(route, batch):
         _to_host(router, idents[h], part.frames(), "segments")
     return len(batch)
+
+
+def _by_host(route: _Pools, batch: SegmentBatch) -> list[tuple[int, SegmentBatch]]:
+    """Each host's part of a batch of segments (the whole batch where it is all one host's)."""
+    dest = route.hosts_of(batch.headers["job"].astype(np.int64), batch.headers["dst"].astype(np.int64))
+    hosts = np.unique(dest).tolist()
+    return [(h, batch if len(hosts) == 1 else batch.take(dest == h)) for h in hosts]
 
 
 def switch_main(setup: SwitchSetup) -> None:
@@ -414,6 +418,8 @@ class _Coordinator:
         self.clock = Windows(setup)
         self.reports: dict[bytes, Done] = {}
         self.ended = False
+        # per host, the segments forwarded to it in this window: they go with the next window's Go
+        self.held: list[list[SegmentBatch]] = [[] for _ in idents]
 
     def serve(self) -> None:
         poller = zmq.Poller()
@@ -450,8 +456,10 @@ class _Coordinator:
                 self.clock.pending.append(AggBatch.parse(frames[1:]))
             elif kind == SEG:  # a host's last batch of a window carries its report (``_Loop._send_out``)
                 report = len(frames) == 1 + SEG_FRAMES + DONE_FRAMES
-                self.forwarded[0] += _forward(self.router, self.route, self.idents,
-                                              SegmentBatch.parse(frames[1:1 + SEG_FRAMES] if report else frames[1:]))
+                batch = SegmentBatch.parse(frames[1:1 + SEG_FRAMES] if report else frames[1:])
+                for h, part in _by_host(self.route, batch):
+                    self.held[h].append(part)
+                self.forwarded[0] += len(batch)
                 if report:
                     self._report(bytes(frames[0]), frames[1 + SEG_FRAMES:])
             elif kind == DONE:
@@ -486,8 +494,14 @@ class _Coordinator:
             _aggregate(self.router, self.switch, batch, self.idents)
         self.reports.clear()
         go = Go(self.clock.window, bound, inclusive, self.clock.quiet_us).frames()
-        for ident in self.idents:
-            _to_host(self.router, ident, go, f"window {self.clock.window}'s bound")
+        for ident, held in zip(self.idents, self.held, strict=True):
+            # the segments forwarded to it, the last batch's message carrying the Go: a message less
+            # a window for the host to wake for (a segment is due no earlier than the next window)
+            for part in held[:-1]:
+                _to_host(self.router, ident, part.frames(), "segments")
+            frames = [*held[-1].frames(), *go] if held else go
+            _to_host(self.router, ident, frames, f"window {self.clock.window}'s bound")
+            held.clear()
 
 
 class _Pipeline:

@@ -159,3 +159,22 @@ def test_lexsort_is_numpy_lexsort(high: int) -> None:
         assert np.array_equal(row_ops.lexsort(keys), np.lexsort(keys))
         negative = (keys[0] - 3, *keys[1:])
         assert np.array_equal(row_ops.lexsort(negative), np.lexsort(negative))
+
+
+def test_a_hosts_part_is_the_same_in_few_runs_or_many() -> None:
+    """``SegmentBatch.take`` copies a few runs of rows as slices and many by a mask over the bytes:
+    either way the rows' headers, meta and bytes in order."""
+    rng = np.random.default_rng(3)
+    segs = [Segment(0, "float32", int(rng.integers(0, 9)), int(rng.integers(0, 9)), 1, i, 8.0, 1.0, 2.0,
+                    rng.random(int(rng.integers(0, 5)))) for i in range(200)]
+    (batch,) = SegmentBatch.of(segs)
+    runs = set()
+    for _ in range(200):
+        k = int(rng.integers(1, 60))
+        mask = np.repeat(rng.random(k) < 0.5, rng.multinomial(200, np.ones(k) / k))
+        runs.add(int(np.count_nonzero(np.diff(mask, prepend=False, append=False))) > 2 * transport._TAKE_RUNS)
+        part = SegmentBatch.parse(_wire(batch.take(mask))).segments()
+        want = [s for s, m in zip(segs, mask, strict=True) if m]
+        assert [(s.src, s.segment) for s in part] == [(s.src, s.segment) for s in want]
+        assert all(np.array_equal(a.values, b.values.astype(np.float32)) for a, b in zip(part, want, strict=True))
+    assert runs == {False, True}  # both ways taken

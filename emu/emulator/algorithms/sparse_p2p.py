@@ -33,6 +33,7 @@ import numpy as np
 
 from emu.emulator.algorithms.p2p import SEG_ELEMENTS, Algorithm, Seg
 from emu.emulator.payload.generated import hold_probability, holding
+from emu.emulator.protocol.rows import positions
 from emu.emulator.protocol.transport import ITEMSIZE, decode_values, encode_values
 from emu.emulator.protocol.wire import DTYPE_CODES
 from emu.traces.model import Sparsity
@@ -87,9 +88,7 @@ def block_positions(blocks: np.ndarray, k: int, real: int) -> np.ndarray:
     if len(blocks) == 0:
         return np.zeros(0, np.int64)
     starts = blocks.astype(np.int64) * k
-    lengths = np.minimum(k, real - starts)
-    offsets = np.cumsum(lengths) - lengths
-    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+    return positions(starts, np.minimum(k, real - starts))
 
 
 @dataclass(frozen=True)

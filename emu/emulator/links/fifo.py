@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from emu.emulator.protocol.rows import split_at
+from emu.emulator.protocol.rows import positions, split_at
 
 # Rows of one link in a batch past which they run as a link's running sum (``fifo``) rather than in
 # turns: a turn is a few numpy steps over every link's k-th row, costly where one link has most rows.
@@ -106,7 +106,7 @@ class DeepTable:
         self.starts = np.zeros(len(deep), np.int64)
         np.cumsum(self.counts[:-1], out=self.starts[1:])
         self.link = np.repeat(np.arange(len(deep)), self.counts)  # each row's table row
-        self.col = np.arange(len(self.rows)) - np.repeat(self.starts, self.counts)
+        self.col = positions(np.zeros(len(deep), np.int64), self.counts)  # each row's place in its link's
         self.links = idx[self.rows[self.starts]]
         self.valid = np.zeros((len(deep), int(self.counts.max())), bool)
         self.valid[self.link, self.col] = True

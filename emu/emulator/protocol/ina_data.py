@@ -15,7 +15,7 @@ import numpy as np
 
 from emu.emulator.payload.generated import Block, block, holds, sparse_sum_units
 from emu.emulator.protocol import fixedpoint
-from emu.emulator.protocol.rows import rows_of
+from emu.emulator.protocol.rows import positions, rows_of
 from emu.traces.model import CollKind
 
 if TYPE_CHECKING:
@@ -209,8 +209,7 @@ class StreamData:
         lo = np.searchsorted(key[order], want, side="left")
         many = np.searchsorted(key[order], want, side="right") - lo
         pair = np.repeat(np.arange(len(want)), many)
-        at = lo[pair] + np.arange(len(pair)) - np.repeat(np.cumsum(many) - many, many)
-        return order[at], col[pair]
+        return order[positions(lo, many)], col[pair]
 
     def values(self, coll: InaCollective, li: np.ndarray, blocks: np.ndarray) -> np.ndarray:
         """Workers li's values of data blocks, float32 (what a real worker's gradient block holds);

@@ -69,6 +69,8 @@ class AggBatch:
     def take(self, rows: np.ndarray | slice) -> AggBatch:
         assert self.sparse is not None and self.packets is not None
         rows = rows if isinstance(rows, slice) else indices(rows)  # a mask's places once, not per field
+        if not isinstance(rows, slice) and every_row(rows, len(self.headers)):
+            return self  # every row in order (a window's batch sorted already, most often): nothing to copy
         return AggBatch(*(rows_of(a, rows) for a in (self.headers, self.payload, self.stamps, self.sparse,
                                                      self.packets)))
 

@@ -21,7 +21,7 @@ from emu.emulator.links.scaled_loss import ScaledLoss
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol import wire
 from emu.emulator.protocol.ina import InaCollective, InaGroup, InaParams, Packets, PayloadCache, ResultCheck
-from emu.emulator.protocol.rows import indices, rows_of
+from emu.emulator.protocol.rows import every_row, indices, rows_of
 from emu.emulator.protocol.switch import MULTICAST
 from emu.emulator.protocol.transport import AggBatch, Lagging
 from emu.replay.config.options import ReplayConfig
@@ -257,7 +257,8 @@ class InaEndpoint:
         if not parts:
             return None
         pk = _concat(parts)
-        return take(pk, np.lexsort((pk.headers["chunk"], pk.local, pk.send_us, self.link[pk.local])))
+        order = np.lexsort((pk.headers["chunk"], pk.local, pk.send_us, self.link[pk.local]))
+        return pk if every_row(order, len(order)) else take(pk, order)  # in order already: no payload copy
 
     def _scaled_lost(self, chunks: np.ndarray, per: np.ndarray, local: np.ndarray, down: bool) -> np.ndarray:
         """With payload scale: the emulated packets each row's link lost (and resent)."""

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from emu.emulator.protocol.rows import every_row
 from emu.emulator.protocol.transport import AggBatch, Lagging
 from emu.replay.host.ina import Deliveries, InaCounters, InaEndpoint, Packets, Pool, take
 from emu.replay.host.worker import CollRun
@@ -125,8 +126,8 @@ class InaPools:
             return parts[0]
         fields = ("local", "headers", "payload", "send_us", "emu_packets", "retransmit", "sparse")
         pk = Packets(*(np.concatenate([getattr(x, f) for x in parts]) for f in fields))
-        link = np.concatenate(links)
-        return take(pk, np.lexsort((pk.headers["chunk"], pk.local, pk.send_us, link)))
+        order = np.lexsort((pk.headers["chunk"], pk.local, pk.send_us, np.concatenate(links)))
+        return pk if every_row(order, len(order)) else take(pk, order)  # in order already: no payload copy
 
     def _split(self, local: np.ndarray) -> list[tuple[int, np.ndarray]]:
         pools = local >> _POOL_BITS

@@ -63,6 +63,34 @@ class Transmitted(NamedTuple):
     lost_packets: np.ndarray  # of the packets a lost row stands for, how many were lost (>= 1)
 
 
+class _Grid:
+    """Rows of links (sorted by link: ``seg``, each row's link; ``pos``, its place on it) on a
+    (links x rows) grid, for a running sum or maximum along each link's rows: every value depends
+    on its own link's rows alone, so the result is bit for bit the same whichever other links
+    share the batch (a flat cumulative sum over all links would round each link's times by what
+    came before it). ``single``: one row a link (a worker's one slot on ``ina``, most often): no
+    grid, each row its own sum and maximum (what a grid of one column gives, without its scatter
+    and gather)."""
+
+    def __init__(self, seg: np.ndarray, pos: np.ndarray, single: bool) -> None:
+        self.seg, self.pos, self.single = seg, pos, single
+        self.shape = (int(seg[-1]) + 1, int(pos.max()) + 1)
+
+    def cumsum(self, v: np.ndarray) -> np.ndarray:
+        if self.single:
+            return v
+        grid = np.zeros(self.shape)
+        grid[self.seg, self.pos] = v
+        return np.cumsum(grid, axis=1)[self.seg, self.pos]
+
+    def running_max(self, v: np.ndarray) -> np.ndarray:
+        if self.single:
+            return v
+        grid = np.full(self.shape, -math.inf)
+        grid[self.seg, self.pos] = v
+        return np.maximum.accumulate(grid, axis=1)[self.seg, self.pos]
+
+
 class LinkArray:
     """The FIFO state of one direction of the links of many endpoints, vectorized.
 
@@ -147,12 +175,8 @@ class LinkArray:
         starts = np.flatnonzero(new)
         seg = np.cumsum(new) - 1
         pos = np.arange(n) - starts[seg]  # each row's place on its link in this batch
-        # Per endpoint, on a (links x rows) grid: every value depends on its own link's rows alone,
-        # so the result is bit for bit the same whichever other links share the batch (a flat
-        # cumulative sum over all links would round each link's times by what came before it).
-        grid = np.zeros((len(starts), int(pos.max()) + 1))
-        grid[seg, pos] = sv
-        cum = np.cumsum(grid, axis=1)[seg, pos]  # serialization up to and including each row
+        grid = _Grid(seg, pos, len(starts) == n)
+        cum = grid.cumsum(sv)  # serialization up to and including each row
         firsts = e[starts]
         # Out of order: handed over earlier than a previous row of the same link, by more than
         # its own serialization (a row standing for many packets interleaves with its
@@ -164,10 +188,7 @@ class LinkArray:
             # it waited at most for what was handed over before it but was due after it
             np.add.at(self.reorder_error_us, e[early], reference[early] - r[early] + sv[early])
             self.reordered += int(early.sum())
-        key = np.maximum(r - (cum - sv), cap.to(self.free_us[e]))
-        grid.fill(-math.inf)
-        grid[seg, pos] = key
-        start = np.maximum.accumulate(grid, axis=1)[seg, pos]
+        start = grid.running_max(np.maximum(r - (cum - sv), cap.to(self.free_us[e])))
         done = cum + start
         last = lasts_of(starts, n)
         self.free_us[firsts] = cap.back(done[last])

@@ -45,7 +45,7 @@ from emu.emulator.payload.generated import is_sparse, is_wide
 from emu.emulator.payload.recorded import RecordedPayload
 from emu.emulator.protocol import fixedpoint
 from emu.emulator.protocol.ina_data import PayloadCache, StreamData
-from emu.emulator.protocol.rows import every_row, rows_of
+from emu.emulator.protocol.rows import distinct, every_row, rows_of
 from emu.emulator.protocol.sparse_ina import NONE, SparseStream, held_blocks, streams_sparse
 from emu.emulator.protocol.wire import AGG_HEADER, BLOCK_NONE, FLAG_COPY, FLAG_GATHER, FLAG_OWNER, FLAG_SCATTER, MsgType
 from emu.traces.model import CollKind, Dtype, Sparsity
@@ -237,8 +237,9 @@ class InaGroup(StreamData):
         if len(li):
             chunks = self.slot_chunk[li, si]
             which = self.locate(chunks)
-            for ci in np.unique(which):
-                mine = which == ci
+            cis = distinct(which).tolist()
+            for ci in cis:
+                mine = slice(None) if len(cis) == 1 else which == ci  # one collective (most often): no mask
                 part = self._build(self.colls[ci], li[mine], si[mine], chunks[mine], retx=False)
                 if part is not None:
                     parts.append(part)
@@ -267,7 +268,7 @@ class InaGroup(StreamData):
         chunks = self.slot_chunk[li, si]
         which = self.locate(chunks)
         parts, rows = [], []
-        for ci in np.unique(which):
+        for ci in distinct(which).tolist():
             mine = np.flatnonzero(which == ci)
             part = self._build(self.colls[ci], li[mine], si[mine], chunks[mine], retx=True, at=when[mine])
             assert part is not None  # a retransmission is always ready
@@ -402,9 +403,10 @@ class InaGroup(StreamData):
         chunks = headers["chunk"].astype(np.int64)
         per = np.zeros(len(chunks))
         which = self.locate(chunks)
-        for ci in np.unique(which):
+        cis = distinct(which).tolist()
+        for ci in cis:
             coll = self.colls[ci]
-            mine = which == ci
+            mine = slice(None) if len(cis) == 1 else which == ci
             local = chunks[mine] - coll.base
             is_exp = local < coll.exp_chunks
             if coll.stream is not None:
@@ -436,10 +438,11 @@ class InaGroup(StreamData):
         slots = headers["slot"][rb].astype(np.int64)
         ok = (self.slot_state[li, slots] == SENT) & (self.slot_chunk[li, slots] == chunks)
         rows = np.flatnonzero(ok)
-        if len(rows):  # a worker may get a slot's result twice in one message: the first counts
+        if len(rows) > 1:  # a worker may get a slot's result twice in one message: the first counts
             key = li[rows] * self.p.slots + slots[rows]
-            _, first = np.unique(key, return_index=True)
-            rows = rows[np.sort(first)]
+            if not (key[1:] > key[:-1]).all():  # rising keys (most often) are each once: no sort
+                _, first = np.unique(key, return_index=True)
+                rows = rows[np.sort(first)]
         if not len(rows):
             return []
         arrival_us = first_us
@@ -447,9 +450,10 @@ class InaGroup(StreamData):
         finished: list[tuple[InaCollective, np.ndarray]] = []
         advance = np.full(len(rows), self.p.slots, np.int64)  # how far each slot's next chunk is
         which = self.locate(chunks[rows])
-        for ci in np.unique(which):
+        cis = distinct(which).tolist()
+        for ci in cis:
             coll = self.colls[ci]
-            sel = which == ci
+            sel = slice(None) if len(cis) == 1 else which == ci
             r = rows[sel]
             if coll.stream is not None:
                 advance[sel] = self._sparse_results(coll, r, li, rb, headers, payload, arrival_us, last_us,

@@ -114,8 +114,7 @@ class Cohorts:
             return
         by_time = groups(ts)
         parts = [sorted(ws[sel].tolist()) for sel in by_time]
-        arrived = set(ws.tolist())
-        rest = [w for w in fw.members if w not in arrived]
+        rest = fw.ids[~np.isin(fw.ids, ws, kind="table")].tolist()  # in the members' order, as one array step
         pieces = self.split(fw, parts + ([rest] if rest else []))
         for piece, sel in zip(pieces, by_time, strict=False):  # the members still waiting: the last, left out
             piece.completed(run, float(ts[sel[0]]))

@@ -22,7 +22,7 @@ import numpy as np
 from emu.emulator.algorithms.p2p import Check, Chunks
 from emu.emulator.links.fifo import places
 from emu.emulator.payload.generated import dense_parts
-from emu.emulator.protocol.rows import every_row, gather, gather_at, positions, row_bounds
+from emu.emulator.protocol.rows import every_row, gather, gather_at, positions, row_bounds, row_lengths
 
 # The real elements of one collective whose values and sums a kernel keeps once made (16 bytes each:
 # 64 MB): each element passes every member of a ring; past this they are made per window.
@@ -49,7 +49,7 @@ class Arrivals:
         array in place)."""
         if every_row(rows, len(self)):
             return self
-        return Arrivals(self.dst[rows], self.segment[rows], self.t[rows], row_bounds(np.diff(self.bounds)[rows]),
+        return Arrivals(self.dst[rows], self.segment[rows], self.t[rows], row_bounds(row_lengths(self.bounds)[rows]),
                         gather(self.values, self.bounds, rows))
 
 
@@ -79,7 +79,7 @@ class Sends:
         if len(parts) <= 1:
             return parts[0] if parts else Sends.none()
         fields = (np.concatenate([getattr(p, f) for p in parts]) for f in ("src", "dst", "segment", "emu_bytes", "t"))
-        return Sends(*fields, row_bounds(np.concatenate([np.diff(p.bounds) for p in parts])),
+        return Sends(*fields, row_bounds(np.concatenate([row_lengths(p.bounds) for p in parts])),
                      np.concatenate([p.values for p in parts]))
 
 
@@ -213,7 +213,7 @@ class _Layout:
 
     def elements(self, a: Arrivals) -> tuple[np.ndarray, np.ndarray]:
         """Each arrived value's row and its element's index in the tensor."""
-        n = np.diff(a.bounds)
+        n = row_lengths(a.bounds)
         return np.repeat(np.arange(len(n)), n), positions(self.lo[a.segment], n)
 
 
@@ -373,7 +373,7 @@ class RingKernel(_Kernel):
             red = reducing[row]
             out[red] += pay.values(index[red], rank[row][red])
         distinct = (rank == 0) | (not self.gather)  # a reduce_scatter's shards: each member its own
-        n = np.diff(a.bounds)
+        n = row_lengths(a.bounds)
         self._check(out, lambda at: pay.total(index[at]), n, (reducing & last_reduce) | (~reducing & self.reduce),
                     distinct)
         if not self.reduce:  # an all_gather: chunk c is worker c's shard
@@ -382,7 +382,7 @@ class RingKernel(_Kernel):
         mem.took(slot, t)
         rows = np.flatnonzero(np.where(reducing, ~last_reduce | self.gather, chunk != (o + 2) % m))
         return Sends(a.dst[rows], (rank[rows] + 1) % m, a.segment[rows], lay.chunk_bytes[chunk[rows]], t[rows],
-                     row_bounds(np.diff(a.bounds)[rows]), gather(out, a.bounds, rows))
+                     row_bounds(n[rows]), gather(out, a.bounds, rows))
 
 
 class ClientKernel(_Kernel):
@@ -405,7 +405,7 @@ class ClientKernel(_Kernel):
         mem = self.members
         t = np.maximum(a.t, mem.start_us[slot])
         index = self.lay.elements(a)[1]
-        self._check(a.values, lambda at: self.payload.total(index[at]), np.diff(a.bounds), np.ones(len(slot), bool),
+        self._check(a.values, lambda at: self.payload.total(index[at]), row_lengths(a.bounds), np.ones(len(slot), bool),
                     mem.rank[slot] == 0)
         mem.took(slot, t)
         return Sends.none()
@@ -473,12 +473,12 @@ class BroadcastKernel(_Kernel):
         t = np.maximum(a.t, mem.start_us[slot])
         rank = mem.rank[slot]
         index = lay.elements(a)[1]
-        self._check(a.values, lambda at: self.payload.values(index[at], root), np.diff(a.bounds),
+        self._check(a.values, lambda at: self.payload.values(index[at], root), row_lengths(a.bounds),
                     np.ones(len(slot), bool), rank == (root + 1) % self.m)
         mem.took(slot, t)
         kids, rows = self._children((rank - root) % self.m)
         return Sends(a.dst[rows], kids, a.segment[rows], lay.chunk_bytes[lay.chunk[a.segment[rows]]], t[rows],
-                     row_bounds(np.diff(a.bounds)[rows]), gather(a.values, a.bounds, rows))
+                     row_bounds(row_lengths(a.bounds)[rows]), gather(a.values, a.bounds, rows))
 
 
 def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -517,7 +517,7 @@ class ServerSums:
         """Pushes, in their order: the sums they completed, sent to each worker (``Answers.src``: the
         shard), and for each send the push (its row) that completed its sum."""
         uniq, first, which = _unique_rows(shard, seq, segment)
-        n = np.diff(bounds)
+        n = row_lengths(bounds)
         rows = self.rows
         at = rows.find(uniq, n[first], emu_bytes[first])
         # in arrival order, element by element: the same sums as one by one

@@ -66,7 +66,8 @@ def turns(idx: np.ndarray, deep: int | None = None) -> tuple[list[np.ndarray], l
         by_pos = rest[np.argsort(pos[rest], kind="stable")]
     else:
         by_pos = np.argsort(pos, kind="stable")
-    return split_at(by_pos, np.flatnonzero(np.diff(pos[by_pos])) + 1), deep_rows
+    ranked = pos[by_pos]
+    return split_at(by_pos, np.flatnonzero(ranked[1:] != ranked[:-1]) + 1), deep_rows
 
 
 DEEP_CELLS = 1 << 20  # cells of one table of deep links at most (``parts``): its memory bounded

@@ -47,6 +47,12 @@ def split_at(a: np.ndarray, cuts: np.ndarray) -> list[np.ndarray]:
     return [a[lo:hi] for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
 
 
+def row_lengths(bounds: np.ndarray) -> np.ndarray:
+    """Each row's elements from its bounds: ``np.diff(bounds)`` without its general path (about 4
+    us a call; a ring's window asked it some ten times)."""
+    return bounds[1:] - bounds[:-1]
+
+
 def row_bounds(n: np.ndarray) -> np.ndarray:
     """Where each of rows of ``n`` elements begins in a flat array, and the end: int64, from 0."""
     out = np.zeros(len(n) + 1, np.int64)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from emu.emulator.protocol.rows import every_row, gather, gather_at, indices, row_bounds, rows_of, spans
+from emu.emulator.protocol.rows import every_row, gather, gather_at, indices, row_bounds, row_lengths, rows_of, spans
 from emu.emulator.protocol.wire import AGG_HEADER, DTYPE_CODES, P2P_HEADER, PAYLOAD, MsgType
 from emu.errors import RunFailed
 from emu.traces.model import Dtype
@@ -299,7 +299,7 @@ class SegmentRows:
     def packed(columns: list[np.ndarray], bounds: np.ndarray, values: np.ndarray) -> SegmentRows:
         """From the ten columns (job to last, in the fields' order) and values one row after another
         (row r's ``values[bounds[r]:bounds[r + 1]]``, ``bounds`` from 0)."""
-        return SegmentRows(*columns, bounds[:-1], np.diff(bounds), values)
+        return SegmentRows(*columns, bounds[:-1], row_lengths(bounds), values)
 
     def lengths(self) -> np.ndarray:
         return self.n

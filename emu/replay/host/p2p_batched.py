@@ -60,7 +60,7 @@ class _Waiting:
     def push(self, rows: SegmentRows) -> None:
         if not len(rows):
             return
-        if len(rows) > 1 and (np.diff(rows.t) < 0).any():
+        if len(rows) > 1 and (rows.t[1:] < rows.t[:-1]).any():
             rows = rows.take(np.argsort(rows.t, kind="stable"))
         self.parts.append(rows)
         self._first = min(self._first, float(rows.t[0]))

@@ -15,7 +15,17 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from emu.emulator.protocol.rows import every_row, gather, gather_at, indices, row_bounds, row_lengths, rows_of, spans
+from emu.emulator.protocol.rows import (
+    distinct,
+    every_row,
+    gather,
+    gather_at,
+    indices,
+    row_bounds,
+    row_lengths,
+    rows_of,
+    spans,
+)
 from emu.emulator.protocol.wire import AGG_HEADER, DTYPE_CODES, P2P_HEADER, PAYLOAD, MsgType
 from emu.errors import RunFailed
 from emu.traces.model import Dtype
@@ -410,7 +420,7 @@ class SegmentRows:
 
 def _encode(values: np.ndarray, code: np.ndarray, n: np.ndarray) -> np.ndarray:
     """Rows' values, each in its dtype (``code``), to their bytes on the wire, one after another."""
-    codes = np.unique(code)
+    codes = distinct(code)  # one dtype, most often: no sort
     if len(codes) == 1:
         return np.frombuffer(encode_values(values, DTYPE_CODES[int(codes[0])]), np.uint8)
     size = n * _ITEMSIZES[code]
@@ -425,7 +435,7 @@ def _encode(values: np.ndarray, code: np.ndarray, n: np.ndarray) -> np.ndarray:
 
 def _decode(data: np.ndarray, code: np.ndarray, n: np.ndarray) -> np.ndarray:
     """``_encode`` undone: float64 values, exact."""
-    codes = np.unique(code)
+    codes = distinct(code)  # one dtype, most often: no sort
     if len(codes) == 1:
         return decode_values(data, DTYPE_CODES[int(codes[0])]) if len(data) else np.zeros(0)
     size = n * _ITEMSIZES[code]

@@ -23,6 +23,7 @@ import zmq
 from emu import lifetime
 from emu.emulator import fabric as fabrics
 from emu.emulator.fabric import Pool
+from emu.emulator.protocol.rows import distinct
 from emu.emulator.protocol.switch import MULTICAST
 from emu.emulator.protocol.transport import (
     AGG,
@@ -215,7 +216,7 @@ def _forward(router: zmq.Socket, route: _Pools, idents: list[bytes], batch: Segm
 def _by_host(route: _Pools, batch: SegmentBatch) -> list[tuple[int, SegmentBatch]]:
     """Each host's part of a batch of segments (the whole batch where it is all one host's)."""
     dest = route.hosts_of(batch.headers["job"].astype(np.int64), batch.headers["dst"].astype(np.int64))
-    hosts = np.unique(dest).tolist()
+    hosts = distinct(dest).tolist()
     return [(h, batch if len(hosts) == 1 else batch.take(dest == h)) for h in hosts]
 
 

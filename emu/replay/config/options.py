@@ -511,10 +511,13 @@ class ReplayConfig:
     @property
     def shard_hosts(self) -> int:
         """A job's parameter-server shards take two hosts beside the workers' (their sums side by
-        side, in two processes), one where every host runs in one process: there nothing runs side
-        by side and each host costs a clock window its fixed cost (docs/design-notes.md, "In one
-        process a job's shards share one host")."""
-        return 1 if self.one_process else 2
+        side, in two processes) where the machine has a core for every process (the switch, the
+        workers' hosts and those two), else one: in one process nothing runs side by side, and on
+        fewer cores the processes take turns, so each host only costs a clock window its fixed cost
+        (docs/design-notes.md, "In one process a job's shards share one host")."""
+        if self.one_process:
+            return 1
+        return 2 if (os.cpu_count() or 2) >= self.host_processes + 3 else 1
 
     @property
     def shards(self) -> int:

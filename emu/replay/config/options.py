@@ -511,13 +511,12 @@ class ReplayConfig:
     @property
     def shard_hosts(self) -> int:
         """A job's parameter-server shards take two hosts beside the workers' (their sums side by
-        side, in two processes) where the machine has a core for every process (the switch, the
-        workers' hosts and those two), else one: in one process nothing runs side by side, and on
-        fewer cores the processes take turns, so each host only costs a clock window its fixed cost
-        (docs/design-notes.md, "In one process a job's shards share one host")."""
-        if self.one_process:
-            return 1
-        return 2 if (os.cpu_count() or 2) >= self.host_processes + 3 else 1
+        side, in two processes) beside three or more workers' hosts, else one: in one process
+        nothing runs side by side, and beside one or two workers' hosts (two cores' worth) the
+        processes take turns, so a second shard host only costs each clock window its fixed cost
+        (docs/design-notes.md, "In one process a job's shards share one host"). From the options
+        alone, never this machine's cores: every machine of a run plans the same layout."""
+        return 2 if not self.one_process and self.host_processes >= 3 else 1
 
     @property
     def shards(self) -> int:

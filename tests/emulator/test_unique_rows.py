@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from emu.emulator.algorithms.batched import _unique_rows
+from emu.emulator.algorithms.server_sums import _unique_rows
 
 
 @pytest.mark.parametrize("wide", [False, True])

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from emu.emulator.algorithms import batched
+from emu.emulator.algorithms import batched, server_sums
 from emu.emulator.algorithms.p2p import Check
 from emu.emulator.links import fifo as link_fifo
 from emu.emulator.links.array import LinkArray
@@ -275,14 +275,14 @@ def test_server_sums_in_batches_are_the_sums_push_by_push() -> None:
             continue
         sums.pop((shard, seq, seg))
         want += [(shard, m, seg, latest, acc.tolist(), r) for m in members]
-    server, got, at = batched.ServerSums(workers, groups), [], 0
+    server, got, at = server_sums.ServerSums(workers, groups), [], 0
     while at < len(rows):
         part = rows[at:at + int(rng.integers(1, 60))]
         cols = [np.array([p[i] for p in part]) for i in range(5)]
         sends, by = server.arrive(cols[0], cols[1], cols[2], np.full(len(part), 8.0), cols[4],
                                   row_bounds(np.array([len(p[5]) for p in part])), np.concatenate([p[5] for p in part]))
         got += [(int(sends.src[i]), int(sends.dst[i]), int(sends.segment[i]), float(sends.t[i]),
-                 sends.row_values(i).tolist(), at + int(by[i])) for i in range(len(sends))]
+                 sends.values[sends.lo[i]:sends.lo[i] + sends.n[i]].tolist(), at + int(by[i])) for i in range(len(sends))]
         at += len(part)
     assert sorted(got) == sorted(want) and len(want) == 2 * 6 * 40 * 4 - 2 * 3 * 40
     assert not server.rows.at  # every sum sent

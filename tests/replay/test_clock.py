@@ -256,7 +256,7 @@ def test_a_lagging_member_holds_its_pools_results_change_no_number(monkeypatch, 
     of the rule that wakes every NIC at the bound, the same numbers (to float rounding), the same
     on every layout."""
     from emu.emulator.links.topology import Topology
-    from emu.emulator.protocol.transport import Departures
+    from emu.emulator.protocol.window import Departures
     from emu.traces.mesh import Mesh
 
     trace = load_trace(sample_path("tp"))

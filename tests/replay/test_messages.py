@@ -63,7 +63,7 @@ def test_bounded() -> None:
 def test_window_messages_carry_each_pools_lagging_member() -> None:
     """A window report names, per slot pool, what its members started; the clock's window message
     gives back, per pool, the earliest one of its results can leave the switch (``Lagging``)."""
-    from emu.emulator.protocol.transport import Departures, Done, Go, Lagging
+    from emu.emulator.protocol.window import Departures, Done, Go, Lagging
 
     lag = (Lagging(4.0, 1500.0, math.inf), Lagging(-1.0, -math.inf, 2.0))
     done = Done(7, 12.5, False, Departures(3.0, 4.0, ((5.0, math.inf), (6.0, 7.0)), lag))
@@ -82,7 +82,7 @@ def test_a_pools_results_wait_for_its_lagging_member() -> None:
     """Over hosts the least last-started collective wins and its members' next resumption sets the
     pool's quiet time, unless a collective all have started is still open, or a member at that
     least is inside a collective (-inf); a host that saw two orders (-inf everywhere) spoils it."""
-    from emu.emulator.protocol.transport import Lagging
+    from emu.emulator.protocol.window import Lagging
 
     ahead, behind = Lagging(5.0, -math.inf, 5.0), Lagging(4.0, 900.0, math.inf)
     assert Lagging.least([ahead, behind]).quiet_us() == 900.0  # number 5 waits for the member at 4

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import zmq
 
-from emu.emulator.protocol.transport import GO, SEG, Departures, Done, FrameError, Go, Segment, SegmentBatch
+from emu.emulator.protocol.transport import GO, SEG, FrameError, Segment, SegmentBatch
+from emu.emulator.protocol.window import Departures, Done, Go
 from emu.replay.switch.daemon import SwitchSetup, _Coordinator
 
 

@@ -9,7 +9,6 @@ and replay's hosts speak them, so the definitions live here, once.
 
 from __future__ import annotations
 
-import math
 import struct
 from dataclasses import dataclass, replace
 
@@ -48,14 +47,15 @@ class FrameError(RunFailed, ValueError):
 _AGG_META = struct.Struct("<II")  # packets, elements per packet
 
 
-def _nbytes(frame: object) -> int:
+def frame_bytes(frame: object) -> int:
     return memoryview(frame).nbytes  # bytes, zmq frame buffers and numpy arrays alike
 
 
-def _check(frames: list, count: int) -> None:
+def check_frames(frames: list, count: int) -> None:
+    """``frames`` are ``count`` frames, none larger than ``MAX_FRAME``."""
     if len(frames) != count:
         raise FrameError(f"expected {count} frames, got {len(frames)}")
-    if any(_nbytes(f) > MAX_FRAME for f in frames):
+    if any(frame_bytes(f) > MAX_FRAME for f in frames):
         raise FrameError("frame larger than MAX_FRAME")
 
 
@@ -103,12 +103,12 @@ class AggBatch:
     @classmethod
     def parse(cls, frames: list) -> AggBatch:
         """From bytes or buffers (zero-copy frames): the arrays view the message's memory."""
-        _check(frames, 7)
-        if _nbytes(frames[1]) != _AGG_META.size:
+        check_frames(frames, 7)
+        if frame_bytes(frames[1]) != _AGG_META.size:
             raise FrameError("bad batch meta")
         n, k = _AGG_META.unpack(frames[1])
-        if (_nbytes(frames[2]) != n * AGG_HEADER.itemsize or _nbytes(frames[3]) != n * k * 4
-                or _nbytes(frames[4]) != n * 16 or _nbytes(frames[5]) != n * 8 or _nbytes(frames[6]) != n * 8):
+        if (frame_bytes(frames[2]) != n * AGG_HEADER.itemsize or frame_bytes(frames[3]) != n * k * 4
+                or frame_bytes(frames[4]) != n * 16 or frame_bytes(frames[5]) != n * 8 or frame_bytes(frames[6]) != n * 8):
             raise FrameError(f"batch of {n} packets of {k} elements has frames of the wrong size")
         headers = np.frombuffer(frames[2], AGG_HEADER)
         # a view of the network-order bytes: numpy converts as it reads, without a copy pass
@@ -161,7 +161,7 @@ class Segment:
 # a batch's per-segment fields besides the header: emulated payload bytes, first/last packet ready
 # at the switch (us), real elements
 SEG_META = np.dtype([("emu_bytes", "<f8"), ("first_us", "<f8"), ("last_us", "<f8"), ("elements", "<u8")])
-SEG_FRAMES, DONE_FRAMES, GO_FRAMES = 4, 3, 3  # a SegmentBatch's frames, a Done's and a Go's, their kinds included
+SEG_FRAMES = 4  # a SegmentBatch's frames, its kind included
 _TAKE_RUNS = 16  # runs of rows up to which SegmentBatch.take copies slices
 SEG_BATCH_BYTES = 64 << 20  # the real data of one batch message at most (a quarter of MAX_FRAME)
 
@@ -209,8 +209,8 @@ class SegmentBatch:
     @classmethod
     def parse(cls, frames: list) -> SegmentBatch:
         """From bytes or buffers (zero-copy frames), checked: the arrays view the message's memory."""
-        _check(frames, SEG_FRAMES)
-        if _nbytes(frames[1]) % P2P_HEADER.itemsize or _nbytes(frames[2]) % SEG_META.itemsize:
+        check_frames(frames, SEG_FRAMES)
+        if frame_bytes(frames[1]) % P2P_HEADER.itemsize or frame_bytes(frames[2]) % SEG_META.itemsize:
             raise FrameError("bad segment batch: its header or meta frame is not whole records")
         headers, meta = np.frombuffer(frames[1], P2P_HEADER), np.frombuffer(frames[2], SEG_META)
         if len(headers) != len(meta):
@@ -448,25 +448,6 @@ def _decode(data: np.ndarray, code: np.ndarray, n: np.ndarray) -> np.ndarray:
     return out
 
 
-_WINDOW = struct.Struct("<QdB")  # window number, time (us), flag
-
-
-def _window(frames: list, count: int = 2) -> tuple[int, float, int]:
-    """The fields of a Go or Done message, checked against its layout."""
-    _check(frames, count)
-    if _nbytes(frames[1]) != _WINDOW.size:
-        raise FrameError("bad window message")
-    return _WINDOW.unpack(frames[1])
-
-
-def _floats(frame: object, what: str) -> list[float]:
-    """A frame of little-endian float64s, at most one per slot pool a message may name."""
-    n = _nbytes(frame)
-    if n % 8 != 0 or n > 8 * MAX_POOLS:
-        raise FrameError(f"bad {what}")
-    return np.frombuffer(frame, "<f8").tolist()  # type: ignore[call-overload]
-
-
 def _no_rows() -> SegmentRows:
     ints, floats = np.zeros(0, np.int64), np.zeros(0)
     for a in (ints, floats):
@@ -481,142 +462,3 @@ def _compacted(rows: SegmentRows) -> SegmentRows:
 
 
 _NO_ROWS = _no_rows()
-
-
-@dataclass(frozen=True)
-class Go:
-    """Window ``window`` of the synchronized clock: handle events before ``bound_us`` (at or
-    before it when ``inclusive``: zero lookahead, where a window is one round at one time);
-    ``quiet_us``: per slot pool, the earliest one of its results can leave the switch where that
-    is set by a member that has not started its next collective (``Departures.quiet_us``)."""
-
-    window: int
-    bound_us: float
-    inclusive: bool
-    quiet_us: tuple[float, ...] = ()
-
-    def frames(self) -> list[bytes]:  # GO_FRAMES
-        return [GO, _WINDOW.pack(self.window, self.bound_us, self.inclusive),
-                np.asarray(self.quiet_us, "<f8").tobytes()]
-
-    @classmethod
-    def parse(cls, frames: list) -> Go:
-        window, bound, inclusive = _window(frames, GO_FRAMES)
-        return cls(window, bound, bool(inclusive), tuple(_floats(frames[2], "pool wakes in a window message")))
-
-
-@dataclass(frozen=True)
-class Departures:
-    """When a host's uplinks (FIFOs) can next start to send what it has not sent, for the clock's
-    bound (``emu.replay.switch.daemon.Windows``): ``local_us``, the earliest from what the host
-    holds (per link, the later of its free time and the next event that can make it send);
-    ``free_us``, the least free time of all links (what a segment can wake); per slot pool of
-    the switch (its number in the headers' job field), ``waiting``: (the least free time of the
-    links whose workers wait for one of its results, which only they can receive; the earliest
-    of its results the host holds for its stamp); and ``lagging`` (``Lagging``). -inf: unknown."""
-
-    free_us: float = -math.inf
-    local_us: float = -math.inf
-    waiting: tuple[tuple[float, float], ...] = ()
-    lagging: tuple[Lagging, ...] = ()
-
-    @classmethod
-    def least(cls, all_: list[Departures]) -> Departures:
-        """Every field's least, pool by pool (several jobs in one host, or every host at the switch)."""
-        if not all_:
-            return cls(math.inf, math.inf)
-        if len(all_) == 1 and len(all_[0].lagging) == len(all_[0].waiting):  # one host's (in one process)
-            return all_[0]
-        pools = max(len(d.waiting) for d in all_)
-        pad = [(*d.waiting, *[(math.inf, math.inf)] * (pools - len(d.waiting))) for d in all_]
-        lag = [(*d.lagging, *[Lagging()] * (pools - len(d.lagging))) for d in all_]
-        return cls(min(d.free_us for d in all_), min(d.local_us for d in all_),
-                   tuple((min(p[g][0] for p in pad), min(p[g][1] for p in pad)) for g in range(pools)),
-                   tuple(Lagging.least([x[g] for x in lag]) for g in range(pools)))
-
-    def quiet_us(self) -> tuple[float, ...]:
-        """Per pool, the earliest one of its results can leave the switch, where a member that has
-        not started its next collective sets it (``Lagging.quiet_us``); -inf elsewhere."""
-        return tuple(x.quiet_us() for x in self.lagging)
-
-    def frame(self) -> bytes:
-        lag = self.lagging or (Lagging(-math.inf, -math.inf, -math.inf),) * len(self.waiting)
-        assert len(lag) == len(self.waiting)
-        return np.asarray([self.free_us, self.local_us,
-                           *(x for w, g in zip(self.waiting, lag, strict=True) for x in (*w, *g.fields()))],
-                          "<f8").tobytes()
-
-    @classmethod
-    def parse(cls, frame: object) -> Departures:
-        n = _nbytes(frame)
-        if n % 8 != 0 or (n // 8 - 2) % 5 != 0 or not 16 <= n <= 16 + 40 * MAX_POOLS:
-            raise FrameError("bad departures in a window report")
-        v = np.frombuffer(frame, "<f8").tolist()  # type: ignore[call-overload]
-        return cls(v[0], v[1], tuple((v[i], v[i + 1]) for i in range(2, len(v), 5)),
-                   tuple(Lagging(*v[i + 2:i + 5]) for i in range(2, len(v), 5)))
-
-
-@dataclass(frozen=True)
-class Lagging:
-    """What a slot pool's members have started, for the earliest one of its results can leave
-    the switch (the leaves' horizons, ``emu.replay.host.runtime.Host.leaf_horizon``). A result
-    needs every member's contribution to its chunk, and the members of a pool start its
-    collectives in one order (a communicator's rule; a host that sees two orders says nothing is
-    known): while a member has not started the pool's next collective and every collective all
-    have started is finished by all, none can come before such a member starts one. Numbering
-    the pool's collectives from 0 in that order, over the members held (the least over hosts,
-    ``least``): ``last_started``, the least of each member's last started one (-1: none);
-    ``next_us``, the earliest a member at that least can start another (its program's next
-    resumption; -inf where it is inside a collective of any kind, whose end can come from
-    outside); ``first_open``, the least one a member started and has not finished (inf: none)."""
-
-    last_started: float = math.inf
-    next_us: float = math.inf
-    first_open: float = math.inf
-
-    def fields(self) -> tuple[float, float, float]:
-        return self.last_started, self.next_us, self.first_open
-
-    @classmethod
-    def least(cls, all_: list[Lagging]) -> Lagging:
-        last = min(x.last_started for x in all_)
-        return cls(last, min((x.next_us for x in all_ if x.last_started == last), default=math.inf),
-                   min(x.first_open for x in all_))
-
-    def quiet_us(self) -> float:
-        """The earliest a result can leave the switch where a lagging member sets it: its next
-        resumption, where every collective started by all is finished (``first_open`` past
-        ``last_started``); -inf where results may come at any time."""
-        return self.next_us if self.first_open > self.last_started else -math.inf
-
-
-MAX_POOLS = 1 << 16  # slot pools a window report may name (jobs and sub-groups)
-_DONE = struct.Struct("<QdBdQ")  # window number, next event (us), flag, earliest segment sent (us), segments kept
-
-
-@dataclass(frozen=True)
-class Done:
-    """A host handled window ``window``; its earliest remaining event is at ``next_us`` (inf: none);
-    ``finished``: every worker it runs has run its whole program; ``departures``: when its
-    uplinks can next send; ``sent_us``: the earliest of the segments it sent in the window (at the
-    switch: ``SegmentRows.t``), those for its own endpoints included; ``kept_segments``: how many
-    of them it delivered itself instead of through the switch (``emu.replay.host.loop``)."""
-
-    window: int
-    next_us: float
-    finished: bool
-    departures: Departures = Departures()
-    sent_us: float = math.inf
-    kept_segments: int = 0
-
-    def frames(self) -> list[bytes]:  # DONE_FRAMES
-        return [DONE, _DONE.pack(self.window, self.next_us, self.finished, self.sent_us, self.kept_segments),
-                self.departures.frame()]
-
-    @classmethod
-    def parse(cls, frames: list) -> Done:
-        _check(frames, DONE_FRAMES)
-        if _nbytes(frames[1]) != _DONE.size:
-            raise FrameError("bad window report")
-        window, next_us, finished, sent_us, kept = _DONE.unpack(frames[1])
-        return cls(window, next_us, bool(finished), Departures.parse(frames[2]), sent_us, kept)

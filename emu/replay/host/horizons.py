@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from emu.emulator.protocol.transport import Departures, Lagging
+from emu.emulator.protocol.window import Departures, Lagging
 from emu.replay.config.options import Clock
 from emu.replay.host.p2p_batched import BatchedP2P
 
@@ -27,7 +27,7 @@ class Horizons:
     """``Host``'s answers to the clock (module docstring); the state is the host's."""
 
     def departures(self) -> Departures:
-        """When the uplinks can next start to send (``emu.emulator.protocol.transport.Departures``):
+        """When the uplinks can next start to send (``emu.emulator.protocol.window.Departures``):
         every uplink is a FIFO (``emu.emulator.links.array.LinkArray``), busy until its free time,
         and sends only for an event of an endpoint on it. With leaves' links, a row queued for
         one up (what already left a NIC) counts as a departure at its arrival there: a leaf's

@@ -23,7 +23,8 @@ from emu.emulator.protocol import wire
 from emu.emulator.protocol.ina import InaCollective, InaGroup, InaParams, Packets, PayloadCache, ResultCheck
 from emu.emulator.protocol.rows import every_row, indices, rows_of
 from emu.emulator.protocol.switch import MULTICAST
-from emu.emulator.protocol.transport import AggBatch, Lagging
+from emu.emulator.protocol.transport import AggBatch
+from emu.emulator.protocol.window import Lagging
 from emu.replay.config.options import ReplayConfig
 from emu.replay.control.messages import CARRIED_UNIT
 from emu.replay.host.wiring import Wiring

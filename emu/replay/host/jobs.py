@@ -16,7 +16,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from emu.emulator.protocol.transport import AggBatch, Departures, FrameError, Segment, SegmentRows
+from emu.emulator.protocol.transport import AggBatch, FrameError, Segment, SegmentRows
+from emu.emulator.protocol.window import Departures
 from emu.replay.control.messages import HostResult
 from emu.replay.host.horizons import leaf_horizons
 from emu.replay.host.leaves import LeafStage

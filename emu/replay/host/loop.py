@@ -5,7 +5,7 @@ conservative parallel discrete-event simulation (docs/physics.md, "The clock").
 It sends each host, on the data socket and after that window's results, ``Go(bound)``;
 the host handles everything before the bound, sends what its uplinks delivered,
 then ``Done(next event time, departures)`` (when its uplinks can next send:
-``emu.emulator.protocol.transport.Departures``). pyzmq keeps the order of the messages on one
+``emu.emulator.protocol.window.Departures``). pyzmq keeps the order of the messages on one
 socket, so a host has every message of a window when its ``Go`` arrives, and the
 switch has every contribution of a window when the last ``Done`` arrives. Nothing
 sleeps: a window jumps to the next event however far ahead it is.
@@ -27,20 +27,8 @@ import numpy as np
 import zmq
 
 from emu import lifetime
-from emu.emulator.protocol.transport import (
-    AGG,
-    GO,
-    GO_FRAMES,
-    HELLO,
-    RESULTS,
-    SEG,
-    SEG_FRAMES,
-    AggBatch,
-    Done,
-    FrameError,
-    Go,
-    SegmentBatch,
-)
+from emu.emulator.protocol.transport import AGG, GO, HELLO, RESULTS, SEG, SEG_FRAMES, AggBatch, FrameError, SegmentBatch
+from emu.emulator.protocol.window import GO_FRAMES, Done, Go
 from emu.replay.config.options import Clock
 from emu.replay.control.messages import (
     Progress,

@@ -22,8 +22,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from emu.emulator.algorithms.batched import Arrivals, Done, Sends, ServerSums
+from emu.emulator.algorithms.batched import Arrivals, Done, Sends
 from emu.emulator.algorithms.p2p import Seg
+from emu.emulator.algorithms.server_sums import ServerSums
 from emu.emulator.algorithms.sparse_p2p import SPARSE_SEGMENT
 from emu.emulator.mechanisms import Mechanism
 from emu.emulator.protocol import wire

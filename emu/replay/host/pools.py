@@ -20,7 +20,8 @@ from collections.abc import Callable
 import numpy as np
 
 from emu.emulator.protocol.rows import every_row
-from emu.emulator.protocol.transport import AggBatch, Lagging
+from emu.emulator.protocol.transport import AggBatch
+from emu.emulator.protocol.window import Lagging
 from emu.replay.host.ina import Deliveries, InaCounters, InaEndpoint, Packets, Pool, take
 from emu.replay.host.worker import CollRun
 

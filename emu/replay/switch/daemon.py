@@ -28,18 +28,15 @@ from emu.emulator.protocol.switch import MULTICAST
 from emu.emulator.protocol.transport import (
     AGG,
     DONE,
-    DONE_FRAMES,
     HELLO,
     RESULTS,
     SEG,
     SEG_FRAMES,
     AggBatch,
-    Departures,
-    Done,
     FrameError,
-    Go,
     SegmentBatch,
 )
+from emu.emulator.protocol.window import DONE_FRAMES, Departures, Done, Go
 from emu.emulator.protocol.wire import MsgType
 from emu.errors import RunFailed
 from emu.replay.control.messages import (

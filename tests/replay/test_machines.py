@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zmq
 
@@ -110,6 +111,38 @@ def _drain(sock: zmq.Socket, want: int, rejected_too: int) -> tuple[list[list[by
             except Rejected:
                 rejected += 1
     return got, rejected
+
+
+def test_frame_sockets_send_and_receive_as_pyzmq_does() -> None:
+    """Over real ipc: a plain socket of ``make`` (a ``FrameSocket``, frames straight to pyzmq's
+    backend) and pyzmq's own socket exchange the same messages both ways: bytes, numpy frames,
+    one past the copy threshold sent without a copy, an empty frame; copies as bytes, or frames
+    without; an empty queue is ``zmq.Again``."""
+    ctx = zmq.Context()
+    try:
+        router = make(ctx, zmq.ROUTER, None, "data")
+        assert isinstance(router, sealed.FrameSocket)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        ours, theirs = make(ctx, zmq.DEALER, None, "data", b"h0"), ctx.socket(zmq.DEALER)
+        theirs.setsockopt(zmq.IDENTITY, b"h1")
+        for s in (ours, theirs):
+            s.connect(f"tcp://127.0.0.1:{port}")
+        big = np.arange(1 << 15, dtype=np.float64)  # 256 KiB: past zmq.COPY_THRESHOLD, sent without a copy
+        message = [b"SEG", np.arange(3, dtype=np.int64), big, b""]
+        want = [b"SEG", np.arange(3, dtype=np.int64).tobytes(), big.tobytes(), b""]
+        ours.send_multipart(message, copy=False)
+        theirs.send_multipart(message, copy=False)
+        for ident in (b"h0", b"h1"):
+            assert router.poll(2000)
+            assert router.recv_multipart(zmq.NOBLOCK) == [ident, *want]
+        router.send_multipart([b"h0", *message], copy=False)
+        assert ours.poll(2000)
+        frames = ours.recv_multipart(zmq.NOBLOCK, copy=False)
+        assert [f.bytes for f in frames] == want and all(isinstance(f, zmq.Frame) for f in frames)
+        with pytest.raises(zmq.Again):
+            ours.recv_multipart(zmq.NOBLOCK)
+    finally:
+        ctx.destroy(linger=0)
 
 
 def test_sealed_sockets_drop_and_count_what_fails_authentication() -> None:

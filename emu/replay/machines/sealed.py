@@ -17,6 +17,13 @@ direction), not under another identity.
 ``send*`` seal and its ``recv*`` check, raising ``Rejected`` (a ``zmq.Again``) for a message that
 fails: a non-blocking reader stops draining as on an empty queue, a reader that polled first
 skips it (``except Rejected``). A ROUTER's first frame, the peer's identity, is the socket's own.
+
+Every socket ``make`` returns, sealed or plain, is a ``FrameSocket``: its multipart messages go
+frame by frame to pyzmq's backend with plain integer flags. pyzmq's own ``send_multipart`` and
+``recv_multipart`` pass each frame through its Python ``send``, ``recv`` and ``getsockopt``, whose
+flags are enums: a window's message of seven small frames cost 14 to 21 us to send and 15 to 22
+us to receive that way, 2.4 to 3.7 and 9 us this way (a loop of 20,000 over ipc, this machine),
+and the synchronized clock sends four such messages a window.
 """
 
 from __future__ import annotations
@@ -26,10 +33,12 @@ import hmac
 from typing import Any
 
 import zmq
+from zmq.backend import Socket as _Backend  # the compiled socket under pyzmq's Python one
 
 from emu.emulator.protocol.transport import MAX_FRAME, FrameError
 
 TAG_BYTES = 16
+_MORE = int(zmq.SNDMORE)
 MAX_TCP_MESSAGE = MAX_FRAME  # zmq disconnects a peer that sends a larger frame (ZMQ_MAXMSGSIZE)
 _TO_ROUTER, _TO_DEALER = b">", b"<"
 
@@ -67,7 +76,28 @@ def _head(direction: bytes, identity: bytes, seq: bytes) -> bytes:
     return direction + len(identity).to_bytes(2, "little") + identity + seq
 
 
-class SealedSocket(zmq.Socket):
+class FrameSocket(zmq.Socket):
+    """A ``zmq.Socket`` whose ``send_multipart`` and ``recv_multipart`` skip pyzmq's per-frame Python
+    layer (the module's docstring): the same messages, flags, copies (below the socket's copy
+    threshold a frame is copied even with ``copy=False``, as pyzmq does) and errors."""
+
+    def send_multipart(self, msg_parts: Any, flags: int = 0, copy: bool = True, track: bool = False,
+                       **kw: Any) -> Any:
+        parts = list(msg_parts)
+        flags = int(flags)
+        for part in parts[:-1]:
+            _Backend.send(self, part, flags | _MORE, copy=copy, track=track)
+        return _Backend.send(self, parts[-1], flags, copy=copy, track=track)
+
+    def recv_multipart(self, flags: int = 0, copy: bool = True, track: bool = False) -> list[Any]:
+        first = _Backend.recv(self, int(flags), copy=False, track=track)
+        frames = [first]
+        while frames[-1].more:  # the rest of a message arrives with its first frame
+            frames.append(_Backend.recv(self, 0, copy=False, track=track))
+        return frames if not copy else [f.bytes for f in frames]
+
+
+class SealedSocket(FrameSocket):
     key: bytes = b""
     identity: bytes = b""  # a DEALER's own (its messages' and its peer's replies' MACs name it)
     routed: bool = False  # a ROUTER: the first frame is a peer's identity
@@ -91,11 +121,8 @@ class SealedSocket(zmq.Socket):
             seq = self._sent.to_bytes(8, "little")
             self._sent += 1
             mac = tag(self.key, _head(_TO_ROUTER, self.identity, seq), parts)
-        # zmq.Socket's own send_multipart calls self.send: frame by frame here instead
-        for part in parts:
-            zmq.Socket.send(self, part, flags | zmq.SNDMORE, copy=copy, track=track)
-        zmq.Socket.send(self, seq, flags | zmq.SNDMORE)
-        return zmq.Socket.send(self, mac, flags, copy=True, track=track)
+        # zmq.Socket's own send_multipart calls self.send, which is sealed: frames and seal at once here
+        return FrameSocket.send_multipart(self, [*parts, seq, mac], flags, copy=copy, track=track)
 
     def recv(self, flags: int = 0, copy: bool = True, track: bool = False) -> Any:
         parts = self.recv_multipart(flags, copy=copy, track=track)
@@ -104,9 +131,7 @@ class SealedSocket(zmq.Socket):
         return parts[0]
 
     def recv_multipart(self, flags: int = 0, copy: bool = True, track: bool = False) -> list[Any]:
-        parts = [zmq.Socket.recv(self, flags, copy=copy, track=track)]
-        while self.getsockopt(zmq.RCVMORE):  # the rest of a message arrives with its first frame
-            parts.append(zmq.Socket.recv(self, 0, copy=copy, track=track))
+        parts = FrameSocket.recv_multipart(self, flags, copy=copy, track=track)
         head = 1 if self.routed else 0
         if len(parts) < head + 3:  # at least one frame, the number and the tag
             return self._reject("a message without a number and a tag")
@@ -139,7 +164,7 @@ def make(ctx: zmq.Context, kind: int, key: bytes | None, channel: str = "data",
     """A socket of ``kind``: sealed under ``key`` and ``channel`` (bounded in message size), or
     plain without a key. ``identity``: a DEALER's (required when sealed)."""
     if key is None:
-        sock = ctx.socket(kind)
+        sock = ctx.socket(kind, socket_class=FrameSocket)
     else:
         sock = ctx.socket(kind, socket_class=SealedSocket)
         sock.key = derive(key, channel)
@@ -161,4 +186,4 @@ def rejected(*socks: zmq.Socket | None) -> int:
     return sum(getattr(s, "rejected", 0) for s in socks if s is not None)
 
 
-__all__ = ["Rejected", "SealedSocket", "derive", "make", "rejected", "tag"]
+__all__ = ["FrameSocket", "Rejected", "SealedSocket", "derive", "make", "rejected", "tag"]

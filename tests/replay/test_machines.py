@@ -114,7 +114,7 @@ def _drain(sock: zmq.Socket, want: int, rejected_too: int) -> tuple[list[list[by
 
 
 def test_frame_sockets_send_and_receive_as_pyzmq_does() -> None:
-    """Over real ipc: a plain socket of ``make`` (a ``FrameSocket``, frames straight to pyzmq's
+    """Over real TCP: a plain socket of ``make`` (a ``FrameSocket``, frames straight to pyzmq's
     backend) and pyzmq's own socket exchange the same messages both ways: bytes, numpy frames,
     one past the copy threshold sent without a copy, an empty frame; copies as bytes, or frames
     without; an empty queue is ``zmq.Again``."""

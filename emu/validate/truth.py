@@ -123,16 +123,29 @@ class Truth:
         other processes keeping ``OTHER_CORES`` busy, or the capture's unprofiled steps, or its
         profiled ones, ``CAPTURE_AGREEMENT`` or more from the truth of the setting it was captured
         at (``captured``; default: this one), or its profiled steps ``PROFILER_OVERHEAD`` or more
-        either way from those unprofiled ones."""
+        either way from those unprofiled ones, or ``captured``'s own halves ``TRUTH_AGREEMENT`` or
+        more apart (nothing to check the capture against)."""
         out = list(self._machine_flags())
-        if self.halves_us is not None:
+        if (apart := self._apart()) is not None and self.halves_us is not None:
             a, b = self.halves_us
-            apart = max(a, b) / min(a, b) - 1  # the slower over the faster, whichever came first
-            if apart >= TRUTH_AGREEMENT:
-                out.append(f"the real runs before and after the capture took {a / 1e3:.1f} and {b / 1e3:.1f} ms a "
-                           f"step ({apart:.0%} apart, {TRUTH_AGREEMENT:.0%} or more: the machine's speed "
-                           "moved between them, so the truth is not one number)")
+            out.append(f"the real runs before and after the capture took {a / 1e3:.1f} and {b / 1e3:.1f} ms a "
+                       f"step ({apart:.0%} apart, {TRUTH_AGREEMENT:.0%} or more: the machine's speed "
+                       "moved between them, so the truth is not one number)")
+        if captured is not None and captured is not self and (apart := captured._apart()) is not None:
+            # an extrapolated case: its capture is judged against the truth of the setting it was
+            # captured at, which cannot judge it where that truth is not one number
+            out.append(f"its capture's setting's real runs ({captured.setting.name}) were {apart:.0%} apart before "
+                       f"and after it ({TRUTH_AGREEMENT:.0%} or more): no one number to check the capture's speed against")
         return tuple(out) + capture_flags(trace, captured or self)
+
+    def _apart(self) -> float | None:
+        """How far apart the real runs' halves are (the slower over the faster, whichever came
+        first), where ``TRUTH_AGREEMENT`` or more; else None."""
+        if self.halves_us is None:
+            return None
+        a, b = self.halves_us
+        apart = max(a, b) / min(a, b) - 1
+        return apart if apart >= TRUTH_AGREEMENT else None
 
     def run_flags(self, after_us: float, live_compute_us: float | None = None) -> tuple[str, ...]:
         """Why an ``emu run`` case may not be judged against this truth: ``flags`` without a

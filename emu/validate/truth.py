@@ -24,7 +24,10 @@ TCP_PAYLOAD = 1448 / 1514  # a tbf of rate R moves TCP payload at R x this at be
 # (docs/FIDELITY.md, "TCP's acknowledgements on the shaped links").
 BOTH_WAYS_DATA = 1 / (1 + 66 / (2 * 1514))
 # Trusted cases (docs/FIDELITY.md): the shaped link delivered at least this share of its payload
-# rate in the probes beside the real runs, and the capture's machine was not busy (meta.noise)
+# rate in the probes beside the real runs, one way and both ways at once (there, of the rate less the
+# other direction's acknowledgements, ``both_ways_payload_bps``: what emu's link gives the ranks'
+# all_reduces; a criterion since 2026-12-06, 17:10, when a validation trusted mlp 1Gbit/25MB at -7.8%
+# with the link both ways at 93% of it), and the capture's machine was not busy (meta.noise)
 DELIVERED_SHARE = 0.95
 # ... and TCP retransmitted under this share of its segments in the setting's namespaces (a link
 # reorders nothing; 0 to 2 of 240,000 with the veths steered, 0.08-0.25% when they were not)
@@ -66,6 +69,12 @@ CAPTURE_AGREEMENT = 0.05
 LIVE_COMPUTE = 0.05
 
 VETH_LATENCY_US = 20.0
+
+
+def both_ways_payload_bps(rate_bps: float) -> float:
+    """TCP payload a tbf of ``rate_bps`` moves a direction with both directions sending at once,
+    as ``shaped_link`` gives it: its payload rate less the other direction's acknowledgements."""
+    return rate_bps * TCP_PAYLOAD * BOTH_WAYS_DATA
 
 
 def shaped_link(rate_bps: float) -> LinkSpec:
@@ -116,7 +125,7 @@ class Truth:
 
     def flags(self, trace: Trace | None, captured: Truth | None = None) -> tuple[str, ...]:
         """Why this ground truth may not be the setting's (docs/FIDELITY.md, "Trusted cases"):
-        the link under ``DELIVERED_SHARE`` of its payload rate, TCP retransmitting
+        the link under ``DELIVERED_SHARE`` of its payload rate one way or both ways at once, TCP retransmitting
         ``RETRANSMITTED_SHARE`` of its segments or more, a rank getting under ``CORE_SHARE`` of a
         core while ready to run, the machine's cores ``SATURATED`` during the timed steps, the real
         runs' halves ``TRUTH_AGREEMENT`` or more apart, the real runs or ``trace``'s capture beside
@@ -182,6 +191,11 @@ class Truth:
         if rate and self.delivered_bps is not None and self.delivered_bps < DELIVERED_SHARE * rate * TCP_PAYLOAD:
             out.append(f"the shaped link delivered {self.delivered_bps / (rate * TCP_PAYLOAD):.0%} of its payload "
                        f"rate in the probes beside the real runs (under {DELIVERED_SHARE:.0%})")
+        if rate and self.both_ways_bps is not None and self.both_ways_bps < DELIVERED_SHARE * both_ways_payload_bps(rate):
+            out.append(f"the shaped link delivered {self.both_ways_bps / both_ways_payload_bps(rate):.0%} of its payload "
+                       f"rate both ways at once in the probes beside the real runs (under {DELIVERED_SHARE:.0%} of the "
+                       f"{both_ways_payload_bps(rate) / 1e6:.0f} Mb/s emu's link gives a direction beside the other's "
+                       "acknowledgements: the machine, not the link, set the pace of the ranks' all_reduces)")
         if self.retransmitted is not None and self.retransmitted >= RETRANSMITTED_SHARE:
             out.append(f"TCP retransmitted {self.retransmitted:.3%} of its segments in the setting's namespaces "
                        f"({RETRANSMITTED_SHARE:.2%} or more: packets lost or reordered on this machine)")

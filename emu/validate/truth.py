@@ -191,11 +191,11 @@ class Truth:
         if rate and self.delivered_bps is not None and self.delivered_bps < DELIVERED_SHARE * rate * TCP_PAYLOAD:
             out.append(f"the shaped link delivered {self.delivered_bps / (rate * TCP_PAYLOAD):.0%} of its payload "
                        f"rate in the probes beside the real runs (under {DELIVERED_SHARE:.0%})")
-        if rate and self.both_ways_bps is not None and self.both_ways_bps < DELIVERED_SHARE * both_ways_payload_bps(rate):
-            out.append(f"the shaped link delivered {self.both_ways_bps / both_ways_payload_bps(rate):.0%} of its payload "
-                       f"rate both ways at once in the probes beside the real runs (under {DELIVERED_SHARE:.0%} of the "
-                       f"{both_ways_payload_bps(rate) / 1e6:.0f} Mb/s emu's link gives a direction beside the other's "
-                       "acknowledgements: the machine, not the link, set the pace of the ranks' all_reduces)")
+        if rate and self.both_ways_bps is not None and self.both_ways_bps < DELIVERED_SHARE * (both := both_ways_payload_bps(rate)):
+            out.append(f"the shaped link delivered {self.both_ways_bps / both:.0%} of its payload rate both ways at once "
+                       f"in the probes beside the real runs (under {DELIVERED_SHARE:.0%} of the {both / 1e6:.0f} Mb/s "
+                       "emu's link gives a direction beside the other's acknowledgements: the machine, not the link, set "
+                       "the pace of the ranks' all_reduces)")
         if self.retransmitted is not None and self.retransmitted >= RETRANSMITTED_SHARE:
             out.append(f"TCP retransmitted {self.retransmitted:.3%} of its segments in the setting's namespaces "
                        f"({RETRANSMITTED_SHARE:.2%} or more: packets lost or reordered on this machine)")

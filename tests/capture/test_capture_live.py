@@ -293,11 +293,12 @@ def test_a_capture_beside_a_busy_process_says_so(tmp_path: Path) -> None:
     meta.noise (other processes' cores over the profiled window, from /proc/stat against the ranks'
     own CPU time), and a replay of it says so in its report; --busy-ok records without warning."""
     out = tmp_path / "busy.json.gz"
+    # 8 profiled steps, about half a second: /proc/stat counts in 10 ms ticks, and over 3 steps
+    # (0.2 s, 40 ticks of two cores) the spinner's share came out 0.40 once (2026-12-06)
+    iters = 8
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        # 8 profiled steps, about half a second: /proc/stat counts in 10 ms ticks, and over 3 steps
-        # (0.2 s, 40 ticks of two cores) the spinner's share came out 0.40 once (2026-12-06)
-        res = CliRunner().invoke(cli, ["capture", "--model", "mlp", "--iters", "8", "--warmup", "2", "--no-sparsity",
+        res = CliRunner().invoke(cli, ["capture", "--model", "mlp", "--iters", str(iters), "--warmup", "2", "--no-sparsity",
                                        "--windows", "1", "-o", str(out)])
         quiet = CliRunner().invoke(cli, ["capture", "--model", "mlp", "--iters", "3", "--warmup", "2", "--no-sparsity",
                                          "--windows", "1", "--busy-ok", "-o", str(tmp_path / "ok.json.gz")])
@@ -309,7 +310,7 @@ def test_a_capture_beside_a_busy_process_says_so(tmp_path: Path) -> None:
     assert noise is not None and noise.other_cores is not None and noise.other_cores >= 0.5
     assert any(line.startswith("other processes kept") for line in noise.busy)
     assert "warning: other processes kept" in res.stderr and "meta.noise" in res.stderr
-    assert f"without the profiler, {max(AFTER_STEPS, 8 + 1) - 1} steps past the window: median " in res.stderr
+    assert f"without the profiler, {max(AFTER_STEPS, iters + 1) - 1} steps past the window: median " in res.stderr
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr
     replayed = CliRunner().invoke(cli, ["replay", str(out), "--iters", "1", "--json"])
     assert replayed.exit_code == 0, replayed.output
